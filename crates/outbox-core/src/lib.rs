@@ -1,0 +1,20 @@
+//! Core of the outbox toolkit: the message model, the `Store` and `Sink` traits every backend and
+//! broker implements, errors with kinds, the retry policy and destination routing.
+//!
+//! Nothing here talks to a database or a broker; backends (`outbox-postgres`, …) and sinks
+//! (`outbox-sinks`) implement the traits, and `outbox-relay` drives them.
+
+pub mod error;
+pub mod message;
+pub mod redact;
+pub mod retry;
+pub mod routing;
+pub mod sink;
+pub mod store;
+
+pub use error::{Error, ErrorKind, Result};
+pub use message::{Message, NewMessage};
+pub use retry::RetryPolicy;
+pub use routing::DestinationTemplate;
+pub use sink::{Envelope, Sink, SinkError};
+pub use store::{MemberId, Outcome, Stats, Store};

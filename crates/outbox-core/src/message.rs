@@ -1,0 +1,84 @@
+//! The outbox message: what an application enqueues and what the relay claims.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// A message an application writes in its own transaction.
+///
+/// The id is fixed here, at write time (UUIDv7, time-ordered), and every redelivery carries it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewMessage {
+    /// Message id; every delivery of this message carries it, so consumers can dedupe.
+    pub id: Uuid,
+    /// Kind of aggregate the event is about, e.g. `payment`.
+    pub aggregate_type: String,
+    /// Aggregate id; it is the ordering key and the broker partition key.
+    pub aggregate_id: String,
+    /// Event type, e.g. `payment.created`.
+    pub event_type: String,
+    /// JSON payload, published verbatim.
+    pub payload: serde_json::Value,
+    /// Extra headers (string values), published beside the relay's own.
+    pub headers: serde_json::Map<String, serde_json::Value>,
+    /// Optional destination that overrides the relay's template for this message.
+    pub topic: Option<String>,
+}
+
+impl NewMessage {
+    /// A message with a fresh UUIDv7 id, no extra headers and no topic override.
+    pub fn new(
+        aggregate_type: impl Into<String>,
+        aggregate_id: impl Into<String>,
+        event_type: impl Into<String>,
+        payload: serde_json::Value,
+    ) -> Self {
+        Self {
+            id: Uuid::now_v7(),
+            aggregate_type: aggregate_type.into(),
+            aggregate_id: aggregate_id.into(),
+            event_type: event_type.into(),
+            payload,
+            headers: serde_json::Map::new(),
+            topic: None,
+        }
+    }
+
+    /// Adds a header (for example `traceparent`).
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers
+            .insert(name.into(), serde_json::Value::String(value.into()));
+        self
+    }
+
+    /// Sets a per-message destination that wins over the relay's template.
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.topic = Some(topic.into());
+        self
+    }
+}
+
+/// A pending message as the relay claimed it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// Store-assigned sequence: the order of messages within one ordering key.
+    pub seq: i64,
+    /// Message id fixed at write time.
+    pub id: Uuid,
+    /// Kind of aggregate.
+    pub aggregate_type: String,
+    /// Ordering key.
+    pub aggregate_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// The payload as stored, as JSON text (published byte for byte).
+    pub payload: String,
+    /// The row's own headers as JSON text (expected to be an object).
+    pub headers: String,
+    /// Per-row destination override.
+    pub topic: Option<String>,
+    /// When the row was written.
+    pub created_at: DateTime<Utc>,
+    /// Delivery attempts made before this claim.
+    pub attempts: i32,
+}

@@ -1,0 +1,152 @@
+//! The `Store` trait: how the relay claims, leases and completes messages in a database.
+//!
+//! Coordination shape (the Kafka consumer-group shape, held in the database): every message
+//! belongs to one of a fixed number of *partitions* (a hash of its ordering key). Relay workers
+//! are *members*; each owns a fair share of the partitions under a lease (owner + expiry) and
+//! reads only its partitions, in sequence order. One owner per partition at a time gives per-key
+//! order with any number of replicas; an expired lease lets another member take over.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::message::{Message, NewMessage};
+use crate::Result;
+
+/// Identity of one relay worker; unique per process run, so a restarted relay never mistakes
+/// an old lease for its own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MemberId(pub String);
+
+impl MemberId {
+    /// A new id `prefix/<random>`.
+    pub fn random(prefix: &str) -> Self {
+        Self(format!("{prefix}/{:016x}", fastrand::u64(..)))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for MemberId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The result of one publish attempt, recorded by [`Store::complete`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The broker acknowledged the message.
+    Published {
+        /// Row sequence.
+        seq: i64,
+    },
+    /// The attempt failed; try again after `delay`. Later messages of the key wait.
+    Retry {
+        /// Row sequence.
+        seq: i64,
+        /// Sanitised error text.
+        error: String,
+        /// Backoff before the next attempt.
+        delay: Duration,
+    },
+    /// The message is given up: permanent error or budget spent. It stays visible, redrivable.
+    Failed {
+        /// Row sequence.
+        seq: i64,
+        /// Sanitised error text.
+        error: String,
+    },
+}
+
+impl Outcome {
+    /// Sequence of the row this outcome is about.
+    pub fn seq(&self) -> i64 {
+        match self {
+            Outcome::Published { seq }
+            | Outcome::Retry { seq, .. }
+            | Outcome::Failed { seq, .. } => *seq,
+        }
+    }
+}
+
+/// Counts for `outbox status`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Stats {
+    /// Messages not yet published (including those waiting for a retry).
+    pub pending: i64,
+    /// Age in seconds of the oldest pending message; the key health signal. `None` when none.
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// Messages that ended `failed`.
+    pub failed: i64,
+    /// Messages published and still kept.
+    pub published: i64,
+    /// Pending messages waiting for a retry after a failed attempt.
+    pub retrying: i64,
+    /// Ordering keys whose head message is waiting for a retry or has failed.
+    pub blocked_keys: i64,
+    /// Live relay members and the partitions each owns.
+    pub members: Vec<MemberStatus>,
+}
+
+/// One relay member as seen by `outbox status`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemberStatus {
+    /// Member id.
+    pub member: String,
+    /// Partitions it owns.
+    pub partitions: i64,
+    /// Last heartbeat.
+    pub heartbeat_at: DateTime<Utc>,
+}
+
+/// A database that holds outbox rows and coordinates relay members.
+///
+/// Guarantees every implementation must keep (the conformance suite in `outbox-testkit` checks
+/// them): a partition has at most one owner whose lease is unexpired; `claim` returns only rows
+/// of partitions the member owns, in sequence order, never a row whose key has an earlier row
+/// waiting for a retry or failed; `complete` changes only rows in partitions the member still
+/// owns (fencing), so a relay that lost its lease cannot mark rows another member now serves.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Heartbeats `member`, forgets members silent for longer than `lease`, then takes or gives
+    /// back partitions so each live member owns a fair share. Returns the partitions `member`
+    /// owns afterwards, their leases extended to `lease` from now.
+    async fn rebalance(&self, member: &MemberId, lease: Duration) -> Result<Vec<i32>>;
+
+    /// Extends the lease of every partition `member` owns; returns how many it still owns.
+    async fn renew(&self, member: &MemberId, lease: Duration) -> Result<usize>;
+
+    /// Up to `limit` due pending messages of `partitions` (those `member` owns), in sequence
+    /// order. A key whose earliest pending message is waiting for a retry, or that has a
+    /// failed message, contributes nothing. Holds no transaction open after it returns.
+    async fn claim(
+        &self,
+        member: &MemberId,
+        partitions: &[i32],
+        limit: usize,
+    ) -> Result<Vec<Message>>;
+
+    /// Records `outcomes` in one statement. Rows in partitions `member` no longer owns are left
+    /// untouched (their new owner will deliver them again). Returns how many rows changed.
+    async fn complete(&self, member: &MemberId, outcomes: &[Outcome]) -> Result<u64>;
+
+    /// Gives back every partition of `member` and its membership, so others take over at once.
+    async fn release(&self, member: &MemberId) -> Result<()>;
+
+    /// Sends on `wake` whenever new messages may be pending (e.g. PostgreSQL `LISTEN`). Runs
+    /// until an error; stores without notifications return `Ok(())` at once and the relay polls.
+    async fn listen(&self, wake: tokio::sync::watch::Sender<u64>) -> Result<()>;
+
+    /// Counts for `outbox status`.
+    async fn stats(&self) -> Result<Stats>;
+
+    /// Inserts `messages` in one transaction of the store's own. Applications should use the
+    /// backend's transactional `enqueue` instead, inside their business transaction.
+    async fn insert(&self, messages: &[NewMessage]) -> Result<()>;
+}

@@ -1,0 +1,17 @@
+//! PostgreSQL backend of the outbox: migrations, the transactional writer (`enqueue`) and the
+//! [`PgStore`] the relay claims, leases and completes rows through.
+//!
+//! SQL lives in `migrations/*.sql` and `queries/*.sql`; the schema name is the only thing spliced
+//! into it, and only after [`Schema::new`] validated it.
+
+mod error;
+mod migrate;
+mod schema;
+mod store;
+mod writer;
+
+pub use error::map_sqlx_error;
+pub use migrate::{migrate, MIGRATIONS};
+pub use schema::Schema;
+pub use store::{connect_pool, PgStore, PARTITIONS};
+pub use writer::{enqueue, enqueue_many, Writer};

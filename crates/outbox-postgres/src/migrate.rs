@@ -1,0 +1,66 @@
+//! Idempotent, versioned migrations of one schema, serialised by an advisory lock.
+
+use outbox_core::Result;
+use sqlx::PgPool;
+
+use crate::error::map_sqlx_error;
+use crate::schema::Schema;
+
+/// Every migration, in order: (version, name, SQL with `{schema}` placeholders).
+pub const MIGRATIONS: &[(i32, &str, &str)] =
+    &[(1, "outbox", include_str!("../migrations/0001_outbox.sql"))];
+
+/// Creates `schema` if needed and applies the migrations it lacks, in one transaction per run.
+/// Safe to run concurrently and repeatedly. Returns the versions applied now (empty when the
+/// schema was up to date).
+pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<Vec<i32>> {
+    let ctx = |what: &str| format!("migrating schema `{}`: {what}", schema.as_str());
+    let mut tx = pool
+        .begin()
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("begin"), e))?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(format!("outbox-migrate:{}", schema.as_str()))
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("lock"), e))?;
+    sqlx::raw_sql(&schema.render(
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+         CREATE TABLE IF NOT EXISTS {schema}.outbox_migrations (
+             version    integer     PRIMARY KEY,
+             name       text        NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now());",
+    ))
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx("creating the schema"), e))?;
+    let done: Vec<i32> =
+        sqlx::query_scalar(&schema.render("SELECT version FROM {schema}.outbox_migrations"))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
+    let mut applied = Vec::new();
+    for (version, name, sql) in MIGRATIONS {
+        if done.contains(version) {
+            continue;
+        }
+        sqlx::raw_sql(&schema.render(sql))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
+        sqlx::query(
+            &schema
+                .render("INSERT INTO {schema}.outbox_migrations (version, name) VALUES ($1, $2)"),
+        )
+        .bind(version)
+        .bind(name)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("recording the version"), e))?;
+        applied.push(*version);
+    }
+    tx.commit()
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("commit"), e))?;
+    Ok(applied)
+}

@@ -1,0 +1,83 @@
+//! Validated schema names: the only text ever spliced into SQL.
+
+use outbox_core::{Error, Result};
+
+/// Default schema.
+pub const DEFAULT_SCHEMA: &str = "public";
+
+/// A PostgreSQL schema name checked to be a plain lower-case identifier
+/// (`[a-z_][a-z0-9_]*`, at most 63 bytes), so it can be written into SQL unquoted.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Schema(String);
+
+impl Schema {
+    /// Validates `name`.
+    pub fn new(name: &str) -> Result<Self> {
+        let ok = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if ok {
+            Ok(Self(name.to_string()))
+        } else {
+            Err(Error::config(format!(
+                "schema `{name}` is not a plain identifier: use lower-case letters, digits and `_`, \
+                 starting with a letter or `_`, at most 63 characters"
+            )))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The LISTEN/NOTIFY channel of this schema's outbox.
+    pub fn channel(&self) -> String {
+        format!("outbox_{}", self.0)
+    }
+
+    /// `sql` with `{schema}` and `{channel}` filled in.
+    pub fn render(&self, sql: &str) -> String {
+        sql.replace("{schema}", &self.0)
+            .replace("{channel}", &self.channel())
+    }
+}
+
+impl Default for Schema {
+    fn default() -> Self {
+        Self(DEFAULT_SCHEMA.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_identifiers_pass() {
+        assert!(Schema::new("public").is_ok());
+        assert!(Schema::new("_x9").is_ok());
+    }
+
+    #[test]
+    fn injection_and_odd_names_fail() {
+        for bad in [
+            "",
+            "Public",
+            "a-b",
+            "a;drop table x",
+            "9a",
+            "a b",
+            &"x".repeat(64),
+        ] {
+            let e = Schema::new(bad).unwrap_err();
+            assert_eq!(e.kind(), outbox_core::ErrorKind::Config, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The relay engine: claim a batch of pending messages under a partition lease, publish it with
+//! many acknowledgements in flight, record the results in one statement, repeat.
+//!
+//! Delivery is at least once: a row is marked published only after the sink acknowledged it,
+//! and a crash between the two republishes the row with the same id. Order per key holds
+//! because a partition (and so a key) has one owner at a time, rows are read in sequence order,
+//! and within a batch the engine publishes in *waves* that carry at most one message per key:
+//! message n+1 of a key is sent only after message n was acknowledged.
+
+mod config;
+mod deliver;
+mod metrics;
+mod relay;
+mod worker;
+
+pub use config::RelayConfig;
+pub use metrics::RelayMetrics;
+pub use relay::Relay;

@@ -1,0 +1,29 @@
+//! Counters the relay keeps while it runs (read by `outbox bench`, tests and metrics export).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Monotonic counters, shared by every worker of one relay.
+#[derive(Debug, Default)]
+pub struct RelayMetrics {
+    /// Messages the sink acknowledged and the store marked.
+    pub published: AtomicU64,
+    /// Failed attempts that will be retried.
+    pub retried: AtomicU64,
+    /// Messages that ended `failed`.
+    pub failed: AtomicU64,
+    /// Non-empty claims.
+    pub batches: AtomicU64,
+    /// Outcomes the store refused because the partition changed owner (fenced).
+    pub fenced: AtomicU64,
+}
+
+impl RelayMetrics {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Current value of `counter`.
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,101 @@
+//! [`Relay`]: starts the workers and the notification listener, stops them on shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::{MemberId, Sink, Store};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::RelayConfig;
+use crate::metrics::RelayMetrics;
+use crate::worker::Worker;
+
+/// A relay process: `workers` members that each own a share of the partitions.
+pub struct Relay {
+    store: Arc<dyn Store>,
+    sink: Arc<dyn Sink>,
+    config: RelayConfig,
+    metrics: Arc<RelayMetrics>,
+}
+
+impl Relay {
+    /// A relay publishing rows of `store` to `sink`.
+    pub fn new(store: Arc<dyn Store>, sink: Arc<dyn Sink>, config: RelayConfig) -> Self {
+        Self {
+            store,
+            sink,
+            config,
+            metrics: Arc::new(RelayMetrics::default()),
+        }
+    }
+
+    /// Counters of this relay, live while it runs.
+    pub fn metrics(&self) -> Arc<RelayMetrics> {
+        self.metrics.clone()
+    }
+
+    /// Runs until `shutdown` is cancelled. Then each worker stops claiming, finishes the batch
+    /// in hand (publish and record), gives its partitions back and the call returns.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let (wake_tx, wake_rx) = watch::channel(0u64);
+        let listener = self.config.listen.then(|| {
+            let store = self.store.clone();
+            let wake_tx = wake_tx.clone();
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                let mut delay = Duration::from_millis(200);
+                loop {
+                    tokio::select! {
+                        r = store.listen(wake_tx.clone()) => match r {
+                            Ok(()) => return, // the store has no notifications: poll only
+                            Err(error) => warn!(%error, retry_in = ?delay, "notification listener stopped; polling meanwhile"),
+                        },
+                        _ = stop.cancelled() => return,
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = stop.cancelled() => return,
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            })
+        });
+        let workers = self.config.workers.max(1);
+        info!(
+            workers,
+            batch_size = self.config.batch_size,
+            sink = self.sink.name(),
+            destination = self.config.destination.as_str(),
+            "relay started"
+        );
+        let mut handles = Vec::with_capacity(workers);
+        for i in 0..workers {
+            let w = Worker {
+                id: MemberId::random(&format!("{}-w{i}", self.config.member_prefix)),
+                store: self.store.clone(),
+                sink: self.sink.clone(),
+                cfg: self.config.clone(),
+                metrics: self.metrics.clone(),
+                wake: wake_rx.clone(),
+                shutdown: shutdown.clone(),
+            };
+            handles.push(tokio::spawn(w.run()));
+        }
+        for h in handles {
+            if let Err(error) = h.await {
+                warn!(%error, "relay worker ended abnormally");
+            }
+        }
+        if let Some(l) = listener {
+            l.abort();
+        }
+        drop(wake_tx);
+        info!(
+            published = RelayMetrics::get(&self.metrics.published),
+            failed = RelayMetrics::get(&self.metrics.failed),
+            "relay stopped"
+        );
+    }
+}

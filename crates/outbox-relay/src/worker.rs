@@ -1,0 +1,299 @@
+//! One relay member: owns a share of the partitions and runs claim -> publish -> mark on them.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_core::retry::RetryDecision;
+use outbox_core::{MemberId, Message, Outcome, Sink, SinkError, Store};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::config::RelayConfig;
+use crate::deliver::{envelope, waves};
+use crate::metrics::RelayMetrics;
+
+/// Backoff after a store error: starts small, doubles, capped, reset on success. Keeps a relay
+/// alive through a database restart without hammering it or flooding the log.
+struct StoreBackoff {
+    next: Duration,
+    failures: u32,
+}
+
+impl StoreBackoff {
+    const MIN: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(10);
+
+    fn new() -> Self {
+        Self {
+            next: Self::MIN,
+            failures: 0,
+        }
+    }
+
+    fn ok(&mut self, member: &MemberId) {
+        if self.failures > 0 {
+            info!(%member, failures = self.failures, "store reachable again");
+        }
+        *self = Self::new();
+    }
+
+    fn failed(&mut self) -> Duration {
+        self.failures += 1;
+        let d = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        d
+    }
+}
+
+pub(crate) struct Worker {
+    pub(crate) id: MemberId,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) sink: Arc<dyn Sink>,
+    pub(crate) cfg: RelayConfig,
+    pub(crate) metrics: Arc<RelayMetrics>,
+    pub(crate) wake: watch::Receiver<u64>,
+    pub(crate) shutdown: CancellationToken,
+}
+
+/// The lease as this worker last saw it.
+struct Lease {
+    partitions: Vec<i32>,
+    /// Local instant by which the lease expires (measured from before the renewing call).
+    valid_until: Instant,
+    /// When to heartbeat and rebalance next.
+    next_rebalance: Instant,
+    /// When the lease was last extended.
+    renewed_at: Instant,
+}
+
+impl Worker {
+    pub(crate) async fn run(mut self) {
+        let mut lease = Lease {
+            partitions: Vec::new(),
+            valid_until: Instant::now(),
+            next_rebalance: Instant::now(),
+            renewed_at: Instant::now(),
+        };
+        let mut backoff = StoreBackoff::new();
+        while !self.shutdown.is_cancelled() {
+            let now = Instant::now();
+            if now >= lease.next_rebalance || lease.valid_until <= now + self.cfg.lease_margin() {
+                match self.store.rebalance(&self.id, self.cfg.lease).await {
+                    Ok(p) => {
+                        backoff.ok(&self.id);
+                        if p != lease.partitions {
+                            info!(member = %self.id, partitions = p.len(), "partitions assigned");
+                        }
+                        lease.partitions = p;
+                        lease.valid_until = now + self.cfg.lease;
+                        lease.renewed_at = now;
+                        lease.next_rebalance = now + self.rebalance_every();
+                    }
+                    Err(error) => {
+                        let d = backoff.failed();
+                        warn!(member = %self.id, %error, retry_in = ?d, "rebalance failed");
+                        lease.partitions.clear();
+                        self.pause(d).await;
+                        continue;
+                    }
+                }
+            }
+            if lease.partitions.is_empty() {
+                self.idle(lease.next_rebalance).await;
+                continue;
+            }
+            self.wake.borrow_and_update();
+            let batch = match self
+                .store
+                .claim(&self.id, &lease.partitions, self.cfg.batch_size)
+                .await
+            {
+                Ok(b) => {
+                    backoff.ok(&self.id);
+                    b
+                }
+                Err(error) => {
+                    let d = backoff.failed();
+                    warn!(member = %self.id, %error, retry_in = ?d, "claim failed");
+                    self.pause(d).await;
+                    continue;
+                }
+            };
+            if batch.is_empty() {
+                self.idle(lease.next_rebalance).await;
+                continue;
+            }
+            RelayMetrics::add(&self.metrics.batches, 1);
+            let outcomes = self.publish(&batch, &mut lease).await;
+            self.record(outcomes).await;
+        }
+        if let Err(error) = self.store.release(&self.id).await {
+            warn!(member = %self.id, %error, "could not release partitions; they free up when the lease expires");
+        } else {
+            debug!(member = %self.id, "partitions released");
+        }
+    }
+
+    fn rebalance_every(&self) -> Duration {
+        (self.cfg.lease / 3).max(Duration::from_millis(100))
+    }
+
+    /// Waits for a notification, the poll interval, the next rebalance or shutdown.
+    async fn idle(&mut self, next_rebalance: Instant) {
+        let until = (Instant::now() + self.cfg.poll_interval).min(next_rebalance);
+        let sleep = tokio::time::sleep_until(until.into());
+        tokio::select! {
+            r = self.wake.changed() => {
+                // A closed channel (no listener) must not turn into a busy loop.
+                if r.is_err() { tokio::time::sleep_until(until.into()).await; }
+            }
+            _ = sleep => {}
+            _ = self.shutdown.cancelled() => {}
+        }
+    }
+
+    async fn pause(&self, d: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = self.shutdown.cancelled() => {}
+        }
+    }
+
+    /// Publishes `batch` wave by wave. Returns an outcome for every message that was tried; the
+    /// rest (later messages of a key that just failed, or waves not sent because the lease ran
+    /// short) get none and stay pending untouched.
+    async fn publish(&self, batch: &[Message], lease: &mut Lease) -> Vec<Outcome> {
+        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut stopped: HashSet<&str> = HashSet::new();
+        for wave in waves(batch) {
+            if !self.lease_holds(lease).await {
+                warn!(member = %self.id, "lease ran short mid-batch; leaving the rest for the next claim");
+                break;
+            }
+            let mut sendable = Vec::with_capacity(wave.len());
+            let mut envelopes = Vec::with_capacity(wave.len());
+            for i in wave {
+                let m = &batch[i];
+                if stopped.contains(m.aggregate_id.as_str()) {
+                    continue;
+                }
+                match envelope(m, &self.cfg.destination) {
+                    Ok(e) => {
+                        sendable.push(i);
+                        envelopes.push(e);
+                    }
+                    Err(why) => {
+                        warn!(member = %self.id, id = %m.id, error = %why, "message cannot be published as stored");
+                        stopped.insert(m.aggregate_id.as_str());
+                        outcomes.push(self.failure(m, SinkError::permanent(why)));
+                    }
+                }
+            }
+            if envelopes.is_empty() {
+                continue;
+            }
+            let results = self.sink.publish(&envelopes).await;
+            for (k, i) in sendable.into_iter().enumerate() {
+                let m = &batch[i];
+                let result = results.get(k).cloned().unwrap_or_else(|| {
+                    Err(SinkError::transient(format!(
+                        "sink `{}` returned no result for this message",
+                        self.sink.name()
+                    )))
+                });
+                match result {
+                    Ok(()) => outcomes.push(Outcome::Published { seq: m.seq }),
+                    Err(e) => {
+                        stopped.insert(m.aggregate_id.as_str());
+                        outcomes.push(self.failure(m, e));
+                    }
+                }
+            }
+        }
+        outcomes
+    }
+
+    /// Renews the lease inline when a third of it has passed; false when it cannot be trusted.
+    async fn lease_holds(&self, lease: &mut Lease) -> bool {
+        let now = Instant::now();
+        if now.duration_since(lease.renewed_at) >= self.rebalance_every()
+            || lease.valid_until <= now + self.cfg.lease_margin()
+        {
+            match self.store.renew(&self.id, self.cfg.lease).await {
+                Ok(n) if n == lease.partitions.len() => {
+                    lease.valid_until = now + self.cfg.lease;
+                    lease.renewed_at = now;
+                }
+                Ok(_) => {
+                    // A partition was taken over while we published: stop and rebalance.
+                    lease.next_rebalance = now;
+                    return false;
+                }
+                Err(error) => {
+                    warn!(member = %self.id, %error, "lease renewal failed");
+                }
+            }
+        }
+        lease.valid_until > Instant::now() + self.cfg.lease_margin()
+    }
+
+    fn failure(&self, m: &Message, e: SinkError) -> Outcome {
+        let attempts = u32::try_from(m.attempts).unwrap_or(0).saturating_add(1);
+        match self.cfg.retry.decide(attempts, e.retriable) {
+            RetryDecision::RetryAfter(delay) => {
+                RelayMetrics::add(&self.metrics.retried, 1);
+                warn!(member = %self.id, id = %m.id, key = %m.aggregate_id, attempts, error = %e.message,
+                      retry_in = ?delay, "publish failed; will retry");
+                Outcome::Retry {
+                    seq: m.seq,
+                    error: e.message,
+                    delay,
+                }
+            }
+            RetryDecision::Fail => {
+                RelayMetrics::add(&self.metrics.failed, 1);
+                warn!(member = %self.id, id = %m.id, key = %m.aggregate_id, attempts, error = %e.message,
+                      retriable = e.retriable, "message failed; it stays in the outbox as `failed`");
+                Outcome::Failed {
+                    seq: m.seq,
+                    error: e.message,
+                }
+            }
+        }
+    }
+
+    /// Records outcomes, retrying the statement through short store outages. If it never
+    /// succeeds the rows stay pending and are published again later (same ids): a duplicate,
+    /// never a loss.
+    async fn record(&self, outcomes: Vec<Outcome>) {
+        if outcomes.is_empty() {
+            return;
+        }
+        let published = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Published { .. }))
+            .count() as u64;
+        let mut backoff = StoreBackoff::new();
+        for attempt in 1..=5 {
+            match self.store.complete(&self.id, &outcomes).await {
+                Ok(changed) => {
+                    let fenced = outcomes.len() as u64 - changed.min(outcomes.len() as u64);
+                    if fenced > 0 {
+                        RelayMetrics::add(&self.metrics.fenced, fenced);
+                        warn!(member = %self.id, fenced, "results not recorded: partitions changed owner");
+                    }
+                    RelayMetrics::add(&self.metrics.published, published.saturating_sub(fenced));
+                    return;
+                }
+                Err(error) => {
+                    let d = backoff.failed();
+                    warn!(member = %self.id, %error, attempt, "recording results failed; retrying");
+                    tokio::time::sleep(d).await;
+                }
+            }
+        }
+        warn!(member = %self.id, rows = outcomes.len(), "results not recorded; rows will be published again");
+    }
+}

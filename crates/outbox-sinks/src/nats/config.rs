@@ -1,0 +1,85 @@
+//! Configuration of the NATS JetStream sink.
+
+use std::time::Duration;
+
+use outbox_core::Error;
+
+/// Default wait for a JetStream publish acknowledgement.
+pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where and how to publish to JetStream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatsConfig {
+    /// Server URL, e.g. `nats://127.0.0.1:4222`.
+    pub url: String,
+    /// Longest wait for one acknowledgement before the attempt counts as failed (retried).
+    pub ack_timeout: Duration,
+}
+
+impl NatsConfig {
+    /// Parses `nats://host:port[?ack_timeout=5s]`.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        if !(base.starts_with("nats://") || base.starts_with("tls://"))
+            || base.len() <= "nats://".len()
+        {
+            return Err(Error::config(format!(
+                "sink `{}`: expected nats://host:port",
+                outbox_core::redact::url(url)
+            )));
+        }
+        let mut cfg = Self {
+            url: base.to_string(),
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+        };
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("ack_timeout", v)) => {
+                    cfg.ack_timeout = humantime_secs(v).ok_or_else(|| {
+                        Error::config(format!("sink option ack_timeout=`{v}`: expected a duration such as 5s or 500ms"))
+                    })?
+                }
+                _ => {
+                    return Err(Error::config(format!(
+                        "sink option `{pair}` is not known for nats:// (known: ack_timeout)"
+                    )))
+                }
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+/// Parses `500ms`, `5s` or `2m`.
+fn humantime_secs(v: &str) -> Option<Duration> {
+    let (num, unit) = v
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| v.split_at(i))
+        .unwrap_or((v, "s"));
+    let n: u64 = num.parse().ok()?;
+    match unit {
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => Some(Duration::from_secs(n * 60)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_url_and_options() {
+        let c = NatsConfig::from_url("nats://127.0.0.1:4222?ack_timeout=250ms").unwrap();
+        assert_eq!(c.url, "nats://127.0.0.1:4222");
+        assert_eq!(c.ack_timeout, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn rejects_bad_urls_and_options() {
+        assert!(NatsConfig::from_url("http://x").is_err());
+        assert!(NatsConfig::from_url("nats://x?bogus=1").is_err());
+        assert!(NatsConfig::from_url("nats://x?ack_timeout=soon").is_err());
+    }
+}

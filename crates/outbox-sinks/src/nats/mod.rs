@@ -1,0 +1,8 @@
+//! NATS JetStream sink: async publish with acknowledgements, `Nats-Msg-Id` dedupe.
+
+mod config;
+mod error;
+mod sink;
+
+pub use config::NatsConfig;
+pub use sink::NatsSink;

@@ -1,0 +1,341 @@
+//! The store conformance suite: behaviour every `Store` backend must show. A backend's test
+//! file expands [`store_conformance_suite!`](crate::store_conformance_suite) with a function
+//! that returns a fresh, migrated, empty store, and gets one `#[tokio::test]` per case.
+//!
+//! New store behaviour goes here, not into one backend's tests.
+
+// Test code: a failed expectation should panic with its message.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::{MemberId, NewMessage, Outcome, Store};
+
+/// Expands to one `#[tokio::test]` per conformance case, each calling `$factory().await` for a
+/// fresh store.
+#[macro_export]
+macro_rules! store_conformance_suite {
+    ($factory:path) => {
+        $crate::__conformance_cases!($factory;
+            claim_returns_pending_rows_in_sequence_order,
+            published_rows_are_not_claimed_again,
+            claim_respects_limit,
+            members_split_partitions_without_overlap,
+            claim_reads_only_owned_partitions,
+            retry_blocks_its_key_until_due,
+            failed_row_blocks_its_key_and_is_counted,
+            complete_is_fenced_after_takeover,
+            expired_lease_is_taken_over,
+            release_frees_partitions_at_once,
+            stats_report_pending_age_failed_and_published,
+            insert_keeps_order_within_a_key
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_cases {
+    ($factory:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $crate::conformance::$case($factory().await).await;
+            }
+        )*
+    };
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn msg(key: &str, n: u32) -> NewMessage {
+    NewMessage::new("order", key, "placed", serde_json::json!({ "n": n }))
+}
+
+async fn sole_member(store: &Arc<dyn Store>) -> (MemberId, Vec<i32>) {
+    let m = MemberId::random("conformance");
+    let parts = store.rebalance(&m, LEASE).await.unwrap();
+    assert!(!parts.is_empty(), "a lone member must own partitions");
+    (m, parts)
+}
+
+async fn claim_all(
+    store: &Arc<dyn Store>,
+    m: &MemberId,
+    parts: &[i32],
+) -> Vec<outbox_core::Message> {
+    store.claim(m, parts, 10_000).await.unwrap()
+}
+
+/// Rows come back in the order they were inserted.
+pub async fn claim_returns_pending_rows_in_sequence_order(store: Arc<dyn Store>) {
+    let msgs: Vec<_> = (0..20).map(|i| msg(&format!("k{}", i % 3), i)).collect();
+    store.insert(&msgs).await.unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    assert_eq!(
+        got.iter().map(|r| r.id).collect::<Vec<_>>(),
+        msgs.iter().map(|x| x.id).collect::<Vec<_>>()
+    );
+    assert!(got.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert!(got.iter().all(|r| r.attempts == 0));
+}
+
+/// A published row is never handed out again.
+pub async fn published_rows_are_not_claimed_again(store: Arc<dyn Store>) {
+    store.insert(&[msg("a", 1), msg("b", 2)]).await.unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    let outcomes: Vec<_> = got
+        .iter()
+        .map(|r| Outcome::Published { seq: r.seq })
+        .collect();
+    assert_eq!(store.complete(&m, &outcomes).await.unwrap(), 2);
+    assert!(claim_all(&store, &m, &parts).await.is_empty());
+    // Completing twice changes nothing.
+    assert_eq!(store.complete(&m, &outcomes).await.unwrap(), 0);
+    let s = store.stats().await.unwrap();
+    assert_eq!((s.pending, s.published), (0, 2));
+}
+
+/// `limit` bounds a claim.
+pub async fn claim_respects_limit(store: Arc<dyn Store>) {
+    let msgs: Vec<_> = (0..50).map(|i| msg(&format!("k{i}"), i)).collect();
+    store.insert(&msgs).await.unwrap();
+    let (m, parts) = sole_member(&store).await;
+    assert_eq!(store.claim(&m, &parts, 7).await.unwrap().len(), 7);
+}
+
+/// Members converge to disjoint, fair shares that cover every partition.
+pub async fn members_split_partitions_without_overlap(store: Arc<dyn Store>) {
+    let members: Vec<_> = (0..3).map(|i| MemberId::random(&format!("m{i}"))).collect();
+    let mut owned = vec![Vec::new(); 3];
+    // Round 1 registers everyone; later rounds give back and take over.
+    for _ in 0..4 {
+        for (i, m) in members.iter().enumerate() {
+            owned[i] = store.rebalance(m, LEASE).await.unwrap();
+        }
+    }
+    let all: Vec<i32> = owned.iter().flatten().copied().collect();
+    let distinct: HashSet<i32> = all.iter().copied().collect();
+    assert_eq!(
+        all.len(),
+        distinct.len(),
+        "a partition has two owners: {owned:?}"
+    );
+    let total = distinct.len();
+    let fair = total.div_ceil(3);
+    for o in &owned {
+        assert!(
+            !o.is_empty() && o.len() <= fair,
+            "unfair split {:?}",
+            owned.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+    }
+    // A lone member afterwards owns exactly this many partitions.
+    let store2 = store.clone();
+    for m in &members {
+        store2.release(m).await.unwrap();
+    }
+    let (_, parts) = sole_member(&store).await;
+    assert_eq!(parts.len(), total);
+}
+
+/// A member reads only its own partitions; together the members read every row once.
+pub async fn claim_reads_only_owned_partitions(store: Arc<dyn Store>) {
+    let msgs: Vec<_> = (0..200).map(|i| msg(&format!("key-{i}"), i)).collect();
+    store.insert(&msgs).await.unwrap();
+    let a = MemberId::random("a");
+    let b = MemberId::random("b");
+    store.rebalance(&a, LEASE).await.unwrap();
+    store.rebalance(&b, LEASE).await.unwrap();
+    let pa = store.rebalance(&a, LEASE).await.unwrap();
+    let pb = store.rebalance(&b, LEASE).await.unwrap();
+    assert!(!pa.is_empty() && !pb.is_empty());
+    let ga = claim_all(&store, &a, &pa).await;
+    let gb = claim_all(&store, &b, &pb).await;
+    // Asking for another member's partitions yields nothing.
+    assert!(store.claim(&a, &pb, 1000).await.unwrap().is_empty());
+    let ids_a: HashSet<_> = ga.iter().map(|r| r.id).collect();
+    let ids_b: HashSet<_> = gb.iter().map(|r| r.id).collect();
+    assert!(ids_a.is_disjoint(&ids_b));
+    assert_eq!(ids_a.len() + ids_b.len(), 200);
+    // A key lives in exactly one partition, so in exactly one member's claims.
+    let keys_a: HashSet<_> = ga.iter().map(|r| r.aggregate_id.clone()).collect();
+    assert!(gb.iter().all(|r| !keys_a.contains(&r.aggregate_id)));
+}
+
+/// A row waiting for a retry holds back the later rows of its key, and only of its key.
+pub async fn retry_blocks_its_key_until_due(store: Arc<dyn Store>) {
+    let (a1, a2, b1) = (msg("a", 1), msg("a", 2), msg("b", 1));
+    store
+        .insert(&[a1.clone(), a2.clone(), b1.clone()])
+        .await
+        .unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    let seq_a1 = got.iter().find(|r| r.id == a1.id).unwrap().seq;
+    let delay = Duration::from_millis(1500);
+    let n = store
+        .complete(
+            &m,
+            &[Outcome::Retry {
+                seq: seq_a1,
+                error: "broker down".into(),
+                delay,
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let now: Vec<_> = claim_all(&store, &m, &parts)
+        .await
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(now, vec![b1.id], "key `a` must wait for its head's retry");
+    tokio::time::sleep(delay + Duration::from_millis(300)).await;
+    let later = claim_all(&store, &m, &parts).await;
+    assert_eq!(
+        later.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![a1.id, a2.id, b1.id]
+    );
+    assert_eq!(later[0].attempts, 1);
+    let s = store.stats().await.unwrap();
+    assert_eq!(s.retrying, 1);
+}
+
+/// A failed row stays visible with its error and blocks its key (ordered mode).
+pub async fn failed_row_blocks_its_key_and_is_counted(store: Arc<dyn Store>) {
+    let (a1, a2, b1) = (msg("a", 1), msg("a", 2), msg("b", 1));
+    store
+        .insert(&[a1.clone(), a2.clone(), b1.clone()])
+        .await
+        .unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    let seq_a1 = got.iter().find(|r| r.id == a1.id).unwrap().seq;
+    store
+        .complete(
+            &m,
+            &[Outcome::Failed {
+                seq: seq_a1,
+                error: "payload too large".into(),
+            }],
+        )
+        .await
+        .unwrap();
+    let now: Vec<_> = claim_all(&store, &m, &parts)
+        .await
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(now, vec![b1.id]);
+    let s = store.stats().await.unwrap();
+    assert_eq!((s.failed, s.pending, s.blocked_keys), (1, 2, 1));
+}
+
+/// A member that lost its partitions cannot record results for them.
+pub async fn complete_is_fenced_after_takeover(store: Arc<dyn Store>) {
+    store.insert(&[msg("a", 1)]).await.unwrap();
+    let old = MemberId::random("old");
+    let short = Duration::from_millis(800);
+    let parts = store.rebalance(&old, short).await.unwrap();
+    let got = store.claim(&old, &parts, 10).await.unwrap();
+    assert_eq!(got.len(), 1);
+    tokio::time::sleep(short + Duration::from_millis(400)).await;
+    let new = MemberId::random("new");
+    let new_parts = store.rebalance(&new, short).await.unwrap();
+    assert!(new_parts.contains(&parts[0]) || !new_parts.is_empty());
+    let changed = store
+        .complete(&old, &[Outcome::Published { seq: got[0].seq }])
+        .await
+        .unwrap();
+    assert_eq!(changed, 0, "a fenced member's result must not be recorded");
+    let again = store.claim(&new, &new_parts, 10).await.unwrap();
+    assert_eq!(
+        again.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![got[0].id]
+    );
+}
+
+/// Partitions whose lease expired go to another member; unexpired ones do not.
+pub async fn expired_lease_is_taken_over(store: Arc<dyn Store>) {
+    let a = MemberId::random("a");
+    let b = MemberId::random("b");
+    let short = Duration::from_millis(800);
+    let pa = store.rebalance(&a, short).await.unwrap();
+    let pb = store.rebalance(&b, short).await.unwrap();
+    // b sees two members but a still holds everything under a live lease.
+    assert!(pb.is_empty(), "b took partitions still leased to a: {pb:?}");
+    tokio::time::sleep(short + Duration::from_millis(400)).await;
+    let pb = store.rebalance(&b, short).await.unwrap();
+    assert_eq!(
+        pb.len(),
+        pa.len(),
+        "b must take over every expired partition"
+    );
+}
+
+/// A graceful release lets another member take over without waiting for the lease.
+pub async fn release_frees_partitions_at_once(store: Arc<dyn Store>) {
+    let a = MemberId::random("a");
+    let pa = store.rebalance(&a, LEASE).await.unwrap();
+    store.release(&a).await.unwrap();
+    let b = MemberId::random("b");
+    let pb = store.rebalance(&b, LEASE).await.unwrap();
+    assert_eq!(pb.len(), pa.len());
+    assert_eq!(store.renew(&a, LEASE).await.unwrap(), 0);
+    assert_eq!(store.renew(&b, LEASE).await.unwrap(), pb.len());
+}
+
+/// `stats` counts states and measures the oldest pending row's age.
+pub async fn stats_report_pending_age_failed_and_published(store: Arc<dyn Store>) {
+    let empty = store.stats().await.unwrap();
+    assert_eq!((empty.pending, empty.failed, empty.published), (0, 0, 0));
+    assert_eq!(empty.oldest_pending_age_seconds, None);
+    store
+        .insert(&[msg("a", 1), msg("b", 1), msg("c", 1)])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    store
+        .complete(
+            &m,
+            &[
+                Outcome::Published { seq: got[0].seq },
+                Outcome::Failed {
+                    seq: got[1].seq,
+                    error: "nope".into(),
+                },
+            ],
+        )
+        .await
+        .unwrap();
+    let s = store.stats().await.unwrap();
+    assert_eq!((s.pending, s.failed, s.published), (1, 1, 1));
+    let age = s.oldest_pending_age_seconds.unwrap();
+    assert!(age >= 1.0 && age < 60.0, "age {age}");
+    assert_eq!(s.members.len(), 1);
+}
+
+/// Messages of one key inserted in one call keep their order.
+pub async fn insert_keeps_order_within_a_key(store: Arc<dyn Store>) {
+    let msgs: Vec<_> = (0..100).map(|i| msg("same", i)).collect();
+    store.insert(&msgs).await.unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    let ns: Vec<u64> = got
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<serde_json::Value>(&r.payload).unwrap()["n"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ns, (0..100).collect::<Vec<u64>>());
+}
