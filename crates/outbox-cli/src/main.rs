@@ -1,1 +1,60 @@
-fn main() {}
+//! The `outbox` binary: `migrate`, `relay`, `status` and `bench` over a PostgreSQL outbox.
+
+mod cli;
+mod commands;
+mod config;
+mod shutdown;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Exit status for a configuration problem (bad flag, file or environment value).
+const EXIT_CONFIG: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    init_tracing(&cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(code) => code,
+        Err(err) => {
+            let config = err
+                .downcast_ref::<outbox_core::Error>()
+                .is_some_and(|e| e.kind() == outbox_core::ErrorKind::Config)
+                || err.downcast_ref::<config::ConfigError>().is_some();
+            eprintln!(
+                "error: {}",
+                outbox_core::redact::sanitize(&format!("{err:#}"))
+            );
+            if config {
+                ExitCode::from(EXIT_CONFIG)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+fn init_tracing(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

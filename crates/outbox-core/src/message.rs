@@ -71,7 +71,8 @@ pub struct Message {
     pub aggregate_id: String,
     /// Event type.
     pub event_type: String,
-    /// The payload as stored, as JSON text (published byte for byte).
+    /// The payload as JSON text, as the store returns it (PostgreSQL `jsonb` normalises key
+    /// order and whitespace); published byte for byte.
     pub payload: String,
     /// The row's own headers as JSON text (expected to be an object).
     pub headers: String,

@@ -1,5 +1,5 @@
 -- outbox schema, version 1. `{schema}` is replaced by the validated schema name and `{channel}`
--- by the LISTEN/NOTIFY channel before this file runs; everything else is plain PostgreSQL 13+.
+-- by the LISTEN/NOTIFY channel before this file runs; everything else is plain PostgreSQL 14+ (CREATE OR REPLACE TRIGGER).
 
 -- UUIDv7 (time-ordered) made in SQL, for apps that insert without an id. It is random within one
 -- millisecond, so the relay orders by `seq`, never by `id`.

@@ -1,0 +1,168 @@
+//! Command-line interface. Flags override `OUTBOX_…` environment variables, which override
+//! `outbox.toml`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::Dur;
+
+/// Transactional outbox relay: publishes rows your transactions wrote to a broker, at least once.
+#[derive(Debug, Parser)]
+#[command(name = "outbox", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Config file (default: ./outbox.toml when it exists). Env: OUTBOX_CONFIG.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Log format on stderr: text or json. Filter with OUTBOX_LOG or RUST_LOG.
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or upgrade the outbox tables (idempotent).
+    Migrate(DbArgs),
+    /// Publish pending outbox rows to a sink until stopped (SIGINT/SIGTERM).
+    Relay(RelayArgs),
+    /// Show pending, oldest pending age, failed and published counts.
+    Status(StatusArgs),
+    /// Measure drain throughput and commit→ack latency against a real broker.
+    Bench(BenchArgs),
+}
+
+/// Where the outbox lives.
+#[derive(Debug, Clone, Args)]
+pub struct DbArgs {
+    /// Database URL, e.g. postgres://user@host/db. Env: DATABASE_URL or OUTBOX_DATABASE_URL.
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
+    /// Schema holding the outbox tables (default public). Env: OUTBOX_SCHEMA.
+    #[arg(long, value_name = "NAME")]
+    pub schema: Option<String>,
+}
+
+/// `outbox relay` options.
+#[derive(Debug, Clone, Args)]
+pub struct RelayArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Sink URL, e.g. nats://127.0.0.1:4222. Env: OUTBOX_SINK.
+    #[arg(long, value_name = "URL")]
+    pub sink: Option<String>,
+    /// Destination template; placeholders {aggregate_type} {aggregate_id} {event_type} {topic}.
+    /// A row's `topic` wins. Default {aggregate_type}.{event_type}. Env: OUTBOX_DESTINATION.
+    #[arg(long, value_name = "TEMPLATE")]
+    pub destination: Option<String>,
+    /// Rows per claim (default 1000). Env: OUTBOX_BATCH_SIZE.
+    #[arg(long, value_name = "N")]
+    pub batch_size: Option<usize>,
+    /// Worker tasks (relay members) in this process (default 2). Env: OUTBOX_WORKERS.
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+    /// Poll interval, the safety net under LISTEN/NOTIFY (default 1s). Env: OUTBOX_POLL_INTERVAL.
+    #[arg(long, value_name = "DURATION")]
+    pub poll_interval: Option<Dur>,
+    /// Do not LISTEN for notifications; poll only. Env: OUTBOX_LISTEN=false.
+    #[arg(long)]
+    pub no_listen: bool,
+    /// Partition lease: how soon a dead relay's work is taken over (default 30s). Env: OUTBOX_LEASE.
+    #[arg(long, value_name = "DURATION")]
+    pub lease: Option<Dur>,
+    /// Attempts before a message ends `failed` (default 10). Env: OUTBOX_MAX_ATTEMPTS.
+    #[arg(long, value_name = "N")]
+    pub max_attempts: Option<u32>,
+    /// First retry delay, doubled per attempt with jitter (default 1s). Env: OUTBOX_BACKOFF_BASE.
+    #[arg(long, value_name = "DURATION")]
+    pub backoff_base: Option<Dur>,
+    /// Longest retry delay (default 5m). Env: OUTBOX_BACKOFF_MAX.
+    #[arg(long, value_name = "DURATION")]
+    pub backoff_max: Option<Dur>,
+}
+
+/// Output format of `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Human-readable.
+    Text,
+    /// One JSON object.
+    Json,
+}
+
+/// `outbox status` options.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+/// What `outbox bench` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchMode {
+    /// Fill a backlog, drain it with the relay, then with a naive relay, and compare.
+    Backlog,
+    /// Producers commit one row per transaction at a fixed rate; measure commit→ack latency.
+    Steady,
+}
+
+/// `outbox bench` options.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Database URL (default postgres://root@127.0.0.1:5432/test). Env: DATABASE_URL.
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
+    /// NATS URL (default nats://127.0.0.1:4222). Env: OUTBOX_SINK.
+    #[arg(long, value_name = "URL")]
+    pub sink: Option<String>,
+    /// Which measurement.
+    #[arg(long, value_enum, default_value_t = BenchMode::Backlog)]
+    pub mode: BenchMode,
+    /// Backlog size for the relay.
+    #[arg(long, default_value_t = 100_000)]
+    pub rows: usize,
+    /// Backlog size for the naive relay (it is slow; default min(rows, 20000)).
+    #[arg(long)]
+    pub naive_rows: Option<usize>,
+    /// Distinct ordering keys.
+    #[arg(long, default_value_t = 1000)]
+    pub keys: usize,
+    /// Payload size in bytes.
+    #[arg(long, default_value_t = 200)]
+    pub payload_bytes: usize,
+    /// Relay workers.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Rows per claim.
+    #[arg(long, default_value_t = 1000)]
+    pub batch_size: usize,
+    /// Steady mode: events per second.
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u32,
+    /// Steady mode: how long producers run.
+    #[arg(long, default_value = "20s")]
+    pub duration: Dur,
+    /// Steady mode: producer connections.
+    #[arg(long, default_value_t = 16)]
+    pub producers: usize,
+    /// Poll only (no LISTEN/NOTIFY), to measure what notifications buy.
+    #[arg(long)]
+    pub no_listen: bool,
+    /// JetStream storage of the bench stream: file or memory.
+    #[arg(long, default_value = "file", value_parser = ["file", "memory"])]
+    pub storage: String,
+    /// Skip the naive relay (backlog mode).
+    #[arg(long)]
+    pub skip_naive: bool,
+    /// Print the results as one JSON object as well.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}

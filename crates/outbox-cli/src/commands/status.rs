@@ -1,0 +1,38 @@
+//! `outbox status`: the outbox's health at a glance.
+
+use std::process::ExitCode;
+
+use outbox_core::Store;
+
+use crate::cli::Format;
+use crate::config::DbSettings;
+
+pub async fn run(db: DbSettings, format: Format) -> anyhow::Result<ExitCode> {
+    let store = super::open_store(&db, 2).await?;
+    let s = store.stats().await?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string(&s)?),
+        Format::Text => {
+            let age = s
+                .oldest_pending_age_seconds
+                .map_or_else(|| "-".to_string(), |a| format!("{a:.1}s"));
+            println!("schema              {}", db.schema);
+            println!("pending             {}", s.pending);
+            println!("oldest pending age  {age}");
+            println!("retrying            {}", s.retrying);
+            println!("blocked keys        {}", s.blocked_keys);
+            println!("failed              {}", s.failed);
+            println!("published           {}", s.published);
+            println!("relay members       {}", s.members.len());
+            for m in &s.members {
+                println!(
+                    "  {}  partitions={}  heartbeat={}",
+                    m.member,
+                    m.partitions,
+                    m.heartbeat_at.to_rfc3339()
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

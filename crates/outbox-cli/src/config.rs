@@ -1,0 +1,328 @@
+//! Settings: `outbox.toml`, then `OUTBOX_…` environment variables, then flags, each layer
+//! overriding the one before. Unknown keys and bad values are errors that name the key and
+//! where it came from (file path, variable or flag).
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use outbox_core::{DestinationTemplate, RetryPolicy};
+use outbox_relay::RelayConfig;
+use serde::Deserialize;
+
+use crate::cli::{DbArgs, RelayArgs};
+
+/// Default config file, read when present.
+pub const DEFAULT_CONFIG_FILE: &str = "outbox.toml";
+
+/// A configuration problem; the message names the key and its source.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+/// A duration written as `500ms`, `5s`, `2m`, `1h`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl FromStr for Dur {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        humantime::parse_duration(s.trim())
+            .map(Dur)
+            .map_err(|e| format!("`{s}` is not a duration ({e}); write e.g. 500ms, 5s or 2m"))
+    }
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The file: every key optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Database URL.
+    pub database_url: Option<String>,
+    /// Schema of the outbox tables.
+    pub schema: Option<String>,
+    /// `[relay]` section.
+    #[serde(default)]
+    pub relay: RelaySection,
+}
+
+/// `[relay]` in `outbox.toml`; see `outbox relay --help` for each key's meaning.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelaySection {
+    /// Sink URL.
+    pub sink: Option<String>,
+    /// Destination template.
+    pub destination: Option<String>,
+    /// Rows per claim.
+    pub batch_size: Option<usize>,
+    /// Worker tasks per process.
+    pub workers: Option<usize>,
+    /// Poll interval.
+    pub poll_interval: Option<Dur>,
+    /// LISTEN/NOTIFY wake-ups.
+    pub listen: Option<bool>,
+    /// Partition lease.
+    pub lease: Option<Dur>,
+    /// Attempts before `failed`.
+    pub max_attempts: Option<u32>,
+    /// First retry delay.
+    pub backoff_base: Option<Dur>,
+    /// Longest retry delay.
+    pub backoff_max: Option<Dur>,
+}
+
+/// A loaded file and where it came from.
+pub struct Loaded {
+    file: FileConfig,
+    path: Option<PathBuf>,
+}
+
+/// Reads `explicit`, else `$OUTBOX_CONFIG`, else `./outbox.toml` when it exists.
+pub fn load(explicit: Option<&Path>) -> Result<Loaded> {
+    let env_path = std::env::var_os("OUTBOX_CONFIG").map(PathBuf::from);
+    let (path, required) = match (explicit, env_path) {
+        (Some(p), _) => (p.to_path_buf(), true),
+        (None, Some(p)) => (p, true),
+        (None, None) => (PathBuf::from(DEFAULT_CONFIG_FILE), false),
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Loaded {
+                file: FileConfig::default(),
+                path: None,
+            })
+        }
+        Err(e) => return Err(ConfigError(format!("config file {}: {e}", path.display()))),
+    };
+    let file: FileConfig = toml::from_str(&text).map_err(|e| {
+        ConfigError(format!(
+            "config file {}: {}",
+            path.display(),
+            e.to_string().trim_end()
+        ))
+    })?;
+    Ok(Loaded {
+        file,
+        path: Some(path),
+    })
+}
+
+impl Loaded {
+    fn file_key(&self, key: &str) -> String {
+        match &self.path {
+            Some(p) => format!("`{key}` in {}", p.display()),
+            None => format!("`{key}`"),
+        }
+    }
+}
+
+/// One setting resolved from flag, environment, file or default.
+fn pick<T: FromStr>(flag: Option<T>, env: &[&str], file: Option<T>) -> Result<Option<T>>
+where
+    T::Err: std::fmt::Display,
+{
+    if flag.is_some() {
+        return Ok(flag);
+    }
+    for name in env {
+        if let Ok(raw) = std::env::var(name) {
+            return raw
+                .parse::<T>()
+                .map(Some)
+                .map_err(|e| ConfigError(format!("environment variable {name}=`{raw}`: {e}")));
+        }
+    }
+    Ok(file)
+}
+
+/// Where the outbox lives.
+#[derive(Debug, Clone)]
+pub struct DbSettings {
+    /// Database URL (may contain a password: print it only through `redact::url`).
+    pub url: String,
+    /// Schema name (validated by the store).
+    pub schema: String,
+}
+
+/// Resolves the database settings for any command.
+pub fn db(loaded: &Loaded, args: &DbArgs) -> Result<DbSettings> {
+    let url = pick(args.database_url.clone(), &["OUTBOX_DATABASE_URL", "DATABASE_URL"], loaded.file.database_url.clone())?
+        .ok_or_else(|| {
+            ConfigError(
+                "no database URL: pass --database-url, set DATABASE_URL, or write database_url in outbox.toml".into(),
+            )
+        })?;
+    let schema = pick(
+        args.schema.clone(),
+        &["OUTBOX_SCHEMA"],
+        loaded.file.schema.clone(),
+    )?
+    .unwrap_or_else(|| "public".to_string());
+    outbox_postgres::Schema::new(&schema).map_err(|e| ConfigError(format!("schema: {e}")))?;
+    Ok(DbSettings { url, schema })
+}
+
+/// Everything `outbox relay` needs.
+#[derive(Debug, Clone)]
+pub struct RelaySettings {
+    /// Database.
+    pub db: DbSettings,
+    /// Sink URL.
+    pub sink: String,
+    /// Engine settings.
+    pub relay: RelayConfig,
+}
+
+/// Resolves `outbox relay` settings and checks every value.
+pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
+    let f = &loaded.file.relay;
+    let db = db(loaded, &args.db)?;
+    let sink = pick(args.sink.clone(), &["OUTBOX_SINK"], f.sink.clone())?.ok_or_else(|| {
+        ConfigError("no sink: pass --sink (e.g. nats://127.0.0.1:4222), set OUTBOX_SINK, or write [relay] sink".into())
+    })?;
+    let destination = pick(
+        args.destination.clone(),
+        &["OUTBOX_DESTINATION"],
+        f.destination.clone(),
+    )?;
+    let destination = match destination {
+        Some(t) => {
+            DestinationTemplate::parse(&t).map_err(|e| ConfigError(format!("destination: {e}")))?
+        }
+        None => DestinationTemplate::default(),
+    };
+    let defaults = RelayConfig::default();
+    let batch_size =
+        pick(args.batch_size, &["OUTBOX_BATCH_SIZE"], f.batch_size)?.unwrap_or(defaults.batch_size);
+    check(
+        batch_size,
+        1,
+        10_000,
+        &loaded.file_key("relay.batch_size"),
+        "batch size",
+    )?;
+    let workers = pick(args.workers, &["OUTBOX_WORKERS"], f.workers)?.unwrap_or(defaults.workers);
+    check(workers, 1, 64, &loaded.file_key("relay.workers"), "workers")?;
+    let poll_interval = pick(
+        args.poll_interval,
+        &["OUTBOX_POLL_INTERVAL"],
+        f.poll_interval,
+    )?
+    .map_or(defaults.poll_interval, |d| d.0);
+    at_least(poll_interval, Duration::from_millis(10), "poll interval")?;
+    let listen = if args.no_listen {
+        false
+    } else {
+        pick(None, &["OUTBOX_LISTEN"], f.listen)?.unwrap_or(true)
+    };
+    let lease = pick(args.lease, &["OUTBOX_LEASE"], f.lease)?.map_or(defaults.lease, |d| d.0);
+    at_least(lease, Duration::from_millis(500), "lease")?;
+    let max_attempts = pick(args.max_attempts, &["OUTBOX_MAX_ATTEMPTS"], f.max_attempts)?
+        .unwrap_or(defaults.retry.max_attempts);
+    check(
+        max_attempts as usize,
+        1,
+        1_000_000,
+        &loaded.file_key("relay.max_attempts"),
+        "max attempts",
+    )?;
+    let base = pick(args.backoff_base, &["OUTBOX_BACKOFF_BASE"], f.backoff_base)?
+        .map_or(defaults.retry.base, |d| d.0);
+    let max = pick(args.backoff_max, &["OUTBOX_BACKOFF_MAX"], f.backoff_max)?
+        .map_or(defaults.retry.max, |d| d.0);
+    if base > max {
+        return Err(ConfigError(format!(
+            "backoff base {base:?} is longer than backoff max {max:?}"
+        )));
+    }
+    Ok(RelaySettings {
+        db,
+        sink,
+        relay: RelayConfig {
+            batch_size,
+            workers,
+            poll_interval,
+            listen,
+            lease,
+            retry: RetryPolicy {
+                max_attempts,
+                base,
+                max,
+            },
+            destination,
+            member_prefix: member_prefix(),
+        },
+    })
+}
+
+fn check(v: usize, min: usize, max: usize, key: &str, what: &str) -> Result<()> {
+    if v < min || v > max {
+        return Err(ConfigError(format!(
+            "{what} {v} is out of range {min}..={max} (flag, environment or {key})"
+        )));
+    }
+    Ok(())
+}
+
+fn at_least(v: Duration, min: Duration, what: &str) -> Result<()> {
+    if v < min {
+        return Err(ConfigError(format!(
+            "{what} {v:?} is shorter than the minimum {min:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// `host-pid`, so `outbox status` shows which process owns what.
+fn member_prefix() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let host = if host.is_empty() {
+        "relay".to_string()
+    } else {
+        host
+    };
+    format!("{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_name_the_key_and_file() {
+        let dir = std::env::temp_dir().join(format!("outbox-cfg-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("outbox.toml");
+        std::fs::write(
+            &path,
+            "database_url = \"postgres://x\"\n[relay]\nbatch_sise = 5\n",
+        )
+        .unwrap();
+        let err = load(Some(&path)).err().unwrap().to_string();
+        assert!(err.contains("batch_sise"), "{err}");
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn durations_parse_and_bad_ones_say_why() {
+        assert_eq!(
+            "250ms".parse::<Dur>().unwrap().0,
+            Duration::from_millis(250)
+        );
+        assert!("soon".parse::<Dur>().unwrap_err().contains("soon"));
+    }
+}

@@ -1,0 +1,365 @@
+//! The relay end to end against the real PostgreSQL and NATS JetStream on this machine.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{header, payload_json, World};
+use outbox_core::{NewMessage, Sink, Store};
+use outbox_relay::Relay;
+use outbox_sinks::nats::{NatsConfig, NatsSink};
+use outbox_testkit::sinks::{FlakySink, RecordingSink};
+use tokio_util::sync::CancellationToken;
+
+async fn nats() -> NatsSink {
+    NatsSink::connect(NatsConfig::from_url(&common::nats_url()).unwrap())
+        .await
+        .unwrap()
+}
+
+fn spawn(relay: Relay) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let stop = CancellationToken::new();
+    let h = tokio::spawn(relay.run(stop.clone()));
+    (stop, h)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minimal_sql_insert_is_relayed_with_id_and_headers() {
+    let w = World::new().await;
+    // Exactly the insert the SQL contract promises to accept from any language.
+    let mut conn = w.pool.acquire().await.unwrap();
+    sqlx::query(&format!("SET search_path TO {}", w.schema.as_str()))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4::jsonb)")
+        .bind("payment")
+        .bind("p-42")
+        .bind("created")
+        .bind(r#"{"amount": 1000, "currency": "BRL"}"#)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+    let id: uuid::Uuid = sqlx::query_scalar(&w.schema.render("SELECT id FROM {schema}.outbox"))
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+    assert_eq!(id.get_version_num(), 7, "SQL default id must be a UUIDv7");
+
+    let (stop, h) = spawn(Relay::new(
+        w.dyn_store(),
+        Arc::new(nats().await),
+        w.relay_config(),
+    ));
+    w.wait_drained(Duration::from_secs(20)).await;
+    stop.cancel();
+    h.await.unwrap();
+
+    let got = w.read_all(1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1);
+    let m = &got[0];
+    assert_eq!(m.subject.as_str(), format!("{}.payment.created", w.prefix));
+    assert_eq!(
+        payload_json(m),
+        serde_json::json!({"amount": 1000, "currency": "BRL"})
+    );
+    assert_eq!(header(m, "Nats-Msg-Id").unwrap(), id.to_string());
+    assert_eq!(header(m, "outbox-message-id").unwrap(), id.to_string());
+    assert_eq!(header(m, "outbox-event-type").unwrap(), "created");
+    assert_eq!(header(m, "outbox-aggregate-type").unwrap(), "payment");
+    assert_eq!(header(m, "outbox-aggregate-id").unwrap(), "p-42");
+    let s = w.stats().await;
+    assert_eq!((s.pending, s.published, s.failed), (0, 1, 0));
+    w.drop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolled_back_transaction_publishes_nothing() {
+    let w = World::new().await;
+    let writer = w.store().writer().clone();
+    let mut tx = w.pool.begin().await.unwrap();
+    writer
+        .enqueue(
+            &mut tx,
+            &NewMessage::new("payment", "p-1", "created", serde_json::json!({"n": 1})),
+        )
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let kept = NewMessage::new("payment", "p-2", "created", serde_json::json!({"n": 2})).header(
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    );
+    let mut tx = w.pool.begin().await.unwrap();
+    writer.enqueue(&mut tx, &kept).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let (stop, h) = spawn(Relay::new(
+        w.dyn_store(),
+        Arc::new(nats().await),
+        w.relay_config(),
+    ));
+    w.wait_drained(Duration::from_secs(20)).await;
+    stop.cancel();
+    h.await.unwrap();
+    let got = w.read_all(1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1, "only the committed message may be published");
+    assert_eq!(
+        header(&got[0], "outbox-message-id").unwrap(),
+        kept.id.to_string()
+    );
+    assert_eq!(
+        header(&got[0], "traceparent").unwrap(),
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    );
+    w.drop_all().await;
+}
+
+/// Checks every key's messages arrived in order and every message arrived.
+fn assert_complete_and_ordered(
+    got: &[async_nats::jetstream::Message],
+    keys: usize,
+    per_key: usize,
+) {
+    let mut next: HashMap<String, u64> = HashMap::new();
+    let mut ids = HashSet::new();
+    for m in got {
+        let key = header(m, "outbox-aggregate-id").unwrap();
+        let n = payload_json(m)["n"].as_u64().unwrap();
+        let expect = next.entry(key.clone()).or_insert(0);
+        assert_eq!(n, *expect, "key {key}: got message {n}, expected {expect}");
+        *expect += 1;
+        ids.insert(header(m, "outbox-message-id").unwrap());
+    }
+    assert_eq!(next.len(), keys);
+    assert!(
+        next.values().all(|&v| v as usize == per_key),
+        "some key is incomplete"
+    );
+    assert_eq!(ids.len(), keys * per_key);
+}
+
+fn workload(keys: usize, per_key: usize) -> Vec<NewMessage> {
+    // Interleave keys so every batch holds many keys and several messages per key.
+    (0..per_key)
+        .flat_map(|n| {
+            (0..keys).map(move |k| {
+                NewMessage::new(
+                    "order",
+                    format!("order-{k}"),
+                    "changed",
+                    serde_json::json!({ "n": n }),
+                )
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_relays_deliver_every_row_in_key_order_and_none_twice() {
+    let w = World::new().await;
+    let (keys, per_key) = (200, 100);
+    let msgs = workload(keys, per_key);
+    for chunk in msgs.chunks(1000) {
+        w.store().insert(chunk).await.unwrap();
+    }
+    let mut relays = Vec::new();
+    let mut acked = Vec::new();
+    for _ in 0..3 {
+        let sink = RecordingSink::new(nats().await);
+        acked.push(sink.acked());
+        let mut cfg = w.relay_config();
+        cfg.batch_size = 300;
+        relays.push(spawn(Relay::new(w.dyn_store(), Arc::new(sink), cfg)));
+    }
+    w.wait_drained(Duration::from_secs(120)).await;
+    for (stop, h) in relays {
+        stop.cancel();
+        h.await.unwrap();
+    }
+    // Every relay took part, and no message was acknowledged twice across the three.
+    let mut total: HashMap<uuid::Uuid, u32> = HashMap::new();
+    for a in &acked {
+        let a = a.lock().unwrap();
+        assert!(
+            !a.is_empty(),
+            "a relay published nothing: the partitions were not shared"
+        );
+        for (id, n) in a.iter() {
+            *total.entry(*id).or_default() += n;
+        }
+    }
+    assert_eq!(total.len(), keys * per_key);
+    assert!(
+        total.values().all(|&n| n == 1),
+        "a message was published twice"
+    );
+    let got = w.read_all(keys * per_key, Duration::from_secs(60)).await;
+    assert_eq!(got.len(), keys * per_key);
+    assert_complete_and_ordered(&got, keys, per_key);
+    w.drop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_failing_then_recovering_delivers_everything_in_order() {
+    let w = World::new().await;
+    let (keys, per_key) = (20, 25);
+    w.store().insert(&workload(keys, per_key)).await.unwrap();
+    let sink = Arc::new(FlakySink::failing_first(nats().await, 120));
+    let (stop, h) = spawn(Relay::new(w.dyn_store(), sink.clone(), w.relay_config()));
+    w.wait_drained(Duration::from_secs(60)).await;
+    stop.cancel();
+    h.await.unwrap();
+    assert_eq!(sink.failures(), 120);
+    let got = w.read_all(keys * per_key, Duration::from_secs(20)).await;
+    assert_eq!(got.len(), keys * per_key);
+    assert_complete_and_ordered(&got, keys, per_key);
+    let s = w.stats().await;
+    assert_eq!((s.failed, s.published), (0, (keys * per_key) as i64));
+    w.drop_all().await;
+}
+
+async fn wait_failed(w: &World, n: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while w.stats().await.failed < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "messages never ended failed: {:?}",
+            w.stats().await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_exhausting_its_attempts_ends_failed_with_its_error() {
+    let w = World::new().await;
+    let (a1, a2, b1) = (
+        NewMessage::new("order", "a", "placed", serde_json::json!({"n": 0})),
+        NewMessage::new("order", "a", "placed", serde_json::json!({"n": 1})),
+        NewMessage::new("order", "b", "placed", serde_json::json!({"n": 0})),
+    );
+    w.store()
+        .insert(&[a1.clone(), a2.clone(), b1.clone()])
+        .await
+        .unwrap();
+    let mut cfg = w.relay_config();
+    cfg.retry.max_attempts = 3;
+    let sink: Arc<dyn Sink> = Arc::new(FlakySink::always_failing(nats().await));
+    let (stop, h) = spawn(Relay::new(w.dyn_store(), sink, cfg));
+    wait_failed(&w, 2).await;
+    stop.cancel();
+    h.await.unwrap();
+    let rows: Vec<(uuid::Uuid, String, i32, Option<String>)> = sqlx::query_as(
+        &w.schema
+            .render("SELECT id, state, attempts, last_error FROM {schema}.outbox ORDER BY seq"),
+    )
+    .fetch_all(&w.pool)
+    .await
+    .unwrap();
+    // a1 and b1 used their three attempts; a2 waits behind a1 untouched (its key is blocked).
+    assert_eq!(rows[0].0, a1.id);
+    assert_eq!((rows[0].1.as_str(), rows[0].2), ("failed", 3));
+    assert!(rows[0].3.as_deref().unwrap().contains("injected failure"));
+    assert_eq!((rows[1].1.as_str(), rows[1].2), ("pending", 0));
+    assert_eq!((rows[2].1.as_str(), rows[2].2), ("failed", 3));
+    let s = w.stats().await;
+    assert_eq!((s.failed, s.pending, s.blocked_keys), (2, 1, 2));
+    assert_eq!(w.stream_count().await, 0);
+    w.drop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permanent_error_fails_at_once() {
+    let w = World::new().await;
+    w.store()
+        .insert(&[NewMessage::new(
+            "order",
+            "a",
+            "placed",
+            serde_json::json!({}),
+        )])
+        .await
+        .unwrap();
+    let sink: Arc<dyn Sink> = Arc::new(FlakySink::permanently_failing(nats().await));
+    let (stop, h) = spawn(Relay::new(w.dyn_store(), sink, w.relay_config()));
+    wait_failed(&w, 1).await;
+    stop.cancel();
+    h.await.unwrap();
+    let attempts: i32 =
+        sqlx::query_scalar(&w.schema.render("SELECT attempts FROM {schema}.outbox"))
+            .fetch_one(&w.pool)
+            .await
+            .unwrap();
+    assert_eq!(attempts, 1);
+    w.drop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subject_without_stream_is_a_clear_error_naming_it() {
+    let w = World::with_stream(false).await;
+    w.store()
+        .insert(&[NewMessage::new(
+            "order",
+            "a",
+            "placed",
+            serde_json::json!({}),
+        )])
+        .await
+        .unwrap();
+    let mut cfg = w.relay_config();
+    cfg.retry.max_attempts = 2;
+    let started = std::time::Instant::now();
+    let (stop, h) = spawn(Relay::new(w.dyn_store(), Arc::new(nats().await), cfg));
+    wait_failed(&w, 1).await;
+    stop.cancel();
+    h.await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "a missing stream must not hang the relay"
+    );
+    let err: String =
+        sqlx::query_scalar(&w.schema.render("SELECT last_error FROM {schema}.outbox"))
+            .fetch_one(&w.pool)
+            .await
+            .unwrap();
+    assert!(err.contains(&format!("{}.order.placed", w.prefix)), "{err}");
+    assert!(err.contains("no JetStream stream"), "{err}");
+    w.drop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_headers_fail_the_row_visibly_and_others_flow() {
+    let w = World::new().await;
+    sqlx::query(&w.schema.render(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+         VALUES ('order', 'bad', 'placed', '{}', '[1,2]'), ('order', 'good', 'placed', '{}', '{}')",
+    ))
+    .execute(&w.pool)
+    .await
+    .unwrap();
+    let (stop, h) = spawn(Relay::new(
+        w.dyn_store(),
+        Arc::new(nats().await),
+        w.relay_config(),
+    ));
+    wait_failed(&w, 1).await;
+    w.wait_drained(Duration::from_secs(20)).await;
+    stop.cancel();
+    h.await.unwrap();
+    let err: String = sqlx::query_scalar(
+        &w.schema
+            .render("SELECT last_error FROM {schema}.outbox WHERE state = 'failed'"),
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
+    assert!(err.contains("headers"), "{err}");
+    assert_eq!(w.stream_count().await, 1);
+    w.drop_all().await;
+}
