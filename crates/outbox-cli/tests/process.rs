@@ -1,0 +1,231 @@
+//! The `outbox` binary as users run it: real processes, signals, `kill -9`, exit codes.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{header, outbox_bin, payload_json, World};
+use outbox_core::{NewMessage, Store};
+
+fn outbox() -> Command {
+    let mut c = Command::new(outbox_bin());
+    // The tests pass everything as flags; nothing from the caller's environment may leak in.
+    for var in ["DATABASE_URL", "OUTBOX_DATABASE_URL", "OUTBOX_SCHEMA", "OUTBOX_SINK", "OUTBOX_CONFIG", "OUTBOX_BATCH_SIZE"] {
+        c.env_remove(var);
+    }
+    c.env("OUTBOX_LOG", "warn");
+    c.current_dir(std::env::temp_dir());
+    c
+}
+
+fn run(c: &mut Command) -> Output {
+    c.stdin(Stdio::null()).output().unwrap()
+}
+
+fn relay(w: &World, extra: &[&str]) -> Child {
+    outbox()
+        .args(["relay", "--database-url", &common::database_url(), "--schema", w.schema.as_str()])
+        .args(["--sink", &common::nats_url(), "--destination", &w.destination()])
+        .args(["--poll-interval", "100ms"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+fn sigterm(child: &Child) {
+    let ok = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(ok.success());
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "relay did not exit within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+async fn owners(w: &World) -> Vec<String> {
+    sqlx::query_scalar(&w.schema.render(
+        "SELECT DISTINCT owner FROM {schema}.outbox_partitions WHERE owner IS NOT NULL AND lease_until > now()",
+    ))
+    .fetch_all(&w.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_killed_with_sigkill_mid_batch_loses_nothing_and_its_leases_are_taken_over() {
+    let w = World::new().await;
+    let (keys, per_key) = (200usize, 100usize);
+    let msgs: Vec<_> = (0..per_key)
+        .flat_map(|n| (0..keys).map(move |k| NewMessage::new("order", format!("o{k}"), "changed", serde_json::json!({ "n": n }))))
+        .collect();
+    for chunk in msgs.chunks(2000) {
+        w.store().insert(chunk).await.unwrap();
+    }
+    let flags = ["--lease", "2s", "--batch-size", "50", "--workers", "1"];
+    let mut a = relay(&w, &flags);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while w.stream_count().await < 1500 {
+        assert!(Instant::now() < deadline, "first relay published nothing");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a.kill().unwrap(); // SIGKILL: no cleanup, leases stay held until they expire
+    a.wait().unwrap();
+    let killed_at = Instant::now();
+    let s = w.stats().await;
+    assert!(s.pending > 0, "the relay finished before it could be killed; nothing was tested");
+    let dead = owners(&w).await;
+    assert_eq!(dead.len(), 1, "the killed relay's leases must still be held: {dead:?}");
+
+    let mut b = relay(&w, &flags);
+    w.wait_drained(Duration::from_secs(120)).await;
+    assert!(killed_at.elapsed() >= Duration::from_millis(1500), "work was taken over before the lease expired");
+    let now = owners(&w).await;
+    assert!(!now.is_empty() && !now.contains(&dead[0]), "partitions must have moved to the new relay: {now:?}");
+    sigterm(&b);
+    assert!(wait_exit(&mut b, Duration::from_secs(20)).success());
+
+    // Nothing lost, order kept per key; JetStream's Nats-Msg-Id dedupe drops the republished
+    // tail of the killed batch.
+    let got = w.read_all(keys * per_key, Duration::from_secs(60)).await;
+    let ids: HashSet<String> = got.iter().map(|m| header(m, "outbox-message-id").unwrap()).collect();
+    assert_eq!(ids.len(), keys * per_key, "lost messages");
+    let mut next: HashMap<String, u64> = HashMap::new();
+    for m in &got {
+        let key = header(m, "outbox-aggregate-id").unwrap();
+        let n = payload_json(m)["n"].as_u64().unwrap();
+        let e = next.entry(key.clone()).or_insert(0);
+        assert_eq!(n, *e, "key {key} out of order");
+        *e += 1;
+    }
+    w.drop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_the_batch_releases_partitions_and_exits_zero() {
+    let w = World::new().await;
+    w.store().insert(&[NewMessage::new("order", "a", "placed", serde_json::json!({}))]).await.unwrap();
+    let mut child = relay(&w, &["--lease", "30s"]);
+    w.wait_drained(Duration::from_secs(30)).await;
+    assert!(!owners(&w).await.is_empty());
+    sigterm(&child);
+    let status = wait_exit(&mut child, Duration::from_secs(20));
+    assert!(status.success(), "exit status {status:?}");
+    assert!(owners(&w).await.is_empty(), "partitions must be given back on a graceful stop");
+    let members: i64 = sqlx::query_scalar(&w.schema.render("SELECT count(*) FROM {schema}.outbox_members"))
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+    assert_eq!(members, 0);
+    w.drop_all().await;
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_config_exits_non_zero_with_a_message_naming_the_problem() {
+    let w = World::new().await;
+    let url = common::database_url();
+    let schema = w.schema.as_str().to_string();
+    let base = |c: &mut Command| {
+        c.args(["relay", "--database-url", &url, "--schema", &schema, "--sink", "nats://127.0.0.1:4222"]);
+    };
+
+    // Unknown key in the file: names the key and the file.
+    let dir = std::env::temp_dir().join(outbox_testkit::unique_name("cfg"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("outbox.toml");
+    std::fs::write(&file, "[relay]\nbatch_sise = 10\n").unwrap();
+    let mut c = outbox();
+    c.arg("--config").arg(&file);
+    base(&mut c);
+    let o = run(&mut c);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("batch_sise") && stderr(&o).contains(&file.display().to_string()), "{}", stderr(&o));
+
+    // Wrong type in the file.
+    std::fs::write(&file, "[relay]\nbatch_size = \"many\"\n").unwrap();
+    let mut c = outbox();
+    c.arg("--config").arg(&file);
+    base(&mut c);
+    let o = run(&mut c);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("batch_size"), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).ok();
+
+    // Bad environment value: names the variable.
+    let mut c = outbox();
+    c.env("OUTBOX_BATCH_SIZE", "lots");
+    base(&mut c);
+    let o = run(&mut c);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("OUTBOX_BATCH_SIZE"), "{}", stderr(&o));
+
+    // Unknown sink scheme and placeholder.
+    let o = run(outbox().args(["relay", "--database-url", &url, "--schema", &schema, "--sink", "carrier-pigeon://coop"]));
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("carrier-pigeon"), "{}", stderr(&o));
+    let mut c = outbox();
+    base(&mut c);
+    c.args(["--destination", "x.{nope}"]);
+    let o = run(&mut c);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("{nope}"), "{}", stderr(&o));
+
+    // Missing database URL, invalid schema, schema never migrated, password kept out.
+    let o = run(outbox().args(["status"]));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("database URL"), "{}", stderr(&o));
+    let o = run(outbox().args(["status", "--database-url", &url, "--schema", "Robert'); DROP TABLE x;--"]));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("schema"), "{}", stderr(&o));
+    let o = run(outbox().args(["relay", "--database-url", &url, "--schema", "never_migrated_here", "--sink", "nats://127.0.0.1:4222"]));
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("outbox migrate"), "{}", stderr(&o));
+    let o = run(outbox().args(["status", "--database-url", "postgres://app:hunter2@127.0.0.1:1/x"]));
+    assert_ne!(o.status.code(), Some(0));
+    assert!(!stderr(&o).contains("hunter2"), "password leaked: {}", stderr(&o));
+    w.drop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_idempotent_and_status_json_has_the_documented_keys() {
+    let schema = outbox_testkit::unique_name("cli");
+    let url = common::database_url();
+    let o = run(outbox().args(["migrate", "--database-url", &url, "--schema", &schema]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(outbox().args(["migrate", "--database-url", &url, "--schema", &schema]));
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("up to date"));
+
+    let pool = outbox_postgres::connect_pool(&url, 2).await.unwrap();
+    let store = outbox_postgres::PgStore::new(pool.clone(), outbox_postgres::Schema::new(&schema).unwrap());
+    store
+        .insert(&[NewMessage::new("a", "1", "e", serde_json::json!({})), NewMessage::new("a", "2", "e", serde_json::json!({}))])
+        .await
+        .unwrap();
+    let o = run(outbox().args(["status", "--database-url", &url, "--schema", &schema, "--format", "json"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["pending"], 2);
+    assert!(v["oldest_pending_age_seconds"].as_f64().unwrap() >= 0.0);
+    assert_eq!(v["failed"], 0);
+    assert_eq!(v["published"], 0);
+    let o = run(outbox().args(["status", "--database-url", &url, "--schema", &schema]));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("oldest pending age"));
+    sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool).await.unwrap();
+}
