@@ -14,7 +14,14 @@ use outbox_core::{NewMessage, Store};
 fn outbox() -> Command {
     let mut c = Command::new(outbox_bin());
     // The tests pass everything as flags; nothing from the caller's environment may leak in.
-    for var in ["DATABASE_URL", "OUTBOX_DATABASE_URL", "OUTBOX_SCHEMA", "OUTBOX_SINK", "OUTBOX_CONFIG", "OUTBOX_BATCH_SIZE"] {
+    for var in [
+        "DATABASE_URL",
+        "OUTBOX_DATABASE_URL",
+        "OUTBOX_SCHEMA",
+        "OUTBOX_SINK",
+        "OUTBOX_CONFIG",
+        "OUTBOX_BATCH_SIZE",
+    ] {
         c.env_remove(var);
     }
     c.env("OUTBOX_LOG", "warn");
@@ -28,8 +35,19 @@ fn run(c: &mut Command) -> Output {
 
 fn relay(w: &World, extra: &[&str]) -> Child {
     outbox()
-        .args(["relay", "--database-url", &common::database_url(), "--schema", w.schema.as_str()])
-        .args(["--sink", &common::nats_url(), "--destination", &w.destination()])
+        .args([
+            "relay",
+            "--database-url",
+            &common::database_url(),
+            "--schema",
+            w.schema.as_str(),
+        ])
+        .args([
+            "--sink",
+            &common::nats_url(),
+            "--destination",
+            &w.destination(),
+        ])
         .args(["--poll-interval", "100ms"])
         .args(extra)
         .stdin(Stdio::null())
@@ -40,7 +58,10 @@ fn relay(w: &World, extra: &[&str]) -> Child {
 }
 
 fn sigterm(child: &Child) {
-    let ok = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(ok.success());
 }
 
@@ -50,7 +71,10 @@ fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
         if let Some(status) = child.try_wait().unwrap() {
             return status;
         }
-        assert!(Instant::now() < deadline, "relay did not exit within {limit:?}");
+        assert!(
+            Instant::now() < deadline,
+            "relay did not exit within {limit:?}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -69,7 +93,16 @@ async fn relay_killed_with_sigkill_mid_batch_loses_nothing_and_its_leases_are_ta
     let w = World::new().await;
     let (keys, per_key) = (200usize, 100usize);
     let msgs: Vec<_> = (0..per_key)
-        .flat_map(|n| (0..keys).map(move |k| NewMessage::new("order", format!("o{k}"), "changed", serde_json::json!({ "n": n }))))
+        .flat_map(|n| {
+            (0..keys).map(move |k| {
+                NewMessage::new(
+                    "order",
+                    format!("o{k}"),
+                    "changed",
+                    serde_json::json!({ "n": n }),
+                )
+            })
+        })
         .collect();
     for chunk in msgs.chunks(2000) {
         w.store().insert(chunk).await.unwrap();
@@ -85,22 +118,38 @@ async fn relay_killed_with_sigkill_mid_batch_loses_nothing_and_its_leases_are_ta
     a.wait().unwrap();
     let killed_at = Instant::now();
     let s = w.stats().await;
-    assert!(s.pending > 0, "the relay finished before it could be killed; nothing was tested");
+    assert!(
+        s.pending > 0,
+        "the relay finished before it could be killed; nothing was tested"
+    );
     let dead = owners(&w).await;
-    assert_eq!(dead.len(), 1, "the killed relay's leases must still be held: {dead:?}");
+    assert_eq!(
+        dead.len(),
+        1,
+        "the killed relay's leases must still be held: {dead:?}"
+    );
 
     let mut b = relay(&w, &flags);
     w.wait_drained(Duration::from_secs(120)).await;
-    assert!(killed_at.elapsed() >= Duration::from_millis(1500), "work was taken over before the lease expired");
+    assert!(
+        killed_at.elapsed() >= Duration::from_millis(1500),
+        "work was taken over before the lease expired"
+    );
     let now = owners(&w).await;
-    assert!(!now.is_empty() && !now.contains(&dead[0]), "partitions must have moved to the new relay: {now:?}");
+    assert!(
+        !now.is_empty() && !now.contains(&dead[0]),
+        "partitions must have moved to the new relay: {now:?}"
+    );
     sigterm(&b);
     assert!(wait_exit(&mut b, Duration::from_secs(20)).success());
 
     // Nothing lost, order kept per key; JetStream's Nats-Msg-Id dedupe drops the republished
     // tail of the killed batch.
     let got = w.read_all(keys * per_key, Duration::from_secs(60)).await;
-    let ids: HashSet<String> = got.iter().map(|m| header(m, "outbox-message-id").unwrap()).collect();
+    let ids: HashSet<String> = got
+        .iter()
+        .map(|m| header(m, "outbox-message-id").unwrap())
+        .collect();
     assert_eq!(ids.len(), keys * per_key, "lost messages");
     let mut next: HashMap<String, u64> = HashMap::new();
     for m in &got {
@@ -116,18 +165,32 @@ async fn relay_killed_with_sigkill_mid_batch_loses_nothing_and_its_leases_are_ta
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_the_batch_releases_partitions_and_exits_zero() {
     let w = World::new().await;
-    w.store().insert(&[NewMessage::new("order", "a", "placed", serde_json::json!({}))]).await.unwrap();
+    w.store()
+        .insert(&[NewMessage::new(
+            "order",
+            "a",
+            "placed",
+            serde_json::json!({}),
+        )])
+        .await
+        .unwrap();
     let mut child = relay(&w, &["--lease", "30s"]);
     w.wait_drained(Duration::from_secs(30)).await;
     assert!(!owners(&w).await.is_empty());
     sigterm(&child);
     let status = wait_exit(&mut child, Duration::from_secs(20));
     assert!(status.success(), "exit status {status:?}");
-    assert!(owners(&w).await.is_empty(), "partitions must be given back on a graceful stop");
-    let members: i64 = sqlx::query_scalar(&w.schema.render("SELECT count(*) FROM {schema}.outbox_members"))
-        .fetch_one(&w.pool)
-        .await
-        .unwrap();
+    assert!(
+        owners(&w).await.is_empty(),
+        "partitions must be given back on a graceful stop"
+    );
+    let members: i64 = sqlx::query_scalar(
+        &w.schema
+            .render("SELECT count(*) FROM {schema}.outbox_members"),
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
     assert_eq!(members, 0);
     w.drop_all().await;
 }
@@ -142,7 +205,15 @@ async fn bad_config_exits_non_zero_with_a_message_naming_the_problem() {
     let url = common::database_url();
     let schema = w.schema.as_str().to_string();
     let base = |c: &mut Command| {
-        c.args(["relay", "--database-url", &url, "--schema", &schema, "--sink", "nats://127.0.0.1:4222"]);
+        c.args([
+            "relay",
+            "--database-url",
+            &url,
+            "--schema",
+            &schema,
+            "--sink",
+            "nats://127.0.0.1:4222",
+        ]);
     };
 
     // Unknown key in the file: names the key and the file.
@@ -155,7 +226,11 @@ async fn bad_config_exits_non_zero_with_a_message_naming_the_problem() {
     base(&mut c);
     let o = run(&mut c);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("batch_sise") && stderr(&o).contains(&file.display().to_string()), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("batch_sise") && stderr(&o).contains(&file.display().to_string()),
+        "{}",
+        stderr(&o)
+    );
 
     // Wrong type in the file.
     std::fs::write(&file, "[relay]\nbatch_size = \"many\"\n").unwrap();
@@ -176,7 +251,15 @@ async fn bad_config_exits_non_zero_with_a_message_naming_the_problem() {
     assert!(stderr(&o).contains("OUTBOX_BATCH_SIZE"), "{}", stderr(&o));
 
     // Unknown sink scheme and placeholder.
-    let o = run(outbox().args(["relay", "--database-url", &url, "--schema", &schema, "--sink", "carrier-pigeon://coop"]));
+    let o = run(outbox().args([
+        "relay",
+        "--database-url",
+        &url,
+        "--schema",
+        &schema,
+        "--sink",
+        "carrier-pigeon://coop",
+    ]));
     assert_ne!(o.status.code(), Some(0));
     assert!(stderr(&o).contains("carrier-pigeon"), "{}", stderr(&o));
     let mut c = outbox();
@@ -190,15 +273,37 @@ async fn bad_config_exits_non_zero_with_a_message_naming_the_problem() {
     let o = run(outbox().args(["status"]));
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("database URL"), "{}", stderr(&o));
-    let o = run(outbox().args(["status", "--database-url", &url, "--schema", "Robert'); DROP TABLE x;--"]));
+    let o = run(outbox().args([
+        "status",
+        "--database-url",
+        &url,
+        "--schema",
+        "Robert'); DROP TABLE x;--",
+    ]));
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("schema"), "{}", stderr(&o));
-    let o = run(outbox().args(["relay", "--database-url", &url, "--schema", "never_migrated_here", "--sink", "nats://127.0.0.1:4222"]));
+    let o = run(outbox().args([
+        "relay",
+        "--database-url",
+        &url,
+        "--schema",
+        "never_migrated_here",
+        "--sink",
+        "nats://127.0.0.1:4222",
+    ]));
     assert_ne!(o.status.code(), Some(0));
     assert!(stderr(&o).contains("outbox migrate"), "{}", stderr(&o));
-    let o = run(outbox().args(["status", "--database-url", "postgres://app:hunter2@127.0.0.1:1/x"]));
+    let o = run(outbox().args([
+        "status",
+        "--database-url",
+        "postgres://app:hunter2@127.0.0.1:1/x",
+    ]));
     assert_ne!(o.status.code(), Some(0));
-    assert!(!stderr(&o).contains("hunter2"), "password leaked: {}", stderr(&o));
+    assert!(
+        !stderr(&o).contains("hunter2"),
+        "password leaked: {}",
+        stderr(&o)
+    );
     w.drop_all().await;
 }
 
@@ -213,12 +318,24 @@ async fn migrate_is_idempotent_and_status_json_has_the_documented_keys() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("up to date"));
 
     let pool = outbox_postgres::connect_pool(&url, 2).await.unwrap();
-    let store = outbox_postgres::PgStore::new(pool.clone(), outbox_postgres::Schema::new(&schema).unwrap());
+    let store =
+        outbox_postgres::PgStore::new(pool.clone(), outbox_postgres::Schema::new(&schema).unwrap());
     store
-        .insert(&[NewMessage::new("a", "1", "e", serde_json::json!({})), NewMessage::new("a", "2", "e", serde_json::json!({}))])
+        .insert(&[
+            NewMessage::new("a", "1", "e", serde_json::json!({})),
+            NewMessage::new("a", "2", "e", serde_json::json!({})),
+        ])
         .await
         .unwrap();
-    let o = run(outbox().args(["status", "--database-url", &url, "--schema", &schema, "--format", "json"]));
+    let o = run(outbox().args([
+        "status",
+        "--database-url",
+        &url,
+        "--schema",
+        &schema,
+        "--format",
+        "json",
+    ]));
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["pending"], 2);
@@ -227,5 +344,8 @@ async fn migrate_is_idempotent_and_status_json_has_the_documented_keys() {
     assert_eq!(v["published"], 0);
     let o = run(outbox().args(["status", "--database-url", &url, "--schema", &schema]));
     assert!(String::from_utf8_lossy(&o.stdout).contains("oldest pending age"));
-    sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool).await.unwrap();
+    sqlx::raw_sql(&format!("DROP SCHEMA {schema} CASCADE"))
+        .execute(&pool)
+        .await
+        .unwrap();
 }

@@ -164,10 +164,6 @@ fn workload(keys: usize, per_key: usize) -> Vec<NewMessage> {
 async fn three_relays_deliver_every_row_in_key_order_and_none_twice() {
     let w = World::new().await;
     let (keys, per_key) = (200, 100);
-    let msgs = workload(keys, per_key);
-    for chunk in msgs.chunks(1000) {
-        w.store().insert(chunk).await.unwrap();
-    }
     let mut relays = Vec::new();
     let mut acked = Vec::new();
     for _ in 0..3 {
@@ -176,6 +172,22 @@ async fn three_relays_deliver_every_row_in_key_order_and_none_twice() {
         let mut cfg = w.relay_config();
         cfg.batch_size = 300;
         relays.push(spawn(Relay::new(w.dyn_store(), Arc::new(sink), cfg)));
+    }
+    // Let the six workers settle on their shares, then write while they run.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let members = w.stats().await.members;
+        if members.len() == 6 && members.iter().all(|m| m.partitions > 0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "partitions never spread: {members:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for chunk in workload(keys, per_key).chunks(1000) {
+        w.store().insert(chunk).await.unwrap();
     }
     w.wait_drained(Duration::from_secs(120)).await;
     for (stop, h) in relays {

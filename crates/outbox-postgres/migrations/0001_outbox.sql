@@ -40,9 +40,9 @@ CREATE TABLE IF NOT EXISTS {schema}.outbox (
     CONSTRAINT outbox_state_check CHECK (state IN ('pending', 'published', 'failed'))
 );
 
--- The claim reads pending rows in seq order; the partial index holds only pending rows, so it
--- stays small however many published rows the table keeps.
-CREATE INDEX IF NOT EXISTS outbox_pending_idx ON {schema}.outbox (seq) INCLUDE (partition)
+-- The claim reads each partition's pending rows in seq order; the partial index holds only
+-- pending rows, so it stays small however many published rows the table keeps.
+CREATE INDEX IF NOT EXISTS outbox_pending_idx ON {schema}.outbox (partition, seq)
     WHERE state = 'pending';
 -- Keys whose head is waiting for a retry (few rows): the claim skips those keys.
 CREATE INDEX IF NOT EXISTS outbox_retrying_idx ON {schema}.outbox (partition, aggregate_id)

@@ -181,13 +181,28 @@ impl Store for PgStore {
         if partitions.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
+        // Each partition gives at most twice its fair share, so one busy partition cannot
+        // starve the others and no claim reads far beyond the batch it returns.
+        let per_partition = (limit.div_ceil(partitions.len()) * 2).max(32).min(limit);
+        let err = |e| map_sqlx_error("claiming pending messages", e);
+        // Planner statistics lag behind a fast-growing backlog (a fresh or just-filled table
+        // looks nearly empty) and then a bitmap scan plus sort of every pending row looks
+        // cheap; it costs the whole backlog on every claim. Forbid it for this statement: the
+        // ordered index scan is always right here.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off")
+            .await
+            .map_err(err)?;
         let rows = sqlx::query(&self.q.claim)
             .bind(member.as_str())
             .bind(partitions_param(partitions))
             .bind(limit as i64)
-            .fetch_all(&self.pool)
+            .bind(per_partition as i64)
+            .fetch_all(&mut *tx)
             .await
-            .map_err(|e| map_sqlx_error("claiming pending messages", e))?;
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
         rows.into_iter()
             .map(|r| {
                 Ok(Message {

@@ -105,6 +105,7 @@ impl Worker {
                 continue;
             }
             self.wake.borrow_and_update();
+            let t_claim = Instant::now();
             let batch = match self
                 .store
                 .claim(&self.id, &lease.partitions, self.cfg.batch_size)
@@ -126,8 +127,14 @@ impl Worker {
                 continue;
             }
             RelayMetrics::add(&self.metrics.batches, 1);
+            let t_publish = Instant::now();
             let outcomes = self.publish(&batch, &mut lease).await;
+            let t_record = Instant::now();
             self.record(outcomes).await;
+            debug!(member = %self.id, rows = batch.len(),
+                   claim_ms = (t_publish - t_claim).as_secs_f64() * 1e3,
+                   publish_ms = (t_record - t_publish).as_secs_f64() * 1e3,
+                   record_ms = t_record.elapsed().as_secs_f64() * 1e3, "batch done");
         }
         if let Err(error) = self.store.release(&self.id).await {
             warn!(member = %self.id, %error, "could not release partitions; they free up when the lease expires");
@@ -136,7 +143,14 @@ impl Worker {
         }
     }
 
+    /// How often to heartbeat and rebalance: at most every second, so a new member gets its
+    /// share (and partitions given back find a new owner) within about a second.
     fn rebalance_every(&self) -> Duration {
+        self.renew_every().min(Duration::from_secs(1))
+    }
+
+    /// How often to extend the lease while publishing a long batch.
+    fn renew_every(&self) -> Duration {
         (self.cfg.lease / 3).max(Duration::from_millis(100))
     }
 
@@ -218,7 +232,7 @@ impl Worker {
     /// Renews the lease inline when a third of it has passed; false when it cannot be trusted.
     async fn lease_holds(&self, lease: &mut Lease) -> bool {
         let now = Instant::now();
-        if now.duration_since(lease.renewed_at) >= self.rebalance_every()
+        if now.duration_since(lease.renewed_at) >= self.renew_every()
             || lease.valid_until <= now + self.cfg.lease_margin()
         {
             match self.store.renew(&self.id, self.cfg.lease).await {

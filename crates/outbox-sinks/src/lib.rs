@@ -30,9 +30,9 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
 
 /// URL schemes this build can publish to.
 pub fn available() -> Vec<&'static str> {
-    #[allow(unused_mut)] // empty when built with no sink feature
-    let mut v = Vec::new();
-    #[cfg(feature = "nats")]
-    v.push("nats://");
-    v
+    let all: &[&str] = &[
+        #[cfg(feature = "nats")]
+        "nats://",
+    ];
+    all.to_vec()
 }
