@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # The project's test command: starts the services the tests talk to, then runs every test of
-# the workspace against them (cargo-nextest when installed, cargo test otherwise).
-set -euo pipefail
+# the workspace against them (cargo-nextest when installed, cargo test otherwise). Tests whose
+# names start with `disruptive_` restart shared services (PostgreSQL), so they run afterwards,
+# one at a time, when nothing else is running.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/outbox-target}"
-scripts/services.sh
+scripts/services.sh || exit 1
+rc=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast "$@"
+  cargo nextest run --workspace --no-fail-fast -E 'not test(/^disruptive_/)' "$@" || rc=$?
+  cargo nextest run --workspace --no-fail-fast -E 'test(/^disruptive_/)' --test-threads 1 "$@" || rc=$?
 else
-  cargo test --workspace --no-fail-fast "$@"
+  cargo test --workspace --no-fail-fast "$@" -- --skip disruptive_ || rc=$?
+  cargo test --workspace --no-fail-fast "$@" disruptive_ -- --test-threads 1 || rc=$?
 fi
+exit $rc

@@ -35,6 +35,11 @@ pub enum Command {
     Status(StatusArgs),
     /// Measure drain throughput and commit→ack latency against a real broker.
     Bench(BenchArgs),
+    /// Tell the outbox story end to end in under a minute: SQLite and a file, no server needed.
+    Demo(DemoArgs),
+    /// Check the guarantees under faults: workload, relay processes, kill -9, SIGSTOP, broker
+    /// and database restarts, and a checker (lost, phantoms, order, duplicates).
+    Verify(VerifyArgs),
 }
 
 /// Where the outbox lives.
@@ -165,4 +170,92 @@ pub struct BenchArgs {
     /// Print the results as one JSON object as well.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+}
+
+/// `outbox demo` options.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Database (default sqlite://<dir>/payments.db, recreated). A postgres:// URL uses the
+    /// schema `outbox_demo` (dropped and recreated) unless --schema is given.
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
+    /// Schema for a PostgreSQL demo (default outbox_demo; dropped and recreated).
+    #[arg(long, value_name = "NAME")]
+    pub schema: Option<String>,
+    /// Broker (default file:<dir>/events.jsonl, recreated). nats://host:port uses a stream of
+    /// its own, deleted at the end.
+    #[arg(long, value_name = "URL")]
+    pub sink: Option<String>,
+    /// Folder for the demo's files.
+    #[arg(long, value_name = "PATH", default_value = "outbox-demo")]
+    pub dir: std::path::PathBuf,
+    /// Seconds the broker stays away in the outage scene.
+    #[arg(long, default_value_t = 5)]
+    pub outage_seconds: u64,
+    /// Partition lease of the demo relays: how long the crashed relay's work waits.
+    #[arg(long, default_value = "2s")]
+    pub lease: Dur,
+}
+
+/// Length and size of an `outbox verify` run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Profile {
+    /// About a minute: for CI.
+    Short,
+    /// Ten minutes of load: for releases and `docs/guarantees.md`.
+    Long,
+}
+
+/// `outbox verify` options.
+#[derive(Debug, Clone, Args)]
+pub struct VerifyArgs {
+    /// Database (default DATABASE_URL). A postgres:// run uses a fresh schema of its own; a
+    /// sqlite:// run uses a fresh file in a temporary folder when no path is given.
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
+    /// Broker: nats://host:port (a stream of its own) or file:path.jsonl.
+    #[arg(long, value_name = "URL", default_value = "nats://127.0.0.1:4222")]
+    pub sink: String,
+    /// Profile: short (about a minute) or long (ten minutes).
+    #[arg(long, value_enum, default_value_t = Profile::Short)]
+    pub profile: Profile,
+    /// Load duration (overrides the profile).
+    #[arg(long)]
+    pub duration: Option<Dur>,
+    /// Relay processes.
+    #[arg(long)]
+    pub relays: Option<usize>,
+    /// Producer tasks.
+    #[arg(long)]
+    pub producers: Option<usize>,
+    /// Ordering keys.
+    #[arg(long)]
+    pub keys: Option<usize>,
+    /// Seed of the fault schedule (default: random, printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Relay partition lease.
+    #[arg(long, default_value = "3s")]
+    pub lease: Dur,
+    /// Pause between faults.
+    #[arg(long, default_value = "4s")]
+    pub fault_interval: Dur,
+    /// Fault kinds to inject: kill, pause, broker, db (broker and db need the commands below).
+    #[arg(long, value_delimiter = ',', default_value = "kill,pause,broker,db")]
+    pub faults: Vec<String>,
+    /// Shell command that stops the broker (for the `broker` fault).
+    #[arg(long, value_name = "CMD")]
+    pub broker_stop_cmd: Option<String>,
+    /// Shell command that starts the broker again.
+    #[arg(long, value_name = "CMD")]
+    pub broker_start_cmd: Option<String>,
+    /// Shell command that restarts the database (for the `db` fault).
+    #[arg(long, value_name = "CMD")]
+    pub db_restart_cmd: Option<String>,
+    /// Output format of the report.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Keep the schema / file and the stream afterwards for inspection.
+    #[arg(long)]
+    pub keep: bool,
 }

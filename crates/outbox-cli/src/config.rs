@@ -261,6 +261,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
                 max,
             },
             destination,
+            breaker_threshold: defaults.breaker_threshold,
             member_prefix: member_prefix(),
         },
     })

@@ -14,7 +14,17 @@ const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    init_tracing(&cli.log_format);
+    // Commands that print a story or a report keep the relay's own log lines quiet unless
+    // asked (OUTBOX_LOG / RUST_LOG); the relay logs at info.
+    let default_filter = match cli.command {
+        cli::Command::Demo(_) => "error",
+        cli::Command::Bench(_)
+        | cli::Command::Verify(_)
+        | cli::Command::Status(_)
+        | cli::Command::Migrate(_) => "warn",
+        cli::Command::Relay(_) => "info,sqlx=warn",
+    };
+    init_tracing(&cli.log_format, default_filter);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -45,10 +55,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_tracing(format: &str) {
+fn init_tracing(format: &str, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -222,12 +222,14 @@ async fn sink_failing_then_recovering_delivers_everything_in_order() {
     let w = World::new().await;
     let (keys, per_key) = (20, 25);
     w.store().insert(&workload(keys, per_key)).await.unwrap();
-    let sink = Arc::new(FlakySink::failing_first(nats().await, 120));
+    // Eight failed calls in a row: more than the breaker's threshold, so the circuit opens,
+    // probes, and must close again for everything to arrive.
+    let sink = Arc::new(FlakySink::failing_first(nats().await, 8));
     let (stop, h) = spawn(Relay::new(w.dyn_store(), sink.clone(), w.relay_config()));
     w.wait_drained(Duration::from_secs(60)).await;
     stop.cancel();
     h.await.unwrap();
-    assert_eq!(sink.failures(), 120);
+    assert_eq!(sink.failures(), 8);
     let got = w.read_all(keys * per_key, Duration::from_secs(20)).await;
     assert_eq!(got.len(), keys * per_key);
     assert_complete_and_ordered(&got, keys, per_key);

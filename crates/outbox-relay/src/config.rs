@@ -30,6 +30,8 @@ pub struct RelayConfig {
     pub retry: RetryPolicy,
     /// Destination template.
     pub destination: DestinationTemplate,
+    /// Failed publish calls in a row that open the sink's circuit breaker.
+    pub breaker_threshold: u32,
     /// Prefix of member ids (host and process id by default), for `outbox status`.
     pub member_prefix: String,
 }
@@ -44,6 +46,7 @@ impl Default for RelayConfig {
             lease: DEFAULT_LEASE,
             retry: RetryPolicy::default(),
             destination: DestinationTemplate::default(),
+            breaker_threshold: crate::breaker::DEFAULT_THRESHOLD,
             member_prefix: format!("relay-{}", std::process::id()),
         }
     }

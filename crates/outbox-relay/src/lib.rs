@@ -7,12 +7,14 @@
 //! and within a batch the engine publishes in *waves* that carry at most one message per key:
 //! message n+1 of a key is sent only after message n was acknowledged.
 
+pub mod breaker;
 mod config;
 mod deliver;
 mod metrics;
 mod relay;
 mod worker;
 
+pub use breaker::{Breaker, CircuitState};
 pub use config::RelayConfig;
 pub use metrics::RelayMetrics;
 pub use relay::Relay;

@@ -8,6 +8,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::breaker::Breaker;
 use crate::config::RelayConfig;
 use crate::metrics::RelayMetrics;
 use crate::worker::Worker;
@@ -18,16 +19,19 @@ pub struct Relay {
     sink: Arc<dyn Sink>,
     config: RelayConfig,
     metrics: Arc<RelayMetrics>,
+    breaker: Arc<Breaker>,
 }
 
 impl Relay {
     /// A relay publishing rows of `store` to `sink`.
     pub fn new(store: Arc<dyn Store>, sink: Arc<dyn Sink>, config: RelayConfig) -> Self {
+        let breaker = Arc::new(Breaker::new(sink.name(), config.breaker_threshold));
         Self {
             store,
             sink,
             config,
             metrics: Arc::new(RelayMetrics::default()),
+            breaker,
         }
     }
 
@@ -36,11 +40,17 @@ impl Relay {
         self.metrics.clone()
     }
 
+    /// The sink's circuit breaker, shared by the workers.
+    pub fn breaker(&self) -> Arc<Breaker> {
+        self.breaker.clone()
+    }
+
     /// Runs until `shutdown` is cancelled. Then each worker stops claiming, finishes the batch
     /// in hand (publish and record), gives its partitions back and the call returns.
     pub async fn run(self, shutdown: CancellationToken) {
         let (wake_tx, wake_rx) = watch::channel(0u64);
         let listener = self.config.listen.then(|| {
+            // Aborted on drop too (see `AbortOnDrop`).
             let store = self.store.clone();
             let wake_tx = wake_tx.clone();
             let stop = shutdown.clone();
@@ -61,7 +71,7 @@ impl Relay {
                     delay = (delay * 2).min(Duration::from_secs(10));
                 }
             })
-        });
+        }).map(AbortOnDrop);
         let workers = self.config.workers.max(1);
         info!(
             workers,
@@ -70,32 +80,42 @@ impl Relay {
             destination = self.config.destination.as_str(),
             "relay started"
         );
-        let mut handles = Vec::with_capacity(workers);
+        // A JoinSet aborts its tasks when dropped: if this future is dropped (the caller's task
+        // aborted), the workers stop with it, mid-batch, exactly like a killed process.
+        let mut handles = tokio::task::JoinSet::new();
         for i in 0..workers {
             let w = Worker {
                 id: MemberId::random(&format!("{}-w{i}", self.config.member_prefix)),
                 store: self.store.clone(),
                 sink: self.sink.clone(),
+                breaker: self.breaker.clone(),
                 cfg: self.config.clone(),
                 metrics: self.metrics.clone(),
                 wake: wake_rx.clone(),
                 shutdown: shutdown.clone(),
             };
-            handles.push(tokio::spawn(w.run()));
+            handles.spawn(w.run());
         }
-        for h in handles {
-            if let Err(error) = h.await {
+        while let Some(done) = handles.join_next().await {
+            if let Err(error) = done {
                 warn!(%error, "relay worker ended abnormally");
             }
         }
-        if let Some(l) = listener {
-            l.abort();
-        }
+        drop(listener);
         drop(wake_tx);
         info!(
             published = RelayMetrics::get(&self.metrics.published),
             failed = RelayMetrics::get(&self.metrics.failed),
             "relay stopped"
         );
+    }
+}
+
+/// Aborts a task when dropped, so no helper task outlives the relay.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

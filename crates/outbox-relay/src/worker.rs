@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::breaker::{Breaker, Permit};
 use crate::config::RelayConfig;
 use crate::deliver::{envelope, waves};
 use crate::metrics::RelayMetrics;
@@ -51,6 +52,7 @@ pub(crate) struct Worker {
     pub(crate) id: MemberId,
     pub(crate) store: Arc<dyn Store>,
     pub(crate) sink: Arc<dyn Sink>,
+    pub(crate) breaker: Arc<Breaker>,
     pub(crate) cfg: RelayConfig,
     pub(crate) metrics: Arc<RelayMetrics>,
     pub(crate) wake: watch::Receiver<u64>,
@@ -104,18 +106,29 @@ impl Worker {
                 self.idle(lease.next_rebalance).await;
                 continue;
             }
+            let permit = self.breaker.permit();
+            let limit = match permit {
+                Permit::Proceed => self.cfg.batch_size,
+                // One message tells whether the broker is back, without risking a batch.
+                Permit::Probe => 1,
+                Permit::Wait(d) => {
+                    let until = lease
+                        .next_rebalance
+                        .saturating_duration_since(Instant::now());
+                    self.pause(d.min(until).max(Duration::from_millis(10)))
+                        .await;
+                    continue;
+                }
+            };
             self.wake.borrow_and_update();
             let t_claim = Instant::now();
-            let batch = match self
-                .store
-                .claim(&self.id, &lease.partitions, self.cfg.batch_size)
-                .await
-            {
+            let batch = match self.store.claim(&self.id, &lease.partitions, limit).await {
                 Ok(b) => {
                     backoff.ok(&self.id);
                     b
                 }
                 Err(error) => {
+                    self.breaker.probe_unused();
                     let d = backoff.failed();
                     warn!(member = %self.id, %error, retry_in = ?d, "claim failed");
                     self.pause(d).await;
@@ -123,12 +136,18 @@ impl Worker {
                 }
             };
             if batch.is_empty() {
+                self.breaker.probe_unused();
                 self.idle(lease.next_rebalance).await;
                 continue;
             }
             RelayMetrics::add(&self.metrics.batches, 1);
             let t_publish = Instant::now();
             let outcomes = self.publish(&batch, &mut lease).await;
+            if permit == Permit::Probe {
+                // A probe that never reached the broker (a malformed row, a short lease) must
+                // not leave the circuit waiting for its verdict.
+                self.breaker.probe_unused();
+            }
             let t_record = Instant::now();
             self.record(outcomes).await;
             debug!(member = %self.id, rows = batch.len(),
@@ -209,6 +228,14 @@ impl Worker {
                 continue;
             }
             let results = self.sink.publish(&envelopes).await;
+            self.breaker.record(
+                results.iter().any(Result::is_ok),
+                results
+                    .iter()
+                    .find_map(|r| r.as_ref().err().filter(|e| e.retriable))
+                    .map(|e| e.message.as_str()),
+            );
+            let retry_first = outcomes.len();
             for (k, i) in sendable.into_iter().enumerate() {
                 let m = &batch[i];
                 let result = results.get(k).cloned().unwrap_or_else(|| {
@@ -224,6 +251,14 @@ impl Worker {
                         outcomes.push(self.failure(m, e));
                     }
                 }
+            }
+            let retried: Vec<&Outcome> = outcomes[retry_first..]
+                .iter()
+                .filter(|o| matches!(o, Outcome::Retry { .. }))
+                .collect();
+            if let Some(Outcome::Retry { error, delay, .. }) = retried.first() {
+                warn!(member = %self.id, sink = self.sink.name(), messages = retried.len(), %error,
+                      first_retry_in = ?delay, "publish failed; those messages and their keys will retry");
             }
         }
         outcomes
@@ -253,13 +288,15 @@ impl Worker {
         lease.valid_until > Instant::now() + self.cfg.lease_margin()
     }
 
+    /// The outcome of a failed attempt. Retries are logged once per wave by the caller (an
+    /// outage fails thousands of messages; one line says it); final failures one by one.
     fn failure(&self, m: &Message, e: SinkError) -> Outcome {
         let attempts = u32::try_from(m.attempts).unwrap_or(0).saturating_add(1);
         match self.cfg.retry.decide(attempts, e.retriable) {
             RetryDecision::RetryAfter(delay) => {
                 RelayMetrics::add(&self.metrics.retried, 1);
-                warn!(member = %self.id, id = %m.id, key = %m.aggregate_id, attempts, error = %e.message,
-                      retry_in = ?delay, "publish failed; will retry");
+                debug!(member = %self.id, id = %m.id, key = %m.aggregate_id, attempts, error = %e.message,
+                       retry_in = ?delay, "publish failed; will retry");
                 Outcome::Retry {
                     seq: m.seq,
                     error: e.message,

@@ -8,45 +8,45 @@ use async_trait::async_trait;
 use outbox_core::{Envelope, Sink, SinkError};
 use uuid::Uuid;
 
-/// Fails the first `fail_first` messages it is given (transiently), then passes everything to
-/// the inner sink. With `fail_first = u64::MAX` it never recovers; `permanent` makes its
-/// failures permanent.
+/// Fails its first `fail_first` publish calls (every message of a failed call, transiently, as a
+/// broker that is down would), then passes everything to the inner sink. With
+/// `fail_first = u64::MAX` it never recovers; `permanent` makes its failures permanent.
 pub struct FlakySink<S> {
     inner: S,
     fail_first: u64,
     permanent: bool,
-    seen: AtomicU64,
+    calls: AtomicU64,
 }
 
 impl<S: Sink> FlakySink<S> {
-    /// Fails the first `n` messages transiently.
+    /// Fails the first `n` publish calls transiently.
     pub fn failing_first(inner: S, n: u64) -> Self {
         Self {
             inner,
             fail_first: n,
             permanent: false,
-            seen: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
         }
     }
 
-    /// Fails every message, transiently.
+    /// Fails every call, transiently.
     pub fn always_failing(inner: S) -> Self {
         Self::failing_first(inner, u64::MAX)
     }
 
-    /// Fails every message permanently.
+    /// Fails every call permanently.
     pub fn permanently_failing(inner: S) -> Self {
         Self {
             inner,
             fail_first: u64::MAX,
             permanent: true,
-            seen: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
         }
     }
 
-    /// Messages failed so far.
+    /// Calls failed so far.
     pub fn failures(&self) -> u64 {
-        self.seen.load(Ordering::SeqCst).min(self.fail_first)
+        self.calls.load(Ordering::SeqCst).min(self.fail_first)
     }
 }
 
@@ -57,33 +57,20 @@ impl<S: Sink> Sink for FlakySink<S> {
     }
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
-        let start = self.seen.fetch_add(batch.len() as u64, Ordering::SeqCst);
-        let mut pass = Vec::new();
-        let mut verdicts: Vec<Option<Result<(), SinkError>>> = Vec::with_capacity(batch.len());
-        for (i, e) in batch.iter().enumerate() {
-            if start.saturating_add(i as u64) < self.fail_first {
-                let msg = "injected failure: broker refused the message";
-                verdicts.push(Some(Err(if self.permanent {
-                    SinkError::permanent(msg)
-                } else {
-                    SinkError::transient(msg)
-                })));
-            } else {
-                verdicts.push(None);
-                pass.push(e.clone());
-            }
-        }
-        let mut passed = self.inner.publish(&pass).await.into_iter();
-        verdicts
-            .into_iter()
-            .map(|v| {
-                v.unwrap_or_else(|| {
-                    passed
-                        .next()
-                        .unwrap_or_else(|| Err(SinkError::transient("inner sink gave no result")))
+        if self.calls.fetch_add(1, Ordering::SeqCst) < self.fail_first {
+            let msg = "injected failure: broker refused the message";
+            return batch
+                .iter()
+                .map(|_| {
+                    Err(if self.permanent {
+                        SinkError::permanent(msg)
+                    } else {
+                        SinkError::transient(msg)
+                    })
                 })
-            })
-            .collect()
+                .collect();
+        }
+        self.inner.publish(batch).await
     }
 }
 
@@ -159,5 +146,65 @@ impl Sink for MemorySink {
                 .map(|_| Err(SinkError::transient("memory sink poisoned")))
                 .collect(),
         }
+    }
+}
+
+/// Fails every message of one ordering key (a poison key), passing the others to the inner sink.
+pub struct PoisonKeySink<S> {
+    inner: S,
+    key: String,
+    permanent: bool,
+}
+
+impl<S: Sink> PoisonKeySink<S> {
+    /// Fails messages of `key` with retriable errors.
+    pub fn transient(inner: S, key: impl Into<String>) -> Self {
+        Self {
+            inner,
+            key: key.into(),
+            permanent: false,
+        }
+    }
+
+    /// Fails messages of `key` with permanent errors.
+    pub fn permanent(inner: S, key: impl Into<String>) -> Self {
+        Self {
+            inner,
+            key: key.into(),
+            permanent: true,
+        }
+    }
+}
+
+#[async_trait]
+impl<S: Sink> Sink for PoisonKeySink<S> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
+        let pass: Vec<Envelope> = batch
+            .iter()
+            .filter(|e| e.key != self.key)
+            .cloned()
+            .collect();
+        let mut passed = self.inner.publish(&pass).await.into_iter();
+        batch
+            .iter()
+            .map(|e| {
+                if e.key == self.key {
+                    let msg = format!("injected poison for key {}", self.key);
+                    Err(if self.permanent {
+                        SinkError::permanent(msg)
+                    } else {
+                        SinkError::transient(msg)
+                    })
+                } else {
+                    passed
+                        .next()
+                        .unwrap_or_else(|| Err(SinkError::transient("inner sink gave no result")))
+                }
+            })
+            .collect()
     }
 }

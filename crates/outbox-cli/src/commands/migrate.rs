@@ -5,12 +5,13 @@ use std::process::ExitCode;
 use crate::config::DbSettings;
 
 pub async fn run(db: DbSettings) -> anyhow::Result<ExitCode> {
-    let store = super::open_store(&db, 2).await?;
-    let applied = outbox_postgres::migrate(store.pool(), store.schema()).await?;
+    let backend = super::Backend::open(&db, 2).await?;
+    let applied = backend.migrate().await?;
+    let place = backend.place(&db);
     if applied.is_empty() {
-        println!("schema `{}` is up to date", db.schema);
+        println!("{place} is up to date");
     } else {
-        println!("schema `{}`: applied migrations {applied:?}", db.schema);
+        println!("{place}: applied migrations {applied:?}");
     }
     Ok(ExitCode::SUCCESS)
 }

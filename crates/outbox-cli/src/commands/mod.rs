@@ -1,18 +1,21 @@
 //! One module per subcommand.
 
+mod backend;
 mod bench;
+mod demo;
 mod migrate;
 mod naive;
+mod observer;
 mod relay;
 mod status;
+mod verify;
 
 use std::process::ExitCode;
 
-use outbox_core::{Error, ErrorKind};
-use outbox_postgres::{connect_pool, PgStore, Schema};
+pub use backend::Backend;
 
 use crate::cli::{Cli, Command};
-use crate::config::{self, DbSettings};
+use crate::config;
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -22,24 +25,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Relay(args) => relay::run(config::relay(&loaded, &args)?).await,
         Command::Status(args) => status::run(config::db(&loaded, &args.db)?, args.format).await,
         Command::Bench(args) => bench::run(args).await,
-    }
-}
-
-/// Opens the store a database URL names. Only PostgreSQL is in this build.
-pub async fn open_store(db: &DbSettings, pool_size: u32) -> Result<PgStore, Error> {
-    let scheme = db.url.split_once("://").map(|(s, _)| s).unwrap_or("");
-    match scheme {
-        "postgres" | "postgresql" => {
-            let schema = Schema::new(&db.schema)?;
-            let pool = connect_pool(&db.url, pool_size).await?;
-            Ok(PgStore::new(pool, schema))
-        }
-        _ => Err(Error::new(
-            ErrorKind::Config,
-            format!(
-                "database URL `{}`: unsupported scheme `{scheme}`; this build supports postgres://",
-                outbox_core::redact::url(&db.url)
-            ),
-        )),
+        Command::Demo(args) => demo::run(args).await,
+        Command::Verify(args) => verify::run(args).await,
     }
 }

@@ -2,21 +2,19 @@
 
 use std::process::ExitCode;
 
-use outbox_core::Store;
-
 use crate::cli::Format;
 use crate::config::DbSettings;
 
 pub async fn run(db: DbSettings, format: Format) -> anyhow::Result<ExitCode> {
-    let store = super::open_store(&db, 2).await?;
-    let s = store.stats().await?;
+    let backend = super::Backend::open(&db, 2).await?;
+    let s = backend.store().stats().await?;
     match format {
         Format::Json => println!("{}", serde_json::to_string(&s)?),
         Format::Text => {
             let age = s
                 .oldest_pending_age_seconds
                 .map_or_else(|| "-".to_string(), |a| format!("{a:.1}s"));
-            println!("schema              {}", db.schema);
+            println!("outbox              {}", backend.place(&db));
             println!("pending             {}", s.pending);
             println!("oldest pending age  {age}");
             println!("retrying            {}", s.retrying);

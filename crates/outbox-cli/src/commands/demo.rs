@@ -1,0 +1,581 @@
+//! `outbox demo`: the outbox story of the seed articles, told live on the embedded default
+//! (SQLite and a JSON-lines file), or on real servers with `--database-url` and `--sink`.
+//!
+//! Scenes: payments commit atomically with their events (rollbacks leave nothing); the broker
+//! goes away and events wait, visibly; a relay crashes mid-batch and another takes over when the
+//! lease expires; a ledger consumer applies every payment exactly once by deduping message ids.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use outbox_core::{
+    DestinationTemplate, Envelope, NewMessage, RetryPolicy, Sink, SinkError, Stats, Store,
+};
+use outbox_relay::{Relay, RelayConfig, RelayMetrics};
+use sqlx::{PgPool, SqlitePool};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::observer::{Broker, Delivered};
+use crate::cli::DemoArgs;
+
+/// The payments service's database: business table and outbox in one transaction.
+enum PaymentsDb {
+    Sqlite {
+        pool: SqlitePool,
+        writer: outbox_sqlite::Writer,
+    },
+    Postgres {
+        pool: PgPool,
+        schema: outbox_postgres::Schema,
+        writer: outbox_postgres::Writer,
+    },
+}
+
+impl PaymentsDb {
+    async fn open(url: &str, schema: &str, dir: &Path) -> anyhow::Result<Self> {
+        if url.starts_with("sqlite:") {
+            let path = url
+                .trim_start_matches("sqlite://")
+                .trim_start_matches("sqlite:");
+            for ext in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{path}{ext}"));
+            }
+            let pool = outbox_sqlite::connect_pool(url).await?;
+            outbox_sqlite::migrate(&pool).await?;
+            sqlx::query(
+                "CREATE TABLE payments (id TEXT PRIMARY KEY, amount_cents INTEGER NOT NULL)",
+            )
+            .execute(&pool)
+            .await?;
+            Ok(Self::Sqlite {
+                pool,
+                writer: outbox_sqlite::Writer::default(),
+            })
+        } else if url.starts_with("postgres") {
+            let schema = outbox_postgres::Schema::new(schema)?;
+            let pool = outbox_postgres::connect_pool(url, 8).await?;
+            sqlx::raw_sql(&schema.render("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                .execute(&pool)
+                .await?;
+            outbox_postgres::migrate(&pool, &schema).await?;
+            sqlx::raw_sql(&schema.render(
+                "CREATE TABLE {schema}.payments (id uuid PRIMARY KEY, amount_cents bigint NOT NULL)",
+            ))
+            .execute(&pool)
+            .await?;
+            Ok(Self::Postgres {
+                writer: outbox_postgres::Writer::new(&schema),
+                pool,
+                schema,
+            })
+        } else {
+            let _ = dir;
+            anyhow::bail!(
+                "demo database `{}`: use sqlite://path or postgres://…",
+                outbox_core::redact::url(url)
+            )
+        }
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        match self {
+            Self::Sqlite { pool, .. } => Arc::new(outbox_sqlite::SqliteStore::new(pool.clone())),
+            Self::Postgres { pool, schema, .. } => {
+                Arc::new(outbox_postgres::PgStore::new(pool.clone(), schema.clone()))
+            }
+        }
+    }
+
+    /// One payment: the business row and its event in one transaction, committed or (when the
+    /// fraud check fails) rolled back.
+    async fn pay(&self, amount_cents: i64, fraud: bool) -> anyhow::Result<Uuid> {
+        let payment = Uuid::now_v7();
+        let event = NewMessage::new(
+            "payment",
+            payment.to_string(),
+            "payment.created",
+            serde_json::json!({ "payment_id": payment, "amount_cents": amount_cents }),
+        );
+        match self {
+            Self::Sqlite { pool, writer } => {
+                let mut tx = pool.begin().await?;
+                sqlx::query("INSERT INTO payments (id, amount_cents) VALUES (?, ?)")
+                    .bind(payment.to_string())
+                    .bind(amount_cents)
+                    .execute(&mut *tx)
+                    .await?;
+                writer.enqueue(&mut tx, &event).await?;
+                if fraud {
+                    tx.rollback().await?
+                } else {
+                    tx.commit().await?
+                }
+            }
+            Self::Postgres {
+                pool,
+                schema,
+                writer,
+            } => {
+                let mut tx = pool.begin().await?;
+                sqlx::query(
+                    &schema
+                        .render("INSERT INTO {schema}.payments (id, amount_cents) VALUES ($1, $2)"),
+                )
+                .bind(payment)
+                .bind(amount_cents)
+                .execute(&mut *tx)
+                .await?;
+                writer.enqueue(&mut tx, &event).await?;
+                if fraud {
+                    tx.rollback().await?
+                } else {
+                    tx.commit().await?
+                }
+            }
+        }
+        Ok(event.id)
+    }
+
+    async fn cleanup(&self) {
+        if let Self::Postgres { pool, schema, .. } = self {
+            let _ = sqlx::raw_sql(&schema.render("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                .execute(pool)
+                .await;
+        }
+    }
+}
+
+/// The downstream ledger: its own SQLite database, applying each payment once. The message id
+/// is recorded in the same transaction as the balance change, so a redelivered event changes
+/// nothing (the idempotent-consumer pattern; the full inbox is `outbox inbox`'s job).
+struct Ledger {
+    pool: SqlitePool,
+}
+
+impl Ledger {
+    async fn open(path: &Path) -> anyhow::Result<Self> {
+        for ext in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{ext}", path.display()));
+        }
+        let pool = outbox_sqlite::connect_pool(&format!("sqlite://{}", path.display())).await?;
+        sqlx::raw_sql(
+            "CREATE TABLE processed (message_id TEXT PRIMARY KEY);
+             CREATE TABLE balance (payments INTEGER NOT NULL, total_cents INTEGER NOT NULL);
+             INSERT INTO balance VALUES (0, 0);",
+        )
+        .execute(&pool)
+        .await?;
+        Ok(Self { pool })
+    }
+
+    /// Applies `events`; returns (applied, duplicates ignored).
+    async fn apply(&self, events: &[Delivered]) -> anyhow::Result<(u64, u64)> {
+        let mut tx = self.pool.begin().await?;
+        let (mut applied, mut dup) = (0, 0);
+        for e in events {
+            let fresh = sqlx::query("INSERT OR IGNORE INTO processed (message_id) VALUES (?)")
+                .bind(e.id.to_string())
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if fresh == 1 {
+                sqlx::query(
+                    "UPDATE balance SET payments = payments + 1, total_cents = total_cents + ?",
+                )
+                .bind(e.payload["amount_cents"].as_i64().unwrap_or(0))
+                .execute(&mut *tx)
+                .await?;
+                applied += 1;
+            } else {
+                dup += 1;
+            }
+        }
+        tx.commit().await?;
+        Ok((applied, dup))
+    }
+
+    async fn totals(&self) -> anyhow::Result<(i64, i64)> {
+        Ok(sqlx::query_as("SELECT payments, total_cents FROM balance")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+}
+
+/// What the ledger consumer has seen so far.
+#[derive(Default)]
+struct Consumed {
+    received: u64,
+    applied: u64,
+    duplicates: u64,
+    arrived: HashSet<Uuid>,
+}
+
+impl Consumed {
+    /// Reads what reached the broker since the last call and applies it to the ledger.
+    async fn step(&mut self, broker: &mut Broker, ledger: &Ledger) -> anyhow::Result<()> {
+        let events = broker.poll().await?;
+        self.received += events.len() as u64;
+        self.arrived.extend(events.iter().map(|e| e.id));
+        let (ok, dup) = ledger.apply(&events).await?;
+        self.applied += ok;
+        self.duplicates += dup;
+        Ok(())
+    }
+}
+
+/// A broker that can be made to refuse everything (the outage scene).
+struct Gate {
+    inner: Arc<dyn Sink>,
+    open: AtomicBool,
+}
+
+#[async_trait]
+impl Sink for Gate {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
+        if self.open.load(Ordering::SeqCst) {
+            self.inner.publish(batch).await
+        } else {
+            batch
+                .iter()
+                .map(|_| Err(SinkError::transient("broker unreachable (demo outage)")))
+                .collect()
+        }
+    }
+}
+
+/// Crashes the relay at the worst moment: after the broker took a batch and before the relay
+/// could record it. When armed, the next publish goes through, then never returns.
+struct CrashPoint {
+    inner: Arc<dyn Sink>,
+    armed: AtomicBool,
+    fired: Notify,
+    batch: AtomicU64,
+}
+
+#[async_trait]
+impl Sink for CrashPoint {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
+        let results = self.inner.publish(batch).await;
+        if self.armed.swap(false, Ordering::SeqCst) {
+            self.batch.store(batch.len() as u64, Ordering::SeqCst);
+            self.fired.notify_one();
+            std::future::pending::<()>().await;
+        }
+        results
+    }
+}
+
+/// What the producer committed and rolled back.
+#[derive(Default)]
+struct Produced {
+    committed: HashMap<Uuid, i64>,
+    rolled_back: HashSet<Uuid>,
+}
+
+fn relay_config(prefix: &str, lease: Duration, destination: &DestinationTemplate) -> RelayConfig {
+    RelayConfig {
+        batch_size: 100,
+        workers: 1,
+        poll_interval: Duration::from_millis(100),
+        lease,
+        retry: RetryPolicy {
+            max_attempts: 1000,
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(1),
+        },
+        destination: destination.clone(),
+        member_prefix: prefix.into(),
+        ..RelayConfig::default()
+    }
+}
+
+fn money(cents: i64) -> String {
+    format!("{}.{:02}", cents / 100, cents % 100)
+}
+
+fn line(s: &Stats, published: u64) -> String {
+    format!(
+        "pending {:>4}   oldest pending {:>5}   published {:>5}",
+        s.pending,
+        s.oldest_pending_age_seconds
+            .map_or("-".to_string(), |a| format!("{a:.1}s")),
+        published
+    )
+}
+
+pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
+    let db_url = args
+        .database_url
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", args.dir.join("payments.db").display()));
+    let sink_url = args
+        .sink
+        .clone()
+        .unwrap_or_else(|| format!("file:{}", args.dir.join("events.jsonl").display()));
+    let schema = args.schema.clone().unwrap_or_else(|| "outbox_demo".into());
+    let lease = args.lease.0;
+    let started = Instant::now();
+
+    let db = Arc::new(PaymentsDb::open(&db_url, &schema, &args.dir).await?);
+    let (mut broker, sink, destination) = Broker::open(&sink_url, "demo").await?;
+    let ledger_path = args.dir.join("ledger.db");
+    let ledger = Ledger::open(&ledger_path).await?;
+    let store = db.store();
+
+    println!(
+        "outbox demo: a payments service, its outbox, a relay, a broker and a ledger consumer."
+    );
+    println!("  database  {}", outbox_core::redact::url(&db_url));
+    println!("  broker    {}", broker.describe());
+    println!(
+        "  ledger    {} (the consumer's own database)",
+        ledger_path.display()
+    );
+    println!();
+
+    // The world keeps turning in the background: payments, and the ledger reading the broker.
+    let produced = Arc::new(Mutex::new(Produced::default()));
+    let stop_producing = CancellationToken::new();
+    let producer = {
+        let (db, produced, stop) = (db.clone(), produced.clone(), stop_producing.clone());
+        tokio::spawn(async move {
+            let mut n: u64 = 0;
+            while !stop.is_cancelled() {
+                let fraud = n % 5 == 4;
+                let amount = 100 + fastrand::i64(0..50_000);
+                let id = db.pay(amount, fraud).await?;
+                if let Ok(mut p) = produced.lock() {
+                    if fraud {
+                        p.rolled_back.insert(id);
+                    } else {
+                        p.committed.insert(id, amount);
+                    }
+                }
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+
+    let gate = Arc::new(Gate {
+        inner: sink.clone(),
+        open: AtomicBool::new(true),
+    });
+    let crash = Arc::new(CrashPoint {
+        inner: gate.clone(),
+        armed: AtomicBool::new(false),
+        fired: Notify::new(),
+        batch: AtomicU64::new(0),
+    });
+    let relay_a = Relay::new(
+        store.clone(),
+        crash.clone(),
+        relay_config("relay-a", lease, &destination),
+    );
+    let metrics_a = relay_a.metrics();
+    let relay_a_task = tokio::spawn(relay_a.run(CancellationToken::new()));
+
+    let mut counts = Consumed::default();
+
+    println!("1. Payments and their events commit together");
+    println!("   Each payment row and its `payment.created` event are written in one transaction.");
+    println!("   Every fifth payment fails a fraud check and rolls back: no payment, no event.");
+    // The consumer runs in this task between scene steps (it borrows the broker).
+    let run_for = |d: Duration| tokio::time::sleep(d);
+    for _ in 0..30 {
+        run_for(Duration::from_millis(100)).await;
+        counts.step(&mut broker, &ledger).await?;
+    }
+    let (c, r) = produced
+        .lock()
+        .map(|p| (p.committed.len(), p.rolled_back.len()))
+        .unwrap_or_default();
+    println!(
+        "   so far: {c} committed, {r} rolled back; {} events published; ledger applied {}",
+        RelayMetrics::get(&metrics_a.published),
+        counts.applied
+    );
+    println!();
+
+    println!("2. The broker goes away for {} s", args.outage_seconds);
+    println!(
+        "   Every publish is refused. Payments keep committing; their events wait in the outbox."
+    );
+    gate.open.store(false, Ordering::SeqCst);
+    let outage_end = Instant::now() + Duration::from_secs(args.outage_seconds);
+    while Instant::now() < outage_end {
+        for _ in 0..10 {
+            run_for(Duration::from_millis(100)).await;
+            counts.step(&mut broker, &ledger).await?;
+        }
+        println!(
+            "   {}",
+            line(
+                &store.stats().await?,
+                RelayMetrics::get(&metrics_a.published)
+            )
+        );
+    }
+    let backlog = store.stats().await?.pending;
+    gate.open.store(true, Ordering::SeqCst);
+    println!("   The broker is back: the relay retries and the backlog of {backlog} drains.");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        run_for(Duration::from_millis(100)).await;
+        counts.step(&mut broker, &ledger).await?;
+        let s = store.stats().await?;
+        if s.pending < 10 || Instant::now() > deadline {
+            println!("   {}", line(&s, RelayMetrics::get(&metrics_a.published)));
+            break;
+        }
+    }
+    println!();
+
+    println!("3. A relay crashes mid-batch");
+    crash.armed.store(true, Ordering::SeqCst);
+    crash.fired.notified().await;
+    relay_a_task.abort();
+    let _ = relay_a_task.await;
+    let crashed_at = Instant::now();
+    println!(
+        "   Relay A died right after the broker took a batch of {} and before it recorded it:",
+        crash.batch.load(Ordering::SeqCst)
+    );
+    println!("   those rows are still pending, and its partitions stay leased for {lease:?}.");
+    let relay_b = Relay::new(
+        store.clone(),
+        sink.clone(),
+        relay_config("relay-b", lease, &destination),
+    );
+    let metrics_b = relay_b.metrics();
+    let stop_b = CancellationToken::new();
+    let relay_b_task = tokio::spawn(relay_b.run(stop_b.clone()));
+    println!("   Relay B starts and waits for the lease to expire...");
+    let deadline = Instant::now() + lease * 5 + Duration::from_secs(10);
+    loop {
+        run_for(Duration::from_millis(100)).await;
+        counts.step(&mut broker, &ledger).await?;
+        let s = store.stats().await?;
+        let b_owns = s
+            .members
+            .iter()
+            .any(|m| m.member.starts_with("relay-b") && m.partitions > 0);
+        let a_gone = !s
+            .members
+            .iter()
+            .any(|m| m.member.starts_with("relay-a") && m.partitions > 0);
+        if b_owns && a_gone {
+            println!(
+                "   Relay B took over after {:.1} s and republished the unrecorded batch (same message ids).",
+                crashed_at.elapsed().as_secs_f64()
+            );
+            break;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "relay B never took over: {s:?}");
+    }
+    for _ in 0..20 {
+        run_for(Duration::from_millis(100)).await;
+        counts.step(&mut broker, &ledger).await?;
+    }
+    println!();
+
+    println!("4. The ledger catches up");
+    stop_producing.cancel();
+    producer.await??;
+    let committed_total: i64;
+    let (committed, rolled_back) = {
+        let p = produced
+            .lock()
+            .map_err(|_| anyhow::anyhow!("producer state poisoned"))?;
+        committed_total = p.committed.values().sum();
+        (
+            p.committed.keys().copied().collect::<HashSet<_>>(),
+            p.rolled_back.clone(),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        run_for(Duration::from_millis(100)).await;
+        counts.step(&mut broker, &ledger).await?;
+        let have = committed
+            .iter()
+            .filter(|id| counts.arrived.contains(id))
+            .count();
+        if have == committed.len() || Instant::now() > deadline {
+            break;
+        }
+    }
+    stop_b.cancel();
+    relay_b_task.await?;
+    let arrived = &counts.arrived;
+    let delivered = committed.iter().filter(|id| arrived.contains(id)).count();
+    let lost = committed.len() - delivered;
+    let phantoms = rolled_back.iter().filter(|id| arrived.contains(id)).count();
+    let (ledger_payments, ledger_total) = ledger.totals().await?;
+    let s = store.stats().await?;
+    let published =
+        RelayMetrics::get(&metrics_a.published) + RelayMetrics::get(&metrics_b.published);
+    println!("   {}", line(&s, published));
+    println!();
+
+    let ok = lost == 0
+        && phantoms == 0
+        && ledger_total == committed_total
+        && ledger_payments as usize == committed.len();
+    println!("Summary ({:.0} s)", started.elapsed().as_secs_f64());
+    println!(
+        "  payments committed        {:>6}   total {}",
+        committed.len(),
+        money(committed_total)
+    );
+    println!(
+        "  payments rolled back      {:>6}   events published for them: {phantoms}",
+        rolled_back.len()
+    );
+    println!(
+        "  events delivered          {:>6}   distinct ids, {} messages received",
+        delivered, counts.received
+    );
+    println!(
+        "  duplicates absorbed       {:>6}   (redeliveries after the crash, ignored by message id)",
+        counts.duplicates
+    );
+    println!("  lost                      {:>6}", lost);
+    println!(
+        "  ledger                    {:>6}   payments applied once, total {}{}",
+        ledger_payments,
+        money(ledger_total),
+        if ledger_total == committed_total {
+            " = committed total"
+        } else {
+            "  MISMATCH"
+        }
+    );
+    println!("  files                     {}", args.dir.display());
+    db.cleanup().await;
+    broker.cleanup().await;
+    if ok {
+        println!("\nNothing lost, nothing invented, every payment applied once.");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("\nA guarantee was broken (see above).");
+        Ok(ExitCode::FAILURE)
+    }
+}

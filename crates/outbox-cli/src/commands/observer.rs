@@ -1,0 +1,181 @@
+//! An independent reader of what reached the broker, for `demo` and `verify`: tails the
+//! `file:` sink's JSON lines, or reads a JetStream stream of its own with a separate consumer.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use outbox_core::{DestinationTemplate, Sink};
+use uuid::Uuid;
+
+/// One message as a consumer sees it.
+pub struct Delivered {
+    /// Message id.
+    pub id: Uuid,
+    /// The payload.
+    pub payload: serde_json::Value,
+    /// Ordering key.
+    pub key: String,
+}
+
+/// The broker and an independent reader of what reached it.
+pub enum Broker {
+    File {
+        path: PathBuf,
+        offset: u64,
+        partial: String,
+    },
+    Nats {
+        js: async_nats::jetstream::Context,
+        stream: String,
+        messages: Box<async_nats::jetstream::consumer::pull::Stream>,
+    },
+}
+
+impl Broker {
+    /// Prepares the broker (a fresh file, or a stream named after `tag`); returns it, the relay's sink and the destination template.
+    pub async fn open(
+        url: &str,
+        tag: &str,
+    ) -> anyhow::Result<(Self, Arc<dyn Sink>, DestinationTemplate)> {
+        if let Some(path) = url
+            .strip_prefix("file://")
+            .or_else(|| url.strip_prefix("file:"))
+        {
+            let _ = std::fs::remove_file(path);
+            let sink = outbox_sinks::connect(url).await?;
+            let broker = Self::File {
+                path: PathBuf::from(path),
+                offset: 0,
+                partial: String::new(),
+            };
+            Ok((broker, sink, DestinationTemplate::parse("{event_type}")?))
+        } else if url.starts_with("nats://") {
+            use async_nats::jetstream;
+            let sfx = format!("{:08x}", fastrand::u32(..));
+            let client = async_nats::connect(url)
+                .await
+                .context("connecting to NATS")?;
+            let js = jetstream::new(client);
+            let stream = format!("OUTBOX_{}_{sfx}", tag.to_uppercase());
+            let prefix = format!("outbox_{tag}_{sfx}");
+            let st = js
+                .create_stream(jetstream::stream::Config {
+                    name: stream.clone(),
+                    subjects: vec![format!("{prefix}.>")],
+                    storage: jetstream::stream::StorageType::File,
+                    duplicate_window: Duration::from_secs(120),
+                    ..Default::default()
+                })
+                .await
+                .context("creating a stream (is NATS running with JetStream?)")?;
+            let consumer: jetstream::consumer::PullConsumer = st
+                .create_consumer(jetstream::consumer::pull::Config {
+                    ack_policy: jetstream::consumer::AckPolicy::None,
+                    ..Default::default()
+                })
+                .await?;
+            let messages = Box::new(consumer.messages().await?);
+            let sink = outbox_sinks::connect(url).await?;
+            Ok((
+                Self::Nats {
+                    js,
+                    stream,
+                    messages,
+                },
+                sink,
+                DestinationTemplate::parse(&format!("{prefix}.{{event_type}}"))?,
+            ))
+        } else {
+            anyhow::bail!(
+                "broker `{}`: use file:path.jsonl or nats://host:port",
+                outbox_core::redact::url(url)
+            )
+        }
+    }
+
+    /// Everything that arrived since the last call.
+    pub async fn poll(&mut self) -> anyhow::Result<Vec<Delivered>> {
+        let mut out = Vec::new();
+        match self {
+            Self::File {
+                path,
+                offset,
+                partial,
+            } => {
+                let bytes = match std::fs::read(&*path) {
+                    Ok(b) => b,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+                    Err(e) => return Err(e.into()),
+                };
+                let new = bytes.get(*offset as usize..).unwrap_or_default();
+                *offset = bytes.len() as u64;
+                partial.push_str(&String::from_utf8_lossy(new));
+                while let Some(nl) = partial.find('\n') {
+                    let line: String = partial.drain(..=nl).collect();
+                    let v: serde_json::Value = serde_json::from_str(line.trim_end())?;
+                    out.push(parse_event(
+                        &v["id"],
+                        v["key"].as_str().unwrap_or_default(),
+                        &v["payload"],
+                    )?);
+                }
+            }
+            Self::Nats { messages, .. } => {
+                while let Ok(Some(m)) =
+                    tokio::time::timeout(Duration::from_millis(20), messages.next()).await
+                {
+                    let m = m?;
+                    let id = m
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get(outbox_core::sink::HEADER_MESSAGE_ID))
+                        .map(|v| v.as_str().to_string())
+                        .unwrap_or_default();
+                    let key = m
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get(outbox_core::sink::HEADER_AGGREGATE_ID))
+                        .map(|v| v.as_str().to_string())
+                        .unwrap_or_default();
+                    let payload: serde_json::Value = serde_json::from_slice(&m.payload)?;
+                    out.push(parse_event(&serde_json::Value::String(id), &key, &payload)?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Self::File { path, .. } => {
+                format!("file {} (one JSON object per line)", path.display())
+            }
+            Self::Nats { stream, .. } => format!("NATS JetStream stream {stream}"),
+        }
+    }
+
+    pub async fn cleanup(&self) {
+        if let Self::Nats { js, stream, .. } = self {
+            let _ = js.delete_stream(stream).await;
+        }
+    }
+}
+
+fn parse_event(
+    id: &serde_json::Value,
+    key: &str,
+    payload: &serde_json::Value,
+) -> anyhow::Result<Delivered> {
+    let id = id
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .context("message without an id")?;
+    Ok(Delivered {
+        id,
+        payload: payload.clone(),
+        key: key.to_string(),
+    })
+}

@@ -1,0 +1,376 @@
+//! Failure paths against real services: a poison key, a broker that stops and starts (a
+//! private nats-server of this test), and — in the serial `disruptive_` group run after the
+//! others — a PostgreSQL restart.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{header, payload_json, World};
+use outbox_core::{NewMessage, Store};
+use outbox_relay::{CircuitState, Relay};
+use outbox_sinks::nats::{NatsConfig, NatsSink};
+use outbox_testkit::sinks::PoisonKeySink;
+use tokio_util::sync::CancellationToken;
+
+fn interleaved(keys: &[String], ns: std::ops::Range<usize>) -> Vec<NewMessage> {
+    ns.flat_map(|n| {
+        keys.iter().map(move |k| {
+            NewMessage::new("order", k.clone(), "changed", serde_json::json!({ "n": n }))
+        })
+    })
+    .collect()
+}
+
+/// Delivers `msgs` with `sink`; returns how long until every message outside `except_key` was
+/// published.
+async fn time_to_deliver_others(
+    w: &World,
+    sink: Arc<dyn outbox_core::Sink>,
+    msgs: &[NewMessage],
+    except_key: &str,
+) -> Duration {
+    let others = msgs.iter().filter(|m| m.aggregate_id != except_key).count() as i64;
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let h = tokio::spawn(Relay::new(w.dyn_store(), sink, w.relay_config()).run(stop.clone()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let published: i64 = sqlx::query_scalar(&w.schema.render(
+            "SELECT count(*) FROM {schema}.outbox WHERE state = 'published' AND aggregate_id <> $1",
+        ))
+        .bind(except_key)
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+        if published == others {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "other keys stalled: {published} of {others}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = started.elapsed();
+    stop.cancel();
+    h.await.unwrap();
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_key_blocks_only_itself_and_other_keys_flow_at_normal_speed() {
+    let keys: Vec<String> = (0..26)
+        .map(|i| format!("key-{}", (b'a' + i) as char))
+        .collect();
+    let msgs = interleaved(&keys, 0..80);
+    let nats = || async {
+        NatsSink::connect(NatsConfig::from_url(&common::nats_url()).unwrap())
+            .await
+            .unwrap()
+    };
+
+    // Baseline: no poison.
+    let base = World::new().await;
+    base.store().insert(&msgs).await.unwrap();
+    let baseline = time_to_deliver_others(&base, Arc::new(nats().await), &msgs, "key-a").await;
+    base.drop_all().await;
+
+    // Key A's head fails every time (transiently: it retries, and its later rows wait).
+    let w = World::new().await;
+    w.store().insert(&msgs).await.unwrap();
+    let poisoned = time_to_deliver_others(
+        &w,
+        Arc::new(PoisonKeySink::transient(nats().await, "key-a")),
+        &msgs,
+        "key-a",
+    )
+    .await;
+    println!("other keys delivered in {poisoned:?} with a poison key, {baseline:?} without");
+    let rows: Vec<(String, i32)> = sqlx::query_as(&w.schema.render(
+        "SELECT state, attempts FROM {schema}.outbox WHERE aggregate_id = 'key-a' ORDER BY seq",
+    ))
+    .fetch_all(&w.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows[0].0, "pending");
+    assert!(rows[0].1 >= 1, "the head must have been tried");
+    assert!(
+        rows[1..].iter().all(|(s, a)| s == "pending" && *a == 0),
+        "later rows of the poison key must wait untouched"
+    );
+    let s = w.stats().await;
+    assert_eq!((s.blocked_keys, s.pending), (1, 80));
+    // Generous bound: this guards against a stall (seconds of waiting on the poison key), not
+    // against machine noise. The figures are printed above.
+    assert!(
+        poisoned < baseline * 4 + Duration::from_secs(3),
+        "poison slowed the others: {poisoned:?} vs {baseline:?}"
+    );
+    w.drop_all().await;
+}
+
+/// A nats-server of this test's own, on a free port, with its own store: it can be stopped
+/// and started without disturbing anything else on the machine.
+struct PrivateNats {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateNats {
+    fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(outbox_testkit::unique_name("nats"));
+        let mut me = Self {
+            port,
+            dir,
+            child: None,
+        };
+        me.up();
+        me
+    }
+
+    fn up(&mut self) {
+        let child = Command::new("nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server must be installed");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "private nats-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn down(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        self.down();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn wait_state(relay_breaker: &outbox_relay::Breaker, want: CircuitState, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while relay_breaker.snapshot().0 != want {
+        assert!(
+            Instant::now() < deadline,
+            "circuit never became {want:?}: {:?}",
+            relay_breaker.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
+    let mut nats = PrivateNats::start();
+    let w = World::with_stream(false).await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: w.stream.clone(),
+        subjects: vec![format!("{}.>", w.prefix)],
+        storage: async_nats::jetstream::stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    let sink = NatsSink::connect(
+        NatsConfig::from_url(&format!("{}?ack_timeout=500ms", nats.url())).unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut cfg = w.relay_config();
+    cfg.retry.max_attempts = 1000;
+    let relay = Relay::new(w.dyn_store(), Arc::new(sink), cfg);
+    let breaker = relay.breaker();
+    let stop = CancellationToken::new();
+    let h = tokio::spawn(relay.run(stop.clone()));
+
+    w.store().insert(&interleaved(&keys, 0..10)).await.unwrap();
+    w.wait_drained(Duration::from_secs(30)).await;
+    nats.down();
+    w.store().insert(&interleaved(&keys, 10..20)).await.unwrap();
+    wait_state(&breaker, CircuitState::Open, Duration::from_secs(30)).await;
+    // While open, the relay does not burn the messages' attempts.
+    let attempts_open: i64 =
+        sqlx::query_scalar(&w.schema.render(
+            "SELECT coalesce(sum(attempts), 0) FROM {schema}.outbox WHERE state = 'pending'",
+        ))
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let attempts_later: i64 =
+        sqlx::query_scalar(&w.schema.render(
+            "SELECT coalesce(sum(attempts), 0) FROM {schema}.outbox WHERE state = 'pending'",
+        ))
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+    assert!(
+        attempts_later - attempts_open <= 4,
+        "an open circuit must not hammer: {attempts_open} -> {attempts_later}"
+    );
+    nats.up();
+    wait_state(&breaker, CircuitState::Closed, Duration::from_secs(60)).await;
+    w.wait_drained(Duration::from_secs(60)).await;
+    stop.cancel();
+    h.await.unwrap();
+
+    // Everything arrived, in order per key (read back from the private server).
+    let info = js
+        .get_stream(&w.stream)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(
+        info, 200,
+        "every message must reach the restarted broker exactly once"
+    );
+    let consumer: async_nats::jetstream::consumer::PullConsumer = js
+        .get_stream(&w.stream)
+        .await
+        .unwrap()
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    use futures::StreamExt;
+    let mut msgs = consumer.messages().await.unwrap();
+    let mut next: HashMap<String, u64> = HashMap::new();
+    for _ in 0..200 {
+        let m = tokio::time::timeout(Duration::from_secs(5), msgs.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let key = header(&m, "outbox-aggregate-id").unwrap();
+        let n = payload_json(&m)["n"].as_u64().unwrap();
+        let e = next.entry(key.clone()).or_insert(0);
+        assert_eq!(n, *e, "key {key} out of order");
+        *e += 1;
+    }
+    w.drop_all().await;
+}
+
+/// Restarts the machine's PostgreSQL: run only in the serial `disruptive_` phase of
+/// `scripts/test.sh`, after every other test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disruptive_relay_survives_a_postgres_restart_and_delivers_everything() {
+    let w = World::new().await;
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let stop = CancellationToken::new();
+    let sink = NatsSink::connect(NatsConfig::from_url(&common::nats_url()).unwrap())
+        .await
+        .unwrap();
+    let relay = Relay::new(w.dyn_store(), Arc::new(sink), w.relay_config());
+    let metrics = relay.metrics();
+    let h = tokio::spawn(relay.run(stop.clone()));
+    w.store().insert(&interleaved(&keys, 0..20)).await.unwrap();
+    w.wait_drained(Duration::from_secs(30)).await;
+
+    let version = std::fs::read_dir("/etc/postgresql")
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name();
+    let st = Command::new("pg_ctlcluster")
+        .args([
+            "--skip-systemctl-redirect",
+            version.to_str().unwrap(),
+            "main",
+            "restart",
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success(), "pg_ctlcluster restart failed");
+
+    // Write again once the database is back; the relay must pick it up by itself.
+    let more = interleaved(&keys, 20..40);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match w.store().insert(&more).await {
+            Ok(()) => break,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "database did not come back: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(s) = w.store().stats().await {
+            if s.pending == 0 {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "relay did not resume after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !h.is_finished(),
+        "the relay must keep running through the restart"
+    );
+    stop.cancel();
+    h.await.unwrap();
+    assert_eq!(outbox_relay::RelayMetrics::get(&metrics.published), 800);
+    let got = w.read_all(800, Duration::from_secs(30)).await;
+    assert_eq!(got.len(), 800);
+    let mut next: HashMap<String, u64> = HashMap::new();
+    for m in &got {
+        let key = header(m, "outbox-aggregate-id").unwrap();
+        let n = payload_json(m)["n"].as_u64().unwrap();
+        let e = next.entry(key.clone()).or_insert(0);
+        assert_eq!(n, *e, "key {key} out of order");
+        *e += 1;
+    }
+    w.drop_all().await;
+}

@@ -1,0 +1,220 @@
+//! Circuit breaker per sink: after consecutive failed publishes the relay stops hammering the
+//! broker, probes with one message after a growing pause, and resumes at full speed when the
+//! broker answers.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+/// Failed publish calls in a row that open the circuit.
+pub const DEFAULT_THRESHOLD: u32 = 5;
+/// First pause after the circuit opens.
+pub const MIN_COOLDOWN: Duration = Duration::from_millis(500);
+/// Longest pause between probes.
+pub const MAX_COOLDOWN: Duration = Duration::from_secs(30);
+
+/// What a worker may do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Permit {
+    /// Circuit closed: claim and publish normally.
+    Proceed,
+    /// Circuit half-open: publish one message to see whether the broker is back.
+    Probe,
+    /// Circuit open: do not touch the broker for this long.
+    Wait(Duration),
+}
+
+/// Circuit state, for logs and `outbox status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CircuitState {
+    /// Publishing normally.
+    Closed,
+    /// Broker considered down; waiting before the next probe.
+    Open,
+    /// One probe in flight.
+    HalfOpen,
+}
+
+impl CircuitState {
+    /// `closed`, `open` or `half-open`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CircuitState::Closed => "closed",
+            CircuitState::Open => "open",
+            CircuitState::HalfOpen => "half-open",
+        }
+    }
+}
+
+struct Inner {
+    state: CircuitState,
+    consecutive: u32,
+    cooldown: Duration,
+    reopen_at: Instant,
+    last_error: Option<String>,
+}
+
+/// One breaker per sink, shared by the workers of a relay process.
+pub struct Breaker {
+    sink: String,
+    threshold: u32,
+    inner: Mutex<Inner>,
+}
+
+impl Breaker {
+    /// A closed breaker for `sink` that opens after `threshold` failed calls in a row.
+    pub fn new(sink: &str, threshold: u32) -> Self {
+        Self {
+            sink: sink.to_string(),
+            threshold: threshold.max(1),
+            inner: Mutex::new(Inner {
+                state: CircuitState::Closed,
+                consecutive: 0,
+                cooldown: MIN_COOLDOWN,
+                reopen_at: Instant::now(),
+                last_error: None,
+            }),
+        }
+    }
+
+    /// Asks whether to publish now.
+    pub fn permit(&self) -> Permit {
+        let Ok(mut s) = self.inner.lock() else {
+            return Permit::Proceed;
+        };
+        match s.state {
+            CircuitState::Closed => Permit::Proceed,
+            // Another worker is probing: wait for its verdict.
+            CircuitState::HalfOpen => Permit::Wait(Duration::from_millis(100)),
+            CircuitState::Open => {
+                let now = Instant::now();
+                if now >= s.reopen_at {
+                    s.state = CircuitState::HalfOpen;
+                    Permit::Probe
+                } else {
+                    Permit::Wait(s.reopen_at - now)
+                }
+            }
+        }
+    }
+
+    /// Records one publish call: `any_ok` when the broker accepted something, `transient`
+    /// when everything failed with errors that mean the broker (not the message) is at fault.
+    /// Calls that failed only with permanent errors (poison messages) change nothing.
+    pub fn record(&self, any_ok: bool, transient_failure: Option<&str>) {
+        let Ok(mut s) = self.inner.lock() else { return };
+        if any_ok {
+            if s.state != CircuitState::Closed {
+                info!(sink = %self.sink, "circuit closed: the broker answers again; publishing at full speed");
+            }
+            s.state = CircuitState::Closed;
+            s.consecutive = 0;
+            s.cooldown = MIN_COOLDOWN;
+            s.last_error = None;
+            return;
+        }
+        let Some(error) = transient_failure else {
+            if s.state == CircuitState::HalfOpen {
+                // A poison probe says nothing about the broker: let the next probe decide.
+                s.state = CircuitState::Open;
+                s.reopen_at = Instant::now();
+            }
+            return;
+        };
+        s.consecutive = s.consecutive.saturating_add(1);
+        s.last_error = Some(error.to_string());
+        match s.state {
+            CircuitState::HalfOpen => {
+                s.cooldown = (s.cooldown * 2).min(MAX_COOLDOWN);
+                s.state = CircuitState::Open;
+                s.reopen_at = Instant::now() + s.cooldown;
+                warn!(sink = %self.sink, %error, next_probe_in = ?s.cooldown, "circuit stays open: probe failed");
+            }
+            CircuitState::Closed if s.consecutive >= self.threshold => {
+                s.state = CircuitState::Open;
+                s.reopen_at = Instant::now() + s.cooldown;
+                warn!(sink = %self.sink, %error, failures = s.consecutive, next_probe_in = ?s.cooldown,
+                      "circuit opened: the broker keeps failing; pausing publishes");
+            }
+            _ => {}
+        }
+    }
+
+    /// The probe granted by [`Breaker::permit`] was not used (nothing was due to publish): let
+    /// the next caller probe instead, rather than waiting for a verdict that never comes.
+    pub fn probe_unused(&self) {
+        if let Ok(mut s) = self.inner.lock() {
+            if s.state == CircuitState::HalfOpen {
+                s.state = CircuitState::Open;
+                s.reopen_at = Instant::now();
+            }
+        }
+    }
+
+    /// Current state and the last broker error.
+    pub fn snapshot(&self) -> (CircuitState, Option<String>) {
+        self.inner
+            .lock()
+            .map(|s| (s.state, s.last_error.clone()))
+            .unwrap_or((CircuitState::Closed, None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_threshold_probes_and_closes_on_success() {
+        let b = Breaker::new("test", 3);
+        for _ in 0..2 {
+            b.record(false, Some("down"));
+            assert_eq!(b.permit(), Permit::Proceed);
+        }
+        b.record(false, Some("down"));
+        assert!(matches!(b.permit(), Permit::Wait(_)));
+        assert_eq!(b.snapshot().0, CircuitState::Open);
+        std::thread::sleep(MIN_COOLDOWN + Duration::from_millis(20));
+        assert_eq!(b.permit(), Permit::Probe);
+        assert!(
+            matches!(b.permit(), Permit::Wait(_)),
+            "only one probe at a time"
+        );
+        b.record(true, None);
+        assert_eq!(b.permit(), Permit::Proceed);
+        assert_eq!(b.snapshot(), (CircuitState::Closed, None));
+    }
+
+    #[test]
+    fn failed_probe_doubles_the_pause() {
+        let b = Breaker::new("test", 1);
+        b.record(false, Some("down"));
+        std::thread::sleep(MIN_COOLDOWN + Duration::from_millis(20));
+        assert_eq!(b.permit(), Permit::Probe);
+        b.record(false, Some("still down"));
+        match b.permit() {
+            Permit::Wait(d) => assert!(d > MIN_COOLDOWN, "{d:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_unused_probe_is_handed_to_the_next_caller() {
+        let b = Breaker::new("test", 1);
+        b.record(false, Some("down"));
+        std::thread::sleep(MIN_COOLDOWN + Duration::from_millis(20));
+        assert_eq!(b.permit(), Permit::Probe);
+        b.probe_unused();
+        assert_eq!(b.permit(), Permit::Probe);
+    }
+
+    #[test]
+    fn poison_messages_do_not_open_the_circuit() {
+        let b = Breaker::new("test", 1);
+        for _ in 0..10 {
+            b.record(false, None);
+        }
+        assert_eq!(b.permit(), Permit::Proceed);
+    }
+}

@@ -1,0 +1,5 @@
+//! JSON-lines file sink (`file:path.jsonl`): appends, then fsyncs before acknowledging.
+
+mod sink;
+
+pub use sink::FileSink;

@@ -1,0 +1,92 @@
+//! The JSON-lines record shared by the `file:` and `stdout:` sinks: one object per message.
+
+use chrono::{DateTime, Utc};
+use outbox_core::{Envelope, SinkError};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+#[derive(Serialize)]
+struct Record<'a> {
+    id: Uuid,
+    destination: &'a str,
+    key: &'a str,
+    headers: serde_json::Map<String, serde_json::Value>,
+    payload: &'a RawValue,
+    created_at: DateTime<Utc>,
+}
+
+/// Appends one JSON object and a newline per envelope to `out`. A payload that is not JSON is
+/// a permanent error for that message (it would make the file unreadable).
+pub(crate) fn encode(batch: &[Envelope], out: &mut Vec<u8>) -> Vec<Result<(), SinkError>> {
+    batch
+        .iter()
+        .map(|e| {
+            let payload: Box<RawValue> =
+                RawValue::from_string(e.payload.clone()).map_err(|_| {
+                    SinkError::permanent(format!("message {}: payload is not valid JSON", e.id))
+                })?;
+            let headers = e
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect();
+            let rec = Record {
+                id: e.id,
+                destination: &e.destination,
+                key: &e.key,
+                headers,
+                payload: &payload,
+                created_at: e.created_at,
+            };
+            serde_json::to_writer(&mut *out, &rec).map_err(|err| {
+                SinkError::permanent(format!("message {}: cannot encode: {err}", e.id))
+            })?;
+            out.push(b'\n');
+            Ok(())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(payload: &str) -> Envelope {
+        Envelope {
+            id: Uuid::now_v7(),
+            destination: "payment.created".into(),
+            key: "p-1".into(),
+            headers: vec![("outbox-event-type".into(), "created".into())],
+            payload: payload.into(),
+            created_at: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn one_object_per_line_with_the_payload_embedded_as_json() {
+        let mut out = Vec::new();
+        let r = encode(&[env(r#"{"amount":10}"#), env("[1,2]")], &mut out);
+        assert!(r.iter().all(Result::is_ok));
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["payload"]["amount"], 10);
+        assert_eq!(lines[0]["destination"], "payment.created");
+        assert_eq!(lines[0]["key"], "p-1");
+        assert_eq!(lines[0]["headers"]["outbox-event-type"], "created");
+        assert!(lines[0]["created_at"].is_string());
+        assert!(lines[0]["id"].is_string());
+    }
+
+    #[test]
+    fn invalid_json_payload_is_a_permanent_error_and_writes_nothing() {
+        let mut out = Vec::new();
+        let r = encode(&[env("not json")], &mut out);
+        assert!(!r[0].as_ref().unwrap_err().retriable);
+        assert!(out.is_empty());
+    }
+}

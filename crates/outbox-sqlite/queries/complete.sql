@@ -1,0 +1,18 @@
+-- Records one batch of publish outcomes in one statement. Fenced: rows of partitions the member
+-- no longer owns are left alone (their new owner delivers them again, with the same id).
+-- ?1 member, ?2 outcomes as a JSON array of [seq, state, error or null, retry delay in ms],
+-- ?3 now (unix ms), ?4 now (RFC 3339 text, for published_at)
+UPDATE outbox AS o
+SET state           = r.state,
+    attempts        = o.attempts + 1,
+    next_attempt_at = CASE WHEN r.state = 'pending' THEN ?3 + r.delay_ms END,
+    last_error      = coalesce(r.error, o.last_error),
+    published_at    = CASE WHEN r.state = 'published' THEN ?4 END
+FROM (SELECT json_extract(j.value, '$[0]') AS seq,
+             json_extract(j.value, '$[1]') AS state,
+             json_extract(j.value, '$[2]') AS error,
+             json_extract(j.value, '$[3]') AS delay_ms
+      FROM json_each(?2) AS j) AS r
+WHERE o.seq = r.seq
+  AND o.state = 'pending'
+  AND o.partition IN (SELECT p.partition FROM outbox_partitions AS p WHERE p.owner = ?1)

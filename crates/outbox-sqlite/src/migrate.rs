@@ -1,0 +1,144 @@
+//! Idempotent, versioned migrations of one SQLite database, serialised by `BEGIN IMMEDIATE`.
+
+use outbox_core::Result;
+use sqlx::SqlitePool;
+
+use crate::error::map_sqlx_error;
+
+/// Every migration, in order: (version, name, SQL).
+pub const MIGRATIONS: &[(i32, &str, &str)] =
+    &[(1, "outbox", include_str!("../migrations/0001_outbox.sql"))];
+
+/// Applies the migrations the database lacks, all in one transaction, and records them in
+/// `outbox_migrations`. Safe to run concurrently (from several processes too) and repeatedly:
+/// the transaction starts with `BEGIN IMMEDIATE`, so a second migrator waits for the first
+/// (up to the busy timeout) and then finds nothing left to do. Returns the versions applied now
+/// (empty when the database was up to date).
+pub async fn migrate(pool: &SqlitePool) -> Result<Vec<i32>> {
+    let ctx = |what: &str| format!("migrating the SQLite outbox: {what}");
+    let mut tx = pool
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("begin"), e))?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS outbox_migrations (
+             version    INTEGER PRIMARY KEY,
+             name       TEXT    NOT NULL,
+             applied_at TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx("creating outbox_migrations"), e))?;
+    let done: Vec<i32> = sqlx::query_scalar("SELECT version FROM outbox_migrations")
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
+    let mut applied = Vec::new();
+    for (version, name, sql) in MIGRATIONS {
+        if done.contains(version) {
+            continue;
+        }
+        sqlx::raw_sql(sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
+        sqlx::query("INSERT INTO outbox_migrations (version, name) VALUES (?1, ?2)")
+            .bind(version)
+            .bind(name)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx("recording the version"), e))?;
+        applied.push(*version);
+    }
+    tx.commit()
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("commit"), e))?;
+    Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    async fn fresh_pool() -> (SqlitePool, std::path::PathBuf) {
+        let dir =
+            std::env::temp_dir().join(format!("outbox-sqlite-unit-{:016x}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = format!("sqlite://{}", dir.join("outbox.db").display());
+        let pool = crate::connect_pool(&url).await.unwrap();
+        assert_eq!(migrate(&pool).await.unwrap(), vec![1]);
+        (pool, dir)
+    }
+
+    async fn drop_pool(pool: SqlitePool, dir: std::path::PathBuf) {
+        pool.close().await;
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A name and a maker of the i-th key of that shape.
+    type KeyShape = (&'static str, fn(u32) -> String);
+
+    async fn partitions_of(pool: &SqlitePool, keys: &[String]) -> HashSet<i64> {
+        let mut tx = pool.begin().await.unwrap();
+        for k in keys {
+            sqlx::query(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                 VALUES ('t', ?1, 'e', '{}')",
+            )
+            .bind(k)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        }
+        let parts: Vec<i64> = sqlx::query_scalar(
+            "SELECT partition FROM outbox WHERE aggregate_id IN (SELECT value FROM json_each(?1))",
+        )
+        .bind(serde_json::to_string(keys).unwrap())
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+        tx.rollback().await.unwrap();
+        assert!(parts.iter().all(|p| (0..64).contains(p)), "{parts:?}");
+        parts.into_iter().collect()
+    }
+
+    /// The crude SQL hash spreads typical keys: 200 keys of one shape reach at least 30 of the
+    /// 64 partitions, and a key always lands in the same partition.
+    #[tokio::test]
+    async fn typical_keys_spread_over_many_partitions() {
+        let (pool, dir) = fresh_pool().await;
+        let shapes: [KeyShape; 6] = [
+            ("order-N", |i| format!("order-{i}")),
+            ("p-N", |i| format!("p-{i}")),
+            ("N", |i| i.to_string()),
+            ("uuid", |_| {
+                uuid::Uuid::from_u128(fastrand::u128(..)).to_string()
+            }),
+            ("uuidv7", |_| uuid::Uuid::now_v7().to_string()),
+            ("ORD-00000N-EU", |i| format!("ORD-{i:06}-EU")),
+        ];
+        for (shape, make) in shapes {
+            let keys: Vec<String> = (1..=200).map(make).collect();
+            let hit = partitions_of(&pool, &keys).await;
+            assert!(hit.len() >= 30, "{shape}: only {} partitions", hit.len());
+        }
+        let once = partitions_of(&pool, &["p-17".to_string()]).await;
+        let again = partitions_of(&pool, &["p-17".to_string()]).await;
+        assert_eq!(once, again);
+        drop_pool(pool, dir).await;
+    }
+
+    #[tokio::test]
+    async fn migrate_twice_applies_nothing_the_second_time() {
+        let (pool, dir) = fresh_pool().await;
+        assert!(migrate(&pool).await.unwrap().is_empty());
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_partitions")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(n, 64);
+        drop_pool(pool, dir).await;
+    }
+}

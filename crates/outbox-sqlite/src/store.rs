@@ -1,0 +1,436 @@
+//! [`SqliteStore`]: the relay's view of a SQLite outbox (partition leases, claims, marks).
+//!
+//! Times the relay compares are unix milliseconds taken from this process's clock
+//! ([`chrono::Utc::now`]) and bound into each statement, so no SQL does clock arithmetic.
+//! Members sharing one database file share one machine, hence one clock.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, SecondsFormat, Utc};
+use outbox_core::store::MemberStatus;
+use outbox_core::{Error, ErrorKind, MemberId, Message, NewMessage, Outcome, Result, Stats, Store};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{Row, SqlitePool};
+use tokio::sync::watch;
+
+use crate::error::map_sqlx_error;
+use crate::writer::Writer;
+
+/// Number of relay partitions; fixed by the migration that computes `outbox.partition`.
+pub const PARTITIONS: usize = 64;
+
+/// The database file a URL without a path (`sqlite://`, `sqlite:`) names, relative to the
+/// working directory.
+pub const DEFAULT_PATH: &str = "./outbox.db";
+
+/// How long a statement waits for another connection's write lock before failing with
+/// `SQLITE_BUSY` (mapped to [`ErrorKind::Timeout`]).
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connections per pool. WAL lets readers (claims, stats) run beside the one writer; writers
+/// queue on the file lock whatever the pool size.
+const MAX_CONNECTIONS: u32 = 8;
+
+const CLAIM: &str = include_str!("../queries/claim.sql");
+const COMPLETE: &str = include_str!("../queries/complete.sql");
+const HEARTBEAT: &str = include_str!("../queries/heartbeat.sql");
+const BEAT: &str = include_str!("../queries/beat.sql");
+const REAP_MEMBERS: &str = include_str!("../queries/reap_members.sql");
+const COUNT_MEMBERS: &str = include_str!("../queries/count_members.sql");
+const RENEW: &str = include_str!("../queries/renew.sql");
+const GIVE_BACK: &str = include_str!("../queries/give_back.sql");
+const ACQUIRE: &str = include_str!("../queries/acquire.sql");
+const RELEASE_PARTITIONS: &str = include_str!("../queries/release_partitions.sql");
+const RELEASE_MEMBER: &str = include_str!("../queries/release_member.sql");
+const STATS: &str = include_str!("../queries/stats.sql");
+const MEMBERS: &str = include_str!("../queries/members.sql");
+
+/// Connection options for `url`: `sqlite://path`, `sqlite:path`, or `sqlite://` with no path
+/// meaning [`DEFAULT_PATH`]; a query string (`?mode=ro`, …) is kept. The file is created if
+/// missing; connections use WAL, `synchronous = FULL` (a committed row survives a power
+/// loss), a [`BUSY_TIMEOUT`] and foreign keys.
+pub fn connect_options(url: &str) -> Result<SqliteConnectOptions> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .ok_or_else(|| {
+            Error::config(format!(
+                "database URL `{}` is not a SQLite URL; use sqlite://path",
+                outbox_core::redact::url(url)
+            ))
+        })?;
+    let (path, query) = match rest.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (rest, None),
+    };
+    let path = if path.is_empty() { DEFAULT_PATH } else { path };
+    let normalised = match query {
+        Some(query) => format!("sqlite://{path}?{query}"),
+        None => format!("sqlite://{path}"),
+    };
+    let options = SqliteConnectOptions::from_str(&normalised).map_err(|e| {
+        map_sqlx_error(
+            &format!("database URL `{}`", outbox_core::redact::url(url)),
+            e,
+        )
+    })?;
+    Ok(options
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(BUSY_TIMEOUT)
+        .foreign_keys(true))
+}
+
+/// Opens a pool to the SQLite file `url` names (see [`connect_options`]), creating the file if
+/// missing. Fails at once if the file cannot be opened.
+pub async fn connect_pool(url: &str) -> Result<SqlitePool> {
+    let options = connect_options(url)?;
+    SqlitePoolOptions::new()
+        .max_connections(MAX_CONNECTIONS)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .map_err(|e| {
+            map_sqlx_error(
+                &format!("opening SQLite database {}", outbox_core::redact::url(url)),
+                e,
+            )
+        })
+}
+
+/// A SQLite outbox: the tables `migrate` created in one database file.
+///
+/// Several relay processes may share the file: partition ownership changes only inside
+/// `BEGIN IMMEDIATE` transactions, which SQLite runs one at a time, so a partition never has
+/// two owners with unexpired leases.
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    writer: Writer,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// A store over `pool` (whose database `migrate` has prepared).
+    pub fn new(pool: SqlitePool) -> Self {
+        Self {
+            pool,
+            writer: Writer::new(),
+        }
+    }
+
+    /// The pool, for callers that also write business rows.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The writer.
+    pub fn writer(&self) -> &Writer {
+        &self.writer
+    }
+}
+
+fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn partitions_json(p: &[i32]) -> String {
+    let list: Vec<String> = p.iter().map(i32::to_string).collect();
+    format!("[{}]", list.join(","))
+}
+
+fn malformed(what: String) -> Error {
+    Error::new(ErrorKind::Malformed, what)
+}
+
+fn message_from_row(r: &SqliteRow) -> Result<Message> {
+    let get = |e| map_sqlx_error("reading claimed messages", e);
+    let seq: i64 = r.try_get("seq").map_err(get)?;
+    let id: String = r.try_get("id").map_err(get)?;
+    let id = uuid::Uuid::parse_str(&id)
+        .map_err(|e| malformed(format!("outbox row {seq}: id `{id}` is not a UUID: {e}")))?;
+    let created_ms: Option<i64> = r.try_get("created_ms").map_err(get)?;
+    let created_at = created_ms
+        .and_then(DateTime::from_timestamp_millis)
+        .ok_or_else(|| malformed(format!("outbox row {seq}: created_at is not a time")))?;
+    Ok(Message {
+        seq,
+        id,
+        aggregate_type: r.try_get("aggregate_type").map_err(get)?,
+        aggregate_id: r.try_get("aggregate_id").map_err(get)?,
+        event_type: r.try_get("event_type").map_err(get)?,
+        payload: r.try_get("payload").map_err(get)?,
+        headers: r.try_get("headers").map_err(get)?,
+        topic: r.try_get("topic").map_err(get)?,
+        created_at,
+        attempts: r.try_get("attempts").map_err(get)?,
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn rebalance(&self, member: &MemberId, lease: Duration) -> Result<Vec<i32>> {
+        let err = |what: &'static str| {
+            move |e| map_sqlx_error(&format!("rebalancing partitions: {what}"), e)
+        };
+        // One writer at a time: everything below reads and changes ownership atomically, so two
+        // members (or processes) cannot both take a partition.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(err("begin"))?;
+        // Taken after the lock: waiting for it must not shorten the lease we grant.
+        let now = now_ms();
+        let lease = millis(lease);
+        let until = now.saturating_add(lease);
+        let cutoff = now.saturating_sub(lease);
+        sqlx::query(HEARTBEAT)
+            .bind(member.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(err("heartbeat"))?;
+        sqlx::query(REAP_MEMBERS)
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await
+            .map_err(err("forgetting silent members"))?;
+        let live: i64 = sqlx::query_scalar(COUNT_MEMBERS)
+            .bind(cutoff)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(err("counting members"))?;
+        let fair = PARTITIONS.div_ceil(usize::try_from(live).unwrap_or(1).max(1));
+        let mut owned: Vec<i32> = sqlx::query_scalar(RENEW)
+            .bind(member.as_str())
+            .bind(until)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err("renewing leases"))?;
+        owned.sort_unstable();
+        if owned.len() > fair {
+            let extra = owned.split_off(fair);
+            sqlx::query(GIVE_BACK)
+                .bind(member.as_str())
+                .bind(partitions_json(&extra))
+                .execute(&mut *tx)
+                .await
+                .map_err(err("giving back partitions"))?;
+        } else if owned.len() < fair {
+            let want = i64::try_from(fair - owned.len()).unwrap_or(i64::MAX);
+            let got: Vec<i32> = sqlx::query_scalar(ACQUIRE)
+                .bind(member.as_str())
+                .bind(until)
+                .bind(now)
+                .bind(want)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(err("acquiring partitions"))?;
+            owned.extend(got);
+            owned.sort_unstable();
+        }
+        tx.commit().await.map_err(err("commit"))?;
+        Ok(owned)
+    }
+
+    async fn renew(&self, member: &MemberId, lease: Duration) -> Result<usize> {
+        let err = |e| map_sqlx_error("renewing partition leases", e);
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+        let now = now_ms();
+        sqlx::query(BEAT)
+            .bind(member.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        let rows: Vec<i32> = sqlx::query_scalar(RENEW)
+            .bind(member.as_str())
+            .bind(now.saturating_add(millis(lease)))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        Ok(rows.len())
+    }
+
+    async fn claim(
+        &self,
+        member: &MemberId,
+        partitions: &[i32],
+        limit: usize,
+    ) -> Result<Vec<Message>> {
+        if partitions.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(CLAIM)
+            .bind(member.as_str())
+            .bind(partitions_json(partitions))
+            .bind(now_ms())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("claiming pending messages", e))?;
+        rows.iter().map(message_from_row).collect()
+    }
+
+    async fn complete(&self, member: &MemberId, outcomes: &[Outcome]) -> Result<u64> {
+        if outcomes.is_empty() {
+            return Ok(0);
+        }
+        let rows: Vec<(i64, &str, Option<&str>, i64)> = outcomes
+            .iter()
+            .map(|o| match o {
+                Outcome::Published { seq } => (*seq, "published", None, 0),
+                Outcome::Retry { seq, error, delay } => {
+                    (*seq, "pending", Some(error.as_str()), millis(*delay))
+                }
+                Outcome::Failed { seq, error } => (*seq, "failed", Some(error.as_str()), 0),
+            })
+            .collect();
+        let rows = serde_json::to_string(&rows).map_err(|e| {
+            Error::with_source(ErrorKind::Other, "encoding publish results as JSON", e)
+        })?;
+        let now = Utc::now();
+        let done = sqlx::query(COMPLETE)
+            .bind(member.as_str())
+            .bind(rows)
+            .bind(now.timestamp_millis())
+            .bind(now.to_rfc3339_opts(SecondsFormat::Millis, true))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("recording publish results", e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn release(&self, member: &MemberId) -> Result<()> {
+        let err = |e| map_sqlx_error("releasing partitions", e);
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+        sqlx::query(RELEASE_MEMBER)
+            .bind(member.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        sqlx::query(RELEASE_PARTITIONS)
+            .bind(member.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        tx.commit().await.map_err(err)
+    }
+
+    /// SQLite has no notifications: returns `Ok(())` at once and the relay polls.
+    async fn listen(&self, _wake: watch::Sender<u64>) -> Result<()> {
+        Ok(())
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        let err = |e| map_sqlx_error("reading outbox counts", e);
+        let now = now_ms();
+        let r = sqlx::query(STATS)
+            .bind(now)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(err)?;
+        let members = sqlx::query(MEMBERS)
+            .bind(now)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("reading relay members", e))?
+            .iter()
+            .map(|m| {
+                let get = |e| map_sqlx_error("reading relay members", e);
+                let member: String = m.try_get("member").map_err(get)?;
+                let beat: i64 = m.try_get("heartbeat_at").map_err(get)?;
+                let heartbeat_at = DateTime::from_timestamp_millis(beat).ok_or_else(|| {
+                    malformed(format!(
+                        "member {member}: heartbeat_at {beat} is not a time"
+                    ))
+                })?;
+                Ok(MemberStatus {
+                    partitions: m.try_get("partitions").map_err(get)?,
+                    member,
+                    heartbeat_at,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Stats {
+            pending: r.try_get("pending").map_err(err)?,
+            oldest_pending_age_seconds: r.try_get("oldest_pending_age_seconds").map_err(err)?,
+            failed: r.try_get("failed").map_err(err)?,
+            published: r.try_get("published").map_err(err)?,
+            retrying: r.try_get("retrying").map_err(err)?,
+            blocked_keys: r.try_get("blocked_keys").map_err(err)?,
+            members,
+        })
+    }
+
+    async fn insert(&self, messages: &[NewMessage]) -> Result<()> {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| map_sqlx_error("begin", e))?;
+        self.writer.enqueue_many(&mut tx, messages).await?;
+        tx.commit().await.map_err(|e| map_sqlx_error("commit", e))
+    }
+}
+
+impl From<SqliteStore> for std::sync::Arc<dyn Store> {
+    fn from(s: SqliteStore) -> Self {
+        std::sync::Arc::new(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filename(url: &str) -> String {
+        connect_options(url)
+            .unwrap()
+            .get_filename()
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    #[test]
+    fn urls_name_files() {
+        assert_eq!(
+            filename("sqlite:///var/lib/app/outbox.db"),
+            "/var/lib/app/outbox.db"
+        );
+        assert_eq!(filename("sqlite://data/app.db"), "data/app.db");
+        assert_eq!(filename("sqlite:app.db"), "app.db");
+        assert_eq!(filename("sqlite://"), DEFAULT_PATH);
+        assert_eq!(filename("sqlite:"), DEFAULT_PATH);
+        assert_eq!(filename("sqlite://?mode=rwc"), DEFAULT_PATH);
+    }
+
+    #[test]
+    fn other_schemes_are_config_errors() {
+        let e = connect_options("postgres://u:hunter2@db/x").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(!e.to_string().contains("hunter2"));
+    }
+
+    #[test]
+    fn partitions_encode_as_a_json_array() {
+        assert_eq!(partitions_json(&[]), "[]");
+        assert_eq!(partitions_json(&[0, 7, 63]), "[0,7,63]");
+    }
+}

@@ -1,0 +1,18 @@
+//! The shared store conformance suite against SQLite; each case in a fresh database file of
+//! its own, in a unique temporary directory.
+
+use std::sync::Arc;
+
+use outbox_core::Store;
+use outbox_sqlite::{connect_pool, migrate, SqliteStore};
+
+async fn fresh_store() -> Arc<dyn Store> {
+    let dir = std::env::temp_dir().join(outbox_testkit::unique_name("sqlite"));
+    std::fs::create_dir_all(&dir).expect("create a temporary directory");
+    let url = format!("sqlite://{}", dir.join("outbox.db").display());
+    let pool = connect_pool(&url).await.expect("open the SQLite file");
+    migrate(&pool).await.expect("migrate");
+    Arc::new(SqliteStore::new(pool))
+}
+
+outbox_testkit::store_conformance_suite!(fresh_store);
