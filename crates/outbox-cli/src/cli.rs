@@ -89,6 +89,10 @@ pub struct RelayArgs {
     /// Longest retry delay (default 5m). Env: OUTBOX_BACKOFF_MAX.
     #[arg(long, value_name = "DURATION")]
     pub backoff_max: Option<Dur>,
+    /// What a `failed` message means for the rest of its key: `block` (default: they wait, order
+    /// holds) or `skip` (they flow on). Env: OUTBOX_ON_FAILED.
+    #[arg(long, value_name = "POLICY")]
+    pub on_failed: Option<outbox_core::OnFailed>,
 }
 
 /// Output format of `status`.

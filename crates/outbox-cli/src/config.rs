@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use outbox_core::{DestinationTemplate, RetryPolicy};
+use outbox_core::{DestinationTemplate, OnFailed, RetryPolicy};
 use outbox_relay::RelayConfig;
 use serde::Deserialize;
 
@@ -79,6 +79,27 @@ pub struct RelaySection {
     pub backoff_base: Option<Dur>,
     /// Longest retry delay.
     pub backoff_max: Option<Dur>,
+    /// `block` or `skip`: what a failed message means for the rest of its key.
+    pub on_failed: Option<OnFailedSetting>,
+}
+
+/// `on_failed` as written in the file.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnFailedSetting {
+    /// Later messages of the key wait.
+    Block,
+    /// Later messages of the key flow on.
+    Skip,
+}
+
+impl From<OnFailedSetting> for OnFailed {
+    fn from(s: OnFailedSetting) -> Self {
+        match s {
+            OnFailedSetting::Block => OnFailed::Block,
+            OnFailedSetting::Skip => OnFailed::Skip,
+        }
+    }
 }
 
 /// A loaded file and where it came from.
@@ -241,6 +262,12 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
         .map_or(defaults.retry.base, |d| d.0);
     let max = pick(args.backoff_max, &["OUTBOX_BACKOFF_MAX"], f.backoff_max)?
         .map_or(defaults.retry.max, |d| d.0);
+    let on_failed = pick(
+        args.on_failed,
+        &["OUTBOX_ON_FAILED"],
+        f.on_failed.map(OnFailed::from),
+    )?
+    .unwrap_or_default();
     if base > max {
         return Err(ConfigError(format!(
             "backoff base {base:?} is longer than backoff max {max:?}"
@@ -261,6 +288,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
                 max,
             },
             destination,
+            on_failed,
             breaker_threshold: defaults.breaker_threshold,
             member_prefix: member_prefix(),
         },

@@ -229,6 +229,22 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
     nats.down();
     w.store().insert(&interleaved(&keys, 10..20)).await.unwrap();
     wait_state(&breaker, CircuitState::Open, Duration::from_secs(30)).await;
+    // `outbox status` sees it too: the members report their circuit.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !w
+        .stats()
+        .await
+        .members
+        .iter()
+        .any(|m| m.circuit == "open" && m.sink_error.is_some())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "status never showed the open circuit: {:?}",
+            w.stats().await.members
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // While open, the relay does not burn the messages' attempts.
     let attempts_open: i64 =
         sqlx::query_scalar(&w.schema.render(
@@ -252,6 +268,12 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
     nats.up();
     wait_state(&breaker, CircuitState::Closed, Duration::from_secs(60)).await;
     w.wait_drained(Duration::from_secs(60)).await;
+    assert!(w
+        .stats()
+        .await
+        .members
+        .iter()
+        .all(|m| m.circuit == "closed"));
     stop.cancel();
     h.await.unwrap();
 

@@ -17,4 +17,4 @@ pub use message::{Message, NewMessage};
 pub use retry::RetryPolicy;
 pub use routing::DestinationTemplate;
 pub use sink::{Envelope, Sink, SinkError};
-pub use store::{MemberId, Outcome, Stats, Store};
+pub use store::{BlockedKey, MemberId, OnFailed, Outcome, Stats, Store};

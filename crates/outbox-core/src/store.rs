@@ -75,6 +75,43 @@ impl Outcome {
     }
 }
 
+/// What a `failed` message means for the later messages of its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnFailed {
+    /// Later messages of the key wait until the failed one is redriven or removed: per-key
+    /// order holds without exception. The default.
+    #[default]
+    Block,
+    /// Later messages of the key flow on; the failed one stays `failed`, visible and
+    /// redrivable, and arrives out of order if redriven.
+    Skip,
+}
+
+impl std::str::FromStr for OnFailed {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "block" => Ok(OnFailed::Block),
+            "skip" => Ok(OnFailed::Skip),
+            other => Err(format!("`{other}` is not block or skip")),
+        }
+    }
+}
+
+/// A key whose head message is waiting for a retry or has failed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BlockedKey {
+    /// The ordering key.
+    pub key: String,
+    /// `retrying` or `failed`.
+    pub state: String,
+    /// Attempts made on the head message.
+    pub attempts: i32,
+    /// The head message's last error.
+    pub last_error: Option<String>,
+}
+
 /// Counts for `outbox status`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Stats {
@@ -92,6 +129,8 @@ pub struct Stats {
     pub blocked_keys: i64,
     /// Live relay members and the partitions each owns.
     pub members: Vec<MemberStatus>,
+    /// Up to 20 blocked keys, with the head message's error.
+    pub blocked: Vec<BlockedKey>,
 }
 
 /// One relay member as seen by `outbox status`.
@@ -103,6 +142,10 @@ pub struct MemberStatus {
     pub partitions: i64,
     /// Last heartbeat.
     pub heartbeat_at: DateTime<Utc>,
+    /// The member's circuit breaker towards its sink: `closed`, `open` or `half-open`.
+    pub circuit: String,
+    /// The sink's last error while the circuit is not closed.
+    pub sink_error: Option<String>,
 }
 
 /// A database that holds outbox rows and coordinates relay members.
@@ -123,18 +166,29 @@ pub trait Store: Send + Sync {
     async fn renew(&self, member: &MemberId, lease: Duration) -> Result<usize>;
 
     /// Up to `limit` due pending messages of `partitions` (those `member` owns), in sequence
-    /// order. A key whose earliest pending message is waiting for a retry, or that has a
-    /// failed message, contributes nothing. Holds no transaction open after it returns.
+    /// order within each key. A key whose earliest pending message is waiting for a retry
+    /// contributes nothing; nor, with [`OnFailed::Block`], does a key that has a failed
+    /// message. Holds no transaction open after it returns.
     async fn claim(
         &self,
         member: &MemberId,
         partitions: &[i32],
         limit: usize,
+        on_failed: OnFailed,
     ) -> Result<Vec<Message>>;
 
     /// Records `outcomes` in one statement. Rows in partitions `member` no longer owns are left
     /// untouched (their new owner will deliver them again). Returns how many rows changed.
     async fn complete(&self, member: &MemberId, outcomes: &[Outcome]) -> Result<u64>;
+
+    /// Records the state of `member`'s circuit breaker (`closed`, `open`, `half-open`) and the
+    /// sink's last error, for `outbox status`.
+    async fn report_health(
+        &self,
+        member: &MemberId,
+        circuit: &str,
+        sink_error: Option<&str>,
+    ) -> Result<()>;
 
     /// Gives back every partition of `member` and its membership, so others take over at once.
     async fn release(&self, member: &MemberId) -> Result<()>;

@@ -2,8 +2,9 @@
 -- pending rows in seq order (at most $4 rows), read through the (partition, seq) index, so the
 -- cost follows the batch size, not the backlog. A key lives in one partition, so a prefix per
 -- partition keeps every key's rows in order. Keys whose earliest pending row waits for a retry,
--- or that hold a failed row, are skipped whole. Reads only; no lock outlives the statement.
--- $1 member, $2 partitions (int2[]), $3 limit, $4 rows per partition
+-- or (when $5, the default `block` policy) that hold a failed row, are skipped whole.
+-- Reads only; no lock outlives the statement.
+-- $1 member, $2 partitions (int2[]), $3 limit, $4 rows per partition, $5 failed rows block
 WITH owned AS (
     SELECT p.partition FROM {schema}.outbox_partitions AS p
     WHERE p.owner = $1 AND p.lease_until > now() AND p.partition = ANY ($2::int2[])
@@ -13,7 +14,7 @@ WITH owned AS (
       AND b.partition = ANY ($2::int2[])
     UNION
     SELECT f.aggregate_id FROM {schema}.outbox AS f
-    WHERE f.state = 'failed' AND f.partition = ANY ($2::int2[])
+    WHERE $5::boolean AND f.state = 'failed' AND f.partition = ANY ($2::int2[])
 )
 SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
        o.payload::text AS payload, o.headers::text AS headers, o.topic, o.created_at, o.attempts

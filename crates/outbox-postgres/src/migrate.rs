@@ -7,8 +7,14 @@ use crate::error::map_sqlx_error;
 use crate::schema::Schema;
 
 /// Every migration, in order: (version, name, SQL with `{schema}` placeholders).
-pub const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "outbox", include_str!("../migrations/0001_outbox.sql"))];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "outbox", include_str!("../migrations/0001_outbox.sql")),
+    (
+        2,
+        "member health",
+        include_str!("../migrations/0002_member_health.sql"),
+    ),
+];
 
 /// Creates `schema` if needed and applies the migrations it lacks, in one transaction per run.
 /// Safe to run concurrently and repeatedly. Returns the versions applied now (empty when the

@@ -5,7 +5,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::store::MemberStatus;
-use outbox_core::{MemberId, Message, NewMessage, Outcome, Result, Stats, Store};
+use outbox_core::{
+    BlockedKey, MemberId, Message, NewMessage, OnFailed, Outcome, Result, Stats, Store,
+};
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::{PgPool, Row};
 use tokio::sync::watch;
@@ -28,6 +30,8 @@ struct Queries {
     release: String,
     stats: String,
     members: String,
+    blocked: String,
+    report_health: String,
 }
 
 impl Queries {
@@ -43,6 +47,8 @@ impl Queries {
             release: schema.render(include_str!("../queries/release.sql")),
             stats: schema.render(include_str!("../queries/stats.sql")),
             members: schema.render(include_str!("../queries/members.sql")),
+            blocked: schema.render(include_str!("../queries/blocked.sql")),
+            report_health: schema.render(include_str!("../queries/report_health.sql")),
         }
     }
 }
@@ -177,6 +183,7 @@ impl Store for PgStore {
         member: &MemberId,
         partitions: &[i32],
         limit: usize,
+        on_failed: OnFailed,
     ) -> Result<Vec<Message>> {
         if partitions.is_empty() || limit == 0 {
             return Ok(Vec::new());
@@ -199,6 +206,7 @@ impl Store for PgStore {
             .bind(partitions_param(partitions))
             .bind(limit as i64)
             .bind(per_partition as i64)
+            .bind(on_failed == OnFailed::Block)
             .fetch_all(&mut *tx)
             .await
             .map_err(err)?;
@@ -307,10 +315,24 @@ impl Store for PgStore {
                     member: m.try_get("member")?,
                     heartbeat_at: m.try_get::<DateTime<Utc>, _>("heartbeat_at")?,
                     partitions: m.try_get("partitions")?,
+                    circuit: m.try_get("circuit")?,
+                    sink_error: m.try_get("sink_error")?,
                 })
             })
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| map_sqlx_error("reading relay members", e))?;
+        let blocked = sqlx::query_as::<_, (String, String, i32, Option<String>)>(&self.q.blocked)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("reading blocked keys", e))?
+            .into_iter()
+            .map(|(key, state, attempts, last_error)| BlockedKey {
+                key,
+                state,
+                attempts,
+                last_error,
+            })
+            .collect();
         Ok(Stats {
             pending: get("pending")?,
             oldest_pending_age_seconds: r
@@ -321,7 +343,24 @@ impl Store for PgStore {
             retrying: get("retrying")?,
             blocked_keys: get("blocked_keys")?,
             members,
+            blocked,
         })
+    }
+
+    async fn report_health(
+        &self,
+        member: &MemberId,
+        circuit: &str,
+        sink_error: Option<&str>,
+    ) -> Result<()> {
+        sqlx::query(&self.q.report_health)
+            .bind(member.as_str())
+            .bind(circuit)
+            .bind(sink_error)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("recording the circuit state", e))?;
+        Ok(())
     }
 
     async fn insert(&self, messages: &[NewMessage]) -> Result<()> {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use outbox_core::{DestinationTemplate, RetryPolicy};
+use outbox_core::{DestinationTemplate, OnFailed, RetryPolicy};
 
 /// Default rows per claim.
 pub const DEFAULT_BATCH_SIZE: usize = 1000;
@@ -30,6 +30,8 @@ pub struct RelayConfig {
     pub retry: RetryPolicy,
     /// Destination template.
     pub destination: DestinationTemplate,
+    /// Whether a `failed` message holds back the later messages of its key (the default) or not.
+    pub on_failed: OnFailed,
     /// Failed publish calls in a row that open the sink's circuit breaker.
     pub breaker_threshold: u32,
     /// Prefix of member ids (host and process id by default), for `outbox status`.
@@ -46,6 +48,7 @@ impl Default for RelayConfig {
             lease: DEFAULT_LEASE,
             retry: RetryPolicy::default(),
             destination: DestinationTemplate::default(),
+            on_failed: OnFailed::Block,
             breaker_threshold: crate::breaker::DEFAULT_THRESHOLD,
             member_prefix: format!("relay-{}", std::process::id()),
         }

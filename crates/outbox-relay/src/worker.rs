@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::breaker::{Breaker, Permit};
+use crate::breaker::{Breaker, CircuitState, Permit};
 use crate::config::RelayConfig;
 use crate::deliver::{envelope, waves};
 use crate::metrics::RelayMetrics;
@@ -79,6 +79,7 @@ impl Worker {
             renewed_at: Instant::now(),
         };
         let mut backoff = StoreBackoff::new();
+        let mut reported = CircuitState::Closed;
         while !self.shutdown.is_cancelled() {
             let now = Instant::now();
             if now >= lease.next_rebalance || lease.valid_until <= now + self.cfg.lease_margin() {
@@ -122,7 +123,11 @@ impl Worker {
             };
             self.wake.borrow_and_update();
             let t_claim = Instant::now();
-            let batch = match self.store.claim(&self.id, &lease.partitions, limit).await {
+            let batch = match self
+                .store
+                .claim(&self.id, &lease.partitions, limit, self.cfg.on_failed)
+                .await
+            {
                 Ok(b) => {
                     backoff.ok(&self.id);
                     b
@@ -143,6 +148,7 @@ impl Worker {
             RelayMetrics::add(&self.metrics.batches, 1);
             let t_publish = Instant::now();
             let outcomes = self.publish(&batch, &mut lease).await;
+            self.report_circuit(&mut reported).await;
             if permit == Permit::Probe {
                 // A probe that never reached the broker (a malformed row, a short lease) must
                 // not leave the circuit waiting for its verdict.
@@ -171,6 +177,23 @@ impl Worker {
     /// How often to extend the lease while publishing a long batch.
     fn renew_every(&self) -> Duration {
         (self.cfg.lease / 3).max(Duration::from_millis(100))
+    }
+
+    /// Writes the circuit state to the member row when it changed, so `outbox status` shows an
+    /// outage as the relay sees it.
+    async fn report_circuit(&self, reported: &mut CircuitState) {
+        let (state, error) = self.breaker.snapshot();
+        if state == *reported {
+            return;
+        }
+        match self
+            .store
+            .report_health(&self.id, state.as_str(), error.as_deref())
+            .await
+        {
+            Ok(()) => *reported = state,
+            Err(error) => debug!(member = %self.id, %error, "could not record the circuit state"),
+        }
     }
 
     /// Waits for a notification, the poll interval, the next rebalance or shutdown.

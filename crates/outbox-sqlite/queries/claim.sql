@@ -1,9 +1,10 @@
 -- Due pending rows of the member's partitions, in seq order, read through the pending index
 -- (only pending rows, already in seq order: no sort, and the scan stops at the limit). A key
 -- lives in one partition, so keeping whole partitions keeps every key's rows in order. Keys
--- whose earliest pending row waits for a retry, or that hold a failed row, are skipped whole.
+-- whose earliest pending row waits for a retry, or (under the default `block` policy, ?5) that
+-- hold a failed row, are skipped whole.
 -- One read statement; no lock outlives it.
--- ?1 member, ?2 partitions (JSON array), ?3 now (unix ms), ?4 limit
+-- ?1 member, ?2 partitions (JSON array), ?3 now (unix ms), ?4 limit, ?5 failed rows block (1/0)
 WITH owned AS (
     SELECT p.partition FROM outbox_partitions AS p
     WHERE p.owner = ?1 AND p.lease_until > ?3
@@ -14,7 +15,7 @@ WITH owned AS (
       AND b.partition IN (SELECT partition FROM owned)
     UNION
     SELECT f.aggregate_id FROM outbox AS f
-    WHERE f.state = 'failed' AND f.partition IN (SELECT partition FROM owned)
+    WHERE ?5 AND f.state = 'failed' AND f.partition IN (SELECT partition FROM owned)
 )
 SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers,
        o.topic, CAST(round((julianday(o.created_at) - 2440587.5) * 86400000) AS INTEGER) AS created_ms,

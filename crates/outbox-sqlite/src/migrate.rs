@@ -6,8 +6,14 @@ use sqlx::SqlitePool;
 use crate::error::map_sqlx_error;
 
 /// Every migration, in order: (version, name, SQL).
-pub const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "outbox", include_str!("../migrations/0001_outbox.sql"))];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "outbox", include_str!("../migrations/0001_outbox.sql")),
+    (
+        2,
+        "member health",
+        include_str!("../migrations/0002_member_health.sql"),
+    ),
+];
 
 /// Applies the migrations the database lacks, all in one transaction, and records them in
 /// `outbox_migrations`. Safe to run concurrently (from several processes too) and repeatedly:
@@ -68,7 +74,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let url = format!("sqlite://{}", dir.join("outbox.db").display());
         let pool = crate::connect_pool(&url).await.unwrap();
-        assert_eq!(migrate(&pool).await.unwrap(), vec![1]);
+        assert_eq!(migrate(&pool).await.unwrap(), vec![1, 2]);
         (pool, dir)
     }
 

@@ -10,7 +10,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
 use outbox_core::store::MemberStatus;
-use outbox_core::{Error, ErrorKind, MemberId, Message, NewMessage, Outcome, Result, Stats, Store};
+use outbox_core::{
+    BlockedKey, Error, ErrorKind, MemberId, Message, NewMessage, OnFailed, Outcome, Result, Stats,
+    Store,
+};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
@@ -48,6 +51,8 @@ const RELEASE_PARTITIONS: &str = include_str!("../queries/release_partitions.sql
 const RELEASE_MEMBER: &str = include_str!("../queries/release_member.sql");
 const STATS: &str = include_str!("../queries/stats.sql");
 const MEMBERS: &str = include_str!("../queries/members.sql");
+const BLOCKED: &str = include_str!("../queries/blocked.sql");
+const REPORT_HEALTH: &str = include_str!("../queries/report_health.sql");
 
 /// Connection options for `url`: `sqlite://path`, `sqlite:path`, or `sqlite://` with no path
 /// meaning [`DEFAULT_PATH`]; a query string (`?mode=ro`, …) is kept. The file is created if
@@ -273,6 +278,7 @@ impl Store for SqliteStore {
         member: &MemberId,
         partitions: &[i32],
         limit: usize,
+        on_failed: OnFailed,
     ) -> Result<Vec<Message>> {
         if partitions.is_empty() || limit == 0 {
             return Ok(Vec::new());
@@ -282,6 +288,7 @@ impl Store for SqliteStore {
             .bind(partitions_json(partitions))
             .bind(now_ms())
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(on_failed == OnFailed::Block)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| map_sqlx_error("claiming pending messages", e))?;
@@ -363,11 +370,25 @@ impl Store for SqliteStore {
                 })?;
                 Ok(MemberStatus {
                     partitions: m.try_get("partitions").map_err(get)?,
+                    circuit: m.try_get("circuit").map_err(get)?,
+                    sink_error: m.try_get("sink_error").map_err(get)?,
                     member,
                     heartbeat_at,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let blocked = sqlx::query_as::<_, (String, String, i32, Option<String>)>(BLOCKED)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("reading blocked keys", e))?
+            .into_iter()
+            .map(|(key, state, attempts, last_error)| BlockedKey {
+                key,
+                state,
+                attempts,
+                last_error,
+            })
+            .collect();
         Ok(Stats {
             pending: r.try_get("pending").map_err(err)?,
             oldest_pending_age_seconds: r.try_get("oldest_pending_age_seconds").map_err(err)?,
@@ -376,7 +397,24 @@ impl Store for SqliteStore {
             retrying: r.try_get("retrying").map_err(err)?,
             blocked_keys: r.try_get("blocked_keys").map_err(err)?,
             members,
+            blocked,
         })
+    }
+
+    async fn report_health(
+        &self,
+        member: &MemberId,
+        circuit: &str,
+        sink_error: Option<&str>,
+    ) -> Result<()> {
+        sqlx::query(REPORT_HEALTH)
+            .bind(member.as_str())
+            .bind(circuit)
+            .bind(sink_error)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("recording the circuit state", e))?;
+        Ok(())
     }
 
     async fn insert(&self, messages: &[NewMessage]) -> Result<()> {

@@ -24,7 +24,7 @@ fn fresh_url() -> (String, PathBuf) {
 async fn setup() -> (SqlitePool, PathBuf) {
     let (url, dir) = fresh_url();
     let pool = connect_pool(&url).await.unwrap();
-    assert_eq!(migrate(&pool).await.unwrap(), vec![1]);
+    assert_eq!(migrate(&pool).await.unwrap(), vec![1, 2]);
     (pool, dir)
 }
 
@@ -128,7 +128,10 @@ async fn minimal_raw_insert_gets_uuid_v7_partition_and_created_at() {
     let store = SqliteStore::new(pool.clone());
     let m = MemberId::random("raw");
     let parts = store.rebalance(&m, Duration::from_secs(30)).await.unwrap();
-    let got = store.claim(&m, &parts, 100).await.unwrap();
+    let got = store
+        .claim(&m, &parts, 100, outbox_core::OnFailed::Block)
+        .await
+        .unwrap();
     assert_eq!(got[0].id, uuid);
     assert_eq!(got[0].payload, r#"{"total": 42,  "note": "spaces kept"}"#);
     assert_eq!(got[0].created_at, created.with_timezone(&Utc));
@@ -256,7 +259,7 @@ async fn migrate_is_idempotent() {
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(versions, vec![1]);
+    assert_eq!(versions, vec![1, 2]);
     teardown(pool, dir).await;
 }
 
@@ -271,7 +274,7 @@ async fn concurrent_migrators_apply_each_version_once() {
     let (ra, rb) = tokio::join!(migrate(&a), migrate(&b));
     let mut applied = [ra.unwrap(), rb.unwrap()];
     applied.sort();
-    assert_eq!(applied, [vec![], vec![1]]);
+    assert_eq!(applied, [vec![], vec![1, 2]]);
     b.close().await;
     teardown(a, dir).await;
 }

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{MemberId, NewMessage, Outcome, Store};
+use outbox_core::{MemberId, NewMessage, OnFailed, Outcome, Store};
 
 /// Expands to one `#[tokio::test]` per conformance case, each calling `$factory().await` for a
 /// fresh store.
@@ -30,7 +30,10 @@ macro_rules! store_conformance_suite {
             expired_lease_is_taken_over,
             release_frees_partitions_at_once,
             stats_report_pending_age_failed_and_published,
-            insert_keeps_order_within_a_key
+            insert_keeps_order_within_a_key,
+            skip_policy_lets_a_failed_keys_later_rows_flow,
+            blocked_keys_are_listed_with_the_heads_error,
+            circuit_state_is_reported_per_member
         );
     };
 }
@@ -66,7 +69,10 @@ async fn claim_all(
     m: &MemberId,
     parts: &[i32],
 ) -> Vec<outbox_core::Message> {
-    store.claim(m, parts, 10_000).await.unwrap()
+    store
+        .claim(m, parts, 10_000, OnFailed::Block)
+        .await
+        .unwrap()
 }
 
 /// Rows come back in the order they were inserted.
@@ -105,7 +111,14 @@ pub async fn claim_respects_limit(store: Arc<dyn Store>) {
     let msgs: Vec<_> = (0..50).map(|i| msg(&format!("k{i}"), i)).collect();
     store.insert(&msgs).await.unwrap();
     let (m, parts) = sole_member(&store).await;
-    assert_eq!(store.claim(&m, &parts, 7).await.unwrap().len(), 7);
+    assert_eq!(
+        store
+            .claim(&m, &parts, 7, OnFailed::Block)
+            .await
+            .unwrap()
+            .len(),
+        7
+    );
 }
 
 /// Members converge to disjoint, fair shares that cover every partition.
@@ -157,7 +170,11 @@ pub async fn claim_reads_only_owned_partitions(store: Arc<dyn Store>) {
     let ga = claim_all(&store, &a, &pa).await;
     let gb = claim_all(&store, &b, &pb).await;
     // Asking for another member's partitions yields nothing.
-    assert!(store.claim(&a, &pb, 1000).await.unwrap().is_empty());
+    assert!(store
+        .claim(&a, &pb, 1000, OnFailed::Block)
+        .await
+        .unwrap()
+        .is_empty());
     let ids_a: HashSet<_> = ga.iter().map(|r| r.id).collect();
     let ids_b: HashSet<_> = gb.iter().map(|r| r.id).collect();
     assert!(ids_a.is_disjoint(&ids_b));
@@ -243,7 +260,10 @@ pub async fn complete_is_fenced_after_takeover(store: Arc<dyn Store>) {
     let old = MemberId::random("old");
     let short = Duration::from_millis(800);
     let parts = store.rebalance(&old, short).await.unwrap();
-    let got = store.claim(&old, &parts, 10).await.unwrap();
+    let got = store
+        .claim(&old, &parts, 10, OnFailed::Block)
+        .await
+        .unwrap();
     assert_eq!(got.len(), 1);
     tokio::time::sleep(short + Duration::from_millis(400)).await;
     let new = MemberId::random("new");
@@ -254,7 +274,10 @@ pub async fn complete_is_fenced_after_takeover(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert_eq!(changed, 0, "a fenced member's result must not be recorded");
-    let again = store.claim(&new, &new_parts, 10).await.unwrap();
+    let again = store
+        .claim(&new, &new_parts, 10, OnFailed::Block)
+        .await
+        .unwrap();
     assert_eq!(
         again.iter().map(|r| r.id).collect::<Vec<_>>(),
         vec![got[0].id]
@@ -338,4 +361,97 @@ pub async fn insert_keeps_order_within_a_key(store: Arc<dyn Store>) {
         })
         .collect();
     assert_eq!(ns, (0..100).collect::<Vec<u64>>());
+}
+
+/// With `OnFailed::Skip`, a failed row no longer holds back the rest of its key.
+pub async fn skip_policy_lets_a_failed_keys_later_rows_flow(store: Arc<dyn Store>) {
+    let (a1, a2) = (msg("a", 1), msg("a", 2));
+    store.insert(&[a1.clone(), a2.clone()]).await.unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    store
+        .complete(
+            &m,
+            &[Outcome::Failed {
+                seq: got[0].seq,
+                error: "poison".into(),
+            }],
+        )
+        .await
+        .unwrap();
+    assert!(
+        claim_all(&store, &m, &parts).await.is_empty(),
+        "block is the default"
+    );
+    let skip = store.claim(&m, &parts, 100, OnFailed::Skip).await.unwrap();
+    assert_eq!(skip.iter().map(|r| r.id).collect::<Vec<_>>(), vec![a2.id]);
+}
+
+/// `stats` names blocked keys with the head message's state and error.
+pub async fn blocked_keys_are_listed_with_the_heads_error(store: Arc<dyn Store>) {
+    store
+        .insert(&[msg("a", 1), msg("a", 2), msg("b", 1), msg("c", 1)])
+        .await
+        .unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    let seq_of = |key: &str| got.iter().find(|r| r.aggregate_id == key).unwrap().seq;
+    store
+        .complete(
+            &m,
+            &[
+                Outcome::Failed {
+                    seq: seq_of("a"),
+                    error: "too large".into(),
+                },
+                Outcome::Retry {
+                    seq: seq_of("b"),
+                    error: "timeout".into(),
+                    delay: Duration::from_secs(60),
+                },
+                Outcome::Published { seq: seq_of("c") },
+            ],
+        )
+        .await
+        .unwrap();
+    let s = store.stats().await.unwrap();
+    assert_eq!(s.blocked_keys, 2);
+    let mut blocked: Vec<_> = s
+        .blocked
+        .iter()
+        .map(|b| {
+            (
+                b.key.as_str(),
+                b.state.as_str(),
+                b.attempts,
+                b.last_error.as_deref(),
+            )
+        })
+        .collect();
+    blocked.sort();
+    assert_eq!(
+        blocked,
+        vec![
+            ("a", "failed", 1, Some("too large")),
+            ("b", "retrying", 1, Some("timeout"))
+        ]
+    );
+}
+
+/// A member's circuit breaker state shows in `stats`.
+pub async fn circuit_state_is_reported_per_member(store: Arc<dyn Store>) {
+    let (m, _) = sole_member(&store).await;
+    assert_eq!(store.stats().await.unwrap().members[0].circuit, "closed");
+    store
+        .report_health(&m, "open", Some("nats: connection lost"))
+        .await
+        .unwrap();
+    let s = store.stats().await.unwrap();
+    assert_eq!(s.members[0].circuit, "open");
+    assert_eq!(
+        s.members[0].sink_error.as_deref(),
+        Some("nats: connection lost")
+    );
+    store.report_health(&m, "closed", None).await.unwrap();
+    assert_eq!(store.stats().await.unwrap().members[0].sink_error, None);
 }

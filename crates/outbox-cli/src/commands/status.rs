@@ -23,12 +23,32 @@ pub async fn run(db: DbSettings, format: Format) -> anyhow::Result<ExitCode> {
             println!("published           {}", s.published);
             println!("relay members       {}", s.members.len());
             for m in &s.members {
+                let err = m
+                    .sink_error
+                    .as_deref()
+                    .map(|e| format!("  sink error: {e}"))
+                    .unwrap_or_default();
                 println!(
-                    "  {}  partitions={}  heartbeat={}",
+                    "  {}  partitions={}  circuit={}  heartbeat={}{err}",
                     m.member,
                     m.partitions,
+                    m.circuit,
                     m.heartbeat_at.to_rfc3339()
                 );
+            }
+            if !s.blocked.is_empty() {
+                println!(
+                    "blocked keys (head message waiting or failed; later messages of the key wait)"
+                );
+                for b in &s.blocked {
+                    println!(
+                        "  {}  {} after {} attempt(s): {}",
+                        b.key,
+                        b.state,
+                        b.attempts,
+                        b.last_error.as_deref().unwrap_or("-")
+                    );
+                }
             }
         }
     }
