@@ -487,9 +487,12 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             loop {
                 let wait = interval.mul_f64(0.5 + rng.f64());
                 tokio::time::sleep(wait).await;
-                if stop.is_cancelled()
-                    || started.elapsed() + Duration::from_secs(3) > duration
-                    || kinds.is_empty()
+                // Every requested kind is injected at least once, even if that outlasts the load.
+                let all_done = i >= order.len();
+                if kinds.is_empty()
+                    || (all_done
+                        && (stop.is_cancelled()
+                            || started.elapsed() + Duration::from_secs(3) > duration))
                 {
                     return anyhow::Ok(());
                 }
