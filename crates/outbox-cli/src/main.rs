@@ -21,8 +21,10 @@ fn main() -> ExitCode {
         cli::Command::Bench(_)
         | cli::Command::Verify(_)
         | cli::Command::Status(_)
-        | cli::Command::Migrate(_) => "warn",
-        cli::Command::Relay(_) => "info,sqlx=warn",
+        | cli::Command::Migrate(_) => "warn,sqlx=error",
+        // sqlx warns about each broken pooled connection during a database restart; the relay
+        // reports the outage itself, once per backoff step.
+        cli::Command::Relay(_) => "info,sqlx=error",
     };
     init_tracing(&cli.log_format, default_filter);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -21,12 +21,11 @@ pub struct Delivered {
 }
 
 /// The broker and an independent reader of what reached it.
+// One value per command run: its size does not matter, boxing would only add noise.
+#[allow(clippy::large_enum_variant)]
 pub enum Broker {
-    File {
-        path: PathBuf,
-        offset: u64,
-        partial: String,
-    },
+    /// JSON-lines files: the `file:` sink's, or each relay's standard output (`stdout:`).
+    Files(Vec<Tail>),
     Nats {
         js: async_nats::jetstream::Context,
         stream: String,
@@ -46,11 +45,7 @@ impl Broker {
         {
             let _ = std::fs::remove_file(path);
             let sink = outbox_sinks::connect(url).await?;
-            let broker = Self::File {
-                path: PathBuf::from(path),
-                offset: 0,
-                partial: String::new(),
-            };
+            let broker = Self::Files(vec![Tail::new(PathBuf::from(path))]);
             Ok((broker, sink, DestinationTemplate::parse("{event_type}")?))
         } else if url.starts_with("nats://") {
             use async_nats::jetstream;
@@ -96,37 +91,37 @@ impl Broker {
         }
     }
 
+    /// A reader of each relay's standard output, for the `stdout:` sink.
+    pub fn stdout_files(paths: Vec<PathBuf>) -> (Self, DestinationTemplate) {
+        let tails = paths.into_iter().map(Tail::new).collect();
+        (Self::Files(tails), DestinationTemplate::default())
+    }
+
     /// Everything that arrived since the last call.
     pub async fn poll(&mut self) -> anyhow::Result<Vec<Delivered>> {
         let mut out = Vec::new();
         match self {
-            Self::File {
-                path,
-                offset,
-                partial,
-            } => {
-                let bytes = match std::fs::read(&*path) {
-                    Ok(b) => b,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-                    Err(e) => return Err(e.into()),
-                };
-                let new = bytes.get(*offset as usize..).unwrap_or_default();
-                *offset = bytes.len() as u64;
-                partial.push_str(&String::from_utf8_lossy(new));
-                while let Some(nl) = partial.find('\n') {
-                    let line: String = partial.drain(..=nl).collect();
-                    let v: serde_json::Value = serde_json::from_str(line.trim_end())?;
-                    out.push(parse_event(
-                        &v["id"],
-                        v["key"].as_str().unwrap_or_default(),
-                        &v["payload"],
-                    )?);
+            Self::Files(tails) => {
+                for tail in tails.iter_mut() {
+                    for line in tail.read_lines()? {
+                        let v: serde_json::Value = serde_json::from_str(&line)?;
+                        out.push(parse_event(
+                            &v["id"],
+                            v["key"].as_str().unwrap_or_default(),
+                            &v["payload"],
+                        )?);
+                    }
                 }
             }
             Self::Nats { messages, .. } => {
-                while let Ok(Some(m)) =
-                    tokio::time::timeout(Duration::from_millis(20), messages.next()).await
-                {
+                // Bounded, so a caller polling a busy stream gets control back regularly.
+                let until = tokio::time::Instant::now() + Duration::from_millis(250);
+                while tokio::time::Instant::now() < until {
+                    let Ok(Some(m)) =
+                        tokio::time::timeout(Duration::from_millis(20), messages.next()).await
+                    else {
+                        break;
+                    };
                     let m = m?;
                     let id = m
                         .headers
@@ -150,9 +145,10 @@ impl Broker {
 
     pub fn describe(&self) -> String {
         match self {
-            Self::File { path, .. } => {
-                format!("file {} (one JSON object per line)", path.display())
+            Self::Files(t) if t.len() == 1 => {
+                format!("file {} (one JSON object per line)", t[0].path.display())
             }
+            Self::Files(t) => format!("the standard output of {} relay processes", t.len()),
             Self::Nats { stream, .. } => format!("NATS JetStream stream {stream}"),
         }
     }
@@ -178,4 +174,46 @@ fn parse_event(
         payload: payload.clone(),
         key: key.to_string(),
     })
+}
+
+/// Reads a growing JSON-lines file from where the last read stopped.
+pub struct Tail {
+    path: PathBuf,
+    offset: u64,
+    partial: String,
+}
+
+impl Tail {
+    /// A reader of `path` from its start (the file may not exist yet).
+    pub fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            offset: 0,
+            partial: String::new(),
+        }
+    }
+
+    /// Complete lines appended since the last call.
+    fn read_lines(&mut self) -> anyhow::Result<Vec<String>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = match std::fs::File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        f.seek(SeekFrom::Start(self.offset))?;
+        let mut new = Vec::new();
+        f.read_to_end(&mut new)?;
+        self.offset += new.len() as u64;
+        self.partial.push_str(&String::from_utf8_lossy(&new));
+        let mut lines = Vec::new();
+        while let Some(nl) = self.partial.find('\n') {
+            let line: String = self.partial.drain(..=nl).collect();
+            let line = line.trim_end();
+            if !line.is_empty() {
+                lines.push(line.to_string());
+            }
+        }
+        Ok(lines)
+    }
 }

@@ -237,6 +237,8 @@ struct Relays {
     args: Vec<String>,
     logs: PathBuf,
     restarts: usize,
+    /// Send each relay's standard output to `relay-<i>.stdout.jsonl` (the `stdout:` sink).
+    capture_stdout: bool,
 }
 
 impl Relays {
@@ -246,11 +248,21 @@ impl Relays {
             .append(true)
             .open(self.logs.join(format!("relay-{i}.log")))?;
         self.restarts += 1;
+        let stdout = if self.capture_stdout {
+            Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.logs.join(format!("relay-{i}.stdout.jsonl")))?,
+            )
+        } else {
+            Stdio::null()
+        };
         Command::new(std::env::current_exe()?)
             .args(&self.args)
             .env("OUTBOX_LOG", "warn")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(log)
             .spawn()
             .context("starting a relay process")
@@ -365,7 +377,17 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let (db, relay_db_url, place) = VerifyDb::open(&db_url, &tmp).await?;
     let db = Arc::new(db);
     let store = db.store();
-    let (mut broker, _sink, destination) = Broker::open(&sink_url, "verify").await?;
+    // `stdout:` relays print their messages; each relay's output goes to a file of its own that
+    // the consumer tails (appended across restarts of that relay).
+    let stdout_paths: Vec<PathBuf> = (0..plan.relays)
+        .map(|i| tmp.join(format!("relay-{i}.stdout.jsonl")))
+        .collect();
+    let (mut broker, destination) = if sink_url == "stdout:" {
+        Broker::stdout_files(stdout_paths.clone())
+    } else {
+        let (b, _sink, d) = Broker::open(&sink_url, "verify").await?;
+        (b, d)
+    };
     if args.format == Format::Text {
         println!(
             "outbox verify: seed {seed}, {} relays, {} producers, {} keys, {:?} of load, faults {:?}",
@@ -409,6 +431,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         args: relay_args,
         logs: tmp.clone(),
         restarts: 0,
+        capture_stdout: sink_url == "stdout:",
     };
     for i in 0..plan.relays {
         let c = relays.spawn_one(i)?;
