@@ -6,12 +6,11 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{header, payload_json, World};
+use common::{assert_key_order, deliveries, World};
 use outbox_core::{NewMessage, Store};
 use outbox_relay::{CircuitState, Relay};
 use outbox_sinks::nats::{NatsConfig, NatsSink};
@@ -303,19 +302,19 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
         .unwrap();
     use futures::StreamExt;
     let mut msgs = consumer.messages().await.unwrap();
-    let mut next: HashMap<String, u64> = HashMap::new();
+    let mut got = Vec::new();
     for _ in 0..200 {
-        let m = tokio::time::timeout(Duration::from_secs(5), msgs.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        let key = header(&m, "outbox-aggregate-id").unwrap();
-        let n = payload_json(&m)["n"].as_u64().unwrap();
-        let e = next.entry(key.clone()).or_insert(0);
-        assert_eq!(n, *e, "key {key} out of order");
-        *e += 1;
+        got.push(
+            tokio::time::timeout(Duration::from_secs(5), msgs.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap(),
+        );
     }
+    assert!(assert_key_order(deliveries(&got))
+        .values()
+        .all(|&n| n == 20));
     w.drop_all().await;
 }
 
@@ -386,13 +385,8 @@ async fn disruptive_relay_survives_a_postgres_restart_and_delivers_everything() 
     assert_eq!(outbox_relay::RelayMetrics::get(&metrics.published), 800);
     let got = w.read_all(800, Duration::from_secs(30)).await;
     assert_eq!(got.len(), 800);
-    let mut next: HashMap<String, u64> = HashMap::new();
-    for m in &got {
-        let key = header(m, "outbox-aggregate-id").unwrap();
-        let n = payload_json(m)["n"].as_u64().unwrap();
-        let e = next.entry(key.clone()).or_insert(0);
-        assert_eq!(n, *e, "key {key} out of order");
-        *e += 1;
-    }
+    assert!(assert_key_order(deliveries(&got))
+        .values()
+        .all(|&n| n == 40));
     w.drop_all().await;
 }

@@ -4,11 +4,11 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{header, outbox_bin, payload_json, World};
+use common::{assert_key_order, deliveries, header, outbox_bin, sigterm, wait_exit, World};
 use outbox_core::{NewMessage, Store};
 
 fn outbox() -> Command {
@@ -55,28 +55,6 @@ fn relay(w: &World, extra: &[&str]) -> Child {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap()
-}
-
-fn sigterm(child: &Child) {
-    let ok = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(ok.success());
-}
-
-fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "relay did not exit within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 async fn owners(w: &World) -> Vec<String> {
@@ -151,14 +129,8 @@ async fn relay_killed_with_sigkill_mid_batch_loses_nothing_and_its_leases_are_ta
         .map(|m| header(m, "outbox-message-id").unwrap())
         .collect();
     assert_eq!(ids.len(), keys * per_key, "lost messages");
-    let mut next: HashMap<String, u64> = HashMap::new();
-    for m in &got {
-        let key = header(m, "outbox-aggregate-id").unwrap();
-        let n = payload_json(m)["n"].as_u64().unwrap();
-        let e = next.entry(key.clone()).or_insert(0);
-        assert_eq!(n, *e, "key {key} out of order");
-        *e += 1;
-    }
+    let per_key_got = assert_key_order(deliveries(&got));
+    assert!(per_key_got.values().all(|&n| n as usize == per_key));
     w.drop_all().await;
 }
 

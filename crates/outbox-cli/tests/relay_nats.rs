@@ -120,28 +120,21 @@ async fn rolled_back_transaction_publishes_nothing() {
     w.drop_all().await;
 }
 
-/// Checks every key's messages arrived in order and every message arrived.
+/// Checks every key's messages arrived in order and every message arrived once.
 fn assert_complete_and_ordered(
     got: &[async_nats::jetstream::Message],
     keys: usize,
     per_key: usize,
 ) {
-    let mut next: HashMap<String, u64> = HashMap::new();
-    let mut ids = HashSet::new();
-    for m in got {
-        let key = header(m, "outbox-aggregate-id").unwrap();
-        let n = payload_json(m)["n"].as_u64().unwrap();
-        let expect = next.entry(key.clone()).or_insert(0);
-        assert_eq!(n, *expect, "key {key}: got message {n}, expected {expect}");
-        *expect += 1;
-        ids.insert(header(m, "outbox-message-id").unwrap());
-    }
-    assert_eq!(next.len(), keys);
+    let d = common::deliveries(got);
+    let distinct: HashSet<&str> = d.iter().map(|(id, _, _)| id.as_str()).collect();
+    assert_eq!(distinct.len(), keys * per_key);
+    let per = common::assert_key_order(d.iter().cloned());
+    assert_eq!(per.len(), keys);
     assert!(
-        next.values().all(|&v| v as usize == per_key),
+        per.values().all(|&v| v as usize == per_key),
         "some key is incomplete"
     );
-    assert_eq!(ids.len(), keys * per_key);
 }
 
 fn workload(keys: usize, per_key: usize) -> Vec<NewMessage> {
@@ -375,5 +368,40 @@ async fn malformed_headers_fail_the_row_visibly_and_others_flow() {
     .unwrap();
     assert!(err.contains("headers"), "{err}");
     assert_eq!(w.stream_count().await, 1);
+    w.drop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skip_policy_delivers_the_rest_of_a_key_whose_head_failed() {
+    let w = World::new().await;
+    // The key's head cannot be published (its headers are not an object): it fails at once.
+    sqlx::query(&w.schema.render(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+         VALUES ('order', 'k', 'placed', '{\"n\": 0}', '[1]'),
+                ('order', 'k', 'placed', '{\"n\": 1}', '{}'),
+                ('order', 'k', 'placed', '{\"n\": 2}', '{}')",
+    ))
+    .execute(&w.pool)
+    .await
+    .unwrap();
+    let mut cfg = w.relay_config();
+    cfg.on_failed = outbox_core::OnFailed::Skip;
+    let (stop, h) = spawn(Relay::new(w.dyn_store(), Arc::new(nats().await), cfg));
+    wait_failed(&w, 1).await;
+    w.wait_drained(Duration::from_secs(20)).await;
+    stop.cancel();
+    h.await.unwrap();
+    let got = w.read_all(2, Duration::from_secs(10)).await;
+    let ns: Vec<u64> = got
+        .iter()
+        .map(|m| payload_json(m)["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        ns,
+        vec![1, 2],
+        "the rest of the key flows past its failed head, in order"
+    );
+    let s = w.stats().await;
+    assert_eq!((s.failed, s.pending, s.published), (1, 0, 2));
     w.drop_all().await;
 }

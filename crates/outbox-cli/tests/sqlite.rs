@@ -3,7 +3,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{HashMap, HashSet};
+mod common;
+
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -71,18 +73,8 @@ fn lines(out: &Path) -> Vec<serde_json::Value> {
 }
 
 fn sigterm_and_wait(child: &mut Child) -> std::process::ExitStatus {
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "relay did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::sigterm(child);
+    common::wait_exit(child, Duration::from_secs(20))
 }
 
 async fn wait_drained(s: &outbox_sqlite::SqliteStore, limit: Duration) {
@@ -185,18 +177,16 @@ async fn relay_killed_with_sigkill_on_sqlite_loses_nothing_and_the_file_holds_ev
         assert!(ids.contains(&m.id.to_string()), "message {} lost", m.id);
     }
     // First deliveries of each key are in order; a redelivered tail repeats, never reorders.
-    let mut seen = HashSet::new();
-    let mut next: HashMap<String, u64> = HashMap::new();
-    for l in &got {
-        if !seen.insert(l["id"].as_str().unwrap().to_string()) {
-            continue;
-        }
-        let key = l["key"].as_str().unwrap().to_string();
-        let n = l["payload"]["n"].as_u64().unwrap();
-        let e = next.entry(key.clone()).or_insert(0);
-        assert_eq!(n, *e, "key {key} out of order");
-        *e += 1;
-    }
+    let d = got.iter().map(|l| {
+        (
+            l["id"].as_str().unwrap().to_string(),
+            l["key"].as_str().unwrap().to_string(),
+            l["payload"]["n"].as_u64().unwrap(),
+        )
+    });
+    assert!(common::assert_key_order(d)
+        .values()
+        .all(|&n| n as usize == per_key));
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -13,8 +13,17 @@ use std::time::Duration;
 
 use outbox_core::{MemberId, NewMessage, OnFailed, Outcome, Store};
 
+/// A fresh, migrated, empty store for one case, and what removes it afterwards (a schema to
+/// drop, a file to delete), so the suite leaves nothing behind.
+pub struct Fixture {
+    /// The store under test.
+    pub store: Arc<dyn Store>,
+    /// Run after the case passed.
+    pub teardown: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+}
+
 /// Expands to one `#[tokio::test]` per conformance case, each calling `$factory().await` for a
-/// fresh store.
+/// fresh [`Fixture`] and tearing it down after the case.
 #[macro_export]
 macro_rules! store_conformance_suite {
     ($factory:path) => {
@@ -45,7 +54,9 @@ macro_rules! __conformance_cases {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
-                $crate::conformance::$case($factory().await).await;
+                let fixture: $crate::conformance::Fixture = $factory().await;
+                $crate::conformance::$case(fixture.store.clone()).await;
+                fixture.teardown.await;
             }
         )*
     };

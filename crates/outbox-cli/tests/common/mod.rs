@@ -3,6 +3,7 @@
 
 #![allow(dead_code, clippy::unwrap_used)] // each test binary uses a different subset
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -188,4 +189,60 @@ pub fn payload_json(m: &async_nats::jetstream::Message) -> serde_json::Value {
 /// Path of the `outbox` binary built for these tests.
 pub fn outbox_bin() -> &'static str {
     env!("CARGO_BIN_EXE_outbox")
+}
+
+/// (message id, key, `n` from the payload) of each received message, in arrival order.
+pub fn deliveries(msgs: &[async_nats::jetstream::Message]) -> Vec<(String, String, u64)> {
+    msgs.iter()
+        .map(|m| {
+            (
+                header(m, "outbox-message-id").unwrap(),
+                header(m, "outbox-aggregate-id").unwrap(),
+                payload_json(m)["n"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Asserts that each key's messages arrived, at their first delivery, as n = 0, 1, 2, … with no
+/// gap (a redelivered message may repeat later; it must never be new and out of order).
+/// Returns how many distinct messages each key got.
+pub fn assert_key_order(
+    deliveries: impl IntoIterator<Item = (String, String, u64)>,
+) -> HashMap<String, u64> {
+    let mut seen = HashSet::new();
+    let mut next: HashMap<String, u64> = HashMap::new();
+    for (id, key, n) in deliveries {
+        if !seen.insert(id) {
+            continue;
+        }
+        let expect = next.entry(key.clone()).or_insert(0);
+        assert_eq!(n, *expect, "key {key}: got message {n}, expected {expect}");
+        *expect += 1;
+    }
+    next
+}
+
+/// Sends SIGTERM to `child`.
+pub fn sigterm(child: &std::process::Child) {
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+/// Waits for `child` to exit, at most `limit`.
+pub fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "process did not exit within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
