@@ -242,6 +242,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     )?
     .map_or(defaults.poll_interval, |d| d.0);
     at_least(poll_interval, Duration::from_millis(10), "poll interval")?;
+    at_most(poll_interval, Duration::from_secs(3600), "poll interval")?;
     let listen = if args.no_listen {
         false
     } else {
@@ -249,6 +250,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     };
     let lease = pick(args.lease, &["OUTBOX_LEASE"], f.lease)?.map_or(defaults.lease, |d| d.0);
     at_least(lease, Duration::from_millis(500), "lease")?;
+    at_most(lease, Duration::from_secs(3600), "lease")?;
     let max_attempts = pick(args.max_attempts, &["OUTBOX_MAX_ATTEMPTS"], f.max_attempts)?
         .unwrap_or(defaults.retry.max_attempts);
     check(
@@ -268,6 +270,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
         f.on_failed.map(OnFailed::from),
     )?
     .unwrap_or_default();
+    at_most(max, Duration::from_secs(86_400), "backoff max")?;
     if base > max {
         return Err(ConfigError(format!(
             "backoff base {base:?} is longer than backoff max {max:?}"
@@ -299,6 +302,15 @@ fn check(v: usize, min: usize, max: usize, key: &str, what: &str) -> Result<()> 
     if v < min || v > max {
         return Err(ConfigError(format!(
             "{what} {v} is out of range {min}..={max} (flag, environment or {key})"
+        )));
+    }
+    Ok(())
+}
+
+fn at_most(v: Duration, max: Duration, what: &str) -> Result<()> {
+    if v > max {
+        return Err(ConfigError(format!(
+            "{what} {v:?} is longer than the maximum {max:?}"
         )));
     }
     Ok(())

@@ -405,3 +405,39 @@ async fn skip_policy_delivers_the_rest_of_a_key_whose_head_failed() {
     assert_eq!((s.failed, s.pending, s.published), (1, 0, 2));
     w.drop_all().await;
 }
+
+/// A sink that panics on its first call (a bug in a sink, or in the relay).
+struct PanicsOnce<S>(S, std::sync::atomic::AtomicBool);
+
+#[async_trait::async_trait]
+impl<S: Sink> Sink for PanicsOnce<S> {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    async fn publish(
+        &self,
+        batch: &[outbox_core::Envelope],
+    ) -> Vec<Result<(), outbox_core::SinkError>> {
+        if !self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            panic!("injected panic inside publish");
+        }
+        self.0.publish(batch).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_worker_is_replaced_and_its_rows_are_delivered() {
+    let w = World::new().await;
+    w.store().insert(&workload(5, 10)).await.unwrap();
+    let mut cfg = w.relay_config();
+    cfg.workers = 1;
+    let sink = PanicsOnce(nats().await, std::sync::atomic::AtomicBool::new(false));
+    let (stop, h) = spawn(Relay::new(w.dyn_store(), Arc::new(sink), cfg));
+    // The dead worker's lease (3 s) must expire before its replacement may take its partitions.
+    w.wait_drained(Duration::from_secs(60)).await;
+    stop.cancel();
+    h.await.unwrap();
+    let got = w.read_all(50, Duration::from_secs(10)).await;
+    assert_complete_and_ordered(&got, 5, 10);
+    w.drop_all().await;
+}

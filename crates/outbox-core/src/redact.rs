@@ -4,8 +4,14 @@
 pub const MAX_ERROR_LEN: usize = 1000;
 
 /// Removes passwords from any URL in `text` (`scheme://user:secret@host` becomes
-/// `scheme://user:***@host`) and cuts the text to [`MAX_ERROR_LEN`] bytes.
+/// `scheme://user:***@host`), replaces control characters (a NUL would make PostgreSQL reject
+/// the statement recording the error) with spaces, and cuts the text to [`MAX_ERROR_LEN`] bytes.
 pub fn sanitize(text: &str) -> String {
+    let cleaned: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let text = cleaned.as_str();
     let mut out = String::with_capacity(text.len().min(MAX_ERROR_LEN + 3));
     let mut rest = text;
     while let Some(pos) = rest.find("://") {
@@ -71,6 +77,11 @@ mod tests {
             "postgres://root@127.0.0.1/test"
         );
         assert_eq!(sanitize("no url here"), "no url here");
+    }
+
+    #[test]
+    fn control_characters_become_spaces() {
+        assert_eq!(sanitize("bad\0byte\r\nnext"), "bad byte  next");
     }
 
     #[test]

@@ -37,7 +37,9 @@ CREATE TABLE IF NOT EXISTS {schema}.outbox (
     published_at    timestamptz,
     CONSTRAINT outbox_pkey PRIMARY KEY (id),
     CONSTRAINT outbox_seq_key UNIQUE (seq),
-    CONSTRAINT outbox_state_check CHECK (state IN ('pending', 'published', 'failed'))
+    CONSTRAINT outbox_state_check CHECK (state IN ('pending', 'published', 'failed')),
+    -- 'infinity' or a date past year 9999 cannot be represented by the relay (or most clients).
+    CONSTRAINT outbox_created_at_check CHECK (created_at BETWEEN '1900-01-01' AND '9999-12-31')
 );
 
 -- The claim reads each partition's pending rows in seq order; the partial index holds only

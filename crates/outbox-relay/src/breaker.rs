@@ -13,6 +13,8 @@ pub const DEFAULT_THRESHOLD: u32 = 5;
 pub const MIN_COOLDOWN: Duration = Duration::from_millis(500);
 /// Longest pause between probes.
 pub const MAX_COOLDOWN: Duration = Duration::from_secs(30);
+/// A probe without a verdict after this long is given up, and the next caller probes.
+pub const PROBE_DEADLINE: Duration = Duration::from_secs(60);
 
 /// What a worker may do now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +54,7 @@ struct Inner {
     consecutive: u32,
     cooldown: Duration,
     reopen_at: Instant,
+    probe_started: Instant,
     last_error: Option<String>,
 }
 
@@ -73,6 +76,7 @@ impl Breaker {
                 consecutive: 0,
                 cooldown: MIN_COOLDOWN,
                 reopen_at: Instant::now(),
+                probe_started: Instant::now(),
                 last_error: None,
             }),
         }
@@ -85,12 +89,18 @@ impl Breaker {
         };
         match s.state {
             CircuitState::Closed => Permit::Proceed,
-            // Another worker is probing: wait for its verdict.
+            // Another worker is probing: wait for its verdict, unless the probe is lost (its
+            // worker died or its publish never returned).
+            CircuitState::HalfOpen if s.probe_started.elapsed() > PROBE_DEADLINE => {
+                s.probe_started = Instant::now();
+                Permit::Probe
+            }
             CircuitState::HalfOpen => Permit::Wait(Duration::from_millis(100)),
             CircuitState::Open => {
                 let now = Instant::now();
                 if now >= s.reopen_at {
                     s.state = CircuitState::HalfOpen;
+                    s.probe_started = now;
                     Permit::Probe
                 } else {
                     Permit::Wait(s.reopen_at - now)

@@ -45,6 +45,24 @@ impl Relay {
         self.breaker.clone()
     }
 
+    fn worker(
+        &self,
+        i: usize,
+        wake: &watch::Receiver<u64>,
+        shutdown: &CancellationToken,
+    ) -> Worker {
+        Worker {
+            id: MemberId::random(&format!("{}-w{i}", self.config.member_prefix)),
+            store: self.store.clone(),
+            sink: self.sink.clone(),
+            breaker: self.breaker.clone(),
+            cfg: self.config.clone(),
+            metrics: self.metrics.clone(),
+            wake: wake.clone(),
+            shutdown: shutdown.clone(),
+        }
+    }
+
     /// Runs until `shutdown` is cancelled. Then each worker stops claiming, finishes the batch
     /// in hand (publish and record), gives its partitions back and the call returns.
     pub async fn run(self, shutdown: CancellationToken) {
@@ -83,23 +101,31 @@ impl Relay {
         // A JoinSet aborts its tasks when dropped: if this future is dropped (the caller's task
         // aborted), the workers stop with it, mid-batch, exactly like a killed process.
         let mut handles = tokio::task::JoinSet::new();
+        let mut slots = std::collections::HashMap::new();
         for i in 0..workers {
-            let w = Worker {
-                id: MemberId::random(&format!("{}-w{i}", self.config.member_prefix)),
-                store: self.store.clone(),
-                sink: self.sink.clone(),
-                breaker: self.breaker.clone(),
-                cfg: self.config.clone(),
-                metrics: self.metrics.clone(),
-                wake: wake_rx.clone(),
-                shutdown: shutdown.clone(),
-            };
-            handles.spawn(w.run());
+            let id = handles
+                .spawn(self.worker(i, &wake_rx, &shutdown).run())
+                .id();
+            slots.insert(id, i);
         }
-        while let Some(done) = handles.join_next().await {
-            if let Err(error) = done {
-                warn!(%error, "relay worker ended abnormally");
+        while let Some(done) = handles.join_next_with_id().await {
+            let Err(error) = done else { continue };
+            let slot = slots.remove(&error.id());
+            if !error.is_panic() || shutdown.is_cancelled() {
+                continue;
             }
+            // A bug must not silently shrink the relay: its leases expire, and a fresh worker
+            // (a new member) takes its place.
+            let i = slot.unwrap_or(0);
+            tracing::error!(worker = i, %error, "relay worker panicked; starting a new one in 1 s");
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = shutdown.cancelled() => continue,
+            }
+            let id = handles
+                .spawn(self.worker(i, &wake_rx, &shutdown).run())
+                .id();
+            slots.insert(id, i);
         }
         drop(listener);
         drop(wake_tx);

@@ -147,12 +147,16 @@ impl Worker {
             }
             RelayMetrics::add(&self.metrics.batches, 1);
             let t_publish = Instant::now();
-            let outcomes = self.publish(&batch, &mut lease).await;
+            let mut outcomes = self.publish(&batch, &mut lease).await;
             self.report_circuit(&mut reported).await;
             if permit == Permit::Probe {
                 // A probe that never reached the broker (a malformed row, a short lease) must
                 // not leave the circuit waiting for its verdict.
                 self.breaker.probe_unused();
+                // A failed probe says the broker is still down, not that this message is bad:
+                // it does not spend the message's attempts (the breaker paces the next probe),
+                // so a long outage cannot push head messages into `failed`.
+                outcomes.retain(|o| !matches!(o, Outcome::Retry { .. }));
             }
             let t_record = Instant::now();
             self.record(outcomes).await;

@@ -26,13 +26,15 @@ CREATE TABLE IF NOT EXISTS outbox (
                            AND substr(id, 9, 1) = '-' AND substr(id, 14, 1) = '-'
                            AND substr(id, 19, 1) = '-' AND substr(id, 24, 1) = '-'
                            AND id NOT GLOB '*[^0-9a-f-]*'),
-    aggregate_type  TEXT    NOT NULL,
-    aggregate_id    TEXT    NOT NULL,
-    event_type      TEXT    NOT NULL,
+    -- typeof checks: SQLite would store a BLOB here, and one undecodable row must not stall a
+    -- relay's claims.
+    aggregate_type  TEXT    NOT NULL CHECK (typeof(aggregate_type) = 'text'),
+    aggregate_id    TEXT    NOT NULL CHECK (typeof(aggregate_id) = 'text'),
+    event_type      TEXT    NOT NULL CHECK (typeof(event_type) = 'text'),
     -- Stored and published as the text the app wrote (no normalisation, unlike PostgreSQL).
     payload         TEXT    NOT NULL CHECK (json_valid(payload)),
     headers         TEXT    NOT NULL DEFAULT '{}' CHECK (json_valid(headers)),
-    topic           TEXT,
+    topic           TEXT    CHECK (topic IS NULL OR typeof(topic) = 'text'),
     created_at      TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
                     CHECK (julianday(created_at) IS NOT NULL),
     -- owned by the relay -------------------------------------------------------------------
