@@ -93,6 +93,10 @@ pub struct RelayArgs {
     /// holds) or `skip` (they flow on). Env: OUTBOX_ON_FAILED.
     #[arg(long, value_name = "POLICY")]
     pub on_failed: Option<outbox_core::OnFailed>,
+    /// Print the settings as resolved from file, environment and flags (passwords masked), then
+    /// exit without connecting to anything.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 /// Output format of `status`.

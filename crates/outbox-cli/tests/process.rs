@@ -321,3 +321,56 @@ async fn migrate_is_idempotent_and_status_json_has_the_documented_keys() {
         .await
         .unwrap();
 }
+
+#[test]
+fn flags_override_environment_which_overrides_the_file() {
+    let dir = std::env::temp_dir().join(outbox_testkit::unique_name("precedence"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("outbox.toml"),
+        "database_url = \"postgres://app:hunter2@db/app\"\nschema = \"from_file\"\n[relay]\nsink = \"nats://file:4222\"\nworkers = 3\nbatch_size = 300\nlease = \"7s\"\n",
+    )
+    .unwrap();
+    let print = |env: &[(&str, &str)], flags: &[&str]| -> serde_json::Value {
+        let mut c = outbox();
+        c.current_dir(&dir)
+            .args(["relay", "--print-config"])
+            .args(flags);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    // The file alone (read from the working directory).
+    let v = print(&[], &[]);
+    assert_eq!(
+        (v["workers"].as_u64(), v["batch_size"].as_u64()),
+        (Some(3), Some(300))
+    );
+    assert_eq!(
+        (v["schema"].as_str(), v["lease"].as_str()),
+        (Some("from_file"), Some("7s"))
+    );
+    assert_eq!(
+        v["database_url"], "postgres://app:***@db/app",
+        "the password never shows"
+    );
+    // The environment beats the file.
+    let env = [("OUTBOX_WORKERS", "4"), ("OUTBOX_SCHEMA", "from_env")];
+    let v = print(&env, &[]);
+    assert_eq!(
+        (v["workers"].as_u64(), v["batch_size"].as_u64()),
+        (Some(4), Some(300))
+    );
+    assert_eq!(v["schema"], "from_env");
+    // Flags beat both.
+    let v = print(&env, &["--workers", "5", "--schema", "from_flag"]);
+    assert_eq!(
+        (v["workers"].as_u64(), v["schema"].as_str()),
+        (Some(5), Some("from_flag"))
+    );
+    assert_eq!(v["sink"], "nats://file:4222");
+    std::fs::remove_dir_all(&dir).ok();
+}

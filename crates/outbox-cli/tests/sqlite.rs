@@ -63,9 +63,11 @@ fn relay(dir: &Path, db: &Path, out: &Path, extra: &[&str]) -> Child {
         .unwrap()
 }
 
+/// The complete lines of the sink's file (a relay may be writing the last one right now).
 fn lines(out: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out)
-        .unwrap_or_default()
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+    complete
         .lines()
         .filter(|l| !l.is_empty())
         .map(|l| serde_json::from_str(l).unwrap())

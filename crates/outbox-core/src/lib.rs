@@ -9,6 +9,7 @@ pub mod message;
 pub mod redact;
 pub mod retry;
 pub mod routing;
+pub mod secret;
 pub mod sink;
 pub mod store;
 
@@ -16,5 +17,6 @@ pub use error::{Error, ErrorKind, Result};
 pub use message::{Message, NewMessage};
 pub use retry::RetryPolicy;
 pub use routing::DestinationTemplate;
+pub use secret::Secret;
 pub use sink::{Envelope, Sink, SinkError};
 pub use store::{BlockedKey, MemberId, OnFailed, Outcome, Stats, Store};

@@ -33,7 +33,48 @@ pub fn sanitize(text: &str) -> String {
         rest = &after[end..];
     }
     out.push_str(rest);
-    truncate(out, MAX_ERROR_LEN)
+    truncate(mask_secret_params(&out), MAX_ERROR_LEN)
+}
+
+/// Query parameters whose values are secrets (`postgres://h/db?password=…` is valid for sqlx).
+const SECRET_PARAMS: &[&str] = &[
+    "password=",
+    "passwd=",
+    "pass=",
+    "token=",
+    "secret=",
+    "sslpassword=",
+];
+
+/// Replaces the value of every secret-looking `name=value` with `***`.
+fn mask_secret_params(text: &str) -> String {
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        let hit = SECRET_PARAMS.iter().find(|p| {
+            lower[i..].starts_with(**p)
+                && (i == 0 || matches!(text.as_bytes()[i - 1], b'?' | b'&' | b' ' | b';'))
+        });
+        match hit {
+            Some(p) => {
+                out.push_str(&text[i..i + p.len()]);
+                out.push_str("***");
+                i += p.len();
+                while i < text.len()
+                    && !matches!(text.as_bytes()[i], b'&' | b' ' | b'"' | b'\'' | b';')
+                {
+                    i += 1;
+                }
+            }
+            None => {
+                let ch = text[i..].chars().next().map_or(1, char::len_utf8);
+                out.push_str(&text[i..i + ch]);
+                i += ch;
+            }
+        }
+    }
+    out
 }
 
 /// A URL safe to print: its password replaced by `***`.
@@ -67,6 +108,16 @@ mod tests {
             sanitize("amqp://guest:guest@127.0.0.1:5672/%2f"),
             "amqp://guest:***@127.0.0.1:5672/%2f"
         );
+    }
+
+    #[test]
+    fn secret_query_parameters_are_masked() {
+        assert_eq!(
+            sanitize("postgres://app@db/x?sslmode=require&password=hunter2&x=1"),
+            "postgres://app@db/x?sslmode=require&password=***&x=1"
+        );
+        assert_eq!(sanitize("nats://h?token=abc"), "nats://h?token=***");
+        assert_eq!(sanitize("compass=north"), "compass=north");
     }
 
     #[test]

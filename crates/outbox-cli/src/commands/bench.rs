@@ -339,7 +339,8 @@ async fn steady(
     let (stop, metrics, handle) = start_relay(args, &scratch, nats_url).await?;
     let writer = Writer::new(&scratch.schema);
     let producers = args.producers.max(1);
-    let period = Duration::from_secs_f64(producers as f64 / f64::from(args.rate.max(1)));
+    let period = Duration::from_secs_f64(producers as f64 / f64::from(args.rate.max(1)))
+        .max(Duration::from_micros(10));
     let pad = "x".repeat(args.payload_bytes.saturating_sub(30));
     let started = Instant::now();
     let mut tasks = Vec::new();

@@ -62,6 +62,17 @@ impl PaymentsDb {
         } else if url.starts_with("postgres") {
             let schema = outbox_postgres::Schema::new(schema)?;
             let pool = outbox_postgres::connect_pool(url, 8).await?;
+            // The demo drops and recreates its schema: never one it did not make.
+            let exists: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+                    .bind(schema.as_str())
+                    .fetch_one(&pool)
+                    .await?;
+            anyhow::ensure!(
+                !exists || schema.as_str().starts_with("outbox_demo"),
+                "demo: schema `{}` exists and is not a demo schema; pick another --schema (it is dropped and recreated)",
+                schema.as_str()
+            );
             sqlx::raw_sql(&schema.render("DROP SCHEMA IF EXISTS {schema} CASCADE"))
                 .execute(&pool)
                 .await?;
@@ -221,7 +232,7 @@ struct Consumed {
 impl Consumed {
     /// Reads what reached the broker since the last call and applies it to the ledger.
     async fn step(&mut self, broker: &mut Broker, ledger: &Ledger) -> anyhow::Result<()> {
-        let events = broker.poll().await?;
+        let (events, _unreadable) = broker.poll().await;
         self.received += events.len() as u64;
         self.arrived.extend(events.iter().map(|e| e.id));
         let (ok, dup) = ledger.apply(&events).await?;

@@ -2,6 +2,7 @@
 
 mod backend;
 mod bench;
+mod checker;
 mod demo;
 mod migrate;
 mod naive;
@@ -22,7 +23,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let loaded = config::load(cli.config.as_deref())?;
     match cli.command {
         Command::Migrate(args) => migrate::run(config::db(&loaded, &args)?).await,
-        Command::Relay(args) => relay::run(config::relay(&loaded, &args)?).await,
+        Command::Relay(args) => relay::run(config::relay(&loaded, &args)?, args.print_config).await,
         Command::Status(args) => status::run(config::db(&loaded, &args.db)?, args.format).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Demo(args) => demo::run(args).await,

@@ -91,25 +91,40 @@ impl Broker {
         }
     }
 
-    /// A reader of each relay's standard output, for the `stdout:` sink.
-    pub fn stdout_files(paths: Vec<PathBuf>) -> (Self, DestinationTemplate) {
-        let tails = paths.into_iter().map(Tail::new).collect();
-        (Self::Files(tails), DestinationTemplate::default())
+    /// A reader of the relays' standard output, for the `stdout:` sink: every relay appends to
+    /// the one file (`O_APPEND`, one write per batch), so its lines are in arrival order.
+    pub fn stdout_file(path: PathBuf) -> (Self, DestinationTemplate) {
+        (
+            Self::Files(vec![Tail::new(path)]),
+            DestinationTemplate::default(),
+        )
     }
 
-    /// Everything that arrived since the last call.
-    pub async fn poll(&mut self) -> anyhow::Result<Vec<Delivered>> {
+    /// Everything that arrived since the last call, and how many items could not be read (a
+    /// torn line, a message without an id). Never fails half-way: what was read is returned, so
+    /// nothing consumed is dropped; a broker that is down yields nothing until it is back.
+    pub async fn poll(&mut self) -> (Vec<Delivered>, usize) {
         let mut out = Vec::new();
+        let mut unreadable = 0;
         match self {
             Self::Files(tails) => {
                 for tail in tails.iter_mut() {
-                    for line in tail.read_lines()? {
-                        let v: serde_json::Value = serde_json::from_str(&line)?;
-                        out.push(parse_event(
-                            &v["id"],
-                            v["key"].as_str().unwrap_or_default(),
-                            &v["payload"],
-                        )?);
+                    let Ok(lines) = tail.read_lines() else {
+                        continue;
+                    };
+                    for line in lines {
+                        match serde_json::from_str::<serde_json::Value>(&line)
+                            .map_err(anyhow::Error::from)
+                            .and_then(|v| {
+                                parse_event(
+                                    &v["id"],
+                                    v["key"].as_str().unwrap_or_default(),
+                                    &v["payload"],
+                                )
+                            }) {
+                            Ok(d) => out.push(d),
+                            Err(_) => unreadable += 1,
+                        }
                     }
                 }
             }
@@ -122,33 +137,38 @@ impl Broker {
                     else {
                         break;
                     };
-                    let m = m?;
-                    let id = m
-                        .headers
-                        .as_ref()
-                        .and_then(|h| h.get(outbox_core::sink::HEADER_MESSAGE_ID))
-                        .map(|v| v.as_str().to_string())
-                        .unwrap_or_default();
-                    let key = m
-                        .headers
-                        .as_ref()
-                        .and_then(|h| h.get(outbox_core::sink::HEADER_AGGREGATE_ID))
-                        .map(|v| v.as_str().to_string())
-                        .unwrap_or_default();
-                    let payload: serde_json::Value = serde_json::from_slice(&m.payload)?;
-                    out.push(parse_event(&serde_json::Value::String(id), &key, &payload)?);
+                    // A stream error (missed heartbeat while the broker restarts) consumed
+                    // nothing: stop this poll and try again next time.
+                    let Ok(m) = m else { break };
+                    let header = |name: &str| {
+                        m.headers
+                            .as_ref()
+                            .and_then(|h| h.get(name))
+                            .map(|v| v.as_str().to_string())
+                            .unwrap_or_default()
+                    };
+                    let id = header(outbox_core::sink::HEADER_MESSAGE_ID);
+                    let key = header(outbox_core::sink::HEADER_AGGREGATE_ID);
+                    match serde_json::from_slice::<serde_json::Value>(&m.payload)
+                        .map_err(anyhow::Error::from)
+                        .and_then(|payload| {
+                            parse_event(&serde_json::Value::String(id), &key, &payload)
+                        }) {
+                        Ok(d) => out.push(d),
+                        Err(_) => unreadable += 1,
+                    }
                 }
             }
         }
-        Ok(out)
+        (out, unreadable)
     }
 
     pub fn describe(&self) -> String {
         match self {
-            Self::Files(t) if t.len() == 1 => {
-                format!("file {} (one JSON object per line)", t[0].path.display())
+            Self::Files(t) => {
+                let paths: Vec<String> = t.iter().map(|t| t.path.display().to_string()).collect();
+                format!("JSON lines in {}", paths.join(", "))
             }
-            Self::Files(t) => format!("the standard output of {} relay processes", t.len()),
             Self::Nats { stream, .. } => format!("NATS JetStream stream {stream}"),
         }
     }

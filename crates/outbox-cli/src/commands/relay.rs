@@ -8,7 +8,27 @@ use tracing::info;
 
 use crate::config::RelaySettings;
 
-pub async fn run(s: RelaySettings) -> anyhow::Result<ExitCode> {
+pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCode> {
+    if print_config {
+        let r = &s.relay;
+        let settings = serde_json::json!({
+            "database_url": outbox_core::redact::url(&s.db.url),
+            "schema": s.db.schema,
+            "sink": outbox_core::redact::url(&s.sink),
+            "destination": r.destination.as_str(),
+            "batch_size": r.batch_size,
+            "workers": r.workers,
+            "poll_interval": humantime::format_duration(r.poll_interval).to_string(),
+            "listen": r.listen,
+            "lease": humantime::format_duration(r.lease).to_string(),
+            "max_attempts": r.retry.max_attempts,
+            "backoff_base": humantime::format_duration(r.retry.base).to_string(),
+            "backoff_max": humantime::format_duration(r.retry.max).to_string(),
+            "on_failed": r.on_failed,
+        });
+        println!("{}", serde_json::to_string_pretty(&settings)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     // Pool: each worker claims and marks on its own, plus LISTEN and lease renewals.
     let pool_size = (s.relay.workers as u32) * 2 + 2;
     let backend = super::Backend::open(&s.db, pool_size).await?;

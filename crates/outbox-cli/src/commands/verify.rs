@@ -19,6 +19,7 @@ use sqlx::{PgPool, SqlitePool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::checker::{check, Arrival, FaultMark};
 use super::observer::Broker;
 use crate::cli::{Format, Profile, VerifyArgs};
 
@@ -236,9 +237,23 @@ struct Relays {
     children: Vec<Child>,
     args: Vec<String>,
     logs: PathBuf,
-    restarts: usize,
-    /// Send each relay's standard output to `relay-<i>.stdout.jsonl` (the `stdout:` sink).
-    capture_stdout: bool,
+    /// The database URL, passed in the environment (a password must not show in `ps`).
+    database_url: String,
+    /// Where every relay's standard output goes (the `stdout:` sink), appended.
+    stdout: Option<PathBuf>,
+}
+
+impl Drop for Relays {
+    /// No relay process outlives the run, whatever ends it.
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = Command::new("kill")
+                .args(["-CONT", &c.id().to_string()])
+                .status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 impl Relays {
@@ -247,20 +262,19 @@ impl Relays {
             .create(true)
             .append(true)
             .open(self.logs.join(format!("relay-{i}.log")))?;
-        self.restarts += 1;
-        let stdout = if self.capture_stdout {
-            Stdio::from(
+        let stdout = match &self.stdout {
+            Some(path) => Stdio::from(
                 std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
-                    .open(self.logs.join(format!("relay-{i}.stdout.jsonl")))?,
-            )
-        } else {
-            Stdio::null()
+                    .open(path)?,
+            ),
+            None => Stdio::null(),
         };
         Command::new(std::env::current_exe()?)
             .args(&self.args)
             .env("OUTBOX_LOG", "warn")
+            .env("OUTBOX_DATABASE_URL", &self.database_url)
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(log)
@@ -285,18 +299,30 @@ fn shell(cmd: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One message as the consumer received it: id, key, sequence within the key, seconds since
-/// the start.
-type Arrival = (Uuid, String, i64, f64);
+/// What the independent consumer has received.
+#[derive(Default)]
+struct Received {
+    arrivals: Vec<Arrival>,
+    seen: HashSet<Uuid>,
+    unreadable: usize,
+}
 
-/// Reads what arrived since the last call. The broker may be down (a fault): then nothing is
-/// read and the next tick tries again.
-async fn poll(arrivals: &mut Vec<Arrival>, broker: &mut Broker, started: Instant) {
-    let t = started.elapsed().as_secs_f64();
-    if let Ok(events) = broker.poll().await {
+impl Received {
+    /// Reads what arrived since the last call. The broker may be down (a fault): then nothing
+    /// is read and the next tick tries again.
+    async fn poll(&mut self, broker: &mut Broker, started: Instant) {
+        let at = started.elapsed().as_secs_f64();
+        let (events, unreadable) = broker.poll().await;
+        self.unreadable += unreadable;
         for e in events {
             let n = e.payload["n"].as_i64().unwrap_or(-1);
-            arrivals.push((e.id, e.key, n, t));
+            self.seen.insert(e.id);
+            self.arrivals.push(Arrival {
+                id: e.id,
+                key: e.key,
+                n,
+                at,
+            });
         }
     }
 }
@@ -319,6 +345,9 @@ struct Report {
     lost: usize,
     phantoms: usize,
     order_violations: usize,
+    mismatched: usize,
+    unreadable: usize,
+    pending_after_drain: i64,
     duplicates: usize,
     duplicates_after: BTreeMap<String, usize>,
     faults_injected: BTreeMap<String, usize>,
@@ -365,8 +394,9 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let db_url = args
         .database_url
         .clone()
+        .or_else(|| std::env::var("OUTBOX_DATABASE_URL").ok())
         .or_else(|| std::env::var("DATABASE_URL").ok())
-        .context("verify needs --database-url (or DATABASE_URL)")?;
+        .context("verify needs --database-url (or OUTBOX_DATABASE_URL / DATABASE_URL)")?;
     let tmp = std::env::temp_dir().join(format!("outbox-verify-{:08x}", fastrand::u32(..)));
     std::fs::create_dir_all(&tmp)?;
     let sink_url = if args.sink == "file:" {
@@ -377,13 +407,10 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let (db, relay_db_url, place) = VerifyDb::open(&db_url, &tmp).await?;
     let db = Arc::new(db);
     let store = db.store();
-    // `stdout:` relays print their messages; each relay's output goes to a file of its own that
-    // the consumer tails (appended across restarts of that relay).
-    let stdout_paths: Vec<PathBuf> = (0..plan.relays)
-        .map(|i| tmp.join(format!("relay-{i}.stdout.jsonl")))
-        .collect();
-    let (mut broker, destination) = if sink_url == "stdout:" {
-        Broker::stdout_files(stdout_paths.clone())
+    // `stdout:` relays print their messages, all into one file the consumer tails.
+    let stdout_path = (sink_url == "stdout:").then(|| tmp.join("stdout.jsonl"));
+    let (mut broker, destination) = if let Some(path) = &stdout_path {
+        Broker::stdout_file(path.clone())
     } else {
         let (b, _sink, d) = Broker::open(&sink_url, "verify").await?;
         (b, d)
@@ -403,8 +430,6 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let lease = args.lease.0;
     let relay_args: Vec<String> = vec![
         "relay".into(),
-        "--database-url".into(),
-        relay_db_url.clone(),
         "--schema".into(),
         db.schema().into(),
         "--sink".into(),
@@ -430,14 +455,13 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         children: Vec::new(),
         args: relay_args,
         logs: tmp.clone(),
-        restarts: 0,
-        capture_stdout: sink_url == "stdout:",
+        database_url: relay_db_url.clone(),
+        stdout: stdout_path.clone(),
     };
     for i in 0..plan.relays {
         let c = relays.spawn_one(i)?;
         relays.children.push(c);
     }
-    relays.restarts = 0;
     let relays = Arc::new(Mutex::new(relays));
     let started = Instant::now();
 
@@ -586,10 +610,10 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     };
 
     // The independent consumer, in this task.
-    let mut arrivals: Vec<Arrival> = Vec::new();
+    let mut got = Received::default();
     while started.elapsed() < plan.duration {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        poll(&mut arrivals, &mut broker, started).await;
+        got.poll(&mut broker, started).await;
     }
     stop.cancel();
     let load_end = started.elapsed().as_secs_f64();
@@ -607,30 +631,35 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         .and_then(|f| f.iter().map(|e| e.ended_seconds).reduce(f64::max))
         .unwrap_or(0.0);
 
-    // Drain: everything committed must arrive.
+    // Drain: everything committed must arrive, and the outbox must empty (a message whose
+    // acknowledgement was lost in a fault arrives before its row is marked).
     let ledger = db.ledger().await?;
     let deadline = Instant::now() + Duration::from_secs(180);
-    let mut seen: HashSet<Uuid> = arrivals.iter().map(|a| a.0).collect();
     let mut drained_at = started.elapsed().as_secs_f64();
+    let mut pending = -1;
     loop {
-        let missing = ledger.keys().filter(|id| !seen.contains(id)).count();
+        let missing = ledger.keys().filter(|id| !got.seen.contains(id)).count();
         if missing == 0 {
-            break;
+            pending = store.stats().await.map(|s| s.pending).unwrap_or(-1);
+            if pending == 0 {
+                break;
+            }
         }
         if Instant::now() > deadline {
-            eprintln!("verify: {missing} messages still missing after the drain timeout");
+            eprintln!(
+                "verify: {missing} messages missing and {pending} pending after the drain timeout"
+            );
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let before = arrivals.len();
-        poll(&mut arrivals, &mut broker, started).await;
-        seen.extend(arrivals[before..].iter().map(|a| a.0));
-        drained_at = started.elapsed().as_secs_f64();
+        got.poll(&mut broker, started).await;
+        if missing > 0 {
+            drained_at = started.elapsed().as_secs_f64();
+        }
     }
     // Late duplicates (a resumed relay) get a moment to show up.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    poll(&mut arrivals, &mut broker, started).await;
-    let pending = store.stats().await.map(|s| s.pending).unwrap_or(-1);
+    got.poll(&mut broker, started).await;
     {
         let mut r = relays
             .lock()
@@ -647,47 +676,21 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     // The checker.
     let rolled_back = rolled_back.lock().map(|r| r.clone()).unwrap_or_default();
     let faults = faults.lock().map(|f| f.clone()).unwrap_or_default();
-    let mut first_seen: HashSet<Uuid> = HashSet::new();
-    let mut high: HashMap<String, i64> = HashMap::new();
-    let (mut order_violations, mut duplicates) = (0usize, 0usize);
-    let mut duplicates_after: BTreeMap<String, usize> = BTreeMap::new();
-    for (id, key, n, t) in &arrivals {
-        if !first_seen.insert(*id) {
-            duplicates += 1;
-            let cause = faults
-                .iter()
-                .rev()
-                .find(|f| f.at_seconds <= *t)
-                .map_or("no fault".to_string(), |f| f.kind.clone());
-            *duplicates_after.entry(cause).or_default() += 1;
-            continue;
-        }
-        let h = high.entry(key.clone()).or_insert(-1);
-        if *n < *h {
-            order_violations += 1;
-        } else {
-            *h = *n;
-        }
-    }
-    let delivered = ledger.keys().filter(|id| first_seen.contains(id)).count();
-    let lost_ids: Vec<String> = ledger
-        .keys()
-        .filter(|id| !first_seen.contains(id))
-        .take(10)
-        .map(Uuid::to_string)
-        .collect();
-    let phantoms = first_seen
+    let marks: Vec<FaultMark> = faults
         .iter()
-        .filter(|id| !ledger.contains_key(id))
-        .count();
+        .map(|f| FaultMark {
+            kind: f.kind.clone(),
+            at: f.at_seconds,
+        })
+        .collect();
+    let verdict = check(&ledger, &got.arrivals, &marks);
     let mut faults_injected: BTreeMap<String, usize> = BTreeMap::new();
     for f in &faults {
         *faults_injected.entry(f.kind.clone()).or_default() += 1;
     }
     let all_kinds = kinds.iter().all(|k| faults_injected.contains_key(k));
-    let lost = ledger.len() - delivered;
     let report = Report {
-        ok: lost == 0 && phantoms == 0 && order_violations == 0 && pending == 0,
+        ok: verdict.ok() && pending == 0,
         seed,
         database: place,
         sink: outbox_core::redact::url(&sink_url),
@@ -697,19 +700,22 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         keys: plan.keys,
         committed: ledger.len(),
         rolled_back: rolled_back.len(),
-        delivered,
-        received: arrivals.len(),
-        lost,
-        phantoms,
-        order_violations,
-        duplicates,
-        duplicates_after,
+        delivered: verdict.delivered,
+        received: got.arrivals.len(),
+        lost: verdict.lost,
+        phantoms: verdict.phantoms,
+        order_violations: verdict.order_violations,
+        mismatched: verdict.mismatched,
+        unreadable: got.unreadable,
+        pending_after_drain: pending,
+        duplicates: verdict.duplicates,
+        duplicates_after: verdict.duplicates_after,
         faults_injected,
         faults,
         drain_seconds_after_last_fault: (drained_at - last_fault_end).max(0.0),
         pending_at_load_end,
         drain_seconds_after_load: (drained_at - load_end).max(0.0),
-        lost_sample: lost_ids,
+        lost_sample: verdict.lost_sample,
     };
     match args.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -722,13 +728,20 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
                 report.committed, report.rolled_back, report.delivered, report.received
             );
             println!(
-                "  lost {}   phantoms {}   order violations {}   duplicates {} {:?}",
+                "  lost {}   phantoms {}   order violations {}   mismatched {}   duplicates {} {:?}",
                 report.lost,
                 report.phantoms,
                 report.order_violations,
+                report.mismatched,
                 report.duplicates,
                 report.duplicates_after
             );
+            if report.unreadable > 0 || report.pending_after_drain != 0 {
+                println!(
+                    "  unreadable messages {}; pending after the drain {}",
+                    report.unreadable, report.pending_after_drain
+                );
+            }
             println!(
                 "  faults injected {:?}; {} pending when the load stopped; drained {:.1} s after the load, \
                  {:.1} s after the last fault",

@@ -23,26 +23,48 @@ impl FileSink {
     /// Opens (creating if needed) `path` for appending; creates missing parent directories.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
         let path = path.as_ref().to_path_buf();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                Error::with_source(
-                    ErrorKind::Config,
-                    format!("file sink: cannot create {}", dir.display()),
-                    e,
-                )
-            })?;
+        let io = |what: &str, e: std::io::Error| {
+            Error::with_source(
+                ErrorKind::Config,
+                format!("file sink: cannot {what} {}", path.display()),
+                e,
+            )
+        };
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .map(Path::to_path_buf);
+        if let Some(dir) = &dir {
+            std::fs::create_dir_all(dir).map_err(|e| io("create the folder of", e))?;
         }
-        let file = OpenOptions::new()
+        let existed = path.exists();
+        let mut file = OpenOptions::new()
             .create(true)
+            .read(true)
             .append(true)
             .open(&path)
-            .map_err(|e| {
-                Error::with_source(
-                    ErrorKind::Config,
-                    format!("file sink: cannot open {} for appending", path.display()),
-                    e,
-                )
-            })?;
+            .map_err(|e| io("open", e))?;
+        // A line torn by a crash mid-write must not swallow the next record: start on a new line.
+        let len = file.metadata().map_err(|e| io("read", e))?.len();
+        if len > 0 {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut last = [0u8; 1];
+            file.seek(SeekFrom::Start(len - 1))
+                .and_then(|_| file.read_exact(&mut last))
+                .map_err(|e| io("read", e))?;
+            if last[0] != b'\n' {
+                file.write_all(b"\n")
+                    .and_then(|()| file.sync_data())
+                    .map_err(|e| io("repair", e))?;
+            }
+        }
+        if !existed {
+            // The new file's directory entry must be durable too, or a power loss could take
+            // away acknowledged lines with the whole file.
+            if let Some(d) = dir.as_deref().or(Some(Path::new("."))) {
+                let _ = File::open(d).and_then(|d| d.sync_all());
+            }
+        }
         Ok(Self {
             path,
             file: Arc::new(Mutex::new(file)),
@@ -139,6 +161,29 @@ mod tests {
             })
             .collect();
         assert_eq!(ns, vec![1, 2, 3]);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[tokio::test]
+    async fn a_torn_last_line_is_closed_before_appending() {
+        let dir = std::env::temp_dir().join(format!("outbox-file-sink-torn-{:x}", fastrand_u64()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("events.jsonl");
+        std::fs::write(&path, "{\"id\":\"torn").unwrap();
+        let sink = FileSink::open(&path).unwrap();
+        let e = Envelope {
+            id: uuid::Uuid::now_v7(),
+            destination: "d".into(),
+            key: "k".into(),
+            headers: vec![],
+            payload: "{}".into(),
+            created_at: chrono::Utc::now(),
+        };
+        assert!(sink.publish(&[e]).await.iter().all(Result::is_ok));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(serde_json::from_str::<serde_json::Value>(lines[1]).is_ok());
         std::fs::remove_dir_all(&dir).ok();
     }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use outbox_core::Error;
+use outbox_core::{Error, Secret};
 
 /// Default wait for a JetStream publish acknowledgement.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -10,14 +10,25 @@ pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Where and how to publish to JetStream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NatsConfig {
-    /// Server URL, e.g. `nats://127.0.0.1:4222`.
+    /// Server URL without credentials, e.g. `nats://127.0.0.1:4222`.
     pub url: String,
     /// Longest wait for one acknowledgement before the attempt counts as failed (retried).
     pub ack_timeout: Duration,
+    /// Credentials from the URL: `nats://user:pass@host` or `nats://token@host`.
+    pub auth: Option<NatsAuth>,
+}
+
+/// How to authenticate to the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NatsAuth {
+    /// User and password.
+    UserPassword(String, Secret),
+    /// A token.
+    Token(Secret),
 }
 
 impl NatsConfig {
-    /// Parses `nats://host:port[?ack_timeout=5s]`.
+    /// Parses `nats://[user:pass@|token@]host:port[?ack_timeout=5s]`.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         if !(base.starts_with("nats://") || base.starts_with("tls://"))
@@ -28,9 +39,23 @@ impl NatsConfig {
                 outbox_core::redact::url(url)
             )));
         }
+        let (scheme, rest) = base.split_once("://").unwrap_or(("nats", base));
+        let (auth, host) = match rest.rsplit_once('@') {
+            Some((userinfo, host)) => {
+                let auth = match userinfo.split_once(':') {
+                    Some((user, pass)) => {
+                        NatsAuth::UserPassword(user.to_string(), Secret::new(pass))
+                    }
+                    None => NatsAuth::Token(Secret::new(userinfo)),
+                };
+                (Some(auth), host)
+            }
+            None => (None, rest),
+        };
         let mut cfg = Self {
-            url: base.to_string(),
+            url: format!("{scheme}://{host}"),
             ack_timeout: DEFAULT_ACK_TIMEOUT,
+            auth,
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
@@ -74,6 +99,19 @@ mod tests {
         let c = NatsConfig::from_url("nats://127.0.0.1:4222?ack_timeout=250ms").unwrap();
         assert_eq!(c.url, "nats://127.0.0.1:4222");
         assert_eq!(c.ack_timeout, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn credentials_move_out_of_the_url_and_stay_hidden() {
+        let c = NatsConfig::from_url("nats://app:hunter2@127.0.0.1:4222").unwrap();
+        assert_eq!(c.url, "nats://127.0.0.1:4222");
+        assert_eq!(
+            c.auth,
+            Some(NatsAuth::UserPassword("app".into(), Secret::new("hunter2")))
+        );
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let t = NatsConfig::from_url("nats://s3cret@127.0.0.1:4222").unwrap();
+        assert_eq!(t.auth, Some(NatsAuth::Token(Secret::new("s3cret"))));
     }
 
     #[test]

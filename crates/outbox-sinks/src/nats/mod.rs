@@ -4,5 +4,5 @@ mod config;
 mod error;
 mod sink;
 
-pub use config::NatsConfig;
+pub use config::{NatsAuth, NatsConfig};
 pub use sink::NatsSink;

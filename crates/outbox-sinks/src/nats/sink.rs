@@ -9,8 +9,26 @@ use futures::future::join_all;
 use outbox_core::{Envelope, Error, ErrorKind, Sink, SinkError};
 use tracing::info;
 
-use super::config::NatsConfig;
+use super::config::{NatsAuth, NatsConfig};
 use super::error::classify;
+
+/// Acknowledgements the client may await at once (64 workers × a 10,000-row batch).
+const MAX_ACKS_IN_FLIGHT: usize = 640_000;
+
+/// A subject NATS accepts: dot-separated non-empty tokens, no whitespace or control
+/// characters. Anything else can never be published: a permanent error.
+fn valid_subject(subject: &str) -> Result<(), SinkError> {
+    let ok = !subject.is_empty()
+        && !subject.chars().any(|c| c.is_whitespace() || c.is_control())
+        && subject.split('.').all(|t| !t.is_empty());
+    if ok {
+        Ok(())
+    } else {
+        Err(SinkError::permanent(format!(
+            "nats: subject `{subject}` is not valid (empty token or whitespace)"
+        )))
+    }
+}
 
 /// JetStream sink. Sets `Nats-Msg-Id` to the message id, so a republish after a relay crash
 /// inside the stream's duplicate window is dropped by the server.
@@ -23,7 +41,19 @@ impl NatsSink {
     /// Connects to the server. If it is down, the client keeps reconnecting in the background
     /// and publishes fail (and are retried) until it is back, rather than failing the relay.
     pub async fn connect(cfg: NatsConfig) -> Result<Self, Error> {
-        let client = async_nats::ConnectOptions::new()
+        let options = match &cfg.auth {
+            Some(NatsAuth::UserPassword(user, pass)) => {
+                async_nats::ConnectOptions::with_user_and_password(
+                    user.clone(),
+                    pass.expose().to_string(),
+                )
+            }
+            Some(NatsAuth::Token(token)) => {
+                async_nats::ConnectOptions::with_token(token.expose().to_string())
+            }
+            None => async_nats::ConnectOptions::new(),
+        };
+        let client = options
             .retry_on_initial_connect()
             .connection_timeout(std::time::Duration::from_secs(5))
             .event_callback(|event| async move {
@@ -41,8 +71,12 @@ impl NatsSink {
                     e,
                 )
             })?;
+        // Every worker of the relay shares this context; each keeps up to a batch (at most
+        // 10,000) of acknowledgements in flight, so the client's default bound of 5,000 could
+        // make a send wait for a slot its own unawaited acks hold.
         let js = jetstream::context::ContextBuilder::new()
             .timeout(cfg.ack_timeout)
+            .max_ack_inflight(MAX_ACKS_IN_FLIGHT)
             .build(client.clone());
         Ok(Self { js, client })
     }
@@ -80,7 +114,7 @@ impl Sink for NatsSink {
         // for the whole call instead of one per message.
         let mut pending = Vec::with_capacity(batch.len());
         for e in batch {
-            let sent = match Self::headers(e) {
+            let sent = match valid_subject(&e.destination).and_then(|()| Self::headers(e)) {
                 Ok(headers) => {
                     let msg = PublishMessage::build()
                         .payload(bytes::Bytes::copy_from_slice(e.payload.as_bytes()))
@@ -89,19 +123,7 @@ impl Sink for NatsSink {
                     self.js
                         .send_publish(e.destination.clone(), msg)
                         .await
-                        .map_err(|err| {
-                            if matches!(
-                                err.kind(),
-                                async_nats::jetstream::context::PublishErrorKind::Other
-                            ) {
-                                SinkError::permanent(format!(
-                                    "nats: subject `{}` is not valid: {err}",
-                                    e.destination
-                                ))
-                            } else {
-                                classify(&e.destination, &err)
-                            }
-                        })
+                        .map_err(|err| classify(&e.destination, &err))
                 }
                 Err(err) => Err(err),
             };
@@ -118,5 +140,26 @@ impl Sink for NatsSink {
         }))
         .await;
         acks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_subjects_are_permanent_errors() {
+        assert!(valid_subject("orders.placed").is_ok());
+        for bad in [
+            "",
+            "orders..placed",
+            ".orders",
+            "orders.",
+            "order placed",
+            "a\tb",
+        ] {
+            let e = valid_subject(bad).unwrap_err();
+            assert!(!e.retriable, "{bad:?}");
+        }
     }
 }
