@@ -246,12 +246,12 @@ struct Relays {
 impl Drop for Relays {
     /// No relay process outlives the run, whatever ends it.
     fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = Command::new("kill")
-                .args(["-CONT", &c.id().to_string()])
-                .status();
-            let _ = c.kill();
-            let _ = c.wait();
+        for i in 0..self.children.len() {
+            if matches!(self.children[i].try_wait(), Ok(None)) {
+                self.signal(i, "-CONT");
+                let _ = self.children[i].kill();
+                let _ = self.children[i].wait();
+            }
         }
     }
 }
@@ -285,6 +285,7 @@ impl Relays {
     fn signal(&self, i: usize, sig: &str) {
         let _ = Command::new("kill")
             .args([sig, &self.children[i].id().to_string()])
+            .stderr(Stdio::null())
             .status();
     }
 }
