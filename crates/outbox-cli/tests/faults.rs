@@ -10,21 +10,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{assert_key_order, deliveries, World};
+use common::{assert_key_order, deliveries, interleaved, World};
 use outbox_core::{NewMessage, Store};
 use outbox_relay::{CircuitState, Relay};
 use outbox_sinks::nats::{NatsConfig, NatsSink};
 use outbox_testkit::sinks::PoisonKeySink;
 use tokio_util::sync::CancellationToken;
-
-fn interleaved(keys: &[String], ns: std::ops::Range<usize>) -> Vec<NewMessage> {
-    ns.flat_map(|n| {
-        keys.iter().map(move |k| {
-            NewMessage::new("order", k.clone(), "changed", serde_json::json!({ "n": n }))
-        })
-    })
-    .collect()
-}
 
 /// Delivers `msgs` with `sink`; returns how long until every message outside `except_key` was
 /// published.
@@ -210,7 +201,7 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
     })
     .await
     .unwrap();
-    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    let keys = common::keys("k", 10);
     let sink = NatsSink::connect(
         NatsConfig::from_url(&format!("{}?ack_timeout=500ms", nats.url())).unwrap(),
     )
@@ -323,7 +314,7 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disruptive_relay_survives_a_postgres_restart_and_delivers_everything() {
     let w = World::new().await;
-    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let keys = common::keys("k", 20);
     let stop = CancellationToken::new();
     let sink = NatsSink::connect(NatsConfig::from_url(&common::nats_url()).unwrap())
         .await

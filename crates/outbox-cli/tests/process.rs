@@ -8,25 +8,11 @@ use std::collections::HashSet;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{assert_key_order, deliveries, header, outbox_bin, sigterm, wait_exit, World};
+use common::{assert_key_order, deliveries, header, sigterm, wait_exit, World};
 use outbox_core::{NewMessage, Store};
 
 fn outbox() -> Command {
-    let mut c = Command::new(outbox_bin());
-    // The tests pass everything as flags; nothing from the caller's environment may leak in.
-    for var in [
-        "DATABASE_URL",
-        "OUTBOX_DATABASE_URL",
-        "OUTBOX_SCHEMA",
-        "OUTBOX_SINK",
-        "OUTBOX_CONFIG",
-        "OUTBOX_BATCH_SIZE",
-    ] {
-        c.env_remove(var);
-    }
-    c.env("OUTBOX_LOG", "warn");
-    c.current_dir(std::env::temp_dir());
-    c
+    common::outbox_command(&std::env::temp_dir())
 }
 
 fn run(c: &mut Command) -> Output {
@@ -70,18 +56,7 @@ async fn owners(w: &World) -> Vec<String> {
 async fn relay_killed_with_sigkill_mid_batch_loses_nothing_and_its_leases_are_taken_over() {
     let w = World::new().await;
     let (keys, per_key) = (200usize, 100usize);
-    let msgs: Vec<_> = (0..per_key)
-        .flat_map(|n| {
-            (0..keys).map(move |k| {
-                NewMessage::new(
-                    "order",
-                    format!("o{k}"),
-                    "changed",
-                    serde_json::json!({ "n": n }),
-                )
-            })
-        })
-        .collect();
+    let msgs = common::interleaved(&common::keys("o", keys), 0..per_key);
     for chunk in msgs.chunks(2000) {
         w.store().insert(chunk).await.unwrap();
     }

@@ -137,20 +137,9 @@ fn assert_complete_and_ordered(
     );
 }
 
+/// `per_key` messages for each of `keys` keys, interleaved.
 fn workload(keys: usize, per_key: usize) -> Vec<NewMessage> {
-    // Interleave keys so every batch holds many keys and several messages per key.
-    (0..per_key)
-        .flat_map(|n| {
-            (0..keys).map(move |k| {
-                NewMessage::new(
-                    "order",
-                    format!("order-{k}"),
-                    "changed",
-                    serde_json::json!({ "n": n }),
-                )
-            })
-        })
-        .collect()
+    common::interleaved(&common::keys("order-", keys), 0..per_key)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

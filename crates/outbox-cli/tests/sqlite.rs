@@ -10,23 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use outbox_core::{NewMessage, Store};
+use outbox_core::Store;
 
 fn outbox(cwd: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_outbox"));
-    for var in [
-        "DATABASE_URL",
-        "OUTBOX_DATABASE_URL",
-        "OUTBOX_SCHEMA",
-        "OUTBOX_SINK",
-        "OUTBOX_CONFIG",
-    ] {
-        c.env_remove(var);
-    }
-    c.env("OUTBOX_LOG", "warn")
-        .current_dir(cwd)
-        .stdin(Stdio::null());
-    c
+    common::outbox_command(cwd)
 }
 
 fn scratch() -> PathBuf {
@@ -138,18 +125,7 @@ async fn relay_killed_with_sigkill_on_sqlite_loses_nothing_and_the_file_holds_ev
     let out = dir.join("events.jsonl");
     let s = store(&db).await;
     let (keys, per_key) = (50usize, 100usize);
-    let msgs: Vec<_> = (0..per_key)
-        .flat_map(|n| {
-            (0..keys).map(move |k| {
-                NewMessage::new(
-                    "order",
-                    format!("o{k}"),
-                    "changed",
-                    serde_json::json!({ "n": n }),
-                )
-            })
-        })
-        .collect();
+    let msgs = common::interleaved(&common::keys("o", keys), 0..per_key);
     for chunk in msgs.chunks(500) {
         s.insert(chunk).await.unwrap();
     }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use futures::StreamExt;
-use outbox_core::{DestinationTemplate, Store};
+use outbox_core::{DestinationTemplate, NewMessage, Store};
 use outbox_postgres::{connect_pool, migrate, PgStore, Schema};
 use outbox_relay::RelayConfig;
 use sqlx::PgPool;
@@ -246,4 +246,41 @@ pub fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::proce
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Messages `n` in `ns` for every key, interleaved (n = 0 of every key, then n = 1, …) so every
+/// batch holds many keys and several messages per key. Payload `{"n": n}`.
+pub fn interleaved(keys: &[String], ns: std::ops::Range<usize>) -> Vec<NewMessage> {
+    ns.flat_map(|n| {
+        keys.iter().map(move |k| {
+            NewMessage::new("order", k.clone(), "changed", serde_json::json!({ "n": n }))
+        })
+    })
+    .collect()
+}
+
+/// `count` keys named `prefix0`, `prefix1`, …
+pub fn keys(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// The `outbox` binary run in `cwd`, with no configuration leaking in from the caller's
+/// environment (tests pass everything as flags), quiet logs and no stdin.
+pub fn outbox_command(cwd: &std::path::Path) -> std::process::Command {
+    let mut c = std::process::Command::new(outbox_bin());
+    for var in [
+        "DATABASE_URL",
+        "OUTBOX_DATABASE_URL",
+        "OUTBOX_SCHEMA",
+        "OUTBOX_SINK",
+        "OUTBOX_CONFIG",
+        "OUTBOX_BATCH_SIZE",
+        "OUTBOX_WORKERS",
+    ] {
+        c.env_remove(var);
+    }
+    c.env("OUTBOX_LOG", "warn")
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null());
+    c
 }
