@@ -14,6 +14,7 @@ mod writer;
 pub use error::map_sqlx_error;
 pub use migrate::{migrate, MIGRATIONS};
 pub use store::{
-    connect_options, connect_pool, SqliteStore, BUSY_TIMEOUT, DEFAULT_PATH, PARTITIONS,
+    connect_options, connect_pool, database_path, remove_database, SqliteStore, BUSY_TIMEOUT,
+    DEFAULT_PATH, PARTITIONS,
 };
 pub use writer::{enqueue, enqueue_many, Writer};

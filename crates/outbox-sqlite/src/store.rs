@@ -91,6 +91,22 @@ pub fn connect_options(url: &str) -> Result<SqliteConnectOptions> {
         .foreign_keys(true))
 }
 
+/// The database file a SQLite URL names (see [`connect_options`]; `sqlite://` alone is
+/// [`DEFAULT_PATH`]).
+pub fn database_path(url: &str) -> Result<std::path::PathBuf> {
+    Ok(connect_options(url)?.get_filename().to_path_buf())
+}
+
+/// Deletes the database file at `path` with its `-wal` and `-shm` companions (for scratch
+/// databases: demos, checks). Missing files are not an error.
+pub fn remove_database(path: &std::path::Path) {
+    for ext in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(ext);
+        let _ = std::fs::remove_file(p);
+    }
+}
+
 /// Opens a pool to the SQLite file `url` names (see [`connect_options`]), creating the file if
 /// missing. Fails at once if the file cannot be opened.
 pub async fn connect_pool(url: &str) -> Result<SqlitePool> {
@@ -437,6 +453,27 @@ impl From<SqliteStore> for std::sync::Arc<dyn Store> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn database_path_follows_the_url_and_remove_database_takes_the_companions() {
+        assert_eq!(
+            database_path("sqlite://").unwrap(),
+            std::path::Path::new(DEFAULT_PATH)
+        );
+        assert_eq!(
+            database_path("sqlite:/tmp/x.db?mode=rwc").unwrap(),
+            std::path::Path::new("/tmp/x.db")
+        );
+        let dir = std::env::temp_dir().join(format!("outbox-remove-db-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = dir.join("a.db");
+        for ext in ["", "-wal", "-shm"] {
+            std::fs::write(format!("{}{ext}", db.display()), b"x").unwrap();
+        }
+        remove_database(&db);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     fn filename(url: &str) -> String {
         connect_options(url)

@@ -40,14 +40,9 @@ enum PaymentsDb {
 }
 
 impl PaymentsDb {
-    async fn open(url: &str, schema: &str, dir: &Path) -> anyhow::Result<Self> {
+    async fn open(url: &str, schema: &str) -> anyhow::Result<Self> {
         if url.starts_with("sqlite:") {
-            let path = url
-                .trim_start_matches("sqlite://")
-                .trim_start_matches("sqlite:");
-            for ext in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{path}{ext}"));
-            }
+            outbox_sqlite::remove_database(&outbox_sqlite::database_path(url)?);
             let pool = outbox_sqlite::connect_pool(url).await?;
             outbox_sqlite::migrate(&pool).await?;
             sqlx::query(
@@ -88,7 +83,6 @@ impl PaymentsDb {
                 schema,
             })
         } else {
-            let _ = dir;
             anyhow::bail!(
                 "demo database `{}`: use sqlite://path or postgres://…",
                 outbox_core::redact::url(url)
@@ -173,9 +167,7 @@ struct Ledger {
 
 impl Ledger {
     async fn open(path: &Path) -> anyhow::Result<Self> {
-        for ext in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{ext}", path.display()));
-        }
+        outbox_sqlite::remove_database(path);
         let pool = outbox_sqlite::connect_pool(&format!("sqlite://{}", path.display())).await?;
         sqlx::raw_sql(
             "CREATE TABLE processed (message_id TEXT PRIMARY KEY);
@@ -343,7 +335,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let lease = args.lease.0;
     let started = Instant::now();
 
-    let db = Arc::new(PaymentsDb::open(&db_url, &schema, &args.dir).await?);
+    let db = Arc::new(PaymentsDb::open(&db_url, &schema).await?);
     let (mut broker, sink, destination) = Broker::open(&sink_url, "demo").await?;
     let ledger_path = args.dir.join("ledger.db");
     let ledger = Ledger::open(&ledger_path).await?;

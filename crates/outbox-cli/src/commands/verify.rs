@@ -214,11 +214,7 @@ impl VerifyDb {
                     .execute(pool)
                     .await;
             }
-            Self::Sqlite { path, .. } => {
-                for ext in ["", "-wal", "-shm"] {
-                    let _ = std::fs::remove_file(format!("{}{ext}", path.display()));
-                }
-            }
+            Self::Sqlite { path, .. } => outbox_sqlite::remove_database(path),
         }
     }
 }
