@@ -69,8 +69,10 @@ pub struct RelaySection {
     pub workers: Option<usize>,
     /// Poll interval.
     pub poll_interval: Option<Dur>,
-    /// LISTEN/NOTIFY wake-ups.
+    /// LISTEN/NOTIFY wake-ups (needs `outbox migrate --notify`).
     pub listen: Option<bool>,
+    /// How long passed storage is kept.
+    pub retention: Option<Dur>,
     /// Partition lease.
     pub lease: Option<Dur>,
     /// Attempts before `failed`.
@@ -205,6 +207,17 @@ pub struct RelaySettings {
     pub relay: RelayConfig,
 }
 
+/// Resolves the retention for `outbox maintain`: flag, then `OUTBOX_RETENTION`, then
+/// `[relay] retention`, then the default (7 days).
+pub fn retention(loaded: &Loaded, flag: Option<Dur>) -> Result<Duration> {
+    Ok(pick(
+        flag,
+        &["OUTBOX_RETENTION"],
+        loaded.file.relay.retention.clone(),
+    )?
+    .map_or(RelayConfig::default().retention, |d| d.0))
+}
+
 /// Resolves `outbox relay` settings and checks every value.
 pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     let f = &loaded.file.relay;
@@ -245,9 +258,13 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     at_most(poll_interval, Duration::from_secs(3600), "poll interval")?;
     let listen = if args.no_listen {
         false
+    } else if args.listen {
+        true
     } else {
-        pick(None, &["OUTBOX_LISTEN"], f.listen)?.unwrap_or(true)
+        pick(None, &["OUTBOX_LISTEN"], f.listen)?.unwrap_or(defaults.listen)
     };
+    let retention = pick(args.retention, &["OUTBOX_RETENTION"], f.retention)?
+        .map_or(defaults.retention, |d| d.0);
     let lease = pick(args.lease, &["OUTBOX_LEASE"], f.lease)?.map_or(defaults.lease, |d| d.0);
     at_least(lease, Duration::from_millis(500), "lease")?;
     at_most(lease, Duration::from_secs(3600), "lease")?;
@@ -284,6 +301,8 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
             workers,
             poll_interval,
             listen,
+            retention,
+            maintain_every: defaults.maintain_every,
             lease,
             retry: RetryPolicy {
                 max_attempts,

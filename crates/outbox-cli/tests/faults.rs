@@ -24,20 +24,18 @@ async fn time_to_deliver_others(
     sink: Arc<dyn outbox_core::Sink>,
     msgs: &[NewMessage],
     except_key: &str,
+    poisoned: bool,
 ) -> Duration {
+    // With no poison the excepted key flows too, and the baseline waits for everything.
     let others = msgs.iter().filter(|m| m.aggregate_id != except_key).count() as i64;
+    let others = if poisoned { others } else { msgs.len() as i64 };
     let stop = CancellationToken::new();
     let started = Instant::now();
     let h = tokio::spawn(Relay::new(w.dyn_store(), sink, w.relay_config()).run(stop.clone()));
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let published: i64 = sqlx::query_scalar(&w.schema.render(
-            "SELECT count(*) FROM {schema}.outbox WHERE state = 'published' AND aggregate_id <> $1",
-        ))
-        .bind(except_key)
-        .fetch_one(&w.pool)
-        .await
-        .unwrap();
+        // A poison key never publishes, so every published message is another key's.
+        let published = w.stats().await.published;
         if published == others {
             break;
         }
@@ -68,7 +66,8 @@ async fn poison_key_blocks_only_itself_and_other_keys_flow_at_normal_speed() {
     // Baseline: no poison.
     let base = World::new().await;
     base.store().insert(&msgs).await.unwrap();
-    let baseline = time_to_deliver_others(&base, Arc::new(nats().await), &msgs, "key-a").await;
+    let baseline =
+        time_to_deliver_others(&base, Arc::new(nats().await), &msgs, "key-a", false).await;
     base.drop_all().await;
 
     // Key A's head fails every time (transiently: it retries, and its later rows wait).
@@ -79,19 +78,25 @@ async fn poison_key_blocks_only_itself_and_other_keys_flow_at_normal_speed() {
         Arc::new(PoisonKeySink::transient(nats().await, "key-a")),
         &msgs,
         "key-a",
+        true,
     )
     .await;
     println!("other keys delivered in {poisoned:?} with a poison key, {baseline:?} without");
     let rows: Vec<(String, i32)> = sqlx::query_as(&w.schema.render(
-        "SELECT state, attempts FROM {schema}.outbox WHERE aggregate_id = 'key-a' ORDER BY seq",
+        "SELECT state, attempts FROM {schema}.outbox_parked WHERE aggregate_id = 'key-a' ORDER BY seq",
     ))
     .fetch_all(&w.pool)
     .await
     .unwrap();
-    assert_eq!(rows[0].0, "pending");
+    assert_eq!(
+        rows.len(),
+        80,
+        "every row of the poison key waits in the parked table"
+    );
+    assert_eq!(rows[0].0, "retrying");
     assert!(rows[0].1 >= 1, "the head must have been tried");
     assert!(
-        rows[1..].iter().all(|(s, a)| s == "pending" && *a == 0),
+        rows[1..].iter().all(|(s, a)| s == "waiting" && *a == 0),
         "later rows of the poison key must wait untouched"
     );
     let s = w.stats().await;
@@ -236,21 +241,21 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // While open, the relay does not burn the messages' attempts.
-    let attempts_open: i64 =
-        sqlx::query_scalar(&w.schema.render(
-            "SELECT coalesce(sum(attempts), 0) FROM {schema}.outbox WHERE state = 'pending'",
-        ))
-        .fetch_one(&w.pool)
-        .await
-        .unwrap();
+    let attempts_open: i64 = sqlx::query_scalar(
+        &w.schema
+            .render("SELECT coalesce(sum(attempts), 0)::int8 FROM {schema}.outbox_parked"),
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let attempts_later: i64 =
-        sqlx::query_scalar(&w.schema.render(
-            "SELECT coalesce(sum(attempts), 0) FROM {schema}.outbox WHERE state = 'pending'",
-        ))
-        .fetch_one(&w.pool)
-        .await
-        .unwrap();
+    let attempts_later: i64 = sqlx::query_scalar(
+        &w.schema
+            .render("SELECT coalesce(sum(attempts), 0)::int8 FROM {schema}.outbox_parked"),
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
     assert!(
         attempts_later - attempts_open <= 4,
         "an open circuit must not hammer: {attempts_open} -> {attempts_later}"

@@ -251,19 +251,25 @@ async fn message_exhausting_its_attempts_ends_failed_with_its_error() {
     wait_failed(&w, 2).await;
     stop.cancel();
     h.await.unwrap();
-    let rows: Vec<(uuid::Uuid, String, i32, Option<String>)> = sqlx::query_as(
-        &w.schema
-            .render("SELECT id, state, attempts, last_error FROM {schema}.outbox ORDER BY seq"),
-    )
-    .fetch_all(&w.pool)
-    .await
-    .unwrap();
+    let rows: Vec<(uuid::Uuid, String, i32, Option<String>)> =
+        sqlx::query_as(&w.schema.render(
+            "SELECT id, state, attempts, last_error FROM {schema}.outbox_parked ORDER BY seq",
+        ))
+        .fetch_all(&w.pool)
+        .await
+        .unwrap();
     // a1 and b1 used their three attempts; a2 waits behind a1 untouched (its key is blocked).
     assert_eq!(rows[0].0, a1.id);
     assert_eq!((rows[0].1.as_str(), rows[0].2), ("failed", 3));
     assert!(rows[0].3.as_deref().unwrap().contains("injected failure"));
-    assert_eq!((rows[1].1.as_str(), rows[1].2), ("pending", 0));
-    assert_eq!((rows[2].1.as_str(), rows[2].2), ("failed", 3));
+    assert_eq!(
+        (rows[1].0, rows[1].1.as_str(), rows[1].2),
+        (a2.id, "waiting", 0)
+    );
+    assert_eq!(
+        (rows[2].0, rows[2].1.as_str(), rows[2].2),
+        (b1.id, "failed", 3)
+    );
     let s = w.stats().await;
     assert_eq!((s.failed, s.pending, s.blocked_keys), (2, 1, 2));
     assert_eq!(w.stream_count().await, 0);
@@ -287,11 +293,13 @@ async fn permanent_error_fails_at_once() {
     wait_failed(&w, 1).await;
     stop.cancel();
     h.await.unwrap();
-    let attempts: i32 =
-        sqlx::query_scalar(&w.schema.render("SELECT attempts FROM {schema}.outbox"))
-            .fetch_one(&w.pool)
-            .await
-            .unwrap();
+    let attempts: i32 = sqlx::query_scalar(
+        &w.schema
+            .render("SELECT attempts FROM {schema}.outbox_parked"),
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
     assert_eq!(attempts, 1);
     w.drop_all().await;
 }
@@ -319,11 +327,13 @@ async fn subject_without_stream_is_a_clear_error_naming_it() {
         started.elapsed() < Duration::from_secs(10),
         "a missing stream must not hang the relay"
     );
-    let err: String =
-        sqlx::query_scalar(&w.schema.render("SELECT last_error FROM {schema}.outbox"))
-            .fetch_one(&w.pool)
-            .await
-            .unwrap();
+    let err: String = sqlx::query_scalar(
+        &w.schema
+            .render("SELECT last_error FROM {schema}.outbox_parked"),
+    )
+    .fetch_one(&w.pool)
+    .await
+    .unwrap();
     assert!(err.contains(&format!("{}.order.placed", w.prefix)), "{err}");
     assert!(err.contains("no JetStream stream"), "{err}");
     w.drop_all().await;
@@ -350,7 +360,7 @@ async fn malformed_headers_fail_the_row_visibly_and_others_flow() {
     h.await.unwrap();
     let err: String = sqlx::query_scalar(
         &w.schema
-            .render("SELECT last_error FROM {schema}.outbox WHERE state = 'failed'"),
+            .render("SELECT last_error FROM {schema}.outbox_parked WHERE state = 'failed'"),
     )
     .fetch_one(&w.pool)
     .await

@@ -19,4 +19,4 @@ pub use retry::RetryPolicy;
 pub use routing::DestinationTemplate;
 pub use secret::Secret;
 pub use sink::{Envelope, Sink, SinkError};
-pub use store::{BlockedKey, MemberId, OnFailed, Outcome, Stats, Store};
+pub use store::{BlockedKey, Maintenance, MemberId, OnFailed, Outcome, Stats, Store};

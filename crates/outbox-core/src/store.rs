@@ -127,6 +127,10 @@ pub struct Stats {
     pub retrying: i64,
     /// Ordering keys whose head message is waiting for a retry or has failed.
     pub blocked_keys: i64,
+    /// Messages set aside from the main flow: retrying or failed heads and the messages queued
+    /// behind them in their key (PostgreSQL's `outbox_parked`; SQLite counts its retrying and
+    /// failed rows).
+    pub parked: i64,
     /// Live relay members and the partitions each owns.
     pub members: Vec<MemberStatus>,
     /// Up to 20 blocked keys, with the head message's error.
@@ -148,18 +152,38 @@ pub struct MemberStatus {
     pub sink_error: Option<String>,
 }
 
+/// What [`Store::maintain`] and [`Store::purge`] did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Maintenance {
+    /// Storage segments created ahead of the writers.
+    pub segments_created: u64,
+    /// Segments dropped because every position had passed them and retention had run out.
+    pub segments_dropped: u64,
+    /// Bookkeeping rows deleted: superseded positions (PostgreSQL), or published rows past
+    /// retention (a store that deletes instead of dropping).
+    pub rows_deleted: u64,
+}
+
 /// A database that holds outbox rows and coordinates relay members.
 ///
 /// Guarantees every implementation must keep (the conformance suite in `outbox-testkit` checks
 /// them): a partition has at most one owner whose lease is unexpired; `claim` returns only rows
 /// of partitions the member owns, in sequence order, never a row whose key has an earlier row
-/// waiting for a retry or failed; `complete` changes only rows in partitions the member still
-/// owns (fencing), so a relay that lost its lease cannot mark rows another member now serves.
+/// waiting for a retry or failed; `complete` records nothing for partitions the member no longer
+/// owns (fencing), so a relay that lost its lease cannot move the progress of a partition another
+/// member now serves.
+///
+/// A member calls `complete` once for each non-empty `claim`, with an outcome for every message
+/// it tried. A message handed out without an outcome is either behind a failure of its key in
+/// the same batch (it then waits with that key, in order) or was not tried at all (the lease ran
+/// short); the latter is handed out again, and so may later messages of its partition that were
+/// published in the same batch (a duplicate with the same id, never a loss).
 #[async_trait]
 pub trait Store: Send + Sync {
     /// Heartbeats `member`, forgets members silent for longer than `lease`, then takes or gives
     /// back partitions so each live member owns a fair share. Returns the partitions `member`
-    /// owns afterwards, their leases extended to `lease` from now.
+    /// owns afterwards; each of their leases runs for at least two thirds of `lease` from the
+    /// call (a store may skip extending a lease that has that much left).
     async fn rebalance(&self, member: &MemberId, lease: Duration) -> Result<Vec<i32>>;
 
     /// Extends the lease of every partition `member` owns; returns how many it still owns.
@@ -199,6 +223,14 @@ pub trait Store: Send + Sync {
 
     /// Counts for `outbox status`.
     async fn stats(&self) -> Result<Stats>;
+
+    /// Housekeeping a relay runs now and then: storage created ahead of the writers, and
+    /// storage every reader has passed dropped once `retention` has run out since. Never
+    /// removes a message that is pending or parked. Stores without such upkeep do nothing.
+    async fn maintain(&self, retention: Duration) -> Result<Maintenance> {
+        let _ = retention;
+        Ok(Maintenance::default())
+    }
 
     /// Inserts `messages` in one transaction of the store's own. Applications should use the
     /// backend's transactional `enqueue` instead, inside their business transaction.

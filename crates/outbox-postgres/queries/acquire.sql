@@ -12,4 +12,4 @@ UPDATE {schema}.outbox_partitions AS p
 SET owner = $1, lease_until = now() + make_interval(secs => $2), epoch = p.epoch + 1
 FROM picked
 WHERE p.partition = picked.partition
-RETURNING p.partition
+RETURNING p.partition, p.epoch

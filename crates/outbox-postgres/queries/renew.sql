@@ -4,4 +4,4 @@ WITH beat AS (
 )
 UPDATE {schema}.outbox_partitions SET lease_until = now() + make_interval(secs => $2)
 WHERE owner = $1
-RETURNING partition
+RETURNING partition, epoch

@@ -1,16 +1,48 @@
--- Counts for `outbox status`. The oldest pending age reads each partition's head row through
--- the pending index.
+-- Counts for `outbox status`, from the positions and the parked table; nothing here reads the
+-- message table's history. Pending is the claim's own predicate (visible now, not yet passed by
+-- the partition's position), counted per partition up to $1 rows, plus the parked messages that
+-- are not failed. The oldest pending age is the oldest of each partition's next window row and
+-- of the parked messages still to deliver.
+WITH pos AS MATERIALIZED (
+    SELECT lp.*, pg_current_snapshot() AS now_snap
+    FROM generate_series(0, 63) AS g(partition)
+    CROSS JOIN LATERAL (
+        SELECT x.partition, x.done, x.done_floor, x.cur, x.cursor, x.published
+        FROM {schema}.outbox_positions AS x
+        WHERE x.partition = g.partition
+        ORDER BY x.id DESC
+        LIMIT 1
+    ) AS lp
+), pend AS (
+    SELECT pos.partition, w.seq, w.created_at
+    FROM pos
+    CROSS JOIN LATERAL (
+        SELECT u.seq, u.created_at FROM (
+            SELECT a.seq, a.created_at, a.txid FROM {schema}.outbox AS a
+            WHERE a.partition = pos.partition AND a.seq > pos.done_floor
+              AND a.txid >= pg_snapshot_xmax(pos.done)
+              AND pg_visible_in_snapshot(a.txid, pos.now_snap)
+            UNION ALL
+            SELECT b.seq, b.created_at, b.txid FROM {schema}.outbox AS b
+            WHERE b.partition = pos.partition
+              AND b.txid::text = ANY (ARRAY(SELECT x::text FROM pg_snapshot_xip(pos.done) AS x))
+              AND pg_visible_in_snapshot(b.txid, pos.now_snap)
+        ) AS u
+        WHERE NOT (pos.cur IS NOT NULL AND pg_visible_in_snapshot(u.txid, pos.cur)
+                   AND u.seq <= pos.cursor)
+        LIMIT $1
+    ) AS w
+)
 SELECT
-  (SELECT count(*) FROM {schema}.outbox WHERE state = 'pending') AS pending,
-  (SELECT extract(epoch FROM now() - min(h.created_at))::float8
-     FROM {schema}.outbox_partitions AS p
-     CROSS JOIN LATERAL (SELECT created_at FROM {schema}.outbox
-                         WHERE partition = p.partition AND state = 'pending'
-                         ORDER BY seq LIMIT 1) AS h) AS oldest_pending_age_seconds,
-  (SELECT count(*) FROM {schema}.outbox WHERE state = 'failed') AS failed,
-  (SELECT count(*) FROM {schema}.outbox WHERE state = 'published') AS published,
-  (SELECT count(*) FROM {schema}.outbox WHERE state = 'pending' AND attempts > 0) AS retrying,
-  (SELECT count(DISTINCT aggregate_id) FROM (
-      SELECT aggregate_id FROM {schema}.outbox WHERE state = 'pending' AND attempts > 0
-      UNION ALL
-      SELECT aggregate_id FROM {schema}.outbox WHERE state = 'failed') AS b) AS blocked_keys
+  (SELECT count(*) FROM pend)
+    + (SELECT count(*) FROM {schema}.outbox_parked WHERE state <> 'failed') AS pending,
+  (SELECT extract(epoch FROM now() - least(
+      (SELECT min(created_at) FROM pend),
+      (SELECT min(created_at) FROM {schema}.outbox_parked WHERE state <> 'failed')))::float8)
+    AS oldest_pending_age_seconds,
+  (SELECT count(*) FROM {schema}.outbox_parked WHERE state = 'failed') AS failed,
+  (SELECT coalesce(sum(published), 0)::int8 FROM pos) AS published,
+  (SELECT count(*) FROM {schema}.outbox_parked WHERE state = 'retrying') AS retrying,
+  (SELECT count(*) FROM {schema}.outbox_parked) AS parked,
+  (SELECT count(*) FROM (SELECT DISTINCT partition, aggregate_id
+                         FROM {schema}.outbox_parked) AS k) AS blocked_keys

@@ -6,12 +6,15 @@
 
 mod error;
 mod migrate;
+mod retention;
 mod schema;
 mod store;
+mod ticket;
 mod writer;
 
 pub use error::map_sqlx_error;
-pub use migrate::{migrate, MIGRATIONS};
+pub use migrate::{migrate, notify_installed, set_notify, MIGRATIONS};
+pub use retention::LOOKAHEAD_SEGMENTS;
 pub use schema::Schema;
-pub use store::{connect_pool, PgStore, PARTITIONS};
+pub use store::{connect_pool, PgStore, PARTITIONS, PENDING_COUNT_CAP};
 pub use writer::{enqueue, enqueue_many, Writer};

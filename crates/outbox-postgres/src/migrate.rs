@@ -14,6 +14,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "member health",
         include_str!("../migrations/0002_member_health.sql"),
     ),
+    (
+        3,
+        "insert-only engine",
+        include_str!("../migrations/0003_engine_v2.sql"),
+    ),
 ];
 
 /// Creates `schema` if needed and applies the migrations it lacks, in one transaction per run.
@@ -25,6 +30,11 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<Vec<i32>> {
         .begin()
         .await
         .map_err(|e| map_sqlx_error(&ctx("begin"), e))?;
+    // Upgrading copies the backlog: no statement timeout for this transaction.
+    sqlx::raw_sql("SET LOCAL statement_timeout = 0")
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("settings"), e))?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
         .bind(format!("outbox-migrate:{}", schema.as_str()))
         .execute(&mut *tx)
@@ -69,4 +79,42 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<Vec<i32>> {
         .await
         .map_err(|e| map_sqlx_error(&ctx("commit"), e))?;
     Ok(applied)
+}
+
+/// Installs (`on`) or removes the opt-in NOTIFY doorbell on `schema`'s outbox. See
+/// `queries/notify_on.sql` for what it costs writers.
+pub async fn set_notify(pool: &PgPool, schema: &Schema, on: bool) -> Result<()> {
+    let sql = if on {
+        include_str!("../queries/notify_on.sql")
+    } else {
+        include_str!("../queries/notify_off.sql")
+    };
+    sqlx::raw_sql(&schema.render(sql))
+        .execute(pool)
+        .await
+        .map_err(|e| {
+            map_sqlx_error(
+                &format!(
+                    "setting the NOTIFY doorbell on schema `{}`",
+                    schema.as_str()
+                ),
+                e,
+            )
+        })?;
+    Ok(())
+}
+
+/// Whether `schema`'s outbox has the NOTIFY doorbell installed.
+pub async fn notify_installed(pool: &PgPool, schema: &Schema) -> Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_trigger AS t
+                        JOIN pg_class AS c ON c.oid = t.tgrelid
+                        JOIN pg_namespace AS n ON n.oid = c.relnamespace
+                        WHERE n.nspname = $1 AND c.relname = 'outbox'
+                          AND t.tgname = 'outbox_notify')",
+    )
+    .bind(schema.as_str())
+    .fetch_one(pool)
+    .await
+    .map_err(|e| map_sqlx_error("reading the outbox triggers", e))
 }

@@ -37,9 +37,16 @@ impl Schema {
         &self.0
     }
 
-    /// The LISTEN/NOTIFY channel of this schema's outbox.
+    /// The LISTEN/NOTIFY channel of this schema's outbox: `outbox_` and a 64-bit FNV-1a hash
+    /// of the schema name in hex, 23 bytes whatever the schema's length (PostgreSQL truncates
+    /// or rejects channel names over 63 bytes).
     pub fn channel(&self) -> String {
-        format!("outbox_{}", self.0)
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self.0.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        format!("outbox_{h:016x}")
     }
 
     /// `sql` with `{schema}` and `{channel}` filled in.
@@ -58,6 +65,16 @@ impl Default for Schema {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn channels_are_short_and_distinct() {
+        let long = Schema::new(&"s".repeat(63)).unwrap();
+        assert!(long.channel().len() <= 63);
+        assert_ne!(
+            Schema::new("a").unwrap().channel(),
+            Schema::new("b").unwrap().channel()
+        );
+    }
 
     #[test]
     fn plain_identifiers_pass() {

@@ -1,30 +1,57 @@
-//! [`PgStore`]: the relay's view of a PostgreSQL outbox (partition leases, claims, marks).
+//! [`PgStore`]: the relay's view of a PostgreSQL outbox (partition leases, window claims,
+//! fenced positions, parked messages, retention).
+//!
+//! The message table is insert-only: nothing here updates or deletes a message row. See
+//! `migrations/0003_engine_v2.sql` and `docs/engine.md` for the model.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::store::MemberStatus;
 use outbox_core::{
-    BlockedKey, MemberId, Message, NewMessage, OnFailed, Outcome, Result, Stats, Store,
+    BlockedKey, Maintenance, MemberId, Message, NewMessage, OnFailed, Outcome, Result, Stats, Store,
 };
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Row};
 use tokio::sync::watch;
 
 use crate::error::map_sqlx_error;
 use crate::schema::Schema;
+use crate::ticket::{ParkedRow, Plan, Ticket, Window, WindowRow};
 use crate::writer::Writer;
 
 /// Number of relay partitions; fixed by the migration that computes `outbox.partition`.
 pub const PARTITIONS: usize = 64;
 
+/// Pending rows counted per partition by `stats` before it stops counting.
+pub const PENDING_COUNT_CAP: i64 = 100_000;
+
+/// How often a member with nothing to do records that its empty windows are passed, so that
+/// retention can move on while no message flows.
+const IDLE_ADVANCE_EVERY: Duration = Duration::from_secs(5);
+
+/// Session settings of every relay connection, sent as startup options. Claims must have one
+/// obvious plan whatever the statistics say: JIT compiling a claim cost 160 ms per claim in
+/// production-like tests, so it is off. A statement or lock wait longer than these is an
+/// outage, not a plan to wait for.
+const SESSION_SETTINGS: [(&str, &str); 4] = [
+    ("jit", "off"),
+    ("statement_timeout", "30s"),
+    ("lock_timeout", "5s"),
+    ("idle_in_transaction_session_timeout", "60s"),
+];
+
 struct Queries {
-    claim: String,
-    complete: String,
+    claim_window: String,
+    claim_parked: String,
+    record: String,
     heartbeat: String,
     reap_members: String,
     renew: String,
+    renew_due: String,
     give_back: String,
     acquire: String,
     release: String,
@@ -37,11 +64,13 @@ struct Queries {
 impl Queries {
     fn new(schema: &Schema) -> Self {
         Self {
-            claim: schema.render(include_str!("../queries/claim.sql")),
-            complete: schema.render(include_str!("../queries/complete.sql")),
+            claim_window: schema.render(include_str!("../queries/claim_window.sql")),
+            claim_parked: schema.render(include_str!("../queries/claim_parked.sql")),
+            record: schema.render(include_str!("../queries/record.sql")),
             heartbeat: schema.render(include_str!("../queries/heartbeat.sql")),
             reap_members: schema.render(include_str!("../queries/reap_members.sql")),
             renew: schema.render(include_str!("../queries/renew.sql")),
+            renew_due: schema.render(include_str!("../queries/renew_due.sql")),
             give_back: schema.render(include_str!("../queries/give_back.sql")),
             acquire: schema.render(include_str!("../queries/acquire.sql")),
             release: schema.render(include_str!("../queries/release.sql")),
@@ -53,12 +82,19 @@ impl Queries {
     }
 }
 
-/// Opens a pool to `url` with at most `max_connections`. Errors never echo the password.
+/// Opens a pool to `url` with at most `max_connections`, every connection set up for the relay
+/// (JIT off, statement and lock timeouts). Errors never echo the password.
 pub async fn connect_pool(url: &str, max_connections: u32) -> Result<PgPool> {
+    let options: PgConnectOptions = url.parse().map_err(|e| {
+        map_sqlx_error(
+            &format!("parsing database URL {}", outbox_core::redact::url(url)),
+            e,
+        )
+    })?;
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
-        .connect(url)
+        .connect_with(options.options(SESSION_SETTINGS))
         .await
         .map_err(|e| {
             map_sqlx_error(
@@ -68,12 +104,29 @@ pub async fn connect_pool(url: &str, max_connections: u32) -> Result<PgPool> {
         })
 }
 
+/// What the store remembers per member between calls.
+#[derive(Default)]
+struct MemberState {
+    /// Owned partitions and the epoch each was taken at (the fencing token).
+    epochs: HashMap<i16, i64>,
+    /// The last claim, until it is recorded.
+    ticket: Option<Ticket>,
+    /// The seq high-water mark read by this member's previous claim: a floor for the next
+    /// claim's snapshot (read before that snapshot was taken).
+    floor_hint: i64,
+    /// Partitions that had rows at the last claim, to share a batch among them.
+    active: usize,
+    /// When empty windows were last recorded as passed.
+    last_idle_advance: Option<Instant>,
+}
+
 /// A PostgreSQL outbox in one schema.
 pub struct PgStore {
     pool: PgPool,
     schema: Schema,
     writer: Writer,
     q: Queries,
+    members: Mutex<HashMap<String, MemberState>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -92,6 +145,7 @@ impl PgStore {
             q: Queries::new(&schema),
             pool,
             schema,
+            members: Mutex::new(HashMap::new()),
         }
     }
 
@@ -108,6 +162,203 @@ impl PgStore {
     /// The writer for this schema.
     pub fn writer(&self) -> &Writer {
         &self.writer
+    }
+
+    fn state<T>(&self, member: &MemberId, f: impl FnOnce(&mut MemberState) -> T) -> T {
+        let mut map = self
+            .members
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(map.entry(member.0.clone()).or_default())
+    }
+
+    fn forget(&self, member: &MemberId) {
+        self.members
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(member.as_str());
+    }
+
+    /// Drops, after `older_than`, every segment all positions have passed, whatever the
+    /// configured retention. Never drops a segment holding a pending row.
+    pub async fn purge(&self, older_than: Duration) -> Result<Maintenance> {
+        crate::retention::run(&self.pool, &self.schema, older_than).await
+    }
+
+    /// Reads the window claim's rows into a ticket and the messages to hand out.
+    async fn read_windows(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        epochs: &[(i16, i64)],
+        per_partition: i64,
+        limit: usize,
+        floor_hint: i64,
+        block: bool,
+        ticket: &mut Ticket,
+    ) -> Result<(Vec<Message>, i64)> {
+        let err = |e| map_sqlx_error("claiming from the outbox windows", e);
+        let (parts, eps): (Vec<i16>, Vec<i64>) = epochs.iter().copied().unzip();
+        let rows = sqlx::query(&self.q.claim_window)
+            .bind(&parts)
+            .bind(per_partition)
+            .bind((limit + parts.len()) as i64)
+            .bind(floor_hint)
+            .bind(block)
+            .bind(&eps)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        let mut messages = Vec::new();
+        let mut seq_high = floor_hint;
+        let mut returned: HashMap<i16, i64> = HashMap::new();
+        for r in &rows {
+            let partition: i16 = r.try_get("partition").map_err(err)?;
+            seq_high = seq_high.max(
+                r.try_get::<Option<i64>, _>("seq_high")
+                    .map_err(err)?
+                    .unwrap_or(0),
+            );
+            if !ticket.windows.contains_key(&partition) {
+                let found: i64 = r.try_get("window_rows").map_err(err)?;
+                ticket.windows.insert(
+                    partition,
+                    Window {
+                        partition,
+                        epoch: r.try_get("epoch").map_err(err)?,
+                        done: r.try_get("done").map_err(err)?,
+                        done_floor: r.try_get("done_floor").map_err(err)?,
+                        done_at: r.try_get("done_at").map_err(err)?,
+                        published: r.try_get("published").map_err(err)?,
+                        cur: r.try_get("cur").map_err(err)?,
+                        cur_floor: r.try_get("cur_floor").map_err(err)?,
+                        cur_at: r.try_get("cur_at").map_err(err)?,
+                        cursor: r.try_get("cursor").map_err(err)?,
+                        found,
+                        exhausted_if_all_read: found < per_partition,
+                    },
+                );
+            }
+            let Some(seq) = r.try_get::<Option<i64>, _>("seq").map_err(err)? else {
+                continue;
+            };
+            *returned.entry(partition).or_default() += 1;
+            let held: bool = r.try_get("held").map_err(err)?;
+            let key: String = r.try_get("aggregate_id").map_err(err)?;
+            ticket.rows.push(WindowRow {
+                partition,
+                seq,
+                txid: r.try_get("txid").map_err(err)?,
+                key: key.clone(),
+                held,
+                handed_out: !held,
+            });
+            if !held {
+                messages.push(Message {
+                    seq,
+                    id: r.try_get("id").map_err(err)?,
+                    aggregate_type: r.try_get("aggregate_type").map_err(err)?,
+                    aggregate_id: key,
+                    event_type: r.try_get("event_type").map_err(err)?,
+                    payload: r.try_get("payload").map_err(err)?,
+                    headers: r.try_get("headers").map_err(err)?,
+                    topic: r.try_get("topic").map_err(err)?,
+                    created_at: r.try_get("created_at").map_err(err)?,
+                    attempts: 0,
+                });
+            }
+        }
+        // A partition whose rows the statement's overall LIMIT cut is not read to its end.
+        for w in ticket.windows.values_mut() {
+            if returned.get(&w.partition).copied().unwrap_or(0) < w.found {
+                w.exhausted_if_all_read = false;
+            }
+        }
+        Ok((messages, seq_high))
+    }
+
+    async fn read_parked(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        parts: &[i16],
+        limit: usize,
+        block: bool,
+        ticket: &mut Ticket,
+    ) -> Result<Vec<Message>> {
+        let err = |e| map_sqlx_error("claiming parked messages", e);
+        let rows = sqlx::query(&self.q.claim_parked)
+            .bind(parts)
+            .bind(limit as i64)
+            .bind(block)
+            .bind(limit as i64)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err)?;
+        let mut messages = Vec::with_capacity(rows.len());
+        for r in rows {
+            let partition: i16 = r.try_get("partition").map_err(err)?;
+            let m = Message {
+                seq: r.try_get("seq").map_err(err)?,
+                id: r.try_get("id").map_err(err)?,
+                aggregate_type: r.try_get("aggregate_type").map_err(err)?,
+                aggregate_id: r.try_get("aggregate_id").map_err(err)?,
+                event_type: r.try_get("event_type").map_err(err)?,
+                payload: r.try_get("payload").map_err(err)?,
+                headers: r.try_get("headers").map_err(err)?,
+                topic: r.try_get("topic").map_err(err)?,
+                created_at: r.try_get("created_at").map_err(err)?,
+                attempts: r.try_get("attempts").map_err(err)?,
+            };
+            ticket.parked.insert(
+                m.seq,
+                ParkedRow {
+                    partition,
+                    key: m.aggregate_id.clone(),
+                },
+            );
+            messages.push(m);
+        }
+        Ok(messages)
+    }
+
+    /// Runs the fenced record statement for `plan`; returns the partitions that passed.
+    async fn write_plan(&self, member: &MemberId, plan: &Plan) -> Result<Vec<i16>> {
+        let (fp, fe): (Vec<i16>, Vec<i64>) = plan.fence.iter().copied().unzip();
+        let pos = &plan.positions;
+        let park = &plan.park;
+        let ret = &plan.retried;
+        sqlx::query_scalar::<_, i16>(&self.q.record)
+            .bind(member.as_str())
+            .bind(&fp)
+            .bind(&fe)
+            .bind(pos.iter().map(|p| p.partition).collect::<Vec<_>>())
+            .bind(pos.iter().map(|p| p.epoch).collect::<Vec<_>>())
+            .bind(pos.iter().map(|p| p.done.as_str()).collect::<Vec<_>>())
+            .bind(pos.iter().map(|p| p.done_floor).collect::<Vec<_>>())
+            .bind(pos.iter().map(|p| p.done_at).collect::<Vec<_>>())
+            .bind(pos.iter().map(|p| p.cur.as_deref()).collect::<Vec<_>>())
+            .bind(pos.iter().map(|p| p.cur_floor).collect::<Vec<_>>())
+            .bind(pos.iter().map(|p| p.cur_at).collect::<Vec<_>>())
+            .bind(pos.iter().map(|p| p.cursor).collect::<Vec<_>>())
+            .bind(pos.iter().map(|p| p.published).collect::<Vec<_>>())
+            .bind(park.iter().map(|k| k.partition).collect::<Vec<_>>())
+            .bind(park.iter().map(|k| k.txid.as_str()).collect::<Vec<_>>())
+            .bind(park.iter().map(|k| k.seq).collect::<Vec<_>>())
+            .bind(park.iter().map(|k| k.state).collect::<Vec<_>>())
+            .bind(park.iter().map(|k| k.attempts).collect::<Vec<_>>())
+            .bind(park.iter().map(|k| k.delay_secs).collect::<Vec<_>>())
+            .bind(park.iter().map(|k| k.error.as_deref()).collect::<Vec<_>>())
+            .bind(ret.iter().map(|r| r.partition).collect::<Vec<_>>())
+            .bind(ret.iter().map(|r| r.seq).collect::<Vec<_>>())
+            .bind(ret.iter().map(|r| r.outcome).collect::<Vec<_>>())
+            .bind(ret.iter().map(|r| r.delay_secs).collect::<Vec<_>>())
+            .bind(ret.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("recording publish results", e))
+    }
+
+    fn remember_epochs(&self, member: &MemberId, owned: &[(i16, i64)]) {
+        self.state(member, |s| s.epochs = owned.iter().copied().collect());
     }
 }
 
@@ -136,45 +387,44 @@ impl Store for PgStore {
             .await
             .map_err(err("counting members"))?;
         let fair = PARTITIONS.div_ceil(live.max(1) as usize);
-        let mut owned: Vec<i32> = sqlx::query_scalar::<_, i16>(&self.q.renew)
+        let mut owned: Vec<(i16, i64)> = sqlx::query_as(&self.q.renew_due)
             .bind(member.as_str())
             .bind(secs(lease))
             .fetch_all(&self.pool)
             .await
-            .map_err(err("renewing leases"))?
-            .into_iter()
-            .map(i32::from)
-            .collect();
+            .map_err(err("renewing leases"))?;
         owned.sort_unstable();
         if owned.len() > fair {
-            let extra = owned.split_off(fair);
+            let extra: Vec<i16> = owned.split_off(fair).into_iter().map(|(p, _)| p).collect();
             sqlx::query(&self.q.give_back)
                 .bind(member.as_str())
-                .bind(partitions_param(&extra))
+                .bind(&extra)
                 .execute(&self.pool)
                 .await
                 .map_err(err("giving back partitions"))?;
         } else if owned.len() < fair {
-            let got: Vec<i16> = sqlx::query_scalar(&self.q.acquire)
+            let got: Vec<(i16, i64)> = sqlx::query_as(&self.q.acquire)
                 .bind(member.as_str())
                 .bind(secs(lease))
                 .bind((fair - owned.len()) as i64)
                 .fetch_all(&self.pool)
                 .await
                 .map_err(err("acquiring partitions"))?;
-            owned.extend(got.into_iter().map(i32::from));
+            owned.extend(got);
             owned.sort_unstable();
         }
-        Ok(owned)
+        self.remember_epochs(member, &owned);
+        Ok(owned.into_iter().map(|(p, _)| i32::from(p)).collect())
     }
 
     async fn renew(&self, member: &MemberId, lease: Duration) -> Result<usize> {
-        let rows: Vec<i16> = sqlx::query_scalar(&self.q.renew)
+        let rows: Vec<(i16, i64)> = sqlx::query_as(&self.q.renew)
             .bind(member.as_str())
             .bind(secs(lease))
             .fetch_all(&self.pool)
             .await
             .map_err(|e| map_sqlx_error("renewing partition leases", e))?;
+        self.remember_epochs(member, &rows);
         Ok(rows.len())
     }
 
@@ -185,85 +435,115 @@ impl Store for PgStore {
         limit: usize,
         on_failed: OnFailed,
     ) -> Result<Vec<Message>> {
-        if partitions.is_empty() || limit == 0 {
+        let wanted = partitions_param(partitions);
+        let (epochs, floor_hint, active, idle_due) = self.state(member, |s| {
+            let e: Vec<(i16, i64)> = wanted
+                .iter()
+                .filter_map(|p| s.epochs.get(p).map(|e| (*p, *e)))
+                .collect();
+            let idle_due = s
+                .last_idle_advance
+                .is_none_or(|t| t.elapsed() >= IDLE_ADVANCE_EVERY);
+            (e, s.floor_hint, s.active, idle_due)
+        });
+        if epochs.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
-        // Each partition gives at most twice its fair share, so one busy partition cannot
-        // starve the others and no claim reads far beyond the batch it returns.
-        let per_partition = (limit.div_ceil(partitions.len()) * 2).max(32).min(limit);
+        // A batch is shared among the partitions that had rows last time: one hot key gets the
+        // whole batch, a thousand keys a slice each.
+        let per_partition = (limit / active.clamp(1, epochs.len())).clamp(1, limit) as i64;
+        let block = on_failed == OnFailed::Block;
         let err = |e| map_sqlx_error("claiming pending messages", e);
-        // Planner statistics lag behind a fast-growing backlog (a fresh or just-filled table
-        // looks nearly empty) and then a bitmap scan plus sort of every pending row looks
-        // cheap; it costs the whole backlog on every claim. Forbid it for this statement: the
-        // ordered index scan is always right here.
+        // Reads only: the transaction exists to scope the planner settings. Part A of the
+        // window claim must walk the (partition, seq) index in order; never let a bitmap scan
+        // or a sequential scan of the backlog look cheaper.
         let mut tx = self
             .pool
-            .begin_with("BEGIN; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off")
+            .begin_with("BEGIN READ ONLY; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off")
             .await
             .map_err(err)?;
-        let rows = sqlx::query(&self.q.claim)
-            .bind(member.as_str())
-            .bind(partitions_param(partitions))
-            .bind(limit as i64)
-            .bind(per_partition as i64)
-            .bind(on_failed == OnFailed::Block)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(err)?;
+        let mut ticket = Ticket::default();
+        let (mut messages, seq_high) = self
+            .read_windows(
+                &mut tx,
+                &epochs,
+                per_partition,
+                limit,
+                floor_hint,
+                block,
+                &mut ticket,
+            )
+            .await?;
+        let parts: Vec<i16> = epochs.iter().map(|(p, _)| *p).collect();
+        let parked = self
+            .read_parked(&mut tx, &parts, limit, block, &mut ticket)
+            .await?;
         tx.commit().await.map_err(err)?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(Message {
-                    seq: r.try_get("seq")?,
-                    id: r.try_get("id")?,
-                    aggregate_type: r.try_get("aggregate_type")?,
-                    aggregate_id: r.try_get("aggregate_id")?,
-                    event_type: r.try_get("event_type")?,
-                    payload: r.try_get("payload")?,
-                    headers: r.try_get("headers")?,
-                    topic: r.try_get("topic")?,
-                    created_at: r.try_get("created_at")?,
-                    attempts: r.try_get("attempts")?,
-                })
-            })
-            .collect::<std::result::Result<_, sqlx::Error>>()
-            .map_err(|e| map_sqlx_error("reading claimed messages", e))
+        messages.extend(parked);
+        messages.sort_by_key(|m| m.seq);
+        if messages.len() > limit {
+            // Cut the highest seqs: their window rows count as not tried.
+            let cut: std::collections::HashSet<i64> =
+                messages.drain(limit..).map(|m| m.seq).collect();
+            for r in &mut ticket.rows {
+                if cut.contains(&r.seq) {
+                    r.handed_out = false;
+                }
+            }
+            ticket.parked.retain(|seq, _| !cut.contains(seq));
+        }
+        let active_now = ticket.windows.values().filter(|w| w.found > 0).count();
+        ticket.rows.sort_by_key(|r| r.seq);
+        if messages.is_empty() {
+            // Nothing to send, but held rows must be parked and passed windows recorded,
+            // else the next claim would read them again.
+            let idle = idle_due && ticket.rows.is_empty();
+            let plan = ticket.plan(&[], idle);
+            self.state(member, |s| {
+                s.floor_hint = seq_high;
+                s.active = active_now.max(1);
+                s.ticket = None;
+                if idle {
+                    s.last_idle_advance = Some(Instant::now());
+                }
+            });
+            if !plan.is_empty() {
+                self.write_plan(member, &plan).await?;
+            }
+            return Ok(messages);
+        }
+        self.state(member, |s| {
+            s.floor_hint = seq_high;
+            s.active = active_now.max(1);
+            s.ticket = Some(ticket);
+        });
+        Ok(messages)
     }
 
     async fn complete(&self, member: &MemberId, outcomes: &[Outcome]) -> Result<u64> {
-        if outcomes.is_empty() {
+        let Some(ticket) = self.state(member, |s| s.ticket.take()) else {
+            return Ok(0);
+        };
+        let plan = ticket.plan(outcomes, false);
+        if plan.is_empty() {
             return Ok(0);
         }
-        let n = outcomes.len();
-        let (mut seqs, mut states, mut errors, mut delays) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        for o in outcomes {
-            seqs.push(o.seq());
-            let (state, error, delay) = match o {
-                Outcome::Published { .. } => ("published", None, 0.0),
-                Outcome::Retry { error, delay, .. } => {
-                    ("pending", Some(error.as_str()), delay.as_secs_f64())
-                }
-                Outcome::Failed { error, .. } => ("failed", Some(error.as_str()), 0.0),
-            };
-            states.push(state);
-            errors.push(error);
-            delays.push(delay);
-        }
-        let done = sqlx::query(&self.q.complete)
-            .bind(member.as_str())
-            .bind(&seqs)
-            .bind(&states)
-            .bind(&errors)
-            .bind(&delays)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map_sqlx_error("recording publish results", e))?;
-        Ok(done.rows_affected())
+        let passed = match self.write_plan(member, &plan).await {
+            Ok(p) => p,
+            Err(e) => {
+                // Keep the ticket so the relay's retry of this call can record the batch.
+                self.state(member, |s| {
+                    if s.ticket.is_none() {
+                        s.ticket = Some(ticket);
+                    }
+                });
+                return Err(e);
+            }
+        };
+        Ok(passed
+            .iter()
+            .map(|p| plan.applied.get(p).copied().unwrap_or(0))
+            .sum())
     }
 
     async fn release(&self, member: &MemberId) -> Result<()> {
@@ -272,6 +552,7 @@ impl Store for PgStore {
             .execute(&self.pool)
             .await
             .map_err(|e| map_sqlx_error("releasing partitions", e))?;
+        self.forget(member);
         Ok(())
     }
 
@@ -298,6 +579,7 @@ impl Store for PgStore {
 
     async fn stats(&self) -> Result<Stats> {
         let r = sqlx::query(&self.q.stats)
+            .bind(PENDING_COUNT_CAP)
             .fetch_one(&self.pool)
             .await
             .map_err(|e| map_sqlx_error("reading outbox counts", e))?;
@@ -342,6 +624,7 @@ impl Store for PgStore {
             published: get("published")?,
             retrying: get("retrying")?,
             blocked_keys: get("blocked_keys")?,
+            parked: get("parked")?,
             members,
             blocked,
         })
@@ -361,6 +644,10 @@ impl Store for PgStore {
             .await
             .map_err(|e| map_sqlx_error("recording the circuit state", e))?;
         Ok(())
+    }
+
+    async fn maintain(&self, retention: Duration) -> Result<Maintenance> {
+        crate::retention::run(&self.pool, &self.schema, retention).await
     }
 
     async fn insert(&self, messages: &[NewMessage]) -> Result<()> {

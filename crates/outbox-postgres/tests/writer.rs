@@ -53,18 +53,6 @@ async fn rolled_back_enqueue_leaves_no_row_and_committed_one_stays() {
     teardown(&pool, &schema).await;
 }
 
-#[tokio::test]
-async fn duplicate_message_id_is_a_unique_violation() {
-    let (pool, schema) = setup().await;
-    let w = Writer::new(&schema);
-    let m = NewMessage::new("a", "1", "e", serde_json::json!({}));
-    let mut tx = pool.begin().await.unwrap();
-    w.enqueue(&mut tx, &m).await.unwrap();
-    let err = w.enqueue(&mut tx, &m).await.unwrap_err();
-    assert_eq!(err.kind(), outbox_core::ErrorKind::UniqueViolation);
-    teardown(&pool, &schema).await;
-}
-
 /// Two transactions writing the same key: the one that commits first gets the smaller `seq`,
 /// even though the other one started its insert first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

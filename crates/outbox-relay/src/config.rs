@@ -8,8 +8,16 @@ use outbox_core::{DestinationTemplate, OnFailed, RetryPolicy};
 pub const DEFAULT_BATCH_SIZE: usize = 1000;
 /// Default worker tasks (relay members) per process.
 pub const DEFAULT_WORKERS: usize = 2;
-/// Default poll interval, the safety net under LISTEN/NOTIFY.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Default longest wait between two claims when idle. The relay polls adaptively: again at once
+/// after a full batch, after 1 ms after a partial one, doubling while polls come back empty, up
+/// to this. An empty poll costs a few index probes per partition.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Shortest wait after a poll that found something but not a full batch.
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
+/// Default retention: storage every reader has passed is dropped this long after.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often the relay runs store maintenance (segments ahead, retention).
+pub const DEFAULT_MAINTAIN_EVERY: Duration = Duration::from_secs(30);
 /// Default partition lease; a killed relay's partitions are taken over after this long.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
@@ -20,10 +28,15 @@ pub struct RelayConfig {
     pub batch_size: usize,
     /// Worker tasks in this process; each is a member owning its own partitions.
     pub workers: usize,
-    /// Longest wait between two claims when no notification arrives.
+    /// Longest wait between two claims when idle (polls back off to it while empty).
     pub poll_interval: Duration,
-    /// Whether to wake on store notifications (PostgreSQL `LISTEN`).
+    /// Whether to also wake on store notifications (PostgreSQL `LISTEN`; needs the opt-in
+    /// doorbell installed by `outbox migrate --notify`).
     pub listen: bool,
+    /// How long storage every reader has passed is kept before it is dropped.
+    pub retention: Duration,
+    /// How often store maintenance runs; zero turns it off (run `outbox maintain` instead).
+    pub maintain_every: Duration,
     /// Partition lease; renewed every third of it while the relay lives.
     pub lease: Duration,
     /// Retry budget and backoff per message.
@@ -44,7 +57,9 @@ impl Default for RelayConfig {
             batch_size: DEFAULT_BATCH_SIZE,
             workers: DEFAULT_WORKERS,
             poll_interval: DEFAULT_POLL_INTERVAL,
-            listen: true,
+            listen: false,
+            retention: DEFAULT_RETENTION,
+            maintain_every: DEFAULT_MAINTAIN_EVERY,
             lease: DEFAULT_LEASE,
             retry: RetryPolicy::default(),
             destination: DestinationTemplate::default(),

@@ -90,6 +90,12 @@ impl Relay {
                 }
             })
         }).map(AbortOnDrop);
+        let maintenance = (!self.config.maintain_every.is_zero()).then(|| {
+            let store = self.store.clone();
+            let stop = shutdown.clone();
+            let (every, retention) = (self.config.maintain_every, self.config.retention);
+            AbortOnDrop(tokio::spawn(maintain_loop(store, every, retention, stop)))
+        });
         let workers = self.config.workers.max(1);
         info!(
             workers,
@@ -128,12 +134,39 @@ impl Relay {
             slots.insert(id, i);
         }
         drop(listener);
+        drop(maintenance);
         drop(wake_tx);
         info!(
             published = RelayMetrics::get(&self.metrics.published),
             failed = RelayMetrics::get(&self.metrics.failed),
             "relay stopped"
         );
+    }
+}
+
+/// Runs store maintenance now and every `every`: segments ahead of the writers, retention. It
+/// runs beside the workers, never inside their loop, because dropping a segment waits for
+/// transactions that might still read it.
+async fn maintain_loop(
+    store: Arc<dyn Store>,
+    every: Duration,
+    retention: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        match store.maintain(retention).await {
+            Ok(m) if m.segments_created + m.segments_dropped > 0 => info!(
+                created = m.segments_created,
+                dropped = m.segments_dropped,
+                "storage segments maintained"
+            ),
+            Ok(_) => {}
+            Err(error) => warn!(%error, "store maintenance failed; will try again"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => return,
+        }
     }
 }
 

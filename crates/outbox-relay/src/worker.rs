@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::breaker::{Breaker, CircuitState, Permit};
-use crate::config::RelayConfig;
+use crate::config::{RelayConfig, MIN_POLL_INTERVAL};
 use crate::deliver::{envelope, waves};
 use crate::metrics::RelayMetrics;
 
@@ -80,6 +80,8 @@ impl Worker {
         };
         let mut backoff = StoreBackoff::new();
         let mut reported = CircuitState::Closed;
+        // Wait before the next claim; doubles while claims come back empty.
+        let mut poll = Duration::ZERO;
         while !self.shutdown.is_cancelled() {
             let now = Instant::now();
             if now >= lease.next_rebalance || lease.valid_until <= now + self.cfg.lease_margin() {
@@ -90,7 +92,9 @@ impl Worker {
                             info!(member = %self.id, partitions = p.len(), "partitions assigned");
                         }
                         lease.partitions = p;
-                        lease.valid_until = now + self.cfg.lease;
+                        // A rebalance may leave a lease that still had two thirds to run
+                        // unextended (see `Store::rebalance`): count on no more than that.
+                        lease.valid_until = now + self.cfg.lease * 2 / 3;
                         lease.renewed_at = now;
                         lease.next_rebalance = now + self.rebalance_every();
                     }
@@ -104,8 +108,14 @@ impl Worker {
                 }
             }
             if lease.partitions.is_empty() {
-                self.idle(lease.next_rebalance).await;
+                let until = (Instant::now() + self.cfg.poll_interval).min(lease.next_rebalance);
+                self.wait_until(until).await;
                 continue;
+            }
+            if !poll.is_zero() {
+                // The wait chosen after the last batch, cut short by a wake-up or shutdown.
+                let until = Instant::now() + poll;
+                self.wait_until(until.min(lease.next_rebalance)).await;
             }
             let permit = self.breaker.permit();
             let limit = match permit {
@@ -123,11 +133,16 @@ impl Worker {
             };
             self.wake.borrow_and_update();
             let t_claim = Instant::now();
-            let batch = match self
+            let claimed = self
                 .store
                 .claim(&self.id, &lease.partitions, limit, self.cfg.on_failed)
-                .await
-            {
+                .await;
+            RelayMetrics::add(&self.metrics.claims, 1);
+            RelayMetrics::add(
+                &self.metrics.claim_micros,
+                u64::try_from(t_claim.elapsed().as_micros()).unwrap_or(u64::MAX),
+            );
+            let batch = match claimed {
                 Ok(b) => {
                     backoff.ok(&self.id);
                     b
@@ -142,9 +157,18 @@ impl Worker {
             };
             if batch.is_empty() {
                 self.breaker.probe_unused();
-                self.idle(lease.next_rebalance).await;
+                poll = (poll * 2)
+                    .max(MIN_POLL_INTERVAL)
+                    .min(self.cfg.poll_interval);
                 continue;
             }
+            // Adaptive polling: a full batch means more is waiting, so claim again at once;
+            // a partial one means the relay caught up, so wait the shortest step.
+            poll = if batch.len() >= limit {
+                Duration::ZERO
+            } else {
+                MIN_POLL_INTERVAL
+            };
             RelayMetrics::add(&self.metrics.batches, 1);
             let t_publish = Instant::now();
             let mut outcomes = self.publish(&batch, &mut lease).await;
@@ -200,9 +224,8 @@ impl Worker {
         }
     }
 
-    /// Waits for a notification, the poll interval, the next rebalance or shutdown.
-    async fn idle(&mut self, next_rebalance: Instant) {
-        let until = (Instant::now() + self.cfg.poll_interval).min(next_rebalance);
+    /// Sleeps until `until`, a notification or shutdown.
+    async fn wait_until(&mut self, until: Instant) {
         let sleep = tokio::time::sleep_until(until.into());
         tokio::select! {
             r = self.wake.changed() => {

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
 use outbox_core::store::MemberStatus;
 use outbox_core::{
-    BlockedKey, Error, ErrorKind, MemberId, Message, NewMessage, OnFailed, Outcome, Result, Stats,
-    Store,
+    BlockedKey, Error, ErrorKind, Maintenance, MemberId, Message, NewMessage, OnFailed, Outcome,
+    Result, Stats, Store,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -412,8 +412,29 @@ impl Store for SqliteStore {
             published: r.try_get("published").map_err(err)?,
             retrying: r.try_get("retrying").map_err(err)?,
             blocked_keys: r.try_get("blocked_keys").map_err(err)?,
+            parked: r.try_get::<i64, _>("retrying").map_err(err)?
+                + r.try_get::<i64, _>("failed").map_err(err)?,
             members,
             blocked,
+        })
+    }
+
+    /// Deletes published rows older than `retention` (SQLite reuses the freed pages; there is
+    /// no horizon to bloat). Pending and failed rows are never touched.
+    async fn maintain(&self, retention: Duration) -> Result<Maintenance> {
+        let cutoff = now_ms() - i64::try_from(retention.as_millis()).unwrap_or(i64::MAX / 2);
+        let cutoff = DateTime::from_timestamp_millis(cutoff)
+            .unwrap_or(DateTime::<Utc>::MIN_UTC)
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let done =
+            sqlx::query("DELETE FROM outbox WHERE state = 'published' AND published_at < ?1")
+                .bind(cutoff)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| map_sqlx_error("deleting published rows past retention", e))?;
+        Ok(Maintenance {
+            rows_deleted: done.rows_affected(),
+            ..Maintenance::default()
         })
     }
 

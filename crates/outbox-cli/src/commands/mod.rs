@@ -4,6 +4,7 @@ mod backend;
 mod bench;
 mod checker;
 mod demo;
+mod maintain;
 mod migrate;
 mod naive;
 mod observer;
@@ -22,7 +23,21 @@ use crate::config;
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let loaded = config::load(cli.config.as_deref())?;
     match cli.command {
-        Command::Migrate(args) => migrate::run(config::db(&loaded, &args)?).await,
+        Command::Migrate(args) => {
+            let notify = match (args.notify, args.no_notify) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            };
+            migrate::run(config::db(&loaded, &args.db)?, notify).await
+        }
+        Command::Maintain(args) => {
+            let retention = config::retention(&loaded, args.retention.clone())?;
+            maintain::maintain(config::db(&loaded, &args.db)?, retention).await
+        }
+        Command::Purge(args) => {
+            maintain::purge(config::db(&loaded, &args.db)?, args.older_than.0).await
+        }
         Command::Relay(args) => relay::run(config::relay(&loaded, &args)?, args.print_config).await,
         Command::Status(args) => status::run(config::db(&loaded, &args.db)?, args.format).await,
         Command::Bench(args) => bench::run(args).await,

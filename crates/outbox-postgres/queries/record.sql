@@ -1,0 +1,64 @@
+-- Records one batch in one statement, fenced: first it takes FOR SHARE on the batch's partition
+-- rows, requiring this member as owner at the epoch it claimed under. A takeover bumps the epoch
+-- with an UPDATE, which this lock conflicts with, so a member that lost a partition (a zombie
+-- after a pause, or even this member after re-taking it) records nothing for it: it can cause a
+-- duplicate delivery, never move a position. FOR SHARE writes no new row version.
+-- Then, for the partitions that passed the fence only:
+--   * appends their new positions (never updates one);
+--   * copies messages to park (a retry, a failure, or a row queued behind its key) from the
+--     message table into `outbox_parked`;
+--   * updates or deletes parked messages that were tried again (a published one is deleted:
+--     the parked table is small, and its key is released by draining it in order).
+-- Returns the partitions that passed the fence.
+-- $1 member
+-- $2/$3 fence: partitions, epochs
+-- $4..$13 positions: partition, epoch, done, done_floor, done_at, cur, cur_floor, cur_at,
+--         cursor, published total
+-- $14..$20 to park: partition, txid, seq, state, attempts, delay seconds, error
+-- $21..$25 parked tried again: partition, seq, outcome (published|retrying|failed), delay, error
+WITH fence AS MATERIALIZED (
+    SELECT p.partition
+    FROM {schema}.outbox_partitions AS p
+    JOIN unnest($2::int2[], $3::int8[]) AS f(partition, epoch) ON f.partition = p.partition
+    WHERE p.owner = $1 AND p.epoch = f.epoch
+    FOR SHARE OF p
+), positions AS (
+    INSERT INTO {schema}.outbox_positions
+        (partition, epoch, done, done_floor, done_at, cur, cur_floor, cur_at, cursor, published)
+    SELECT n.partition, n.epoch, n.done::pg_snapshot, n.done_floor, n.done_at,
+           n.cur::pg_snapshot, n.cur_floor, n.cur_at, n.cursor, n.published
+    FROM unnest($4::int2[], $5::int8[], $6::text[], $7::int8[], $8::timestamptz[], $9::text[],
+                $10::int8[], $11::timestamptz[], $12::int8[], $13::int8[])
+         AS n(partition, epoch, done, done_floor, done_at, cur, cur_floor, cur_at, cursor, published)
+    WHERE n.partition IN (SELECT partition FROM fence)
+), parked AS (
+    INSERT INTO {schema}.outbox_parked
+        (partition, seq, aggregate_id, id, aggregate_type, event_type, payload, headers, topic,
+         created_at, state, attempts, next_attempt_at, last_error)
+    SELECT o.partition, o.seq, o.aggregate_id, o.id, o.aggregate_type, o.event_type, o.payload,
+           o.headers, o.topic, o.created_at, k.state, k.attempts,
+           CASE WHEN k.state = 'retrying' THEN now() + make_interval(secs => k.delay) END,
+           k.error
+    FROM unnest($14::int2[], $15::text[], $16::int8[], $17::text[], $18::int4[], $19::float8[],
+                $20::text[]) AS k(partition, txid, seq, state, attempts, delay, error)
+    JOIN {schema}.outbox AS o
+      ON o.partition = k.partition AND o.txid = k.txid::xid8 AND o.seq = k.seq
+    WHERE k.partition IN (SELECT partition FROM fence)
+    ON CONFLICT (partition, seq) DO NOTHING
+), retried AS (
+    UPDATE {schema}.outbox_parked AS x
+    SET state           = r.outcome,
+        attempts        = x.attempts + 1,
+        next_attempt_at = CASE WHEN r.outcome = 'retrying' THEN now() + make_interval(secs => r.delay) END,
+        last_error      = COALESCE(r.error, x.last_error)
+    FROM unnest($21::int2[], $22::int8[], $23::text[], $24::float8[], $25::text[])
+         AS r(partition, seq, outcome, delay, error)
+    WHERE x.partition = r.partition AND x.seq = r.seq AND r.outcome <> 'published'
+      AND r.partition IN (SELECT partition FROM fence)
+), released AS (
+    DELETE FROM {schema}.outbox_parked AS x
+    USING unnest($21::int2[], $22::int8[], $23::text[]) AS r(partition, seq, outcome)
+    WHERE x.partition = r.partition AND x.seq = r.seq AND r.outcome = 'published'
+      AND r.partition IN (SELECT partition FROM fence)
+)
+SELECT partition FROM fence

@@ -1,0 +1,432 @@
+//! What a claim remembers until its batch is recorded: each partition's window, the rows read
+//! from it, and the parked rows handed out; and how outcomes turn into new positions and parked
+//! rows (pure logic, unit-tested without a database).
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use outbox_core::Outcome;
+
+/// One partition's window as the claim read it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Window {
+    pub partition: i16,
+    pub epoch: i64,
+    pub done: String,
+    pub done_floor: i64,
+    pub done_at: DateTime<Utc>,
+    pub published: i64,
+    pub cur: String,
+    pub cur_floor: i64,
+    pub cur_at: DateTime<Utc>,
+    pub cursor: i64,
+    /// The window's rows the claim found (at most the per-partition limit).
+    pub found: i64,
+    /// Whether the claim asked for fewer rows than it could have got: `found` below the limit.
+    pub exhausted_if_all_read: bool,
+}
+
+/// A row read from a window.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct WindowRow {
+    pub partition: i16,
+    pub seq: i64,
+    pub txid: String,
+    pub key: String,
+    /// Its key had a parked message ahead of it at claim time: it is parked too, not sent.
+    pub held: bool,
+    /// Handed to the relay (false when held, or cut by the batch limit).
+    pub handed_out: bool,
+}
+
+/// A parked row handed out again.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ParkedRow {
+    pub partition: i16,
+    pub key: String,
+}
+
+/// Everything `complete` needs to record one claim.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Ticket {
+    pub windows: HashMap<i16, Window>,
+    /// Window rows in seq order.
+    pub rows: Vec<WindowRow>,
+    pub parked: HashMap<i64, ParkedRow>,
+}
+
+/// A new position to append.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct NewPosition {
+    pub partition: i16,
+    pub epoch: i64,
+    pub done: String,
+    pub done_floor: i64,
+    pub done_at: DateTime<Utc>,
+    pub cur: Option<String>,
+    pub cur_floor: Option<i64>,
+    pub cur_at: Option<DateTime<Utc>>,
+    pub cursor: i64,
+    pub published: i64,
+}
+
+/// A window row to copy into the parked table.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Park {
+    pub partition: i16,
+    pub txid: String,
+    pub seq: i64,
+    /// `retrying`, `failed` or `waiting`.
+    pub state: &'static str,
+    pub attempts: i32,
+    pub delay_secs: f64,
+    pub error: Option<String>,
+}
+
+/// A parked row tried again.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Retried {
+    pub partition: i16,
+    pub seq: i64,
+    /// `published`, `retrying` or `failed`.
+    pub outcome: &'static str,
+    pub delay_secs: f64,
+    pub error: Option<String>,
+}
+
+/// The writes one `complete` makes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Plan {
+    /// (partition, epoch) pairs to fence on.
+    pub fence: Vec<(i16, i64)>,
+    pub positions: Vec<NewPosition>,
+    pub park: Vec<Park>,
+    pub retried: Vec<Retried>,
+    /// Outcomes taken into account, per partition.
+    pub applied: HashMap<i16, u64>,
+}
+
+impl Plan {
+    /// Whether there is anything to write.
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty() && self.park.is_empty() && self.retried.is_empty()
+    }
+}
+
+impl Ticket {
+    /// Turns the outcomes of this ticket's batch into the writes that record it.
+    ///
+    /// Per partition, the window rows are walked in seq order. A published row counts; a
+    /// retried or failed row is parked with its error; a row whose key is stopped (held at
+    /// claim time, or behind a failure of its key in this batch) is parked as `waiting`. The
+    /// first row that has no outcome and whose key is not stopped was not tried: the cursor
+    /// stops just before it, and outcomes of later rows in that partition are not recorded
+    /// (they will be handed out again, same ids). A window read to its end and fully handled
+    /// closes: `done` becomes `cur`.
+    ///
+    /// `idle_advance`: also close windows that were empty (no rows at all), which moves `done`
+    /// forward for retention; callers rate-limit it.
+    pub fn plan(&self, outcomes: &[Outcome], idle_advance: bool) -> Plan {
+        let by_seq: HashMap<i64, &Outcome> = outcomes.iter().map(|o| (o.seq(), o)).collect();
+        let mut plan = Plan::default();
+        // Keys stopped by a failure anywhere in the batch (window or parked rows).
+        let mut stopped: HashSet<(i16, &str)> = HashSet::new();
+        let mut published_parked: HashMap<i16, i64> = HashMap::new();
+        for (seq, p) in &self.parked {
+            let Some(o) = by_seq.get(seq) else { continue };
+            *plan.applied.entry(p.partition).or_default() += 1;
+            let (outcome, delay_secs, error) = match o {
+                Outcome::Published { .. } => {
+                    *published_parked.entry(p.partition).or_default() += 1;
+                    ("published", 0.0, None)
+                }
+                Outcome::Retry { error, delay, .. } => {
+                    stopped.insert((p.partition, p.key.as_str()));
+                    ("retrying", delay.as_secs_f64(), Some(error.clone()))
+                }
+                Outcome::Failed { error, .. } => {
+                    stopped.insert((p.partition, p.key.as_str()));
+                    ("failed", 0.0, Some(error.clone()))
+                }
+            };
+            plan.retried.push(Retried {
+                partition: p.partition,
+                seq: *seq,
+                outcome,
+                delay_secs,
+                error,
+            });
+        }
+        let mut by_partition: HashMap<i16, Vec<&WindowRow>> = HashMap::new();
+        for r in &self.rows {
+            by_partition.entry(r.partition).or_default().push(r);
+        }
+        for (partition, w) in &self.windows {
+            let rows = by_partition
+                .get(partition)
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            let mut published = 0i64;
+            let mut last_handled: Option<i64> = None;
+            let mut complete = true;
+            for r in rows {
+                let key = (r.partition, r.key.as_str());
+                let outcome = if r.handed_out {
+                    by_seq.get(&r.seq)
+                } else {
+                    None
+                };
+                let park = |state, attempts, delay_secs, error| Park {
+                    partition: r.partition,
+                    txid: r.txid.clone(),
+                    seq: r.seq,
+                    state,
+                    attempts,
+                    delay_secs,
+                    error,
+                };
+                match outcome {
+                    Some(Outcome::Published { .. }) => published += 1,
+                    Some(Outcome::Retry { error, delay, .. }) => {
+                        stopped.insert(key);
+                        plan.park.push(park(
+                            "retrying",
+                            1,
+                            delay.as_secs_f64(),
+                            Some(error.clone()),
+                        ));
+                    }
+                    Some(Outcome::Failed { error, .. }) => {
+                        stopped.insert(key);
+                        plan.park.push(park("failed", 1, 0.0, Some(error.clone())));
+                    }
+                    None if r.held || stopped.contains(&key) => {
+                        stopped.insert(key);
+                        plan.park.push(park("waiting", 0, 0.0, None));
+                    }
+                    None => {
+                        complete = false;
+                        break;
+                    }
+                }
+                if outcome.is_some() {
+                    *plan.applied.entry(*partition).or_default() += 1;
+                }
+                last_handled = Some(r.seq);
+            }
+            let published_total =
+                w.published + published + published_parked.remove(partition).unwrap_or(0);
+            let closes = complete && w.exhausted_if_all_read && (!rows.is_empty() || idle_advance);
+            let position = if closes {
+                Some(NewPosition {
+                    partition: *partition,
+                    epoch: w.epoch,
+                    done: w.cur.clone(),
+                    done_floor: w.cur_floor,
+                    done_at: w.cur_at,
+                    cur: None,
+                    cur_floor: None,
+                    cur_at: None,
+                    cursor: 0,
+                    published: published_total,
+                })
+            } else if let Some(cursor) = last_handled {
+                Some(NewPosition {
+                    partition: *partition,
+                    epoch: w.epoch,
+                    done: w.done.clone(),
+                    done_floor: w.done_floor,
+                    done_at: w.done_at,
+                    cur: Some(w.cur.clone()),
+                    cur_floor: Some(w.cur_floor),
+                    cur_at: Some(w.cur_at),
+                    cursor,
+                    published: published_total,
+                })
+            } else if published_total != w.published {
+                // Only parked rows were published: keep the window, carry the new total.
+                Some(NewPosition {
+                    partition: *partition,
+                    epoch: w.epoch,
+                    done: w.done.clone(),
+                    done_floor: w.done_floor,
+                    done_at: w.done_at,
+                    cur: (w.cursor > 0).then(|| w.cur.clone()),
+                    cur_floor: (w.cursor > 0).then_some(w.cur_floor),
+                    cur_at: (w.cursor > 0).then_some(w.cur_at),
+                    cursor: w.cursor,
+                    published: published_total,
+                })
+            } else {
+                None
+            };
+            if let Some(p) = position {
+                plan.positions.push(p);
+            }
+        }
+        let mut fence: HashMap<i16, i64> = HashMap::new();
+        for p in &plan.positions {
+            fence.insert(p.partition, p.epoch);
+        }
+        for p in plan
+            .park
+            .iter()
+            .map(|p| p.partition)
+            .chain(plan.retried.iter().map(|r| r.partition))
+        {
+            if let Some(w) = self.windows.get(&p) {
+                fence.insert(p, w.epoch);
+            }
+        }
+        plan.fence = fence.into_iter().collect();
+        plan.fence.sort_unstable();
+        plan.positions.sort_by_key(|p| p.partition);
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::time::Duration;
+
+    use super::*;
+
+    fn window(partition: i16, found: i64, exhausted: bool) -> Window {
+        let t = Utc::now();
+        Window {
+            partition,
+            epoch: 7,
+            done: "10:10:".into(),
+            done_floor: 0,
+            done_at: t,
+            published: 5,
+            cur: "20:20:".into(),
+            cur_floor: 3,
+            cur_at: t,
+            cursor: 0,
+            found,
+            exhausted_if_all_read: exhausted,
+        }
+    }
+
+    fn row(partition: i16, seq: i64, key: &str) -> WindowRow {
+        WindowRow {
+            partition,
+            seq,
+            txid: "15".into(),
+            key: key.into(),
+            held: false,
+            handed_out: true,
+        }
+    }
+
+    fn ticket(rows: Vec<WindowRow>, exhausted: bool) -> Ticket {
+        let mut t = Ticket::default();
+        t.windows.insert(0, window(0, rows.len() as i64, exhausted));
+        t.rows = rows;
+        t
+    }
+
+    #[test]
+    fn a_fully_published_exhausted_window_closes() {
+        let t = ticket(vec![row(0, 1, "a"), row(0, 2, "b")], true);
+        let p = t.plan(
+            &[Outcome::Published { seq: 1 }, Outcome::Published { seq: 2 }],
+            false,
+        );
+        assert_eq!(p.positions.len(), 1);
+        let pos = &p.positions[0];
+        assert_eq!(
+            (pos.done.as_str(), pos.cur.as_ref(), pos.cursor),
+            ("20:20:", None, 0)
+        );
+        assert_eq!((pos.done_floor, pos.published), (3, 7));
+        assert_eq!(p.fence, vec![(0, 7)]);
+    }
+
+    #[test]
+    fn a_window_cut_by_the_limit_keeps_its_snapshot_and_moves_the_cursor() {
+        let t = ticket(vec![row(0, 1, "a"), row(0, 2, "b")], false);
+        let p = t.plan(
+            &[Outcome::Published { seq: 1 }, Outcome::Published { seq: 2 }],
+            false,
+        );
+        let pos = &p.positions[0];
+        assert_eq!(
+            (pos.done.as_str(), pos.cur.as_deref(), pos.cursor),
+            ("10:10:", Some("20:20:"), 2)
+        );
+    }
+
+    #[test]
+    fn a_failure_parks_its_key_and_later_rows_wait_behind_it() {
+        let t = ticket(vec![row(0, 1, "a"), row(0, 2, "b"), row(0, 3, "a")], true);
+        let p = t.plan(
+            &[
+                Outcome::Retry {
+                    seq: 1,
+                    error: "down".into(),
+                    delay: Duration::from_secs(1),
+                },
+                Outcome::Published { seq: 2 },
+            ],
+            false,
+        );
+        let parked: Vec<_> = p.park.iter().map(|k| (k.seq, k.state)).collect();
+        assert_eq!(parked, vec![(1, "retrying"), (3, "waiting")]);
+        assert_eq!(
+            p.positions[0].cur, None,
+            "the window is fully handled and closes"
+        );
+        assert_eq!(p.positions[0].published, 6);
+    }
+
+    #[test]
+    fn an_untried_row_stops_the_cursor_before_it() {
+        let t = ticket(vec![row(0, 1, "a"), row(0, 2, "b"), row(0, 3, "c")], true);
+        let p = t.plan(
+            &[Outcome::Published { seq: 1 }, Outcome::Published { seq: 3 }],
+            false,
+        );
+        let pos = &p.positions[0];
+        assert_eq!((pos.cur.is_some(), pos.cursor, pos.published), (true, 1, 6));
+    }
+
+    #[test]
+    fn held_rows_are_parked_without_being_sent() {
+        let mut r = row(0, 1, "a");
+        r.held = true;
+        r.handed_out = false;
+        let t = ticket(vec![r], true);
+        let p = t.plan(&[], false);
+        assert_eq!(p.park.len(), 1);
+        assert_eq!(p.park[0].state, "waiting");
+        assert_eq!(p.positions[0].cur, None);
+    }
+
+    #[test]
+    fn empty_windows_advance_only_when_asked() {
+        let t = ticket(vec![], true);
+        assert!(t.plan(&[], false).is_empty());
+        let p = t.plan(&[], true);
+        assert_eq!(p.positions.len(), 1);
+        assert_eq!(p.positions[0].done, "20:20:");
+    }
+
+    #[test]
+    fn a_published_parked_row_is_released_and_counted() {
+        let mut t = ticket(vec![], false);
+        t.parked.insert(
+            9,
+            ParkedRow {
+                partition: 0,
+                key: "a".into(),
+            },
+        );
+        let p = t.plan(&[Outcome::Published { seq: 9 }], false);
+        assert_eq!(p.retried[0].outcome, "published");
+        assert_eq!(p.positions[0].published, 6);
+        assert_eq!(p.applied[&0], 1);
+    }
+}
