@@ -51,9 +51,10 @@ CREATE TABLE {schema}.outbox (
 -- Claims read a window in seq order from a floor below which no row of the window can lie.
 CREATE INDEX outbox_partition_seq_idx ON {schema}.outbox (partition, seq) INCLUDE (txid);
 -- ... plus exact lookups for the transactions that were still running at the last position.
--- Keyed on the txid's text on purpose: it serves only those equality probes, so the planner can
--- never pick it for the window's range part (a txid range then a sort of the whole window).
-CREATE INDEX outbox_partition_txid_idx ON {schema}.outbox (partition, (txid::text));
+-- Keyed on one text expression on purpose: it serves only those equality probes, so the planner
+-- can never use it for the window's range part (a txid range, then a sort of the whole window),
+-- nor the seq index for the probes (a walk of the whole partition).
+CREATE INDEX outbox_partition_txid_idx ON {schema}.outbox ((partition::text || '/' || txid::text));
 
 -- Settings of this outbox: segment width in transaction ids.
 CREATE TABLE {schema}.outbox_settings (

@@ -8,7 +8,8 @@
 --      after `done` was taken, so their seqs lie above `done_floor`. The (partition, seq) index
 --      is walked upward from max(cursor, done_floor) and stops after $2 rows of the window;
 --      what it steps over is only rows newer than `cur` or still uncommitted.
---   B. transactions `done` saw running (its xip list): one (partition, txid) index probe each.
+--   B. transactions `done` saw running (its xip list): one index probe each, on the
+--      (partition || '/' || txid) expression index, which nothing else can use.
 -- Runtime pruning of the txid-ranged segments keeps part A on the newest segments.
 --
 -- A row whose key has a parked message ahead of it is flagged `held`: the record step parks it
@@ -55,12 +56,13 @@ WITH pos AS MATERIALIZED (
             (SELECT b.seq, b.txid, b.id, b.aggregate_type, b.aggregate_id, b.event_type,
                     b.payload, b.headers, b.topic, b.created_at
              FROM {schema}.outbox AS b
-             WHERE b.partition = pos.partition
-               AND b.txid::text = ANY (ARRAY(SELECT x::text FROM pg_snapshot_xip(pos.done) AS x))
+             WHERE (b.partition::text || '/' || b.txid::text) = ANY (ARRAY(
+                       SELECT pos.partition::text || '/' || x::text
+                       FROM pg_snapshot_xip(pos.done) AS x))
                AND pg_visible_in_snapshot(b.txid, pos.cur)
                AND b.seq > pos.cursor
-             ORDER BY b.seq
-             LIMIT $2)
+             -- A fence: asked for no order, the probes cannot be turned into an ordered walk.
+             OFFSET 0)
         ) AS u
         ORDER BY u.seq
         LIMIT $2

@@ -24,8 +24,9 @@ WITH pos AS MATERIALIZED (
               AND pg_visible_in_snapshot(a.txid, pos.now_snap)
             UNION ALL
             SELECT b.seq, b.created_at, b.txid FROM {schema}.outbox AS b
-            WHERE b.partition = pos.partition
-              AND b.txid::text = ANY (ARRAY(SELECT x::text FROM pg_snapshot_xip(pos.done) AS x))
+            WHERE (b.partition::text || '/' || b.txid::text) = ANY (ARRAY(
+                      SELECT pos.partition::text || '/' || x::text
+                      FROM pg_snapshot_xip(pos.done) AS x))
               AND pg_visible_in_snapshot(b.txid, pos.now_snap)
         ) AS u
         WHERE NOT (pos.cur IS NOT NULL AND pg_visible_in_snapshot(u.txid, pos.cur)

@@ -3,10 +3,11 @@
 -- lives in one partition, so keeping whole partitions keeps every key's rows in order. Keys
 -- whose earliest pending row waits for a retry, or (under the default `block` policy, ?5) that
 -- hold a failed row, are skipped whole.
--- One read statement; no lock outlives it.
+-- One read statement; no lock outlives it. Each row carries its partition's epoch: the fencing
+-- token its result is recorded under.
 -- ?1 member, ?2 partitions (JSON array), ?3 now (unix ms), ?4 limit, ?5 failed rows block (1/0)
 WITH owned AS (
-    SELECT p.partition FROM outbox_partitions AS p
+    SELECT p.partition, p.epoch FROM outbox_partitions AS p
     WHERE p.owner = ?1 AND p.lease_until > ?3
       AND p.partition IN (SELECT value FROM json_each(?2))
 ), blocked AS (
@@ -19,7 +20,8 @@ WITH owned AS (
 )
 SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.payload, o.headers,
        o.topic, CAST(round((julianday(o.created_at) - 2440587.5) * 86400000) AS INTEGER) AS created_ms,
-       o.attempts
+       o.attempts,
+       (SELECT w.epoch FROM owned AS w WHERE w.partition = o.partition) AS epoch
 FROM outbox AS o INDEXED BY outbox_pending_idx
 WHERE o.state = 'pending'
   AND o.partition IN (SELECT partition FROM owned)

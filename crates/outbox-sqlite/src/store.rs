@@ -124,6 +124,9 @@ pub async fn connect_pool(url: &str) -> Result<SqlitePool> {
         })
 }
 
+/// Per member: claimed row seq -> its partition's epoch at claim time.
+type ClaimedEpochs = std::collections::HashMap<String, std::collections::HashMap<i64, i64>>;
+
 /// A SQLite outbox: the tables `migrate` created in one database file.
 ///
 /// Several relay processes may share the file: partition ownership changes only inside
@@ -133,6 +136,9 @@ pub async fn connect_pool(url: &str) -> Result<SqlitePool> {
 pub struct SqliteStore {
     pool: SqlitePool,
     writer: Writer,
+    /// Per member, the epoch each claimed row's partition had at claim time (the fencing token
+    /// its outcome is recorded under).
+    claimed: std::sync::Arc<std::sync::Mutex<ClaimedEpochs>>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -147,6 +153,7 @@ impl SqliteStore {
         Self {
             pool,
             writer: Writer::new(),
+            claimed: std::sync::Arc::default(),
         }
     }
 
@@ -308,21 +315,48 @@ impl Store for SqliteStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| map_sqlx_error("claiming pending messages", e))?;
-        rows.iter().map(message_from_row).collect()
+        let mut epochs = std::collections::HashMap::with_capacity(rows.len());
+        let mut messages = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let m = message_from_row(r)?;
+            let epoch: i64 = r
+                .try_get("epoch")
+                .map_err(|e| map_sqlx_error("reading claimed messages", e))?;
+            epochs.insert(m.seq, epoch);
+            messages.push(m);
+        }
+        self.claimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(member.0.clone(), epochs);
+        Ok(messages)
     }
 
     async fn complete(&self, member: &MemberId, outcomes: &[Outcome]) -> Result<u64> {
         if outcomes.is_empty() {
             return Ok(0);
         }
-        let rows: Vec<(i64, &str, Option<&str>, i64)> = outcomes
+        let epochs = self
+            .claimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(member.as_str())
+            .cloned()
+            .unwrap_or_default();
+        // An outcome for a row this member did not claim has no epoch: it is not recorded.
+        let rows: Vec<(i64, &str, Option<&str>, i64, i64)> = outcomes
             .iter()
-            .map(|o| match o {
-                Outcome::Published { seq } => (*seq, "published", None, 0),
-                Outcome::Retry { seq, error, delay } => {
-                    (*seq, "pending", Some(error.as_str()), millis(*delay))
+            .map(|o| {
+                let epoch = epochs.get(&o.seq()).copied().unwrap_or(-1);
+                match o {
+                    Outcome::Published { seq } => (*seq, "published", None, 0, epoch),
+                    Outcome::Retry { seq, error, delay } => {
+                        (*seq, "pending", Some(error.as_str()), millis(*delay), epoch)
+                    }
+                    Outcome::Failed { seq, error } => {
+                        (*seq, "failed", Some(error.as_str()), 0, epoch)
+                    }
                 }
-                Outcome::Failed { seq, error } => (*seq, "failed", Some(error.as_str()), 0),
             })
             .collect();
         let rows = serde_json::to_string(&rows).map_err(|e| {
@@ -342,6 +376,10 @@ impl Store for SqliteStore {
 
     async fn release(&self, member: &MemberId) -> Result<()> {
         let err = |e| map_sqlx_error("releasing partitions", e);
+        self.claimed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(member.as_str());
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
         sqlx::query(RELEASE_MEMBER)
             .bind(member.as_str())

@@ -42,7 +42,11 @@ macro_rules! store_conformance_suite {
             insert_keeps_order_within_a_key,
             skip_policy_lets_a_failed_keys_later_rows_flow,
             blocked_keys_are_listed_with_the_heads_error,
-            circuit_state_is_reported_per_member
+            circuit_state_is_reported_per_member,
+            concurrent_rebalancing_never_gives_a_partition_two_owners,
+            stale_record_after_takeover_changes_nothing,
+            stale_record_after_retaking_ones_own_partition_changes_nothing,
+            parked_key_is_released_in_order_behind_its_head
         );
     };
 }
@@ -469,4 +473,175 @@ pub async fn circuit_state_is_reported_per_member(store: Arc<dyn Store>) {
     );
     store.report_health(&m, "closed", None).await.unwrap();
     assert_eq!(store.stats().await.unwrap().members[0].sink_error, None);
+}
+
+/// Members rebalancing at the same time (the acquire step skips rows another member is taking)
+/// still never share a partition, and together cover all of them.
+pub async fn concurrent_rebalancing_never_gives_a_partition_two_owners(store: Arc<dyn Store>) {
+    let members: Vec<_> = (0..4).map(|i| MemberId::random(&format!("c{i}"))).collect();
+    let mut last = vec![Vec::new(); members.len()];
+    for _ in 0..5 {
+        let rounds = members.iter().map(|m| {
+            let store = store.clone();
+            let m = m.clone();
+            tokio::spawn(async move { store.rebalance(&m, LEASE).await.unwrap() })
+        });
+        let results = futures_join_all(rounds).await;
+        let all: Vec<i32> = results.iter().flatten().copied().collect();
+        let distinct: HashSet<i32> = all.iter().copied().collect();
+        assert_eq!(all.len(), distinct.len(), "two owners: {results:?}");
+        last = results;
+    }
+    let covered: HashSet<i32> = last.iter().flatten().copied().collect();
+    assert!(
+        !covered.is_empty() && last.iter().all(|o| !o.is_empty()),
+        "every member ends with a share: {:?}",
+        last.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+}
+
+async fn futures_join_all(
+    handles: impl Iterator<Item = tokio::task::JoinHandle<Vec<i32>>>,
+) -> Vec<Vec<i32>> {
+    let mut out = Vec::new();
+    for h in handles.collect::<Vec<_>>() {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+/// A member that lost its partition to another records nothing: neither a retry, nor a
+/// failure, nor progress. The new owner gets the rows as if the old one never touched them.
+pub async fn stale_record_after_takeover_changes_nothing(store: Arc<dyn Store>) {
+    store.insert(&[msg("a", 1), msg("b", 1)]).await.unwrap();
+    let old = MemberId::random("old");
+    let short = Duration::from_millis(800);
+    let parts = store.rebalance(&old, short).await.unwrap();
+    let got = store
+        .claim(&old, &parts, 10, OnFailed::Block)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 2);
+    tokio::time::sleep(short + Duration::from_millis(400)).await;
+    let new = MemberId::random("new");
+    let new_parts = store.rebalance(&new, short).await.unwrap();
+    assert_eq!(new_parts.len(), parts.len());
+    let stale = [
+        Outcome::Retry {
+            seq: got[0].seq,
+            error: "stale".into(),
+            delay: Duration::from_secs(60),
+        },
+        Outcome::Failed {
+            seq: got[1].seq,
+            error: "stale".into(),
+        },
+    ];
+    assert_eq!(store.complete(&old, &stale).await.unwrap(), 0);
+    let s = store.stats().await.unwrap();
+    assert_eq!(
+        (s.pending, s.failed, s.retrying, s.blocked_keys),
+        (2, 0, 0, 0)
+    );
+    let again = claim_all(&store, &new, &new_parts).await;
+    assert_eq!(
+        again.iter().map(|m| m.id).collect::<Vec<_>>(),
+        got.iter().map(|m| m.id).collect::<Vec<_>>()
+    );
+    assert!(again.iter().all(|m| m.attempts == 0));
+}
+
+/// A member whose lease expired and who took its partitions back is a new owner: results of
+/// its claim from before (under the old lease) are not recorded either.
+pub async fn stale_record_after_retaking_ones_own_partition_changes_nothing(store: Arc<dyn Store>) {
+    store.insert(&[msg("a", 1)]).await.unwrap();
+    let m = MemberId::random("self");
+    let short = Duration::from_millis(800);
+    let parts = store.rebalance(&m, short).await.unwrap();
+    let got = store.claim(&m, &parts, 10, OnFailed::Block).await.unwrap();
+    assert_eq!(got.len(), 1);
+    // Someone else takes over while `m` is paused, then gives everything back.
+    tokio::time::sleep(short + Duration::from_millis(400)).await;
+    let other = MemberId::random("other");
+    assert_eq!(
+        store.rebalance(&other, short).await.unwrap().len(),
+        parts.len()
+    );
+    store.release(&other).await.unwrap();
+    // `m` wakes up and re-takes its partitions.
+    let back = store.rebalance(&m, LEASE).await.unwrap();
+    assert_eq!(back.len(), parts.len());
+    let changed = store
+        .complete(&m, &[Outcome::Published { seq: got[0].seq }])
+        .await
+        .unwrap();
+    assert_eq!(
+        changed, 0,
+        "a result claimed under an older lease must not count"
+    );
+    let again = claim_all(&store, &m, &back).await;
+    assert_eq!(
+        again.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![got[0].id]
+    );
+}
+
+/// A key whose head is retried holds its later rows (also rows written after the failure);
+/// once the head succeeds they come out in order, and other keys never waited.
+pub async fn parked_key_is_released_in_order_behind_its_head(store: Arc<dyn Store>) {
+    let first: Vec<_> = (0..3).map(|i| msg("a", i)).collect();
+    store.insert(&first).await.unwrap();
+    store.insert(&[msg("b", 0)]).await.unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    assert_eq!(got.len(), 4);
+    let head = got.iter().find(|r| r.id == first[0].id).unwrap().seq;
+    let b = got.iter().find(|r| r.aggregate_id == "b").unwrap().seq;
+    let delay = Duration::from_millis(700);
+    store
+        .complete(
+            &m,
+            &[
+                Outcome::Retry {
+                    seq: head,
+                    error: "down".into(),
+                    delay,
+                },
+                Outcome::Published { seq: b },
+            ],
+        )
+        .await
+        .unwrap();
+    // Written after the failure: they must wait behind the head too.
+    let later: Vec<_> = (3..5).map(|i| msg("a", i)).collect();
+    store.insert(&later).await.unwrap();
+    store.insert(&[msg("c", 0)]).await.unwrap();
+    let now = claim_all(&store, &m, &parts).await;
+    assert_eq!(
+        now.iter()
+            .map(|r| r.aggregate_id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["c"],
+        "only the other key flows while `a` waits"
+    );
+    let c = now[0].seq;
+    store
+        .complete(&m, &[Outcome::Published { seq: c }])
+        .await
+        .unwrap();
+    tokio::time::sleep(delay + Duration::from_millis(300)).await;
+    let released = claim_all(&store, &m, &parts).await;
+    let want: Vec<_> = first.iter().chain(later.iter()).map(|x| x.id).collect();
+    assert_eq!(released.iter().map(|r| r.id).collect::<Vec<_>>(), want);
+    let outcomes: Vec<_> = released
+        .iter()
+        .map(|r| Outcome::Published { seq: r.seq })
+        .collect();
+    assert_eq!(store.complete(&m, &outcomes).await.unwrap(), 5);
+    assert!(claim_all(&store, &m, &parts).await.is_empty());
+    let s = store.stats().await.unwrap();
+    assert_eq!(
+        (s.pending, s.published, s.parked, s.blocked_keys),
+        (0, 7, 0, 0)
+    );
 }
