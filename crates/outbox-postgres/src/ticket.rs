@@ -200,6 +200,12 @@ impl Ticket {
                         stopped.insert(key);
                         plan.park.push(park("failed", 1, 0.0, Some(error.clone())));
                     }
+                    // The same message already parked (an upgraded backlog holds rows in both
+                    // places): its parked copy was handed out and is recorded above; parking it
+                    // again in the same statement could re-create a row that one deletes.
+                    None if r.held && self.parked.contains_key(&r.seq) => {
+                        stopped.insert(key);
+                    }
                     None if r.held || stopped.contains(&key) => {
                         stopped.insert(key);
                         plan.park.push(park("waiting", 0, 0.0, None));
