@@ -19,6 +19,7 @@ pub async fn run(db: DbSettings, format: Format) -> anyhow::Result<ExitCode> {
             println!("oldest pending age  {age}");
             println!("retrying            {}", s.retrying);
             println!("blocked keys        {}", s.blocked_keys);
+            println!("parked              {}", s.parked);
             println!("failed              {}", s.failed);
             println!("published           {}", s.published);
             println!("relay members       {}", s.members.len());
