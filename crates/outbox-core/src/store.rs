@@ -131,6 +131,9 @@ pub struct Stats {
     /// behind them in their key (PostgreSQL's `outbox_parked`; SQLite counts its retrying and
     /// failed rows).
     pub parked: i64,
+    /// Partitions that hold the parking cap and stopped advancing until their parked keys
+    /// drain: alert on anything above zero.
+    pub partitions_at_parking_cap: i64,
     /// Live relay members and the partitions each owns.
     pub members: Vec<MemberStatus>,
     /// Up to 20 blocked keys, with the head message's error.

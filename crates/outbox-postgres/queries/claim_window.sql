@@ -12,6 +12,8 @@
 --      (partition || '/' || txid) expression index, which nothing else can use.
 -- Runtime pruning of the txid-ranged segments keeps part A on the newest segments.
 --
+-- A partition holding $7 parked messages reads no window: it stops advancing (rather than copy
+-- an unbounded backlog behind a stuck key) while its parked keys drain.
 -- A row whose key has a parked message ahead of it is flagged `held`: the record step parks it
 -- too, so the key stays in order. `window_rows` counts a partition's rows before the final
 -- LIMIT: fewer than $2 means the window is exhausted.
@@ -20,13 +22,17 @@
 --
 -- $1 partitions (int2[]) and $6 the epochs this member holds them at (ownership is checked when
 -- the batch is recorded, not here: a claim writes nothing), $2 rows per partition, $3 rows in
--- all, $4 floor hint, $5 failed rows block their key
+-- all, $4 floor hint, $5 failed rows block their key, $7 parked rows per partition at which the
+-- partition's window stops advancing (its parked keys still drain; the relay warns)
 WITH pos AS MATERIALIZED (
     SELECT p.partition, p.epoch, lp.done, lp.done_floor, lp.done_at, lp.published,
            COALESCE(lp.cur, pg_current_snapshot()) AS cur,
            CASE WHEN lp.cur IS NULL THEN GREATEST(lp.done_floor, $4::bigint) ELSE lp.cur_floor END AS cur_floor,
            COALESCE(lp.cur_at, now()) AS cur_at,
-           CASE WHEN lp.cur IS NULL THEN 0 ELSE lp.cursor END AS cursor
+           CASE WHEN lp.cur IS NULL THEN 0 ELSE lp.cursor END AS cursor,
+           (SELECT count(*) FROM (SELECT 1 FROM {schema}.outbox_parked AS k
+                                  WHERE k.partition = p.partition LIMIT $7) AS c) >= $7
+             AS parked_full
     FROM unnest($1::int2[], $6::int8[]) AS p(partition, epoch)
     CROSS JOIN LATERAL (
         SELECT x.done, x.done_floor, x.done_at, x.cur, x.cur_floor, x.cur_at, x.cursor, x.published
@@ -45,7 +51,8 @@ WITH pos AS MATERIALIZED (
             (SELECT a.seq, a.txid, a.id, a.aggregate_type, a.aggregate_id, a.event_type,
                     a.payload, a.headers, a.topic, a.created_at
              FROM {schema}.outbox AS a
-             WHERE a.partition = pos.partition
+             WHERE NOT pos.parked_full
+               AND a.partition = pos.partition
                AND a.seq > GREATEST(pos.cursor, pos.done_floor)
                AND a.txid >= pg_snapshot_xmax(pos.done)
                AND a.txid < pg_snapshot_xmax(pos.cur)
@@ -56,7 +63,8 @@ WITH pos AS MATERIALIZED (
             (SELECT b.seq, b.txid, b.id, b.aggregate_type, b.aggregate_id, b.event_type,
                     b.payload, b.headers, b.topic, b.created_at
              FROM {schema}.outbox AS b
-             WHERE (b.partition::text || '/' || b.txid::text) = ANY (ARRAY(
+             WHERE NOT pos.parked_full
+               AND (b.partition::text || '/' || b.txid::text) = ANY (ARRAY(
                        SELECT pos.partition::text || '/' || x::text
                        FROM pg_snapshot_xip(pos.done) AS x))
                AND pg_visible_in_snapshot(b.txid, pos.cur)
@@ -68,7 +76,7 @@ WITH pos AS MATERIALIZED (
         LIMIT $2
     ) AS w ON true
 )
-SELECT win.partition, win.epoch, win.done::text AS done, win.done_floor, win.done_at,
+SELECT win.partition, win.epoch, win.parked_full, win.done::text AS done, win.done_floor, win.done_at,
        win.published, win.cur::text AS cur, win.cur_floor, win.cur_at, win.cursor,
        win.window_rows, win.seq, win.txid::text AS txid, win.id, win.aggregate_type,
        win.aggregate_id, win.event_type, win.payload::text AS payload,

@@ -1,7 +1,7 @@
 -- Counts for `outbox status`, from the positions and the parked table; nothing here reads the
 -- message table's history. Pending is the claim's own predicate (visible now, not yet passed by
 -- the partition's position), counted per partition up to $1 rows, plus the parked messages that
--- are not failed. The oldest pending age is the oldest of each partition's next window row and
+-- are not failed; partitions holding $2 parked messages have stopped advancing. The oldest pending age is the oldest of each partition's next window row and
 -- of the parked messages still to deliver.
 WITH pos AS MATERIALIZED (
     SELECT lp.*, pg_current_snapshot() AS now_snap
@@ -45,5 +45,7 @@ SELECT
   (SELECT coalesce(sum(published), 0)::int8 FROM pos) AS published,
   (SELECT count(*) FROM {schema}.outbox_parked WHERE state = 'retrying') AS retrying,
   (SELECT count(*) FROM {schema}.outbox_parked) AS parked,
+  (SELECT count(*) FROM (SELECT partition FROM {schema}.outbox_parked GROUP BY partition
+                         HAVING count(*) >= $2) AS f) AS partitions_at_parking_cap,
   (SELECT count(*) FROM (SELECT DISTINCT partition, aggregate_id
                          FROM {schema}.outbox_parked) AS k) AS blocked_keys

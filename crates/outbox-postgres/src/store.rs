@@ -29,6 +29,11 @@ pub const PARTITIONS: usize = 64;
 /// Pending rows counted per partition by `stats` before it stops counting.
 pub const PENDING_COUNT_CAP: i64 = 100_000;
 
+/// Parked messages per partition at which the partition's window stops advancing: its parked
+/// keys still drain, other partitions flow, and the relay warns. Bounds the parked table when a
+/// key is stuck behind a failed head with a long backlog.
+pub const PARKED_CAP: i64 = 10_000;
+
 /// How often a member with nothing to do records that its empty windows are passed, so that
 /// retention can move on while no message flows.
 const IDLE_ADVANCE_EVERY: Duration = Duration::from_secs(5);
@@ -118,6 +123,8 @@ struct MemberState {
     active: usize,
     /// When empty windows were last recorded as passed.
     last_idle_advance: Option<Instant>,
+    /// When this member last warned about partitions at the parking cap.
+    last_cap_warning: Option<Instant>,
 }
 
 /// A PostgreSQL outbox in one schema.
@@ -127,6 +134,7 @@ pub struct PgStore {
     writer: Writer,
     q: Queries,
     members: Mutex<HashMap<String, MemberState>>,
+    parked_cap: i64,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -146,7 +154,14 @@ impl PgStore {
             pool,
             schema,
             members: Mutex::new(HashMap::new()),
+            parked_cap: PARKED_CAP,
         }
+    }
+
+    /// Sets the parking cap per partition (default [`PARKED_CAP`]).
+    pub fn with_parked_cap(mut self, cap: i64) -> Self {
+        self.parked_cap = cap.max(1);
+        self
     }
 
     /// The pool, for callers that also write business rows.
@@ -205,6 +220,7 @@ impl PgStore {
             .bind(floor_hint)
             .bind(block)
             .bind(&eps)
+            .bind(self.parked_cap)
             .fetch_all(&mut *tx)
             .await
             .map_err(err)?;
@@ -220,6 +236,10 @@ impl PgStore {
             );
             if !ticket.windows.contains_key(&partition) {
                 let found: i64 = r.try_get("window_rows").map_err(err)?;
+                let full: bool = r.try_get("parked_full").map_err(err)?;
+                if full {
+                    ticket.full_partitions.push(partition);
+                }
                 ticket.windows.insert(
                     partition,
                     Window {
@@ -234,7 +254,8 @@ impl PgStore {
                         cur_at: r.try_get("cur_at").map_err(err)?,
                         cursor: r.try_get("cursor").map_err(err)?,
                         found,
-                        exhausted_if_all_read: found < per_partition,
+                        // A partition at the parking cap read nothing: never close its window.
+                        exhausted_if_all_read: found < per_partition && !full,
                     },
                 );
             }
@@ -492,6 +513,26 @@ impl Store for PgStore {
             }
             ticket.parked.retain(|seq, _| !cut.contains(seq));
         }
+        if !ticket.full_partitions.is_empty() {
+            let warn_now = self.state(member, |s| {
+                let due = s
+                    .last_cap_warning
+                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
+                if due {
+                    s.last_cap_warning = Some(Instant::now());
+                }
+                due
+            });
+            if warn_now {
+                tracing::warn!(
+                    %member,
+                    partitions = ?ticket.full_partitions,
+                    cap = self.parked_cap,
+                    "partitions hold the parking cap and stopped advancing: a key is stuck \
+                     behind a failing message with a long backlog; see `outbox status`"
+                );
+            }
+        }
         let active_now = ticket.windows.values().filter(|w| w.found > 0).count();
         ticket.rows.sort_by_key(|r| r.seq);
         if messages.is_empty() {
@@ -580,6 +621,7 @@ impl Store for PgStore {
     async fn stats(&self) -> Result<Stats> {
         let r = sqlx::query(&self.q.stats)
             .bind(PENDING_COUNT_CAP)
+            .bind(self.parked_cap)
             .fetch_one(&self.pool)
             .await
             .map_err(|e| map_sqlx_error("reading outbox counts", e))?;
@@ -625,6 +667,7 @@ impl Store for PgStore {
             retrying: get("retrying")?,
             blocked_keys: get("blocked_keys")?,
             parked: get("parked")?,
+            partitions_at_parking_cap: get("partitions_at_parking_cap")?,
             members,
             blocked,
         })

@@ -53,6 +53,8 @@ pub(crate) struct Ticket {
     /// Window rows in seq order.
     pub rows: Vec<WindowRow>,
     pub parked: HashMap<i64, ParkedRow>,
+    /// Partitions whose window was not read because they hold the parking cap.
+    pub full_partitions: Vec<i16>,
 }
 
 /// A new position to append.

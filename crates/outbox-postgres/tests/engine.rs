@@ -133,6 +133,7 @@ async fn claim_buffers(pool: &PgPool, schema: &Schema, parts: &[i32], limit: i64
         .bind(0i64)
         .bind(true)
         .bind(&epochs)
+        .bind(10_000i64)
         .fetch_one(&mut *tx)
         .await
         .unwrap();
@@ -413,6 +414,122 @@ async fn migrate_upgrades_a_version_one_outbox_in_place() {
     assert_eq!(
         row.get::<Option<String>, _>("last_error").as_deref(),
         Some("too large")
+    );
+    teardown(&pool, &schema).await;
+}
+
+/// A key stuck behind a failed head with a long backlog parks its rows only up to the cap:
+/// then its partition stops advancing (other partitions flow, status says so), and once the
+/// head is dealt with everything behind it comes out in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_at_the_parking_cap_stops_advancing_and_resumes_in_order() {
+    let (pool, schema, _) = setup("eng_cap").await;
+    let store = Arc::new(PgStore::new(pool.clone(), schema.clone()).with_parked_cap(5));
+    // Two keys in one partition, one in another.
+    let part = |k: String| {
+        let pool = pool.clone();
+        async move {
+            let p: i32 = sqlx::query_scalar("SELECT ((hashtext($1) & 2147483647) % 64)::int4")
+                .bind(&k)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            (k, p)
+        }
+    };
+    let (stuck, p0) = part("stuck".into()).await;
+    let mut same = None;
+    let mut other = None;
+    for i in 0..1000 {
+        let (k, p) = part(format!("k{i}")).await;
+        if p == p0 && same.is_none() {
+            same = Some(k);
+        } else if p != p0 && other.is_none() {
+            other = Some(k);
+        }
+        if same.is_some() && other.is_some() {
+            break;
+        }
+    }
+    let (same, other) = (same.unwrap(), other.unwrap());
+    let stuck_rows: Vec<_> = (0..600).map(|i| msg(&stuck, i)).collect();
+    store.insert(&stuck_rows).await.unwrap();
+    let same_row = msg(&same, 0);
+    store.insert(&[same_row.clone()]).await.unwrap();
+    let m = MemberId::random("m");
+    let parts = store.rebalance(&m, Duration::from_secs(30)).await.unwrap();
+    // Fail the stuck head: the rest of its key parks behind it, batch by batch, until the
+    // partition holds the cap (overshooting by at most one batch).
+    let got = store.claim(&m, &parts, 3, OnFailed::Block).await.unwrap();
+    assert_eq!(got[0].id, stuck_rows[0].id);
+    store
+        .complete(
+            &m,
+            &[Outcome::Failed {
+                seq: got[0].seq,
+                error: "rejected".into(),
+            }],
+        )
+        .await
+        .unwrap();
+    let mut delivered = Vec::new();
+    for _ in 0..20 {
+        let got = store.claim(&m, &parts, 50, OnFailed::Block).await.unwrap();
+        let outcomes: Vec<_> = got
+            .iter()
+            .map(|r| Outcome::Published { seq: r.seq })
+            .collect();
+        store.complete(&m, &outcomes).await.unwrap();
+        delivered.extend(got.iter().map(|r| r.id));
+    }
+    assert!(
+        delivered.is_empty(),
+        "nothing of the stopped partition flows"
+    );
+    let s = store.stats().await.unwrap();
+    assert_eq!(s.partitions_at_parking_cap, 1, "{s:?}");
+    let parked: i64 =
+        sqlx::query_scalar(&schema.render("SELECT count(*) FROM {schema}.outbox_parked"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(
+        (5..=60).contains(&parked),
+        "parking stops at the cap: {parked}"
+    );
+    // The partition stopped: `same` waits although its key is fine; another partition flows.
+    let other_row = msg(&other, 0);
+    store.insert(&[other_row.clone()]).await.unwrap();
+    let more = drain(&store, &m, &parts).await;
+    assert_eq!(more, vec![other_row.id], "other partitions flow");
+    // The operator removes the failed head: the key drains in order, then the partition resumes.
+    sqlx::query(&schema.render("DELETE FROM {schema}.outbox_parked WHERE state = 'failed'"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    for _ in 0..30 {
+        rest.extend(drain(&store, &m, &parts).await);
+    }
+    let stuck_out: Vec<_> = rest
+        .iter()
+        .filter(|id| stuck_rows.iter().any(|r| r.id == **id))
+        .copied()
+        .collect();
+    let want: Vec<_> = stuck_rows[1..].iter().map(|r| r.id).collect();
+    assert_eq!(
+        stuck_out, want,
+        "the stuck key comes out complete and in order"
+    );
+    assert_eq!(
+        rest.last(),
+        Some(&same_row.id),
+        "the partition resumes after the key"
+    );
+    let s = store.stats().await.unwrap();
+    assert_eq!(
+        (s.pending, s.parked, s.partitions_at_parking_cap),
+        (0, 0, 0)
     );
     teardown(&pool, &schema).await;
 }

@@ -452,6 +452,7 @@ impl Store for SqliteStore {
             blocked_keys: r.try_get("blocked_keys").map_err(err)?,
             parked: r.try_get::<i64, _>("retrying").map_err(err)?
                 + r.try_get::<i64, _>("failed").map_err(err)?,
+            partitions_at_parking_cap: 0,
             members,
             blocked,
         })

@@ -20,6 +20,12 @@ pub async fn run(db: DbSettings, format: Format) -> anyhow::Result<ExitCode> {
             println!("retrying            {}", s.retrying);
             println!("blocked keys        {}", s.blocked_keys);
             println!("parked              {}", s.parked);
+            if s.partitions_at_parking_cap > 0 {
+                println!(
+                    "partitions stopped  {} (parking cap reached: a key is stuck behind a failing message)",
+                    s.partitions_at_parking_cap
+                );
+            }
             println!("failed              {}", s.failed);
             println!("published           {}", s.published);
             println!("relay members       {}", s.members.len());
