@@ -5,9 +5,9 @@ use std::process::ExitCode;
 use crate::config::DbSettings;
 
 pub async fn run(db: DbSettings) -> anyhow::Result<ExitCode> {
-    let backend = super::Backend::open(&db, 2).await?;
-    let applied = backend.migrate().await?;
-    let place = backend.place(&db);
+    let database = outbox_db::open(&db.url, &db.schema, 2).await?;
+    let applied = database.migrate().await?;
+    let place = database.place();
     if applied.is_empty() {
         println!("{place} is up to date");
     } else {
