@@ -235,6 +235,8 @@ struct Relays {
     logs: PathBuf,
     /// The database URL, passed in the environment (a password must not show in `ps`).
     database_url: String,
+    /// The sink URL, in the environment for the same reason (`nats://user:pass@…`).
+    sink_url: String,
     /// Where every relay's standard output goes (the `stdout:` sink), appended.
     stdout: Option<PathBuf>,
 }
@@ -271,6 +273,7 @@ impl Relays {
             .args(&self.args)
             .env("OUTBOX_LOG", "warn")
             .env("OUTBOX_DATABASE_URL", &self.database_url)
+            .env("OUTBOX_SINK", &self.sink_url)
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(log)
@@ -425,12 +428,11 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     }
 
     let lease = args.lease.0;
+    // Nothing secret on the command line: the database and sink URLs go in the environment.
     let relay_args: Vec<String> = vec![
         "relay".into(),
         "--schema".into(),
         db.schema().into(),
-        "--sink".into(),
-        sink_url.clone(),
         "--destination".into(),
         destination.as_str().into(),
         "--lease".into(),
@@ -453,6 +455,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         args: relay_args,
         logs: tmp.clone(),
         database_url: relay_db_url.clone(),
+        sink_url: sink_url.clone(),
         stdout: stdout_path.clone(),
     };
     for i in 0..plan.relays {
