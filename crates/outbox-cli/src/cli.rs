@@ -282,10 +282,14 @@ pub struct VerifyArgs {
     /// Relay processes.
     #[arg(long)]
     pub relays: Option<usize>,
-    /// Producer tasks.
+    /// Producer tasks writing through the writer API, all on the same keys.
     #[arg(long)]
     pub producers: Option<usize>,
-    /// Ordering keys.
+    /// Producer tasks writing the plain SQL `INSERT` without the per-key lock, on keys of their
+    /// own (a quarter as many as --keys); their order is reported, not required. 0: none.
+    #[arg(long)]
+    pub raw_producers: Option<usize>,
+    /// Ordering keys of the writer-API producers.
     #[arg(long)]
     pub keys: Option<usize>,
     /// Seed of the fault schedule (default: random, printed).

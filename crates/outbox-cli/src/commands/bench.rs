@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use async_nats::jetstream;
 use outbox_core::{DestinationTemplate, NewMessage, Store};
-use outbox_postgres::{connect_pool, migrate, PgStore, Schema, Writer};
+use outbox_postgres::{migrate, PgStore, Schema, Writer};
 use outbox_relay::{Relay, RelayConfig, RelayMetrics};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -221,7 +221,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .or_else(|| std::env::var("OUTBOX_SINK").ok())
         .unwrap_or_else(|| DEFAULT_NATS.into());
-    let pool = connect_pool(&db, (args.producers as u32).max(8) + 8).await?;
+    // The bench makes scratch schemas of its own on this pool; the schema given here is unused.
+    let database = outbox_db::open(&db, "public", (args.producers as u32).max(8) + 8).await?;
+    let pool = database
+        .postgres()
+        .with_context(|| {
+            format!(
+                "bench measures the PostgreSQL engine; `{}` is {}",
+                outbox_core::redact::url(&db),
+                database.backend().name()
+            )
+        })?
+        .pool()
+        .clone();
     let client = async_nats::connect(&nats_url)
         .await
         .context("connecting to NATS for the bench stream")?;

@@ -1,19 +1,68 @@
 //! The guarantee checker of `outbox verify`: what arrived at the broker against what was
 //! committed. Pure, so every verdict it can give is unit-tested.
+//!
+//! Per-key order is judged against commit order, which the ledger records: each committed
+//! message carries `n`, the value its transaction drew from a per-key counter row
+//! (`UPDATE … SET n = n + 1 RETURNING n`) after its outbox insert. That row lock is held until
+//! commit, so within a key a smaller `n` committed earlier.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use serde::Serialize;
 use uuid::Uuid;
+
+/// How a committed message was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WriterKind {
+    /// Through the writer API, which locks the key before drawing `seq`: per-key order is a
+    /// guarantee.
+    Locked,
+    /// With the SQL contract's plain `INSERT` and no lock: per-key order is reported, not
+    /// required.
+    Raw,
+}
+
+impl WriterKind {
+    /// The name stored in the ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Locked => "locked",
+            Self::Raw => "raw",
+        }
+    }
+
+    /// The kind a ledger name stands for.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "locked" => Some(Self::Locked),
+            "raw" => Some(Self::Raw),
+            _ => None,
+        }
+    }
+}
+
+/// One committed message, as the ledger recorded it in the message's own transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Committed {
+    /// Ordering key.
+    pub key: String,
+    /// Commit rank within the key (larger = committed later).
+    pub n: i64,
+    /// How it was written.
+    pub writer: WriterKind,
+    /// Which producer task wrote it.
+    pub producer: i64,
+}
 
 /// One message as the independent consumer received it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Arrival {
     /// Message id.
     pub id: Uuid,
-    /// Ordering key, as delivered.
+    /// Ordering key, as delivered (header or line field).
     pub key: String,
-    /// Sequence within the key, from the payload.
-    pub n: i64,
+    /// The key the payload names (empty when it names none).
+    pub payload_key: String,
     /// Seconds since the start of the run.
     pub at: f64,
 }
@@ -27,6 +76,23 @@ pub struct FaultMark {
     pub at: f64,
 }
 
+/// Per-key order of the raw (unlocked) writers' keys: information, not a verdict.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct RawOrder {
+    /// Messages committed by raw writers.
+    pub committed: usize,
+    /// Keys raw writers committed to.
+    pub keys: usize,
+    /// Of those, keys committed to by two or more producers.
+    pub keys_written_by_several_producers: usize,
+    /// Keys with at least one adjacent pair (below) out of commit order.
+    pub keys_out_of_order: usize,
+    /// Pairs of consecutive first deliveries within a key.
+    pub adjacent_pairs: usize,
+    /// Of those, pairs whose later delivery committed earlier.
+    pub adjacent_pairs_out_of_order: usize,
+}
+
 /// The checker's findings.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Verdict {
@@ -38,34 +104,45 @@ pub struct Verdict {
     pub lost_sample: Vec<String>,
     /// Arrived messages that no committed transaction wrote (rolled back or invented).
     pub phantoms: usize,
-    /// First deliveries that came after a later message of the same key.
+    /// First deliveries of a writer-API key that came after a message of the key that
+    /// committed later.
     pub order_violations: usize,
-    /// Arrivals whose key or sequence differ from what was committed under that id.
+    /// Writer-API keys committed to by two or more producers (the overlap the order check
+    /// needs to mean something).
+    pub keys_written_by_several_producers: usize,
+    /// Arrivals whose key (delivered or in the payload) differs from what was committed.
     pub mismatched: usize,
     /// Arrivals of an id already received.
     pub duplicates: usize,
     /// Duplicates by the kind of the last fault before them (`no fault` when none).
     pub duplicates_after: BTreeMap<String, usize>,
+    /// What order held for the raw writers' keys.
+    pub raw_order: RawOrder,
 }
 
 impl Verdict {
-    /// Whether every guarantee held.
+    /// Whether every guarantee held. The raw writers' order is not one: their lost and
+    /// phantom messages count, their order does not.
     pub fn ok(&self) -> bool {
         self.lost == 0 && self.phantoms == 0 && self.order_violations == 0 && self.mismatched == 0
     }
 }
 
-/// Compares `arrivals` (in arrival order) with the `ledger` of committed messages (id → key and
-/// sequence within the key). A key's messages must arrive, at their first delivery, in
-/// sequence order; a later redelivery of a message is a duplicate, not a violation.
+/// Compares `arrivals` (in arrival order) with the `ledger` of committed messages. A key's
+/// messages must arrive, at their first delivery, in commit order (`n`); a later redelivery of
+/// a message is a duplicate, not a violation. Writer-API keys that break this are violations;
+/// raw keys are counted in [`Verdict::raw_order`].
 pub fn check(
-    ledger: &HashMap<Uuid, (String, i64)>,
+    ledger: &HashMap<Uuid, Committed>,
     arrivals: &[Arrival],
     faults: &[FaultMark],
 ) -> Verdict {
     let mut v = Verdict::default();
     let mut first_seen: HashSet<Uuid> = HashSet::with_capacity(arrivals.len());
+    // Per key: the highest `n` delivered so far and the `n` of the last first delivery.
     let mut high: HashMap<&str, i64> = HashMap::new();
+    let mut last: HashMap<&str, i64> = HashMap::new();
+    let mut raw_keys_out_of_order: HashSet<&str> = HashSet::new();
     for a in arrivals {
         if !first_seen.insert(a.id) {
             v.duplicates += 1;
@@ -77,21 +154,58 @@ pub fn check(
             *v.duplicates_after.entry(cause.to_string()).or_default() += 1;
             continue;
         }
-        match ledger.get(&a.id) {
-            None => {
-                v.phantoms += 1;
-                continue;
-            }
-            Some((key, n)) if *key != a.key || *n != a.n => v.mismatched += 1,
-            Some(_) => {}
+        let Some(c) = ledger.get(&a.id) else {
+            v.phantoms += 1;
+            continue;
+        };
+        if c.key != a.key || c.key != a.payload_key {
+            v.mismatched += 1;
         }
-        let h = high.entry(a.key.as_str()).or_insert(-1);
-        if a.n < *h {
-            v.order_violations += 1;
-        } else {
-            *h = a.n;
+        // Order is judged on the committed key, so a mismatch is not counted twice.
+        let key = c.key.as_str();
+        match c.writer {
+            WriterKind::Locked => {
+                let h = high.entry(key).or_insert(i64::MIN);
+                if c.n < *h {
+                    v.order_violations += 1;
+                } else {
+                    *h = c.n;
+                }
+            }
+            WriterKind::Raw => {
+                if let Some(prev) = last.insert(key, c.n) {
+                    v.raw_order.adjacent_pairs += 1;
+                    if c.n < prev {
+                        v.raw_order.adjacent_pairs_out_of_order += 1;
+                        raw_keys_out_of_order.insert(key);
+                    }
+                }
+            }
         }
     }
+    v.raw_order.keys_out_of_order = raw_keys_out_of_order.len();
+
+    let mut producers: HashMap<(&str, WriterKind), HashSet<i64>> = HashMap::new();
+    for c in ledger.values() {
+        producers
+            .entry((c.key.as_str(), c.writer))
+            .or_default()
+            .insert(c.producer);
+        if c.writer == WriterKind::Raw {
+            v.raw_order.committed += 1;
+        }
+    }
+    for ((_, writer), ps) in &producers {
+        let shared = usize::from(ps.len() > 1);
+        match writer {
+            WriterKind::Locked => v.keys_written_by_several_producers += shared,
+            WriterKind::Raw => {
+                v.raw_order.keys += 1;
+                v.raw_order.keys_written_by_several_producers += shared;
+            }
+        }
+    }
+
     v.delivered = ledger.keys().filter(|id| first_seen.contains(id)).count();
     v.lost = ledger.len() - v.delivered;
     v.lost_sample = ledger
@@ -107,41 +221,58 @@ pub fn check(
 mod tests {
     use super::*;
 
-    fn ledger(rows: &[(u128, &str, i64)]) -> HashMap<Uuid, (String, i64)> {
+    /// (id, key, n, writer, producer)
+    type Row = (u128, &'static str, i64, WriterKind, i64);
+
+    const L: WriterKind = WriterKind::Locked;
+    const R: WriterKind = WriterKind::Raw;
+
+    fn ledger(rows: &[Row]) -> HashMap<Uuid, Committed> {
         rows.iter()
-            .map(|(id, k, n)| (Uuid::from_u128(*id), (k.to_string(), *n)))
+            .map(|&(id, key, n, writer, producer)| {
+                (
+                    Uuid::from_u128(id),
+                    Committed {
+                        key: key.to_string(),
+                        n,
+                        writer,
+                        producer,
+                    },
+                )
+            })
             .collect()
     }
 
-    fn arrive(id: u128, key: &str, n: i64, at: f64) -> Arrival {
+    fn arrive(id: u128, key: &str, at: f64) -> Arrival {
         Arrival {
             id: Uuid::from_u128(id),
             key: key.into(),
-            n,
+            payload_key: key.into(),
             at,
         }
     }
 
     #[test]
     fn everything_in_order_is_ok() {
-        let l = ledger(&[(1, "a", 0), (2, "a", 1), (3, "b", 0)]);
+        let l = ledger(&[(1, "a", 1, L, 0), (2, "a", 2, L, 1), (3, "b", 1, L, 0)]);
         let v = check(
             &l,
             &[
-                arrive(1, "a", 0, 1.0),
-                arrive(3, "b", 0, 1.0),
-                arrive(2, "a", 1, 2.0),
+                arrive(1, "a", 1.0),
+                arrive(3, "b", 1.0),
+                arrive(2, "a", 2.0),
             ],
             &[],
         );
         assert!(v.ok(), "{v:?}");
         assert_eq!((v.delivered, v.lost, v.duplicates), (3, 0, 0));
+        assert_eq!(v.keys_written_by_several_producers, 1);
     }
 
     #[test]
     fn a_missing_message_is_lost() {
-        let l = ledger(&[(1, "a", 0), (2, "a", 1)]);
-        let v = check(&l, &[arrive(1, "a", 0, 1.0)], &[]);
+        let l = ledger(&[(1, "a", 1, L, 0), (2, "a", 2, L, 0)]);
+        let v = check(&l, &[arrive(1, "a", 1.0)], &[]);
         assert_eq!(v.lost, 1);
         assert_eq!(v.lost_sample, vec![Uuid::from_u128(2).to_string()]);
         assert!(!v.ok());
@@ -149,23 +280,24 @@ mod tests {
 
     #[test]
     fn an_uncommitted_message_is_a_phantom() {
-        let l = ledger(&[(1, "a", 0)]);
-        let v = check(&l, &[arrive(1, "a", 0, 1.0), arrive(9, "a", 1, 1.0)], &[]);
+        let l = ledger(&[(1, "a", 1, L, 0)]);
+        let v = check(&l, &[arrive(1, "a", 1.0), arrive(9, "a", 1.0)], &[]);
         assert_eq!(v.phantoms, 1);
         assert!(!v.ok());
     }
 
     #[test]
-    fn a_later_message_first_is_an_order_violation() {
-        let l = ledger(&[(1, "a", 0), (2, "a", 1)]);
-        let v = check(&l, &[arrive(2, "a", 1, 1.0), arrive(1, "a", 0, 2.0)], &[]);
+    fn a_later_commit_delivered_first_is_an_order_violation() {
+        // Two producers on one key: 2 committed after 1, and arrived before it.
+        let l = ledger(&[(1, "a", 1, L, 0), (2, "a", 2, L, 1)]);
+        let v = check(&l, &[arrive(2, "a", 1.0), arrive(1, "a", 2.0)], &[]);
         assert_eq!(v.order_violations, 1);
         assert!(!v.ok());
     }
 
     #[test]
     fn a_redelivery_is_a_duplicate_attributed_to_the_last_fault_not_a_violation() {
-        let l = ledger(&[(1, "a", 0), (2, "a", 1)]);
+        let l = ledger(&[(1, "a", 1, L, 0), (2, "a", 2, L, 0)]);
         let faults = [FaultMark {
             kind: "kill".into(),
             at: 1.5,
@@ -173,9 +305,9 @@ mod tests {
         let v = check(
             &l,
             &[
-                arrive(1, "a", 0, 1.0),
-                arrive(2, "a", 1, 1.0),
-                arrive(1, "a", 0, 2.0),
+                arrive(1, "a", 1.0),
+                arrive(2, "a", 1.0),
+                arrive(1, "a", 2.0),
             ],
             &faults,
         );
@@ -186,9 +318,69 @@ mod tests {
 
     #[test]
     fn a_message_under_the_wrong_key_is_a_mismatch() {
-        let l = ledger(&[(1, "a", 0)]);
-        let v = check(&l, &[arrive(1, "b", 0, 1.0)], &[]);
+        let l = ledger(&[(1, "a", 1, L, 0)]);
+        let v = check(&l, &[arrive(1, "b", 1.0)], &[]);
         assert_eq!(v.mismatched, 1);
+        assert!(!v.ok());
+    }
+
+    #[test]
+    fn a_payload_naming_another_key_is_a_mismatch() {
+        let l = ledger(&[(1, "a", 1, L, 0)]);
+        let mut a = arrive(1, "a", 1.0);
+        a.payload_key = "b".into();
+        let v = check(&l, &[a], &[]);
+        assert_eq!(v.mismatched, 1);
+        assert!(!v.ok());
+    }
+
+    #[test]
+    fn raw_keys_out_of_commit_order_are_counted_but_not_a_failure() {
+        // Key r: commits 1, 2, 3 arrive 2, 1, 3: one adjacent pair of two is inverted.
+        // Key s: in order. Key t: one message, no pair.
+        let l = ledger(&[
+            (1, "r", 1, R, 0),
+            (2, "r", 2, R, 1),
+            (3, "r", 3, R, 0),
+            (4, "s", 1, R, 1),
+            (5, "s", 2, R, 1),
+            (6, "t", 1, R, 0),
+        ]);
+        let v = check(
+            &l,
+            &[
+                arrive(2, "r", 1.0),
+                arrive(4, "s", 1.0),
+                arrive(1, "r", 1.0),
+                arrive(5, "s", 1.0),
+                arrive(3, "r", 1.0),
+                arrive(6, "t", 1.0),
+                // A redelivery of r's first commit: a duplicate, not a pair.
+                arrive(1, "r", 2.0),
+            ],
+            &[],
+        );
+        assert!(v.ok(), "{v:?}");
+        assert_eq!(v.order_violations, 0);
+        assert_eq!(
+            v.raw_order,
+            RawOrder {
+                committed: 6,
+                keys: 3,
+                keys_written_by_several_producers: 1,
+                keys_out_of_order: 1,
+                adjacent_pairs: 3,
+                adjacent_pairs_out_of_order: 1,
+            }
+        );
+        assert_eq!(v.duplicates, 1);
+    }
+
+    #[test]
+    fn lost_and_phantom_raw_messages_still_fail_the_run() {
+        let l = ledger(&[(1, "r", 1, R, 0), (2, "r", 2, R, 0)]);
+        let v = check(&l, &[arrive(1, "r", 1.0), arrive(9, "r", 1.0)], &[]);
+        assert_eq!((v.lost, v.phantoms), (1, 1));
         assert!(!v.ok());
     }
 }

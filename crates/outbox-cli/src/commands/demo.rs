@@ -14,11 +14,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use async_trait::async_trait;
-use outbox_core::{
-    DestinationTemplate, Envelope, NewMessage, RetryPolicy, Sink, SinkError, Stats, Store,
-};
+use outbox_core::{DestinationTemplate, Envelope, NewMessage, RetryPolicy, Sink, SinkError, Stats};
+use outbox_db::{Backend, Database};
 use outbox_relay::{Relay, RelayConfig, RelayMetrics};
-use sqlx::{PgPool, SqlitePool};
+use sqlx::SqlitePool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -26,136 +25,54 @@ use uuid::Uuid;
 use super::observer::{Broker, Delivered};
 use crate::cli::DemoArgs;
 
-/// The payments service's database: business table and outbox in one transaction.
-enum PaymentsDb {
-    Sqlite {
-        pool: SqlitePool,
-        writer: outbox_sqlite::Writer,
-    },
-    Postgres {
-        pool: PgPool,
-        schema: outbox_postgres::Schema,
-        writer: outbox_postgres::Writer,
-    },
+/// The demo's default schema on PostgreSQL; only schemas named like it are ever dropped.
+const DEMO_SCHEMA: &str = "outbox_demo";
+
+/// Opens the payments service's database (the outbox and a `payments` table) from nothing:
+/// what a previous run left is dropped first, but never a PostgreSQL schema the demo did not
+/// make (one not named `outbox_demo…`).
+async fn open_payments(url: &str, schema: &str) -> anyhow::Result<Database> {
+    let mut db = outbox_db::open(url, schema, 8).await?;
+    if db.exists().await? {
+        anyhow::ensure!(
+            db.backend() != Backend::Postgres || schema.starts_with(DEMO_SCHEMA),
+            "demo: schema `{schema}` exists and is not a demo schema; pick another --schema (it is dropped and recreated)"
+        );
+        db.destroy().await?;
+        db = outbox_db::open(url, schema, 8).await?;
+    }
+    db.migrate().await?;
+    // Portable types: the payment id is stored as text on either backend.
+    db.execute_script(
+        "CREATE TABLE {schema}.payments (id text PRIMARY KEY, amount_cents bigint NOT NULL)",
+    )
+    .await?;
+    Ok(db)
 }
 
-impl PaymentsDb {
-    async fn open(url: &str, schema: &str) -> anyhow::Result<Self> {
-        if url.starts_with("sqlite:") {
-            outbox_sqlite::remove_database(&outbox_sqlite::database_path(url)?);
-            let pool = outbox_sqlite::connect_pool(url).await?;
-            outbox_sqlite::migrate(&pool).await?;
-            sqlx::query(
-                "CREATE TABLE payments (id TEXT PRIMARY KEY, amount_cents INTEGER NOT NULL)",
-            )
-            .execute(&pool)
-            .await?;
-            Ok(Self::Sqlite {
-                pool,
-                writer: outbox_sqlite::Writer::default(),
-            })
-        } else if url.starts_with("postgres") {
-            let schema = outbox_postgres::Schema::new(schema)?;
-            let pool = outbox_postgres::connect_pool(url, 8).await?;
-            // The demo drops and recreates its schema: never one it did not make.
-            let exists: bool =
-                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
-                    .bind(schema.as_str())
-                    .fetch_one(&pool)
-                    .await?;
-            anyhow::ensure!(
-                !exists || schema.as_str().starts_with("outbox_demo"),
-                "demo: schema `{}` exists and is not a demo schema; pick another --schema (it is dropped and recreated)",
-                schema.as_str()
-            );
-            sqlx::raw_sql(&schema.render("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-                .execute(&pool)
-                .await?;
-            outbox_postgres::migrate(&pool, &schema).await?;
-            sqlx::raw_sql(&schema.render(
-                "CREATE TABLE {schema}.payments (id uuid PRIMARY KEY, amount_cents bigint NOT NULL)",
-            ))
-            .execute(&pool)
-            .await?;
-            Ok(Self::Postgres {
-                writer: outbox_postgres::Writer::new(&schema),
-                pool,
-                schema,
-            })
-        } else {
-            anyhow::bail!(
-                "demo database `{}`: use sqlite://path or postgres://…",
-                outbox_core::redact::url(url)
-            )
-        }
+/// One payment: the business row and its event in one transaction, committed or (when the
+/// fraud check fails) rolled back. Returns the event's id.
+async fn pay(db: &Database, amount_cents: i64, fraud: bool) -> anyhow::Result<Uuid> {
+    let payment = Uuid::now_v7();
+    let event = NewMessage::new(
+        "payment",
+        payment.to_string(),
+        "payment.created",
+        serde_json::json!({ "payment_id": payment, "amount_cents": amount_cents }),
+    );
+    let mut tx = db.begin().await?;
+    tx.execute(
+        "INSERT INTO {schema}.payments (id, amount_cents) VALUES ($1, $2)",
+        &[payment.to_string().into(), amount_cents.into()],
+    )
+    .await?;
+    tx.enqueue(&event).await?;
+    if fraud {
+        tx.rollback().await?;
+    } else {
+        tx.commit().await?;
     }
-
-    fn store(&self) -> Arc<dyn Store> {
-        match self {
-            Self::Sqlite { pool, .. } => Arc::new(outbox_sqlite::SqliteStore::new(pool.clone())),
-            Self::Postgres { pool, schema, .. } => {
-                Arc::new(outbox_postgres::PgStore::new(pool.clone(), schema.clone()))
-            }
-        }
-    }
-
-    /// One payment: the business row and its event in one transaction, committed or (when the
-    /// fraud check fails) rolled back.
-    async fn pay(&self, amount_cents: i64, fraud: bool) -> anyhow::Result<Uuid> {
-        let payment = Uuid::now_v7();
-        let event = NewMessage::new(
-            "payment",
-            payment.to_string(),
-            "payment.created",
-            serde_json::json!({ "payment_id": payment, "amount_cents": amount_cents }),
-        );
-        match self {
-            Self::Sqlite { pool, writer } => {
-                let mut tx = pool.begin().await?;
-                sqlx::query("INSERT INTO payments (id, amount_cents) VALUES (?, ?)")
-                    .bind(payment.to_string())
-                    .bind(amount_cents)
-                    .execute(&mut *tx)
-                    .await?;
-                writer.enqueue(&mut tx, &event).await?;
-                if fraud {
-                    tx.rollback().await?
-                } else {
-                    tx.commit().await?
-                }
-            }
-            Self::Postgres {
-                pool,
-                schema,
-                writer,
-            } => {
-                let mut tx = pool.begin().await?;
-                sqlx::query(
-                    &schema
-                        .render("INSERT INTO {schema}.payments (id, amount_cents) VALUES ($1, $2)"),
-                )
-                .bind(payment)
-                .bind(amount_cents)
-                .execute(&mut *tx)
-                .await?;
-                writer.enqueue(&mut tx, &event).await?;
-                if fraud {
-                    tx.rollback().await?
-                } else {
-                    tx.commit().await?
-                }
-            }
-        }
-        Ok(event.id)
-    }
-
-    async fn cleanup(&self) {
-        if let Self::Postgres { pool, schema, .. } = self {
-            let _ = sqlx::raw_sql(&schema.render("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-                .execute(pool)
-                .await;
-        }
-    }
+    Ok(event.id)
 }
 
 /// The downstream ledger: its own SQLite database, applying each payment once. The message id
@@ -331,11 +248,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .sink
         .clone()
         .unwrap_or_else(|| format!("file:{}", args.dir.join("events.jsonl").display()));
-    let schema = args.schema.clone().unwrap_or_else(|| "outbox_demo".into());
+    let schema = args.schema.clone().unwrap_or_else(|| DEMO_SCHEMA.into());
     let lease = args.lease.0;
     let started = Instant::now();
 
-    let db = Arc::new(PaymentsDb::open(&db_url, &schema).await?);
+    let db = Arc::new(open_payments(&db_url, &schema).await?);
     let (mut broker, sink, destination) = Broker::open(&sink_url, "demo").await?;
     let ledger_path = args.dir.join("ledger.db");
     let ledger = Ledger::open(&ledger_path).await?;
@@ -362,7 +279,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             while !stop.is_cancelled() {
                 let fraud = n % 5 == 4;
                 let amount = 100 + fastrand::i64(0..50_000);
-                let id = db.pay(amount, fraud).await?;
+                let id = pay(&db, amount, fraud).await?;
                 if let Ok(mut p) = produced.lock() {
                     if fraud {
                         p.rolled_back.insert(id);
@@ -572,7 +489,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         }
     );
     println!("  files                     {}", args.dir.display());
-    db.cleanup().await;
+    // A PostgreSQL demo drops its schema; a SQLite one keeps its file for a look (see `files`).
+    if db.backend() == Backend::Postgres {
+        let _ = Database::clone(&db).destroy().await;
+    }
     broker.cleanup().await;
     if ok {
         println!("\nNothing lost, nothing invented, every payment applied once.");

@@ -7,19 +7,16 @@ use crate::config::DbSettings;
 
 /// Segments ahead of the writers, and retention, once.
 pub async fn maintain(db: DbSettings, retention: Duration) -> anyhow::Result<ExitCode> {
-    let backend = super::Backend::open(&db, 2).await?;
-    let m = backend.store().maintain(retention).await?;
+    let database = outbox_db::open(&db.url, &db.schema, 2).await?;
+    let m = database.store().maintain(retention).await?;
     println!("{}", serde_json::to_string(&m)?);
     Ok(ExitCode::SUCCESS)
 }
 
 /// Drops storage every relay has passed, closed longer ago than `older_than`.
 pub async fn purge(db: DbSettings, older_than: Duration) -> anyhow::Result<ExitCode> {
-    let backend = super::Backend::open(&db, 2).await?;
-    let m = match &backend {
-        super::Backend::Postgres(s) => s.purge(older_than).await?,
-        super::Backend::Sqlite(s) => outbox_core::Store::maintain(s, older_than).await?,
-    };
+    let database = outbox_db::open(&db.url, &db.schema, 2).await?;
+    let m = database.purge(older_than).await?;
     println!("{}", serde_json::to_string(&m)?);
     Ok(ExitCode::SUCCESS)
 }

@@ -1,6 +1,5 @@
 //! One module per subcommand.
 
-mod backend;
 mod bench;
 mod checker;
 mod demo;
@@ -13,8 +12,6 @@ mod status;
 mod verify;
 
 use std::process::ExitCode;
-
-pub use backend::Backend;
 
 use crate::cli::{Cli, Command};
 use crate::config;

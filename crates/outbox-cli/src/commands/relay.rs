@@ -31,20 +31,20 @@ pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCod
     }
     // Pool: each worker claims and marks on its own, plus LISTEN and lease renewals.
     let pool_size = (s.relay.workers as u32) * 2 + 2;
-    let backend = super::Backend::open(&s.db, pool_size).await?;
-    let store = backend.store();
+    let database = outbox_db::open(&s.db.url, &s.db.schema, pool_size).await?;
+    let store = database.store();
     // Fail fast, with the fix in the message, when the schema was never migrated.
     if let Err(e) = store.stats().await {
         if e.kind() == ErrorKind::Schema {
             anyhow::bail!(
                 "{} has no outbox tables: run `outbox migrate` first ({e})",
-                backend.place(&s.db)
+                database.place()
             );
         }
         return Err(e.into());
     }
     let sink = outbox_sinks::connect(&s.sink).await?;
-    info!(database = %outbox_core::redact::url(&s.db.url), outbox = %backend.place(&s.db),
+    info!(database = %outbox_core::redact::url(&s.db.url), outbox = %database.place(),
           sink = %outbox_core::redact::url(&s.sink), "relay configured");
     let shutdown = crate::shutdown::on_signal();
     Relay::new(store, sink, s.relay).run(shutdown).await;

@@ -6,15 +6,15 @@ use crate::cli::Format;
 use crate::config::DbSettings;
 
 pub async fn run(db: DbSettings, format: Format) -> anyhow::Result<ExitCode> {
-    let backend = super::Backend::open(&db, 2).await?;
-    let s = backend.store().stats().await?;
+    let database = outbox_db::open(&db.url, &db.schema, 2).await?;
+    let s = database.store().stats().await?;
     match format {
         Format::Json => println!("{}", serde_json::to_string(&s)?),
         Format::Text => {
             let age = s
                 .oldest_pending_age_seconds
                 .map_or_else(|| "-".to_string(), |a| format!("{a:.1}s"));
-            println!("outbox              {}", backend.place(&db));
+            println!("outbox              {}", database.place());
             println!("pending             {}", s.pending);
             println!("oldest pending age  {age}");
             println!("retrying            {}", s.retrying);

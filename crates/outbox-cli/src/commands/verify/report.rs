@@ -1,0 +1,118 @@
+//! The report of `outbox verify`, as JSON (its keys are a contract: CI logs and
+//! `docs/guarantees.md` quote them; keys are added, never renamed) or as text.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::faults::FaultEvent;
+use crate::commands::checker::RawOrder;
+
+/// The checker's verdict and the run it judged.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// Every guarantee held and the outbox drained.
+    pub ok: bool,
+    pub seed: u64,
+    /// Where the outbox lived (schema or file).
+    pub database: String,
+    /// The sink, password masked.
+    pub sink: String,
+    pub duration_seconds: f64,
+    pub relays: usize,
+    /// Producers writing through the writer API.
+    pub producers: usize,
+    /// Keys they share.
+    pub keys: usize,
+    /// Committed messages, all producers.
+    pub committed: usize,
+    pub rolled_back: usize,
+    pub delivered: usize,
+    pub received: usize,
+    pub lost: usize,
+    pub phantoms: usize,
+    /// Writer-API keys only (must be 0).
+    pub order_violations: usize,
+    pub mismatched: usize,
+    pub unreadable: usize,
+    pub pending_after_drain: i64,
+    pub duplicates: usize,
+    pub duplicates_after: BTreeMap<String, usize>,
+    pub faults_injected: BTreeMap<String, usize>,
+    pub faults: Vec<FaultEvent>,
+    pub drain_seconds_after_last_fault: f64,
+    pub pending_at_load_end: i64,
+    pub drain_seconds_after_load: f64,
+    pub lost_sample: Vec<String>,
+    /// Writer-API keys that two or more producers committed to.
+    pub keys_written_by_several_producers: usize,
+    /// Producers writing the plain `INSERT` without the per-key lock.
+    pub raw_producers: usize,
+    /// What order held for their keys (information, not a verdict).
+    pub raw_order: RawOrder,
+    /// Producer transactions that failed (faults); the ledger says which committed.
+    pub producer_errors: usize,
+}
+
+impl Report {
+    /// The report as lines of text.
+    pub fn print_text(&self) {
+        for f in &self.faults {
+            println!("  fault at {:>5.1}s: {}", f.at_seconds, f.detail);
+        }
+        println!(
+            "  committed {}, rolled back {}, delivered {} ({} messages received)",
+            self.committed, self.rolled_back, self.delivered, self.received
+        );
+        println!(
+            "  lost {}   phantoms {}   order violations {}   mismatched {}   duplicates {} {:?}",
+            self.lost,
+            self.phantoms,
+            self.order_violations,
+            self.mismatched,
+            self.duplicates,
+            self.duplicates_after
+        );
+        println!(
+            "  writer API: {} producers on {} keys, {} keys written by several producers",
+            self.producers, self.keys, self.keys_written_by_several_producers
+        );
+        if self.raw_producers > 0 {
+            let r = &self.raw_order;
+            println!(
+                "  plain INSERT without the lock (information): {} producers, {} messages on {} keys \
+                 ({} written by several producers); {} of {} adjacent deliveries out of commit order, \
+                 on {} keys",
+                self.raw_producers,
+                r.committed,
+                r.keys,
+                r.keys_written_by_several_producers,
+                r.adjacent_pairs_out_of_order,
+                r.adjacent_pairs,
+                r.keys_out_of_order
+            );
+        }
+        if self.unreadable > 0 || self.pending_after_drain != 0 || self.producer_errors > 0 {
+            println!(
+                "  unreadable messages {}; pending after the drain {}; producer errors {}",
+                self.unreadable, self.pending_after_drain, self.producer_errors
+            );
+        }
+        println!(
+            "  faults injected {:?}; {} pending when the load stopped; drained {:.1} s after the load, \
+             {:.1} s after the last fault",
+            self.faults_injected,
+            self.pending_at_load_end,
+            self.drain_seconds_after_load,
+            self.drain_seconds_after_last_fault
+        );
+        println!(
+            "  verdict: {}",
+            if self.ok {
+                "every guarantee held"
+            } else {
+                "A GUARANTEE WAS BROKEN"
+            }
+        );
+    }
+}

@@ -1,0 +1,359 @@
+//! The workload of `outbox verify`: producers that commit a ledger row and its event in one
+//! transaction, on keys several producers share, and the ledger they leave behind (what
+//! committed, and in which order within each key).
+//!
+//! Two kinds of producer write the outbox:
+//! - *locked* producers enqueue through the writer API, which takes a per-key transaction lock
+//!   before drawing `seq`; all of them write all the locked keys (a few hot ones most), so
+//!   writers of one key meet all the time. Per-key order is a guarantee for these keys.
+//! - *raw* producers write the SQL contract's plain `INSERT` without that lock, as an app in
+//!   another language that skipped section 2 of `docs/sql-contract.md` would, on keys of their
+//!   own; half of those keys have two raw writers. Their order is measured and reported.
+//!
+//! Commit order, per key, is witnessed by a counter row: after its outbox insert, each
+//! transaction runs `UPDATE verify_counters SET n = n + 1 WHERE key = … RETURNING n` and
+//! records `n` in the ledger. The row lock lasts until commit, so the transaction that got the
+//! larger `n` committed later. The witness comes *after* the outbox insert on purpose: before
+//! it, its row lock alone would serialise the writers of a key, and the check would no longer
+//! test the writer's own lock (nor show what raw writers get). For the same reason `n` is in
+//! the ledger, not in the payload, which is written before `n` is known.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use outbox_core::NewMessage;
+use outbox_db::{Backend, Database, Param};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::commands::checker::{Committed, WriterKind};
+
+/// Locked keys that take half of every locked producer's writes, so writers of one key meet.
+const HOT_KEYS: usize = 4;
+
+/// Share of transactions rolled back on purpose (one in this many).
+const ROLLBACK_ONE_IN: u8 = 10;
+
+/// Pause between two transactions of one producer.
+const THINK_TIME: Duration = Duration::from_millis(5);
+
+/// Longest pause between a transaction's outbox insert and its commit-order witness (on
+/// PostgreSQL), so that two writers of a key overtake each other now and then: without the
+/// writer's lock, that is when `seq` order and commit order part.
+const MAX_WORK_IN_TRANSACTION: Duration = Duration::from_millis(3);
+
+/// The ledger and the per-key counters; portable types, so one text serves both backends.
+const TABLES: &str = "
+    CREATE TABLE IF NOT EXISTS {schema}.verify_ledger (
+        id       text   PRIMARY KEY,
+        key      text   NOT NULL,
+        n        bigint NOT NULL,
+        writer   text   NOT NULL,
+        producer bigint NOT NULL);
+    CREATE TABLE IF NOT EXISTS {schema}.verify_counters (
+        key text   PRIMARY KEY,
+        n   bigint NOT NULL)";
+
+/// The SQL contract's minimal insert (section 1 of `docs/sql-contract.md`), with no per-key
+/// lock; `RETURNING` reads back the id the database made, for the ledger.
+const RAW_INSERT: &str = "
+    INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
+    VALUES ($1, $2, $3, $4)
+    RETURNING CAST(id AS TEXT)";
+
+/// The commit-order witness (see the module comment).
+const BUMP_COUNTER: &str =
+    "UPDATE {schema}.verify_counters SET n = n + 1 WHERE key = $1 RETURNING n";
+
+const RECORD: &str = "INSERT INTO {schema}.verify_ledger (id, key, n, writer, producer)
+                      VALUES ($1, $2, $3, $4, $5)";
+
+/// How many producers of each kind write how many keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Producers using the writer API.
+    pub producers: usize,
+    /// Keys they share.
+    pub keys: usize,
+    /// Producers using the plain `INSERT` without the lock (0: none).
+    pub raw_producers: usize,
+    /// Keys of the raw producers (none of them is a locked key).
+    pub raw_keys: usize,
+}
+
+impl Shape {
+    /// The locked keys; every locked producer writes all of them.
+    pub fn locked_keys(&self) -> Vec<String> {
+        (0..self.keys).map(|k| format!("key-{k}")).collect()
+    }
+
+    /// The keys raw producer `j` writes: raw key `k` belongs to producer `k mod R`, and an
+    /// even `k` also to producer `(k + 1) mod R`. With two or more raw producers, half the raw
+    /// keys have two writers and half have one.
+    pub fn raw_keys_of(&self, j: usize) -> Vec<String> {
+        let r = self.raw_producers.max(1);
+        (0..self.raw_keys)
+            .filter(|k| k % r == j || (k % 2 == 0 && (k + 1) % r == j))
+            .map(|k| format!("raw-{k}"))
+            .collect()
+    }
+
+    /// Every key the counters table needs a row for.
+    fn all_keys(&self) -> Vec<String> {
+        let mut keys = self.locked_keys();
+        if self.raw_producers > 0 {
+            keys.extend((0..self.raw_keys).map(|k| format!("raw-{k}")));
+        }
+        keys
+    }
+}
+
+/// What the producers did, beside what the ledger holds.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Transactions rolled back on purpose.
+    pub rolled_back: AtomicUsize,
+    /// Transactions that failed (a fault); the ledger says whether any of them committed.
+    pub errors: AtomicUsize,
+}
+
+/// Creates the outbox tables, the ledger and a counter row per key.
+pub async fn prepare(db: &Database, shape: &Shape) -> anyhow::Result<()> {
+    db.migrate().await.context("migrating the outbox")?;
+    db.execute_script(TABLES)
+        .await
+        .context("creating the ledger")?;
+    let mut tx = db.begin().await?;
+    for key in shape.all_keys() {
+        tx.execute(
+            "INSERT INTO {schema}.verify_counters (key, n) VALUES ($1, 0)
+             ON CONFLICT (key) DO NOTHING",
+            &[key.into()],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Starts every producer; they run until `stop` is cancelled. Producer ids in the ledger:
+/// `0..P` locked, `P..P+R` raw.
+pub fn spawn(
+    db: Arc<Database>,
+    shape: Shape,
+    seed: u64,
+    stop: CancellationToken,
+) -> (Vec<JoinHandle<()>>, Arc<Tally>) {
+    let tally = Arc::new(Tally::default());
+    let mut tasks = Vec::new();
+    let locked_keys = shape.locked_keys();
+    for p in 0..shape.producers {
+        let producer = Producer {
+            db: db.clone(),
+            writer: WriterKind::Locked,
+            id: p,
+            keys: locked_keys.clone(),
+            hot: HOT_KEYS.min(shape.keys),
+            tally: tally.clone(),
+        };
+        tasks.push(tokio::spawn(producer.run(seed, stop.clone())));
+    }
+    for j in 0..shape.raw_producers {
+        let producer = Producer {
+            db: db.clone(),
+            writer: WriterKind::Raw,
+            id: shape.producers + j,
+            keys: shape.raw_keys_of(j),
+            hot: 0,
+            tally: tally.clone(),
+        };
+        tasks.push(tokio::spawn(producer.run(seed, stop.clone())));
+    }
+    (tasks, tally)
+}
+
+/// Reads the ledger: every committed message, its key and commit rank.
+pub async fn ledger(db: &Database) -> anyhow::Result<HashMap<Uuid, Committed>> {
+    let rows: Vec<(String, String, i64, String, i64)> = db
+        .fetch_all(
+            "SELECT id, key, n, writer, producer FROM {schema}.verify_ledger",
+            &[],
+        )
+        .await
+        .context("reading the ledger")?;
+    let mut out = HashMap::with_capacity(rows.len());
+    for (id, key, n, writer, producer) in rows {
+        let writer = WriterKind::parse(&writer)
+            .with_context(|| format!("ledger row {id}: unknown writer `{writer}`"))?;
+        let id = id
+            .parse()
+            .with_context(|| format!("ledger row `{id}`: not a UUID"))?;
+        out.insert(
+            id,
+            Committed {
+                key,
+                n,
+                writer,
+                producer,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// One producer task.
+struct Producer {
+    db: Arc<Database>,
+    writer: WriterKind,
+    id: usize,
+    keys: Vec<String>,
+    /// The first `hot` keys take half the writes.
+    hot: usize,
+    tally: Arc<Tally>,
+}
+
+impl Producer {
+    async fn run(self, seed: u64, stop: CancellationToken) {
+        let mut rng = fastrand::Rng::with_seed(seed ^ (self.id as u64 + 1));
+        // SQLite runs one writer at a time: a pause there would only hold the file's lock.
+        let max_work = match self.db.backend() {
+            Backend::Postgres => MAX_WORK_IN_TRANSACTION,
+            _ => Duration::ZERO,
+        };
+        while !stop.is_cancelled() && !self.keys.is_empty() {
+            let key = if self.hot > 0 && rng.bool() {
+                &self.keys[rng.usize(..self.hot)]
+            } else {
+                &self.keys[rng.usize(..self.keys.len())]
+            };
+            let rollback = rng.u8(..ROLLBACK_ONE_IN) == 0;
+            let work = max_work.mul_f64(rng.f64());
+            match self.write(key, work, rollback).await {
+                Ok(()) if rollback => {
+                    self.tally.rolled_back.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(()) => {}
+                Err(_) => {
+                    // A fault (database restart, busy file): the ledger is the truth about
+                    // whether it committed; wait a little and go on.
+                    self.tally.errors.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            tokio::time::sleep(THINK_TIME).await;
+        }
+    }
+
+    /// One transaction: the outbox row (writer API or plain insert), a pause standing for the
+    /// rest of the business work, the commit-order witness, the ledger row; then commit or
+    /// roll back.
+    async fn write(&self, key: &str, work: Duration, rollback: bool) -> anyhow::Result<()> {
+        let payload = serde_json::json!({
+            "key": key,
+            "writer": self.writer.as_str(),
+            "producer": self.id,
+        });
+        let mut tx = self.db.begin().await?;
+        let id: Uuid = match self.writer {
+            WriterKind::Locked => {
+                tx.enqueue(&NewMessage::new("verify", key, "event", payload))
+                    .await?
+            }
+            WriterKind::Raw => {
+                let (id,): (String,) = tx
+                    .fetch_one(
+                        RAW_INSERT,
+                        &[
+                            "verify".into(),
+                            key.into(),
+                            "event".into(),
+                            Param::Json(payload),
+                        ],
+                    )
+                    .await?;
+                id.parse()
+                    .context("the database made an id that is not a UUID")?
+            }
+        };
+        if !work.is_zero() {
+            tokio::time::sleep(work).await;
+        }
+        let (n,): (i64,) = tx.fetch_one(BUMP_COUNTER, &[key.into()]).await?;
+        tx.execute(
+            RECORD,
+            &[
+                id.into(),
+                key.into(),
+                n.into(),
+                self.writer.as_str().into(),
+                (self.id as i64).into(),
+            ],
+        )
+        .await?;
+        if rollback {
+            tx.rollback().await?;
+        } else {
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn shape(raw_producers: usize, raw_keys: usize) -> Shape {
+        Shape {
+            producers: 4,
+            keys: 64,
+            raw_producers,
+            raw_keys,
+        }
+    }
+
+    fn writers_per_raw_key(s: &Shape) -> HashMap<String, usize> {
+        let mut count = HashMap::new();
+        for j in 0..s.raw_producers {
+            for k in s.raw_keys_of(j) {
+                *count.entry(k).or_default() += 1;
+            }
+        }
+        count
+    }
+
+    #[test]
+    fn half_the_raw_keys_have_two_writers_and_every_raw_key_has_one_at_least() {
+        for r in 2..6 {
+            let s = shape(r, 16);
+            let count = writers_per_raw_key(&s);
+            assert_eq!(count.len(), 16, "every raw key is written ({r} producers)");
+            let shared = count.values().filter(|&&c| c == 2).count();
+            assert_eq!(shared, 8, "{r} producers: {count:?}");
+            assert!(count.values().all(|&c| c == 1 || c == 2));
+        }
+    }
+
+    #[test]
+    fn one_raw_producer_writes_every_raw_key_once() {
+        let count = writers_per_raw_key(&shape(1, 6));
+        assert_eq!(count.len(), 6);
+        assert!(count.values().all(|&c| c == 1), "{count:?}");
+    }
+
+    #[test]
+    fn raw_keys_never_meet_locked_keys() {
+        let s = shape(2, 16);
+        let locked = s.locked_keys();
+        for j in 0..2 {
+            assert!(s.raw_keys_of(j).iter().all(|k| !locked.contains(k)));
+        }
+        assert_eq!(s.all_keys().len(), 64 + 16);
+    }
+}

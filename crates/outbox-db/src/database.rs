@@ -1,0 +1,328 @@
+//! [`Database`]: an opened outbox database, whichever backend its URL named.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::{Error, Result, Store};
+use outbox_postgres::{PgStore, Schema};
+use outbox_sqlite::SqliteStore;
+use sqlx::sqlite::SqlitePoolOptions;
+
+use crate::backend::{shown, Backend};
+use crate::sql::{self, Param, Row};
+use crate::transaction::Transaction;
+
+/// How long taking a pooled connection may wait before failing with a timeout.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// PostgreSQL's default schema: shared by everything in the database, never destroyed.
+const PUBLIC: &str = "public";
+
+/// Opens the database `url` names, with at most `pool_size` connections.
+///
+/// `schema` is the PostgreSQL schema holding the outbox tables; it is validated (a plain
+/// lower-case identifier) before anything connects. SQLite has no schemas: the outbox is the
+/// file, and `schema` is ignored. Nothing is created but an empty SQLite file; call
+/// [`Database::migrate`] for the tables.
+///
+/// Errors are [`outbox_core::Error`]s whose text never contains the URL's password:
+/// [`Config`](outbox_core::ErrorKind::Config) for an unsupported scheme (naming the URL and the
+/// accepted schemes), a bad schema name or a file that cannot be opened;
+/// a transient error ([`Connection`](outbox_core::ErrorKind::Connection), or
+/// [`Timeout`](outbox_core::ErrorKind::Timeout) after ten seconds of retries) when the server
+/// cannot be reached.
+pub async fn open(url: &str, schema: &str, pool_size: u32) -> Result<Database> {
+    let pool_size = pool_size.max(1);
+    match Backend::of(url)? {
+        Backend::Postgres => {
+            let schema = Schema::new(schema)?;
+            let pool = outbox_postgres::connect_pool(url, pool_size).await?;
+            Ok(Database::Postgres(Arc::new(PgStore::new(pool, schema))))
+        }
+        Backend::Sqlite => {
+            // outbox-sqlite's options (WAL, synchronous FULL, busy timeout), this pool size.
+            let options = outbox_sqlite::connect_options(url)?;
+            let pool = SqlitePoolOptions::new()
+                .max_connections(pool_size)
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .connect_with(options)
+                .await
+                .map_err(|e| {
+                    outbox_sqlite::map_sqlx_error(
+                        &format!("opening SQLite database {}", shown(url)),
+                        e,
+                    )
+                })?;
+            Ok(Database::Sqlite(Arc::new(SqliteStore::new(pool))))
+        }
+    }
+}
+
+/// An opened outbox database. Cheap to share behind an `Arc`; its pool is shared by every
+/// [`Store`] and [`Transaction`] it hands out.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Database {
+    /// PostgreSQL, the outbox in one schema.
+    Postgres(Arc<PgStore>),
+    /// SQLite, the outbox in one file.
+    Sqlite(Arc<SqliteStore>),
+    // MySQL/MariaDB: `Mysql(Arc<MysqlStore>)`, opened in `open` above.
+}
+
+impl Database {
+    /// Which backend this is.
+    pub fn backend(&self) -> Backend {
+        match self {
+            Self::Postgres(_) => Backend::Postgres,
+            Self::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+
+    /// Creates or upgrades the outbox tables; returns the migration versions applied now (empty
+    /// when up to date). Safe to run concurrently and repeatedly.
+    pub async fn migrate(&self) -> Result<Vec<i32>> {
+        match self {
+            Self::Postgres(s) => outbox_postgres::migrate(s.pool(), s.schema()).await,
+            Self::Sqlite(s) => outbox_sqlite::migrate(s.pool()).await,
+        }
+    }
+
+    /// Installs (`on`) or removes the opt-in NOTIFY doorbell (PostgreSQL only; see
+    /// `outbox migrate --notify` for its cost to writers).
+    pub async fn set_notify(&self, on: bool) -> Result<()> {
+        match self {
+            Self::Postgres(s) => outbox_postgres::set_notify(s.pool(), s.schema(), on).await,
+            Self::Sqlite(_) => Err(outbox_core::Error::config(
+                "--notify and --no-notify apply to PostgreSQL only: SQLite relays poll",
+            )),
+        }
+    }
+
+    /// Drops storage every relay has passed and that closed longer ago than `older_than`
+    /// (PostgreSQL segments; SQLite deletes published rows that old). Never a pending message.
+    pub async fn purge(&self, older_than: std::time::Duration) -> Result<outbox_core::Maintenance> {
+        match self {
+            Self::Postgres(s) => s.purge(older_than).await,
+            Self::Sqlite(s) => outbox_core::Store::maintain(s.as_ref(), older_than).await,
+        }
+    }
+
+    /// The store the relay, `status` and checks go through (the only engine-neutral view of
+    /// the outbox's progress).
+    pub fn store(&self) -> Arc<dyn Store> {
+        match self {
+            Self::Postgres(s) => s.clone(),
+            Self::Sqlite(s) => s.clone(),
+        }
+    }
+
+    /// Where the outbox tables live, for messages: ``schema `name` `` or `database file path`.
+    pub fn place(&self) -> String {
+        match self {
+            Self::Postgres(s) => format!("schema `{}`", s.schema().as_str()),
+            Self::Sqlite(_) => format!("database file {}", self.sqlite_path().display()),
+        }
+    }
+
+    /// The schema `{schema}` stands for in statements: the outbox's schema on PostgreSQL,
+    /// `main` on SQLite. Relays given this name (`--schema`) serve the same tables (SQLite
+    /// relays ignore it).
+    pub fn schema(&self) -> &str {
+        match self {
+            Self::Postgres(s) => s.schema().as_str(),
+            Self::Sqlite(_) => sql::SQLITE_SCHEMA,
+        }
+    }
+
+    /// The PostgreSQL store, for PostgreSQL-only tools (`bench`); `None` on other backends.
+    pub fn postgres(&self) -> Option<&PgStore> {
+        match self {
+            Self::Postgres(s) => Some(s),
+            Self::Sqlite(_) => None,
+        }
+    }
+
+    /// Begins a business transaction: write the application's rows and enqueue their messages
+    /// in it, then commit. SQLite transactions begin `IMMEDIATE` (they take the file's write
+    /// lock at once, so one that reads before it writes never fails with `SQLITE_BUSY`).
+    pub async fn begin(&self) -> Result<Transaction<'_>> {
+        Transaction::begin(self).await
+    }
+
+    /// Runs one statement outside any transaction of the caller's; returns the rows affected.
+    /// See the crate's statement conventions (`$n`, `{schema}`).
+    pub async fn execute(&self, sql: &str, params: &[Param]) -> Result<u64> {
+        let ctx = || format!("running a statement on {}", self.place());
+        match self {
+            Self::Postgres(s) => {
+                sqlx::query_with(&s.schema().render(sql), sql::pg_arguments(params)?)
+                    .execute(s.pool())
+                    .await
+                    .map(|r| r.rows_affected())
+                    .map_err(|e| outbox_postgres::map_sqlx_error(&ctx(), e))
+            }
+            Self::Sqlite(s) => {
+                sqlx::query_with(&sql::render_sqlite(sql), sql::sqlite_arguments(params)?)
+                    .execute(s.pool())
+                    .await
+                    .map(|r| r.rows_affected())
+                    .map_err(|e| outbox_sqlite::map_sqlx_error(&ctx(), e))
+            }
+        }
+    }
+
+    /// Runs several `;`-separated statements without parameters (DDL), in order.
+    pub async fn execute_script(&self, sql: &str) -> Result<()> {
+        let ctx = || format!("running a script on {}", self.place());
+        match self {
+            Self::Postgres(s) => sqlx::raw_sql(&s.schema().render(sql))
+                .execute(s.pool())
+                .await
+                .map(drop)
+                .map_err(|e| outbox_postgres::map_sqlx_error(&ctx(), e)),
+            Self::Sqlite(s) => sqlx::raw_sql(&sql::render_sqlite(sql))
+                .execute(s.pool())
+                .await
+                .map(drop)
+                .map_err(|e| outbox_sqlite::map_sqlx_error(&ctx(), e)),
+        }
+    }
+
+    /// Every row a query returns.
+    pub async fn fetch_all<T: Row>(&self, sql: &str, params: &[Param]) -> Result<Vec<T>> {
+        let ctx = || format!("querying {}", self.place());
+        match self {
+            Self::Postgres(s) => {
+                sqlx::query_as_with(&s.schema().render(sql), sql::pg_arguments(params)?)
+                    .fetch_all(s.pool())
+                    .await
+                    .map_err(|e| outbox_postgres::map_sqlx_error(&ctx(), e))
+            }
+            Self::Sqlite(s) => {
+                sqlx::query_as_with(&sql::render_sqlite(sql), sql::sqlite_arguments(params)?)
+                    .fetch_all(s.pool())
+                    .await
+                    .map_err(|e| outbox_sqlite::map_sqlx_error(&ctx(), e))
+            }
+        }
+    }
+
+    /// The one row a query returns (an error when it returns none).
+    pub async fn fetch_one<T: Row>(&self, sql: &str, params: &[Param]) -> Result<T> {
+        let ctx = || format!("querying {}", self.place());
+        match self {
+            Self::Postgres(s) => {
+                sqlx::query_as_with(&s.schema().render(sql), sql::pg_arguments(params)?)
+                    .fetch_one(s.pool())
+                    .await
+                    .map_err(|e| outbox_postgres::map_sqlx_error(&ctx(), e))
+            }
+            Self::Sqlite(s) => {
+                sqlx::query_as_with(&sql::render_sqlite(sql), sql::sqlite_arguments(params)?)
+                    .fetch_one(s.pool())
+                    .await
+                    .map_err(|e| outbox_sqlite::map_sqlx_error(&ctx(), e))
+            }
+        }
+    }
+
+    /// Whether the place this database names already holds something: a schema of that name
+    /// (PostgreSQL), any table in the file (SQLite). For tools that must not wipe what they
+    /// did not make.
+    pub async fn exists(&self) -> Result<bool> {
+        let (found,): (bool,) = match self {
+            Self::Postgres(s) => {
+                self.fetch_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+                    &[Param::from(s.schema().as_str())],
+                )
+                .await?
+            }
+            Self::Sqlite(_) => {
+                self.fetch_one(
+                    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table')",
+                    &[],
+                )
+                .await?
+            }
+        };
+        Ok(found)
+    }
+
+    /// Deletes the outbox and everything beside it: the whole schema, `CASCADE` (PostgreSQL),
+    /// or the file with its `-wal` and `-shm` companions (SQLite), then closes the pool. For
+    /// scratch databases (demo, verify, tests) only; refuses PostgreSQL's `public` schema.
+    pub async fn destroy(self) -> Result<()> {
+        match &self {
+            Self::Postgres(s) => {
+                if s.schema().as_str() == PUBLIC {
+                    return Err(Error::config(
+                        "refusing to drop the `public` schema: only scratch schemas are destroyed",
+                    ));
+                }
+                self.execute_script("DROP SCHEMA IF EXISTS {schema} CASCADE")
+                    .await?;
+                s.pool().close().await;
+            }
+            Self::Sqlite(s) => {
+                let path = self.sqlite_path();
+                s.pool().close().await;
+                outbox_sqlite::remove_database(&path);
+            }
+        }
+        Ok(())
+    }
+
+    /// The SQLite file (an empty path on other backends).
+    fn sqlite_path(&self) -> PathBuf {
+        match self {
+            Self::Sqlite(s) => s.pool().connect_options().get_filename().to_path_buf(),
+            Self::Postgres(_) => PathBuf::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use outbox_core::ErrorKind;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn an_unsupported_scheme_fails_before_connecting() {
+        let e = open("redis://:pw@127.0.0.1:1", "public", 1)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(!e.to_string().contains(":pw@"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_bad_schema_fails_before_connecting() {
+        // Port 1: nothing listens, so only the schema check can answer with a Config error.
+        let e = open("postgres://app@127.0.0.1:1/x", "Robert'); DROP", 1)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Config);
+        assert!(e.to_string().contains("schema"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_server_is_a_transient_error_without_the_password() {
+        let e = open("postgres://app:hunter2@127.0.0.1:1/x", "public", 1)
+            .await
+            .unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        assert!(!e.to_string().contains("hunter2"), "password leaked: {e}");
+    }
+
+    #[tokio::test]
+    async fn a_sqlite_file_in_a_missing_folder_is_an_error_naming_it() {
+        let e = open("sqlite:///nonexistent-outbox-dir/x.db", "public", 1)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("nonexistent-outbox-dir"), "{e}");
+    }
+}

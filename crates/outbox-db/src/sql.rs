@@ -1,0 +1,134 @@
+//! Statements that run on either backend: one SQL text, parameters bound as each backend wants.
+//!
+//! The text uses `$1`, `$2`, … for parameters (PostgreSQL's syntax, which sqlx also accepts for
+//! SQLite) and `{schema}` for the schema holding the outbox: the validated schema name on
+//! PostgreSQL, `main` (the file's own schema) on SQLite. So `{schema}.outbox` names the outbox
+//! table on both. A MySQL backend would rewrite `$n` to `?` here.
+
+use outbox_core::{Error, ErrorKind, Result};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::sqlite::{SqliteArguments, SqliteRow};
+use sqlx::{Arguments, FromRow};
+use uuid::Uuid;
+
+/// A value bound to a statement parameter, encoded the way each backend stores it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Param {
+    /// Text.
+    Text(String),
+    /// A 64-bit integer (`bigint` / `INTEGER`).
+    Int(i64),
+    /// A UUID: `uuid` on PostgreSQL, lower-case hyphenated text on SQLite (the form the SQLite
+    /// outbox stores ids in).
+    Uuid(Uuid),
+    /// JSON: `jsonb` on PostgreSQL, JSON text on SQLite.
+    Json(serde_json::Value),
+}
+
+impl From<&str> for Param {
+    fn from(v: &str) -> Self {
+        Self::Text(v.to_string())
+    }
+}
+
+impl From<String> for Param {
+    fn from(v: String) -> Self {
+        Self::Text(v)
+    }
+}
+
+impl From<i64> for Param {
+    fn from(v: i64) -> Self {
+        Self::Int(v)
+    }
+}
+
+impl From<Uuid> for Param {
+    fn from(v: Uuid) -> Self {
+        Self::Uuid(v)
+    }
+}
+
+impl From<serde_json::Value> for Param {
+    fn from(v: serde_json::Value) -> Self {
+        Self::Json(v)
+    }
+}
+
+/// A row type both backends can decode, e.g. `(String, i64)`. Select UUIDs as
+/// `CAST(id AS TEXT)` to read them the same way from both.
+pub trait Row: for<'r> FromRow<'r, PgRow> + for<'r> FromRow<'r, SqliteRow> + Send + Unpin {}
+
+impl<T> Row for T where T: for<'r> FromRow<'r, PgRow> + for<'r> FromRow<'r, SqliteRow> + Send + Unpin
+{}
+
+/// SQLite's name for the schema of the opened file.
+pub(crate) const SQLITE_SCHEMA: &str = "main";
+
+/// `sql` for SQLite: `{schema}` is `main`.
+pub(crate) fn render_sqlite(sql: &str) -> String {
+    sql.replace("{schema}", SQLITE_SCHEMA)
+}
+
+fn encoding_error(e: sqlx::error::BoxDynError) -> Error {
+    Error::new(
+        ErrorKind::Other,
+        format!("encoding a statement parameter: {e}"),
+    )
+}
+
+/// `params` as PostgreSQL arguments.
+pub(crate) fn pg_arguments(params: &[Param]) -> Result<PgArguments> {
+    let mut args = PgArguments::default();
+    for p in params {
+        match p {
+            Param::Text(v) => args.add(v.clone()),
+            Param::Int(v) => args.add(*v),
+            Param::Uuid(v) => args.add(*v),
+            Param::Json(v) => args.add(sqlx::types::Json(v.clone())),
+        }
+        .map_err(encoding_error)?;
+    }
+    Ok(args)
+}
+
+/// `params` as SQLite arguments.
+pub(crate) fn sqlite_arguments(params: &[Param]) -> Result<SqliteArguments<'static>> {
+    let mut args = SqliteArguments::default();
+    for p in params {
+        match p {
+            Param::Text(v) => args.add(v.clone()),
+            Param::Int(v) => args.add(*v),
+            // `Uuid::to_string` is the lower-case hyphenated form; sqlx would bind a blob.
+            Param::Uuid(v) => args.add(v.to_string()),
+            Param::Json(v) => args.add(v.to_string()),
+        }
+        .map_err(encoding_error)?;
+    }
+    Ok(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_placeholder_is_main_on_sqlite() {
+        assert_eq!(
+            render_sqlite("INSERT INTO {schema}.outbox (id) VALUES ($1)"),
+            "INSERT INTO main.outbox (id) VALUES ($1)"
+        );
+    }
+
+    #[test]
+    fn every_parameter_kind_encodes_on_both_backends() {
+        let params = [
+            Param::from("t"),
+            Param::from(7i64),
+            Param::from(Uuid::nil()),
+            Param::from(serde_json::json!({ "a": 1 })),
+        ];
+        assert!(pg_arguments(&params).is_ok());
+        assert!(sqlite_arguments(&params).is_ok());
+    }
+}

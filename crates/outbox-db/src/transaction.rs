@@ -1,0 +1,139 @@
+//! [`Transaction`]: an application's business transaction on either backend, with the writer
+//! API (`enqueue`) inside it.
+
+use outbox_core::{NewMessage, Result};
+use outbox_postgres::PgStore;
+use outbox_sqlite::SqliteStore;
+use sqlx::{Postgres, Sqlite};
+use uuid::Uuid;
+
+use crate::database::Database;
+use crate::sql::{self, Param, Row};
+
+/// A business transaction: the application's rows and their outbox messages, committed
+/// together or not at all. Dropped without [`commit`](Self::commit), it rolls back.
+///
+/// Messages written with [`enqueue`](Self::enqueue) go through each backend's writer, which
+/// keeps per-key order equal to commit order (PostgreSQL: a transaction-scoped advisory lock per
+/// key taken before `seq` is drawn; SQLite: one writer at a time). Rows written with
+/// [`execute`](Self::execute) are whatever the statement says: an outbox `INSERT` written that
+/// way takes no lock, as an app in another language would.
+pub struct Transaction<'db> {
+    inner: Inner<'db>,
+}
+
+enum Inner<'db> {
+    Postgres(&'db PgStore, sqlx::Transaction<'static, Postgres>),
+    Sqlite(&'db SqliteStore, sqlx::Transaction<'static, Sqlite>),
+}
+
+impl<'db> Transaction<'db> {
+    pub(crate) async fn begin(db: &'db Database) -> Result<Self> {
+        let ctx = format!("beginning a transaction on {}", db.place());
+        let inner = match db {
+            Database::Postgres(s) => Inner::Postgres(
+                s,
+                s.pool()
+                    .begin()
+                    .await
+                    .map_err(|e| outbox_postgres::map_sqlx_error(&ctx, e))?,
+            ),
+            Database::Sqlite(s) => Inner::Sqlite(
+                s,
+                s.pool()
+                    .begin_with("BEGIN IMMEDIATE")
+                    .await
+                    .map_err(|e| outbox_sqlite::map_sqlx_error(&ctx, e))?,
+            ),
+        };
+        Ok(Self { inner })
+    }
+
+    /// Adds `message` to the outbox in this transaction, through the backend's writer (see the
+    /// type's ordering note). Returns its id.
+    pub async fn enqueue(&mut self, message: &NewMessage) -> Result<Uuid> {
+        match &mut self.inner {
+            Inner::Postgres(s, tx) => s.writer().enqueue(tx, message).await,
+            Inner::Sqlite(s, tx) => s.writer().enqueue(tx, message).await,
+        }
+    }
+
+    /// Adds `messages` to the outbox in this transaction, in one statement, keeping their order.
+    pub async fn enqueue_many(&mut self, messages: &[NewMessage]) -> Result<()> {
+        match &mut self.inner {
+            Inner::Postgres(s, tx) => s.writer().enqueue_many(tx, messages).await,
+            Inner::Sqlite(s, tx) => s.writer().enqueue_many(tx, messages).await,
+        }
+    }
+
+    /// Runs one statement in this transaction; returns the rows affected. `$n` parameters and
+    /// `{schema}` as in [`Database::execute`].
+    pub async fn execute(&mut self, sql: &str, params: &[Param]) -> Result<u64> {
+        let ctx = "running a statement in a business transaction";
+        match &mut self.inner {
+            Inner::Postgres(s, tx) => {
+                sqlx::query_with(&s.schema().render(sql), sql::pg_arguments(params)?)
+                    .execute(&mut **tx)
+                    .await
+                    .map(|r| r.rows_affected())
+                    .map_err(|e| outbox_postgres::map_sqlx_error(ctx, e))
+            }
+            Inner::Sqlite(_, tx) => {
+                sqlx::query_with(&sql::render_sqlite(sql), sql::sqlite_arguments(params)?)
+                    .execute(&mut **tx)
+                    .await
+                    .map(|r| r.rows_affected())
+                    .map_err(|e| outbox_sqlite::map_sqlx_error(ctx, e))
+            }
+        }
+    }
+
+    /// The one row a statement returns in this transaction (`SELECT`, or `… RETURNING`).
+    pub async fn fetch_one<T: Row>(&mut self, sql: &str, params: &[Param]) -> Result<T> {
+        let ctx = "querying in a business transaction";
+        match &mut self.inner {
+            Inner::Postgres(s, tx) => {
+                sqlx::query_as_with(&s.schema().render(sql), sql::pg_arguments(params)?)
+                    .fetch_one(&mut **tx)
+                    .await
+                    .map_err(|e| outbox_postgres::map_sqlx_error(ctx, e))
+            }
+            Inner::Sqlite(_, tx) => {
+                sqlx::query_as_with(&sql::render_sqlite(sql), sql::sqlite_arguments(params)?)
+                    .fetch_one(&mut **tx)
+                    .await
+                    .map_err(|e| outbox_sqlite::map_sqlx_error(ctx, e))
+            }
+        }
+    }
+
+    /// Commits: the rows and messages exist from now on, together.
+    pub async fn commit(self) -> Result<()> {
+        let ctx = "committing a business transaction";
+        match self.inner {
+            Inner::Postgres(_, tx) => tx
+                .commit()
+                .await
+                .map_err(|e| outbox_postgres::map_sqlx_error(ctx, e)),
+            Inner::Sqlite(_, tx) => tx
+                .commit()
+                .await
+                .map_err(|e| outbox_sqlite::map_sqlx_error(ctx, e)),
+        }
+    }
+
+    /// Rolls back: none of the rows or messages exist.
+    pub async fn rollback(self) -> Result<()> {
+        let ctx = "rolling back a business transaction";
+        match self.inner {
+            Inner::Postgres(_, tx) => tx
+                .rollback()
+                .await
+                .map_err(|e| outbox_postgres::map_sqlx_error(ctx, e)),
+            Inner::Sqlite(_, tx) => tx
+                .rollback()
+                .await
+                .map_err(|e| outbox_sqlite::map_sqlx_error(ctx, e)),
+        }
+    }
+}
