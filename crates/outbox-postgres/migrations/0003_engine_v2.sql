@@ -48,13 +48,11 @@ CREATE TABLE {schema}.outbox (
     CONSTRAINT outbox_created_at_check CHECK (created_at BETWEEN '1900-01-01' AND '9999-12-31')
 ) PARTITION BY RANGE (txid);
 
--- Claims read a window in seq order from a floor below which no row of the window can lie.
+-- Claims read the newest part of a window in seq order from a floor below which none of its rows
+-- can lie...
 CREATE INDEX outbox_partition_seq_idx ON {schema}.outbox (partition, seq) INCLUDE (txid);
--- ... plus exact lookups for the transactions that were still running at the last position.
--- Keyed on one text expression on purpose: it serves only those equality probes, so the planner
--- can never use it for the window's range part (a txid range, then a sort of the whole window),
--- nor the seq index for the probes (a walk of the whole partition).
-CREATE INDEX outbox_partition_txid_idx ON {schema}.outbox ((partition::text || '/' || txid::text));
+-- ... and the rest (transactions that were already running when the window opened) by txid.
+CREATE INDEX outbox_partition_txid_idx ON {schema}.outbox (partition, txid) INCLUDE (seq);
 
 -- Settings of this outbox: segment width in transaction ids.
 CREATE TABLE {schema}.outbox_settings (
@@ -119,17 +117,23 @@ SELECT {schema}.outbox_ensure_segments(4);
 -- A relay partition's position, appended at every recorded batch (never updated): the window
 -- (`done`, `cur`) and the last seq handled inside it (`cursor`). With lo = xmax(done) and
 -- hi = xmax(cur), the window holds the rows whose txid is visible in `cur` and not in `done`:
--- txids in [lo, hi), plus the ids `done` saw running. `done_floor`: every row of a transaction
--- that started after `done` was taken has a seq above it. `published` is the partition's running
--- total. The latest row per partition (by id) is the position; older ones are pruned.
+-- txids in [lo, hi), plus the ids `done` saw running. `done_bound` is a transaction id assigned
+-- after `done` was taken (the id of the transaction that recorded it), so every transaction that
+-- had an id when `done` was taken has a smaller one; `done_floor` is the sequence's high-water
+-- mark read before `done` was taken, so every row of a transaction whose id is at or above
+-- `done_bound` has a seq above it. `cur_bound`/`cur_floor` are the same for `cur`. `published`
+-- is the partition's running total. The latest row per partition (by id) is the position;
+-- older ones are pruned.
 CREATE TABLE {schema}.outbox_positions (
     id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     partition   smallint    NOT NULL,
     epoch       bigint      NOT NULL,
     done        pg_snapshot NOT NULL,
+    done_bound  xid8        NOT NULL,
     done_floor  bigint      NOT NULL,
     done_at     timestamptz NOT NULL,
     cur         pg_snapshot,
+    cur_bound   xid8,
     cur_floor   bigint,
     cur_at      timestamptz,
     cursor      bigint      NOT NULL DEFAULT 0,
@@ -140,9 +144,9 @@ CREATE INDEX outbox_positions_latest_idx ON {schema}.outbox_positions (partition
 
 -- The starting position: a snapshot in which this very transaction (and everything after it)
 -- is not yet visible, so the rows copied below form the first window.
-INSERT INTO {schema}.outbox_positions (partition, epoch, done, done_floor, done_at)
+INSERT INTO {schema}.outbox_positions (partition, epoch, done, done_bound, done_floor, done_at)
 SELECT g, 0, (pg_current_xact_id()::text || ':' || pg_current_xact_id()::text || ':')::pg_snapshot,
-       0, now()
+       pg_current_xact_id(), 0, now()
 FROM generate_series(0, 63) AS g;
 
 -- Messages waiting for a retry ('retrying'), given up ('failed'), or queued behind either of

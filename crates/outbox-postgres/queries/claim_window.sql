@@ -2,15 +2,22 @@
 --
 -- Per partition the latest position gives `done`, and either an open window (`cur`, `cursor`)
 -- or none, in which case this statement's own snapshot becomes `cur`. The window is the rows
--- whose txid is visible in `cur` but not in `done`, read in two parts whose cost follows the
--- batch, never the table's history, whatever transaction stays open elsewhere:
---   A. transactions that began after `done` (txid >= xmax(done)): their rows were all inserted
---      after `done` was taken, so their seqs lie above `done_floor`. The (partition, seq) index
---      is walked upward from max(cursor, done_floor) and stops after $2 rows of the window;
---      what it steps over is only rows newer than `cur` or still uncommitted.
---   B. transactions `done` saw running (its xip list): one index probe each, on the
---      (partition || '/' || txid) expression index, which nothing else can use.
--- Runtime pruning of the txid-ranged segments keeps part A on the newest segments.
+-- whose txid is visible in `cur` but not in `done`. Every such txid falls in exactly one of three
+-- parts, each read through an index in a way whose cost follows the batch, never the table's
+-- history, whatever transaction stays open elsewhere:
+--   B.  the ids `done` saw running (its xip list): one (partition, txid) probe each (a join,
+--       as `txid = ANY(array)` is no index condition for xid8);
+--   A1. ids from xmax(done) up to `done_bound`, an id assigned after `done` was taken: the
+--       transactions that already had an id when `done` was taken but were above its xmax, and
+--       those that began between `done` and the statement that recorded it. A short txid range
+--       on the (partition, txid) index: only recent transactions.
+--   A2. ids at or above `done_bound`: those transactions began after `done`, so every row they
+--       wrote was inserted after it and has a seq above `done_floor`. The (partition, seq) index
+--       is walked upward from max(cursor, done_floor) and stops after $2 rows of the window;
+--       what it steps over is only rows newer than `cur` or still uncommitted.
+-- B and A1 are fenced (OFFSET 0, no ORDER BY): asked for no order, the planner cannot turn their
+-- probes into an ordered walk of the partition. A2 states its txid condition through
+-- pg_visible_in_snapshot, which no index can serve, so its only path is the ordered seq walk.
 --
 -- A partition holding $7 parked messages reads no window: it stops advancing (rather than copy
 -- an unbounded backlog behind a stuck key) while its parked keys drain.
@@ -25,22 +32,31 @@
 -- all, $4 floor hint, $5 failed rows block their key, $7 parked rows per partition at which the
 -- partition's window stops advancing (its parked keys still drain; the relay warns)
 WITH pos AS MATERIALIZED (
-    SELECT p.partition, p.epoch, lp.done, lp.done_floor, lp.done_at, lp.published,
+    SELECT p.partition, p.epoch, lp.done, lp.done_bound, lp.done_floor, lp.done_at, lp.published,
            COALESCE(lp.cur, pg_current_snapshot()) AS cur,
+           lp.cur_bound,
            CASE WHEN lp.cur IS NULL THEN GREATEST(lp.done_floor, $4::bigint) ELSE lp.cur_floor END AS cur_floor,
            COALESCE(lp.cur_at, now()) AS cur_at,
            CASE WHEN lp.cur IS NULL THEN 0 ELSE lp.cursor END AS cursor,
            (SELECT count(*) FROM (SELECT 1 FROM {schema}.outbox_parked AS k
                                   WHERE k.partition = p.partition LIMIT $7) AS c) >= $7
-             AS parked_full
+             AS parked_full,
+           -- "txid >= done_bound", as a snapshot no index can serve (see A2).
+           (lp.done_bound::text || ':' || lp.done_bound::text || ':')::pg_snapshot AS bound_snap
     FROM unnest($1::int2[], $6::int8[]) AS p(partition, epoch)
     CROSS JOIN LATERAL (
-        SELECT x.done, x.done_floor, x.done_at, x.cur, x.cur_floor, x.cur_at, x.cursor, x.published
+        SELECT x.done, x.done_bound, x.done_floor, x.done_at, x.cur, x.cur_bound, x.cur_floor,
+               x.cur_at, x.cursor, x.published
         FROM {schema}.outbox_positions AS x
         WHERE x.partition = p.partition
         ORDER BY x.id DESC
         LIMIT 1
     ) AS lp
+), held_keys AS MATERIALIZED (
+    -- Keys with a parked message that holds them back (few: parking is capped).
+    SELECT DISTINCT k.partition, k.aggregate_id
+    FROM {schema}.outbox_parked AS k
+    WHERE k.partition = ANY ($1::int2[]) AND (k.state <> 'failed' OR $5::boolean)
 ), win AS (
     SELECT pos.*, w.seq, w.txid, w.id, w.aggregate_type, w.aggregate_id, w.event_type,
            w.payload, w.headers, w.topic, w.created_at,
@@ -54,39 +70,49 @@ WITH pos AS MATERIALIZED (
              WHERE NOT pos.parked_full
                AND a.partition = pos.partition
                AND a.seq > GREATEST(pos.cursor, pos.done_floor)
-               AND a.txid >= pg_snapshot_xmax(pos.done)
-               AND a.txid < pg_snapshot_xmax(pos.cur)
+               AND NOT pg_visible_in_snapshot(a.txid, pos.bound_snap)
                AND pg_visible_in_snapshot(a.txid, pos.cur)
              ORDER BY a.seq
              LIMIT $2)
             UNION ALL
+            (SELECT r.seq, r.txid, r.id, r.aggregate_type, r.aggregate_id, r.event_type,
+                    r.payload, r.headers, r.topic, r.created_at
+             FROM {schema}.outbox AS r
+             WHERE NOT pos.parked_full
+               AND r.partition = pos.partition
+               AND r.txid >= pg_snapshot_xmax(pos.done)
+               AND r.txid < pos.done_bound
+               AND pg_visible_in_snapshot(r.txid, pos.cur)
+               AND r.seq > pos.cursor
+             OFFSET 0)
+            UNION ALL
             (SELECT b.seq, b.txid, b.id, b.aggregate_type, b.aggregate_id, b.event_type,
                     b.payload, b.headers, b.topic, b.created_at
-             FROM {schema}.outbox AS b
-             WHERE NOT pos.parked_full
-               AND (b.partition::text || '/' || b.txid::text) = ANY (ARRAY(
-                       SELECT pos.partition::text || '/' || x::text
-                       FROM pg_snapshot_xip(pos.done) AS x))
-               AND pg_visible_in_snapshot(b.txid, pos.cur)
-               AND b.seq > pos.cursor
-             -- A fence: asked for no order, the probes cannot be turned into an ordered walk.
-             OFFSET 0)
+             FROM pg_snapshot_xip(pos.done) AS x(xid)
+             CROSS JOIN LATERAL (
+                 SELECT * FROM {schema}.outbox AS o
+                 WHERE NOT pos.parked_full
+                   AND o.partition = pos.partition
+                   AND o.txid = x.xid
+                   AND pg_visible_in_snapshot(o.txid, pos.cur)
+                   AND o.seq > pos.cursor
+                 OFFSET 0
+             ) AS b)
         ) AS u
         ORDER BY u.seq
         LIMIT $2
     ) AS w ON true
 )
-SELECT win.partition, win.epoch, win.parked_full, win.done::text AS done, win.done_floor, win.done_at,
-       win.published, win.cur::text AS cur, win.cur_floor, win.cur_at, win.cursor,
-       win.window_rows, win.seq, win.txid::text AS txid, win.id, win.aggregate_type,
-       win.aggregate_id, win.event_type, win.payload::text AS payload,
+SELECT win.partition, win.epoch, win.parked_full, win.done::text AS done,
+       win.done_bound::text AS done_bound, win.done_floor, win.done_at,
+       win.published, win.cur::text AS cur, win.cur_bound::text AS cur_bound, win.cur_floor,
+       win.cur_at, win.cursor, win.window_rows, win.seq, win.txid::text AS txid, win.id,
+       win.aggregate_type, win.aggregate_id, win.event_type, win.payload::text AS payload,
        win.headers::text AS headers, win.topic, win.created_at,
-       (win.seq IS NOT NULL AND EXISTS (
-           SELECT 1 FROM {schema}.outbox_parked AS k
-           WHERE k.partition = win.partition AND k.aggregate_id = win.aggregate_id
-             AND (k.state <> 'failed' OR $5::boolean))) AS held,
+       (h.aggregate_id IS NOT NULL) AS held,
        (SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END
         FROM {schema}.outbox_seq_v2 AS s) AS seq_high
 FROM win
+LEFT JOIN held_keys AS h ON h.partition = win.partition AND h.aggregate_id = win.aggregate_id
 ORDER BY win.seq NULLS FIRST
 LIMIT $3

@@ -12,10 +12,10 @@
 -- Returns the partitions that passed the fence.
 -- $1 member
 -- $2/$3 fence: partitions, epochs
--- $4..$13 positions: partition, epoch, done, done_floor, done_at, cur, cur_floor, cur_at,
---         cursor, published total
--- $14..$20 to park: partition, txid, seq, state, attempts, delay seconds, error
--- $21..$25 parked tried again: partition, seq, outcome (published|retrying|failed), delay, error
+-- $4..$15 positions: partition, epoch, done, done_bound, done_floor, done_at, cur, cur_bound,
+--         cur_floor, cur_at, cursor, published total
+-- $16..$22 to park: partition, txid, seq, state, attempts, delay seconds, error
+-- $23..$27 parked tried again: partition, seq, outcome (published|retrying|failed), delay, error
 WITH fence AS MATERIALIZED (
     SELECT p.partition
     FROM {schema}.outbox_partitions AS p
@@ -23,13 +23,20 @@ WITH fence AS MATERIALIZED (
     WHERE p.owner = $1 AND p.epoch = f.epoch
     FOR SHARE OF p
 ), positions AS (
+    -- A bound left NULL is this transaction's own id: assigned now, after the snapshot it
+    -- bounds was taken, so every id assigned before that snapshot is smaller.
     INSERT INTO {schema}.outbox_positions
-        (partition, epoch, done, done_floor, done_at, cur, cur_floor, cur_at, cursor, published)
-    SELECT n.partition, n.epoch, n.done::pg_snapshot, n.done_floor, n.done_at,
-           n.cur::pg_snapshot, n.cur_floor, n.cur_at, n.cursor, n.published
-    FROM unnest($4::int2[], $5::int8[], $6::text[], $7::int8[], $8::timestamptz[], $9::text[],
-                $10::int8[], $11::timestamptz[], $12::int8[], $13::int8[])
-         AS n(partition, epoch, done, done_floor, done_at, cur, cur_floor, cur_at, cursor, published)
+        (partition, epoch, done, done_bound, done_floor, done_at, cur, cur_bound, cur_floor,
+         cur_at, cursor, published)
+    SELECT n.partition, n.epoch, n.done::pg_snapshot,
+           COALESCE(n.done_bound::xid8, pg_current_xact_id()), n.done_floor, n.done_at,
+           n.cur::pg_snapshot,
+           CASE WHEN n.cur IS NOT NULL THEN COALESCE(n.cur_bound::xid8, pg_current_xact_id()) END,
+           n.cur_floor, n.cur_at, n.cursor, n.published
+    FROM unnest($4::int2[], $5::int8[], $6::text[], $7::text[], $8::int8[], $9::timestamptz[],
+                $10::text[], $11::text[], $12::int8[], $13::timestamptz[], $14::int8[], $15::int8[])
+         AS n(partition, epoch, done, done_bound, done_floor, done_at, cur, cur_bound, cur_floor,
+              cur_at, cursor, published)
     WHERE n.partition IN (SELECT partition FROM fence)
 ), parked AS (
     INSERT INTO {schema}.outbox_parked
@@ -39,8 +46,8 @@ WITH fence AS MATERIALIZED (
            o.headers, o.topic, o.created_at, k.state, k.attempts,
            CASE WHEN k.state = 'retrying' THEN now() + make_interval(secs => k.delay) END,
            k.error
-    FROM unnest($14::int2[], $15::text[], $16::int8[], $17::text[], $18::int4[], $19::float8[],
-                $20::text[]) AS k(partition, txid, seq, state, attempts, delay, error)
+    FROM unnest($16::int2[], $17::text[], $18::int8[], $19::text[], $20::int4[], $21::float8[],
+                $22::text[]) AS k(partition, txid, seq, state, attempts, delay, error)
     JOIN {schema}.outbox AS o
       ON o.partition = k.partition AND o.txid = k.txid::xid8 AND o.seq = k.seq
     WHERE k.partition IN (SELECT partition FROM fence)
@@ -51,13 +58,13 @@ WITH fence AS MATERIALIZED (
         attempts        = x.attempts + 1,
         next_attempt_at = CASE WHEN r.outcome = 'retrying' THEN now() + make_interval(secs => r.delay) END,
         last_error      = COALESCE(r.error, x.last_error)
-    FROM unnest($21::int2[], $22::int8[], $23::text[], $24::float8[], $25::text[])
+    FROM unnest($23::int2[], $24::int8[], $25::text[], $26::float8[], $27::text[])
          AS r(partition, seq, outcome, delay, error)
     WHERE x.partition = r.partition AND x.seq = r.seq AND r.outcome <> 'published'
       AND r.partition IN (SELECT partition FROM fence)
 ), released AS (
     DELETE FROM {schema}.outbox_parked AS x
-    USING unnest($21::int2[], $22::int8[], $23::text[]) AS r(partition, seq, outcome)
+    USING unnest($23::int2[], $24::int8[], $25::text[]) AS r(partition, seq, outcome)
     WHERE x.partition = r.partition AND x.seq = r.seq AND r.outcome = 'published'
       AND r.partition IN (SELECT partition FROM fence)
 )

@@ -7,7 +7,8 @@ WITH pos AS MATERIALIZED (
     SELECT lp.*, pg_current_snapshot() AS now_snap
     FROM generate_series(0, 63) AS g(partition)
     CROSS JOIN LATERAL (
-        SELECT x.partition, x.done, x.done_floor, x.cur, x.cursor, x.published
+        SELECT x.partition, x.done, x.done_bound, x.done_floor, x.cur, x.cursor, x.published,
+               (x.done_bound::text || ':' || x.done_bound::text || ':')::pg_snapshot AS bound_snap
         FROM {schema}.outbox_positions AS x
         WHERE x.partition = g.partition
         ORDER BY x.id DESC
@@ -20,14 +21,23 @@ WITH pos AS MATERIALIZED (
         SELECT u.seq, u.created_at FROM (
             SELECT a.seq, a.created_at, a.txid FROM {schema}.outbox AS a
             WHERE a.partition = pos.partition AND a.seq > pos.done_floor
-              AND a.txid >= pg_snapshot_xmax(pos.done)
+              AND NOT pg_visible_in_snapshot(a.txid, pos.bound_snap)
               AND pg_visible_in_snapshot(a.txid, pos.now_snap)
             UNION ALL
-            SELECT b.seq, b.created_at, b.txid FROM {schema}.outbox AS b
-            WHERE (b.partition::text || '/' || b.txid::text) = ANY (ARRAY(
-                      SELECT pos.partition::text || '/' || x::text
-                      FROM pg_snapshot_xip(pos.done) AS x))
-              AND pg_visible_in_snapshot(b.txid, pos.now_snap)
+            (SELECT r.seq, r.created_at, r.txid FROM {schema}.outbox AS r
+             WHERE r.partition = pos.partition
+               AND r.txid >= pg_snapshot_xmax(pos.done) AND r.txid < pos.done_bound
+               AND pg_visible_in_snapshot(r.txid, pos.now_snap)
+             OFFSET 0)
+            UNION ALL
+            (SELECT b.seq, b.created_at, b.txid
+             FROM pg_snapshot_xip(pos.done) AS x(xid)
+             CROSS JOIN LATERAL (
+                 SELECT o.seq, o.created_at, o.txid FROM {schema}.outbox AS o
+                 WHERE o.partition = pos.partition AND o.txid = x.xid
+                   AND pg_visible_in_snapshot(o.txid, pos.now_snap)
+                 OFFSET 0
+             ) AS b)
         ) AS u
         WHERE NOT (pos.cur IS NOT NULL AND pg_visible_in_snapshot(u.txid, pos.cur)
                    AND u.seq <= pos.cursor)

@@ -246,10 +246,12 @@ impl PgStore {
                         partition,
                         epoch: r.try_get("epoch").map_err(err)?,
                         done: r.try_get("done").map_err(err)?,
+                        done_bound: r.try_get("done_bound").map_err(err)?,
                         done_floor: r.try_get("done_floor").map_err(err)?,
                         done_at: r.try_get("done_at").map_err(err)?,
                         published: r.try_get("published").map_err(err)?,
                         cur: r.try_get("cur").map_err(err)?,
+                        cur_bound: r.try_get("cur_bound").map_err(err)?,
                         cur_floor: r.try_get("cur_floor").map_err(err)?,
                         cur_at: r.try_get("cur_at").map_err(err)?,
                         cursor: r.try_get("cursor").map_err(err)?,
@@ -354,9 +356,19 @@ impl PgStore {
             .bind(pos.iter().map(|p| p.partition).collect::<Vec<_>>())
             .bind(pos.iter().map(|p| p.epoch).collect::<Vec<_>>())
             .bind(pos.iter().map(|p| p.done.as_str()).collect::<Vec<_>>())
+            .bind(
+                pos.iter()
+                    .map(|p| p.done_bound.as_deref())
+                    .collect::<Vec<_>>(),
+            )
             .bind(pos.iter().map(|p| p.done_floor).collect::<Vec<_>>())
             .bind(pos.iter().map(|p| p.done_at).collect::<Vec<_>>())
             .bind(pos.iter().map(|p| p.cur.as_deref()).collect::<Vec<_>>())
+            .bind(
+                pos.iter()
+                    .map(|p| p.cur_bound.as_deref())
+                    .collect::<Vec<_>>(),
+            )
             .bind(pos.iter().map(|p| p.cur_floor).collect::<Vec<_>>())
             .bind(pos.iter().map(|p| p.cur_at).collect::<Vec<_>>())
             .bind(pos.iter().map(|p| p.cursor).collect::<Vec<_>>())
