@@ -123,11 +123,16 @@ impl Worker {
             };
             self.wake.borrow_and_update();
             let t_claim = Instant::now();
-            let batch = match self
+            let claimed = self
                 .store
                 .claim(&self.id, &lease.partitions, limit, self.cfg.on_failed)
-                .await
-            {
+                .await;
+            RelayMetrics::add(&self.metrics.claims, 1);
+            RelayMetrics::add(
+                &self.metrics.claim_micros,
+                u64::try_from(t_claim.elapsed().as_micros()).unwrap_or(u64::MAX),
+            );
+            let batch = match claimed {
                 Ok(b) => {
                     backoff.ok(&self.id);
                     b
