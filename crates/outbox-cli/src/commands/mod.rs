@@ -5,7 +5,6 @@ mod bench;
 mod checker;
 mod demo;
 mod migrate;
-mod naive;
 mod observer;
 mod relay;
 mod status;
