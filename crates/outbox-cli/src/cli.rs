@@ -126,6 +126,9 @@ pub enum BenchMode {
     Backlog,
     /// Producers commit one row per transaction at a fixed rate; measure commit→ack latency.
     Steady,
+    /// Write-path cost: business UPDATE plus one outbox row per transaction, through the writer
+    /// API, a raw SQL insert and a naive seed-style table, beside the UPDATE alone.
+    Writers,
 }
 
 /// `outbox bench` options.
@@ -171,12 +174,18 @@ pub struct BenchArgs {
     /// Steady mode: events per second, one row per transaction.
     #[arg(long, default_value_t = 1000)]
     pub rate: u32,
-    /// How long to measure: steady (default 20s).
+    /// How long to measure: steady (default 20s), writers (each variant, default 20s).
     #[arg(long, value_name = "DURATION")]
     pub duration: Option<Dur>,
     /// Steady mode: producer connections.
     #[arg(long, default_value_t = 16)]
     pub producers: usize,
+    /// Writers mode: client connections, each running transactions back to back.
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
+    /// Writers mode: rows of the pgbench-like accounts table.
+    #[arg(long, default_value_t = 100_000)]
+    pub accounts: usize,
     /// Let the relay wake on LISTEN/NOTIFY (opt-in; by default it polls).
     #[arg(long)]
     pub listen: bool,

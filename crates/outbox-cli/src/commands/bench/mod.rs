@@ -3,6 +3,7 @@
 //!
 //! - `backlog`: drain throughput of the relay and of the seed articles' naive relay, per key count.
 //! - `steady`: commit→ack latency under a paced load.
+//! - `writers`: what the outbox costs a business transaction (writer API, raw SQL, naive table).
 //!
 //! Latency is measured at the broker (see [`latency`]); published counts come from the relay's
 //! metrics and the stream. Nothing reads the engine's tables or columns, so the modes keep
@@ -15,6 +16,7 @@ mod naive;
 mod relay;
 mod scratch;
 mod steady;
+mod writers;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -101,7 +103,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .or_else(|| std::env::var("OUTBOX_SINK").ok())
         .unwrap_or_else(|| DEFAULT_NATS.into());
-    let connections = args.producers.max(4) as u32 + 4;
+    let connections = args.producers.max(args.clients).max(4) as u32 + 4;
     let pool = connect_pool(&db, connections).await?;
     let client = async_nats::connect(&nats_url)
         .await
@@ -116,5 +118,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match ctx.args.mode {
         BenchMode::Backlog => backlog::run(&ctx).await,
         BenchMode::Steady => steady::run(&ctx).await,
+        BenchMode::Writers => writers::run(&ctx).await,
+    }
+}
+
+/// "met" or "missed", for a figure against its target.
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "missed"
     }
 }

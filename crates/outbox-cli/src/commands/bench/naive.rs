@@ -28,6 +28,11 @@ CREATE TABLE {schema}.naive_outbox (
 );
 CREATE INDEX naive_outbox_status_created_idx ON {schema}.naive_outbox (status, created_at);";
 
+/// The insert an application of the seed articles runs, one row per business transaction.
+pub const INSERT: &str =
+    "INSERT INTO {schema}.naive_outbox (aggregate_type, aggregate_id, event_type, payload)
+                          VALUES ($1, $2, $3, $4::jsonb)";
+
 /// Creates the seed-style table in `schema`.
 pub async fn create(pool: &PgPool, schema: &Schema) -> anyhow::Result<()> {
     sqlx::raw_sql(&schema.render(TABLE))
