@@ -129,6 +129,8 @@ pub enum BenchMode {
     /// Write-path cost: business UPDATE plus one outbox row per transaction, through the writer
     /// API, a raw SQL insert and a naive seed-style table, beside the UPDATE alone.
     Writers,
+    /// A steady load twice: without, then with a REPEATABLE READ snapshot held open.
+    IdleTx,
 }
 
 /// `outbox bench` options.
@@ -171,13 +173,13 @@ pub struct BenchArgs {
     /// Rows per claim.
     #[arg(long, default_value_t = 1000)]
     pub batch_size: usize,
-    /// Steady mode: events per second, one row per transaction.
+    /// Steady and idle-tx modes: events per second, one row per transaction.
     #[arg(long, default_value_t = 1000)]
     pub rate: u32,
-    /// How long to measure: steady (default 20s), writers (each variant, default 20s).
+    /// How long to measure: steady (default 20s), writers (each variant, default 20s), idle-tx (each of its two runs, default 10m).
     #[arg(long, value_name = "DURATION")]
     pub duration: Option<Dur>,
-    /// Steady mode: producer connections.
+    /// Steady and idle-tx modes: producer connections.
     #[arg(long, default_value_t = 16)]
     pub producers: usize,
     /// Writers mode: client connections, each running transactions back to back.

@@ -4,12 +4,14 @@
 //! - `backlog`: drain throughput of the relay and of the seed articles' naive relay, per key count.
 //! - `steady`: commit→ack latency under a paced load.
 //! - `writers`: what the outbox costs a business transaction (writer API, raw SQL, naive table).
+//! - `idle-tx`: the steady load without, then with, a REPEATABLE READ snapshot held open.
 //!
 //! Latency is measured at the broker (see [`latency`]); published counts come from the relay's
 //! metrics and the stream. Nothing reads the engine's tables or columns, so the modes keep
 //! working when the engine changes underneath.
 
 mod backlog;
+mod idle_tx;
 mod latency;
 mod load;
 mod naive;
@@ -119,6 +121,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchMode::Backlog => backlog::run(&ctx).await,
         BenchMode::Steady => steady::run(&ctx).await,
         BenchMode::Writers => writers::run(&ctx).await,
+        BenchMode::IdleTx => idle_tx::run(&ctx).await,
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use outbox_core::{DestinationTemplate, Store};
 use outbox_postgres::PgStore;
 use outbox_relay::{Relay, RelayConfig, RelayMetrics};
+use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -62,6 +63,14 @@ impl RelayUnderTest {
         &self.metrics
     }
 
+    /// Claim count and time so far.
+    pub fn claims(&self) -> ClaimCounter {
+        ClaimCounter {
+            claims: RelayMetrics::get(&self.metrics.claims),
+            micros: RelayMetrics::get(&self.metrics.claim_micros),
+        }
+    }
+
     /// Stops the relay (it finishes its batch in hand and gives its partitions back) and
     /// closes its pool.
     pub async fn stop(mut self) {
@@ -96,4 +105,32 @@ fn config(ctx: &Ctx, scratch: &Scratch) -> anyhow::Result<RelayConfig> {
         member_prefix: "bench".into(),
         ..defaults
     })
+}
+
+/// The relay's claim counters at one instant.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClaimCounter {
+    claims: u64,
+    micros: u64,
+}
+
+/// Mean claim cost between two readings.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ClaimCost {
+    /// Claim statements run in the interval, empty ones included.
+    pub claims: u64,
+    /// Mean time per claim, in milliseconds (`None` when no claim ran).
+    pub mean_ms: Option<f64>,
+}
+
+impl ClaimCounter {
+    /// Mean claim cost from `self` to the later reading `to`.
+    pub fn until(self, to: ClaimCounter) -> ClaimCost {
+        let claims = to.claims.saturating_sub(self.claims);
+        let micros = to.micros.saturating_sub(self.micros);
+        ClaimCost {
+            claims,
+            mean_ms: (claims > 0).then(|| micros as f64 / claims as f64 / 1000.0),
+        }
+    }
 }

@@ -1,4 +1,5 @@
-//! A scratch schema and JetStream stream per measured run, dropped at the end.
+//! A scratch schema and JetStream stream per measured run, dropped at the end, and the few
+//! catalog reads the bench makes about them.
 
 use std::time::Duration;
 
@@ -111,6 +112,31 @@ impl Scratch {
         Ok(())
     }
 
+    /// Dead tuples (`n_dead_tup`) of `table` and, when it is partitioned, of its partitions at
+    /// any depth; and of every table of the schema together. Statistics reach
+    /// `pg_stat_user_tables` about a second after the backends' transactions.
+    pub async fn dead_tuples(&self, table: &str) -> anyhow::Result<DeadTuples> {
+        let (table_dead, schema_dead): (i64, i64) = sqlx::query_as(
+            "WITH RECURSIVE tree AS (
+                 SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = $1 AND c.relname = $2
+                 UNION ALL
+                 SELECT i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.oid)
+             SELECT (SELECT coalesce(sum(s.n_dead_tup), 0)::int8
+                     FROM tree JOIN pg_stat_user_tables s ON s.relid = tree.oid),
+                    (SELECT coalesce(sum(n_dead_tup), 0)::int8
+                     FROM pg_stat_user_tables WHERE schemaname = $1)",
+        )
+        .bind(self.schema.as_str())
+        .bind(table)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(DeadTuples {
+            table: table_dead,
+            schema: schema_dead,
+        })
+    }
+
     /// Drops the schema and the stream (best effort: a failure leaves a named leftover, never
     /// a wrong figure).
     pub async fn drop(self) {
@@ -124,4 +150,13 @@ impl Scratch {
             tracing::warn!(stream = %self.stream, %error, "could not delete the bench stream");
         }
     }
+}
+
+/// Dead tuples after a run.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct DeadTuples {
+    /// Of the message table (and its partitions).
+    pub table: i64,
+    /// Of every table in the scratch schema (the engine's own tables included).
+    pub schema: i64,
 }
