@@ -131,6 +131,8 @@ pub enum BenchMode {
     Writers,
     /// A steady load twice: without, then with a REPEATABLE READ snapshot held open.
     IdleTx,
+    /// No traffic: CPU used by the relay and by PostgreSQL.
+    Idle,
 }
 
 /// `outbox bench` options.
@@ -176,7 +178,8 @@ pub struct BenchArgs {
     /// Steady and idle-tx modes: events per second, one row per transaction.
     #[arg(long, default_value_t = 1000)]
     pub rate: u32,
-    /// How long to measure: steady (default 20s), writers (each variant, default 20s), idle-tx (each of its two runs, default 10m).
+    /// How long to measure: steady (default 20s), writers (each variant, default 20s),
+    /// idle-tx (each of its two runs, default 10m), idle (default 30s).
     #[arg(long, value_name = "DURATION")]
     pub duration: Option<Dur>,
     /// Steady and idle-tx modes: producer connections.

@@ -5,12 +5,14 @@
 //! - `steady`: commit→ack latency under a paced load.
 //! - `writers`: what the outbox costs a business transaction (writer API, raw SQL, naive table).
 //! - `idle-tx`: the steady load without, then with, a REPEATABLE READ snapshot held open.
+//! - `idle`: CPU of the relay and of PostgreSQL with no traffic.
 //!
 //! Latency is measured at the broker (see [`latency`]); published counts come from the relay's
 //! metrics and the stream. Nothing reads the engine's tables or columns, so the modes keep
 //! working when the engine changes underneath.
 
 mod backlog;
+mod idle;
 mod idle_tx;
 mod latency;
 mod load;
@@ -122,6 +124,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchMode::Steady => steady::run(&ctx).await,
         BenchMode::Writers => writers::run(&ctx).await,
         BenchMode::IdleTx => idle_tx::run(&ctx).await,
+        BenchMode::Idle => idle::run(&ctx).await,
     }
 }
 

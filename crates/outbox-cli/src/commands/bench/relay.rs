@@ -1,5 +1,5 @@
 //! The relay under test: the product's engine, in this process, with a connection pool of its
-//! own whose `application_name` names the run.
+//! own whose `application_name` names the run, so its backends can be told apart.
 
 use std::str::FromStr as _;
 use std::sync::Arc;
@@ -25,6 +25,8 @@ pub struct RelayUnderTest {
     metrics: Arc<RelayMetrics>,
     handle: tokio::task::JoinHandle<()>,
     pool: PgPool,
+    /// `application_name` of the relay's connections.
+    pub application_name: String,
 }
 
 impl RelayUnderTest {
@@ -48,6 +50,7 @@ impl RelayUnderTest {
             metrics,
             handle,
             pool,
+            application_name,
         })
     }
 
