@@ -33,7 +33,8 @@ pub enum Command {
     Relay(RelayArgs),
     /// Show pending, oldest pending age, failed and published counts.
     Status(StatusArgs),
-    /// Measure drain throughput and commit→ack latency against a real broker.
+    /// Measure the outbox against real PostgreSQL and NATS: drain, latency, write cost, held
+    /// snapshots, idle CPU.
     Bench(BenchArgs),
     /// Tell the outbox story end to end in under a minute: SQLite and a file, no server needed.
     Demo(DemoArgs),
@@ -170,10 +171,17 @@ pub struct StatusArgs {
 /// What `outbox bench` measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BenchMode {
-    /// Fill a backlog, drain it with the relay, then with a naive relay, and compare.
+    /// Fill a backlog, drain it with the relay, then with a naive relay, per key count.
     Backlog,
     /// Producers commit one row per transaction at a fixed rate; measure commit→ack latency.
     Steady,
+    /// Write-path cost: business UPDATE plus one outbox row per transaction, through the writer
+    /// API, a raw SQL insert and a naive seed-style table, beside the UPDATE alone.
+    Writers,
+    /// A steady load twice: without, then with a REPEATABLE READ snapshot held open.
+    IdleTx,
+    /// No traffic: CPU used by the relay and by PostgreSQL.
+    Idle,
 }
 
 /// `outbox bench` options.
@@ -194,9 +202,19 @@ pub struct BenchArgs {
     /// Backlog size for the naive relay (it is slow; default min(rows, 20000)).
     #[arg(long)]
     pub naive_rows: Option<usize>,
-    /// Distinct ordering keys.
-    #[arg(long, default_value_t = 1000)]
-    pub keys: usize,
+    /// Distinct ordering keys. Backlog mode takes a comma list (e.g. 1,10,1000) and runs once
+    /// per value; other modes take one value.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1000",
+        value_name = "N[,N...]"
+    )]
+    pub keys: Vec<usize>,
+    /// Backlog mode: skip the ANALYZE after filling (production tables have statistics, so
+    /// the default runs it).
+    #[arg(long)]
+    pub no_analyze: bool,
     /// Payload size in bytes.
     #[arg(long, default_value_t = 200)]
     pub payload_bytes: usize,
@@ -206,18 +224,31 @@ pub struct BenchArgs {
     /// Rows per claim.
     #[arg(long, default_value_t = 1000)]
     pub batch_size: usize,
-    /// Steady mode: events per second.
+    /// Steady and idle-tx modes: events per second, one row per transaction.
     #[arg(long, default_value_t = 1000)]
     pub rate: u32,
-    /// Steady mode: how long producers run.
-    #[arg(long, default_value = "20s")]
-    pub duration: Dur,
-    /// Steady mode: producer connections.
+    /// How long to measure: steady (default 20s), writers (each variant, default 20s),
+    /// idle-tx (each of its two runs, default 10m), idle (default 30s).
+    #[arg(long, value_name = "DURATION")]
+    pub duration: Option<Dur>,
+    /// Steady and idle-tx modes: producer connections.
     #[arg(long, default_value_t = 16)]
     pub producers: usize,
-    /// Poll only (no LISTEN/NOTIFY), to measure what notifications buy.
+    /// Writers mode: client connections, each running transactions back to back.
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
+    /// Writers mode: rows of the pgbench-like accounts table.
+    #[arg(long, default_value_t = 100_000)]
+    pub accounts: usize,
+    /// Let the relay wake on LISTEN/NOTIFY (opt-in; by default it polls).
     #[arg(long)]
+    pub listen: bool,
+    /// Accepted for old scripts: polling is now the default.
+    #[arg(long, hide = true, conflicts_with = "listen")]
     pub no_listen: bool,
+    /// The relay's poll interval (default: the relay's own default).
+    #[arg(long, value_name = "DURATION")]
+    pub poll_interval: Option<Dur>,
     /// JetStream storage of the bench stream: file or memory.
     #[arg(long, default_value = "file", value_parser = ["file", "memory"])]
     pub storage: String,

@@ -5,7 +5,6 @@ mod checker;
 mod demo;
 mod maintain;
 mod migrate;
-mod naive;
 mod observer;
 mod relay;
 mod status;

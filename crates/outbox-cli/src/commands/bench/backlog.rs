@@ -1,0 +1,225 @@
+//! Backlog mode: for each key count, fill a backlog, `ANALYZE` it (production tables have
+//! statistics), drain it with the relay, then do the same with the naive relay on its own
+//! seed-style table, and compare events/s.
+//!
+//! Drain time runs from starting the relay to the relay's `published` counter reaching the
+//! backlog (every message acknowledged by the broker); the stream is then checked to hold
+//! exactly the backlog. Latency is commit→ack at the broker, so it includes the time a row
+//! waited in the backlog.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use outbox_relay::RelayMetrics;
+use serde::Serialize;
+
+use super::latency::Probe;
+use super::load::fill;
+use super::relay::RelayUnderTest;
+use super::scratch::Scratch;
+use super::{naive, Ctx, Drain};
+
+/// Longest a drain may take before the run is abandoned.
+const DRAIN_LIMIT: Duration = Duration::from_secs(600);
+
+/// The figures of one key count.
+#[derive(Debug, Serialize)]
+struct Run {
+    keys: usize,
+    relay: Drain,
+    naive: Option<Drain>,
+    /// Relay events/s over naive events/s.
+    speedup: Option<f64>,
+}
+
+/// Runs backlog mode.
+pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let a = &ctx.args;
+    let naive_rows = a.naive_rows.unwrap_or(a.rows.min(20_000));
+    println!(
+        "outbox bench: backlog of {} events (naive relay: {naive_rows}), {} B payloads, keys {:?}, \
+         NATS JetStream ({} storage), {}; relay {} workers, batch {}, {}",
+        a.rows,
+        a.payload_bytes,
+        a.keys,
+        a.storage,
+        if a.no_analyze { "no ANALYZE" } else { "ANALYZE after filling" },
+        a.workers,
+        a.batch_size,
+        ctx.wake_up()
+    );
+    let mut runs = Vec::new();
+    for &keys in &a.keys {
+        let relay = relay_drain(ctx, keys).await?;
+        println!("  keys {keys:>6}  relay: {}", line(&relay));
+        let naive = if a.skip_naive {
+            None
+        } else {
+            let n = naive_drain(ctx, keys, naive_rows).await?;
+            println!("  keys {keys:>6}  naive: {}", line(&n));
+            Some(n)
+        };
+        let speedup = naive
+            .as_ref()
+            .map(|n| relay.events_per_second / n.events_per_second);
+        runs.push(Run {
+            keys,
+            relay,
+            naive,
+            speedup,
+        });
+    }
+    print_summary(&runs);
+    if ctx.json() {
+        println!(
+            "{}",
+            serde_json::json!({ "mode": "backlog", "rows": a.rows, "naive_rows": naive_rows,
+                                "analyze": !a.no_analyze, "listen": a.listen, "runs": runs })
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn line(d: &Drain) -> String {
+    format!(
+        "{} events in {:.2} s = {:>7.0} events/s; commit→ack {} (backlog wait included)",
+        d.events,
+        d.seconds,
+        d.events_per_second,
+        d.latency.line()
+    )
+}
+
+fn print_summary(runs: &[Run]) {
+    println!("  keys      relay ev/s   naive ev/s   relay/naive");
+    for r in runs {
+        let naive = r
+            .naive
+            .as_ref()
+            .map_or("-".into(), |n| format!("{:.0}", n.events_per_second));
+        let ratio = r.speedup.map_or("-".into(), |s| format!("{s:.1}x"));
+        println!(
+            "  {:>6}  {:>11.0}  {naive:>11}  {ratio:>12}",
+            r.keys, r.relay.events_per_second
+        );
+    }
+}
+
+/// Fills, analyses and drains a backlog of `--rows` with the relay in a scratch schema.
+async fn relay_drain(ctx: &Ctx, keys: usize) -> anyhow::Result<Drain> {
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "relay").await?;
+    let result = relay_drain_in(ctx, &scratch, keys).await;
+    scratch.drop().await;
+    result
+}
+
+async fn relay_drain_in(ctx: &Ctx, scratch: &Scratch, keys: usize) -> anyhow::Result<Drain> {
+    let rows = ctx.args.rows;
+    let probe = Probe::start(&scratch.js, &scratch.stream).await?;
+    let took = fill(
+        &scratch.pool,
+        &scratch.schema,
+        rows,
+        keys,
+        &ctx.pad(),
+        &probe.latency(),
+    )
+    .await?;
+    println!(
+        "  keys {keys:>6}  filled {rows} rows in {:.2} s ({:.0} rows/s)",
+        took.as_secs_f64(),
+        rows as f64 / took.as_secs_f64()
+    );
+    if !ctx.args.no_analyze {
+        scratch.analyze().await?;
+    }
+    let started = Instant::now();
+    let relay = RelayUnderTest::start(ctx, scratch).await?;
+    let drained = wait_published(relay.metrics(), rows as u64, DRAIN_LIMIT).await;
+    let took = started.elapsed();
+    relay.stop().await;
+    drained?;
+    finish(scratch, probe, rows as u64, took).await
+}
+
+/// Fills and drains `rows` with the naive relay, in a scratch schema holding only its table.
+async fn naive_drain(ctx: &Ctx, keys: usize, rows: usize) -> anyhow::Result<Drain> {
+    let scratch = Scratch::new(&ctx.pool, &ctx.js, &ctx.args.storage, "naive").await?;
+    let result = naive_drain_in(ctx, &scratch, keys, rows).await;
+    scratch.drop().await;
+    result
+}
+
+async fn naive_drain_in(
+    ctx: &Ctx,
+    scratch: &Scratch,
+    keys: usize,
+    rows: usize,
+) -> anyhow::Result<Drain> {
+    naive::create(&scratch.pool, &scratch.schema).await?;
+    let probe = Probe::start(&scratch.js, &scratch.stream).await?;
+    naive::fill(
+        &scratch.pool,
+        &scratch.schema,
+        rows,
+        keys,
+        &ctx.pad(),
+        &probe.latency(),
+    )
+    .await?;
+    if !ctx.args.no_analyze {
+        scratch.analyze().await?;
+    }
+    let (took, published) = naive::drain(
+        &scratch.pool,
+        &scratch.schema,
+        &scratch.js,
+        &scratch.subject_prefix,
+    )
+    .await?;
+    if published != rows as u64 {
+        anyhow::bail!("the naive relay published {published} of {rows} rows");
+    }
+    finish(scratch, probe, rows as u64, took).await
+}
+
+/// Waits for the probe to see every message, checks the stream, and assembles the figures.
+async fn finish(
+    scratch: &Scratch,
+    probe: Probe,
+    rows: u64,
+    took: Duration,
+) -> anyhow::Result<Drain> {
+    let missing = probe.drain(Duration::from_secs(60)).await;
+    let latency = probe.finish().await;
+    let in_stream = scratch.stream_messages().await?;
+    if in_stream != rows || missing > 0 {
+        anyhow::bail!(
+            "the stream holds {in_stream} messages and the probe misses {missing}; expected {rows}"
+        );
+    }
+    Ok(Drain {
+        events: rows,
+        seconds: took.as_secs_f64(),
+        events_per_second: rows as f64 / took.as_secs_f64(),
+        latency,
+    })
+}
+
+async fn wait_published(
+    metrics: &RelayMetrics,
+    target: u64,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    while RelayMetrics::get(&metrics.published) < target {
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "gave up after {limit:?}: {} of {target} published",
+                RelayMetrics::get(&metrics.published)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}

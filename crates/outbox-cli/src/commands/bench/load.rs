@@ -1,0 +1,148 @@
+//! Producers through the writer API: a backlog filled in large transactions, and a paced load
+//! of one row per transaction. Both record each commit in the run's [`Latency`] ledger.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_core::NewMessage;
+use outbox_postgres::{Schema, Writer};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use super::latency::Latency;
+
+/// Rows per transaction when filling a backlog.
+const FILL_TX_ROWS: usize = 1000;
+/// Connections filling a backlog at once.
+const FILL_WRITERS: usize = 4;
+
+/// Padding that brings a bench payload to about `payload_bytes`.
+pub fn pad(payload_bytes: usize) -> String {
+    "x".repeat(payload_bytes.saturating_sub(30))
+}
+
+/// The `i`-th bench message, over `keys` ordering keys.
+pub fn message(i: usize, keys: usize, pad: &str) -> NewMessage {
+    NewMessage::new(
+        "bench",
+        format!("key-{}", i % keys.max(1)),
+        "created",
+        serde_json::json!({ "n": i, "pad": pad }),
+    )
+}
+
+/// Fills `rows` messages in transactions of 1000, four writers at once; returns the time taken.
+pub async fn fill(
+    pool: &PgPool,
+    schema: &Schema,
+    rows: usize,
+    keys: usize,
+    pad: &str,
+    latency: &Arc<Latency>,
+) -> anyhow::Result<Duration> {
+    let writer = Writer::new(schema);
+    let started = Instant::now();
+    let chunks: Vec<(usize, usize)> = (0..rows)
+        .step_by(FILL_TX_ROWS)
+        .map(|s| (s, (s + FILL_TX_ROWS).min(rows)))
+        .collect();
+    let per = chunks.len().div_ceil(FILL_WRITERS).max(1);
+    let mut tasks = Vec::new();
+    for part in chunks.chunks(per) {
+        let (pool, writer, pad, part, latency) = (
+            pool.clone(),
+            writer.clone(),
+            pad.to_string(),
+            part.to_vec(),
+            latency.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for (a, b) in part {
+                let msgs: Vec<_> = (a..b).map(|i| message(i, keys, &pad)).collect();
+                let mut tx = pool.begin().await?;
+                writer.enqueue_many(&mut tx, &msgs).await?;
+                let sent = latency.stamp();
+                tx.commit().await?;
+                latency.committed(msgs.iter().map(|m| m.id), sent);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(started.elapsed())
+}
+
+/// A paced load: `producers` connections share `rate` transactions per second, each writing
+/// one message, for `duration`.
+#[derive(Debug, Clone)]
+pub struct Paced {
+    pub rate: u32,
+    pub producers: usize,
+    pub duration: Duration,
+    pub keys: usize,
+    pub pad: String,
+}
+
+/// What a paced load achieved.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Produced {
+    /// Transactions (= messages) committed.
+    pub committed: u64,
+    /// From the first producer's start to the last one's end.
+    pub seconds: f64,
+    /// `committed / seconds`: below the target rate when commits could not keep up.
+    pub events_per_second: f64,
+}
+
+/// Runs a paced load through the writer API into `schema`, recording every commit. A producer
+/// whose commits fall behind its schedule does not catch up in bursts: the achieved rate then
+/// shows the shortfall.
+pub async fn paced(
+    pool: &PgPool,
+    schema: &Schema,
+    spec: &Paced,
+    latency: &Arc<Latency>,
+) -> anyhow::Result<Produced> {
+    let writer = Writer::new(schema);
+    let producers = spec.producers.max(1);
+    let period = Duration::from_secs_f64(producers as f64 / f64::from(spec.rate.max(1)))
+        .max(Duration::from_micros(10));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for p in 0..producers {
+        let (pool, writer, spec, latency) =
+            (pool.clone(), writer.clone(), spec.clone(), latency.clone());
+        tasks.push(tokio::spawn(async move {
+            // Stagger producers across one period so commits arrive evenly, not in bursts.
+            let start = tokio::time::Instant::now() + period.mul_f64(p as f64 / producers as f64);
+            let mut tick = tokio::time::interval_at(start, period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut done = 0u64;
+            let mut i = p;
+            while started.elapsed() < spec.duration {
+                tick.tick().await;
+                let m = message(i, spec.keys, &spec.pad);
+                let mut tx = pool.begin().await?;
+                writer.enqueue(&mut tx, &m).await?;
+                let sent = latency.stamp();
+                tx.commit().await?;
+                latency.committed([m.id], sent);
+                done += 1;
+                i += producers;
+            }
+            anyhow::Ok(done)
+        }));
+    }
+    let mut committed = 0u64;
+    for t in tasks {
+        committed += t.await??;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(Produced {
+        committed,
+        seconds,
+        events_per_second: committed as f64 / seconds,
+    })
+}

@@ -1,0 +1,138 @@
+//! `outbox bench`: measurements against real PostgreSQL and NATS JetStream, each compared side
+//! by side in one run. Every mode works in scratch schemas and streams of its own and drops them.
+//!
+//! - `backlog`: drain throughput of the relay and of the seed articles' naive relay, per key count.
+//! - `steady`: commit→ack latency under a paced load.
+//! - `writers`: what the outbox costs a business transaction (writer API, raw SQL, naive table).
+//! - `idle-tx`: the steady load without, then with, a REPEATABLE READ snapshot held open.
+//! - `idle`: CPU of the relay and of PostgreSQL with no traffic.
+//!
+//! Latency is measured at the broker (see [`latency`]); published counts come from the relay's
+//! metrics and the stream. Nothing reads the engine's tables or columns, so the modes keep
+//! working when the engine changes underneath.
+
+mod backlog;
+mod idle;
+mod idle_tx;
+mod latency;
+mod load;
+mod naive;
+mod relay;
+mod scratch;
+mod steady;
+mod writers;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_nats::jetstream;
+use outbox_postgres::connect_pool;
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::cli::{BenchArgs, BenchMode, Format};
+use latency::LatencyFigures;
+
+const DEFAULT_DB: &str = "postgres://root@127.0.0.1:5432/test";
+const DEFAULT_NATS: &str = "nats://127.0.0.1:4222";
+
+/// What every mode needs: the arguments, a pool for producers and setup, and JetStream.
+pub struct Ctx {
+    pub args: BenchArgs,
+    pub db: String,
+    pub nats_url: String,
+    pub pool: PgPool,
+    pub js: jetstream::Context,
+}
+
+impl Ctx {
+    /// `--duration`, or the mode's default.
+    fn duration(&self, default: Duration) -> Duration {
+        self.args.duration.map_or(default, |d| d.0)
+    }
+
+    /// `--keys` for the modes that take one value.
+    fn single_keys(&self) -> anyhow::Result<usize> {
+        match self.args.keys.as_slice() {
+            [k] => Ok(*k),
+            _ => Err(outbox_core::Error::config(
+                "--keys takes one value in this mode (a comma list only in backlog mode)",
+            )
+            .into()),
+        }
+    }
+
+    /// Payload padding of `--payload-bytes`.
+    fn pad(&self) -> String {
+        load::pad(self.args.payload_bytes)
+    }
+
+    /// "LISTEN/NOTIFY wake-ups" or "polling", for report headers.
+    fn wake_up(&self) -> &'static str {
+        if self.args.listen {
+            "LISTEN/NOTIFY wake-ups"
+        } else {
+            "polling (no LISTEN)"
+        }
+    }
+
+    fn json(&self) -> bool {
+        self.args.format == Format::Json
+    }
+}
+
+/// Figures of one measured drain or load.
+#[derive(Debug, Serialize)]
+pub struct Drain {
+    /// Messages published.
+    pub events: u64,
+    /// Seconds the drain (or the load) took.
+    pub seconds: f64,
+    /// `events / seconds`.
+    pub events_per_second: f64,
+    /// Commit→ack at the broker.
+    pub latency: LatencyFigures,
+}
+
+/// Runs the mode `args` names.
+pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let db = args
+        .database_url
+        .clone()
+        .or_else(|| std::env::var("DATABASE_URL").ok())
+        .unwrap_or_else(|| DEFAULT_DB.into());
+    let nats_url = args
+        .sink
+        .clone()
+        .or_else(|| std::env::var("OUTBOX_SINK").ok())
+        .unwrap_or_else(|| DEFAULT_NATS.into());
+    let connections = args.producers.max(args.clients).max(4) as u32 + 4;
+    let pool = connect_pool(&db, connections).await?;
+    let client = async_nats::connect(&nats_url)
+        .await
+        .context("connecting to NATS for the bench stream")?;
+    let ctx = Ctx {
+        js: jetstream::new(client),
+        args,
+        db,
+        nats_url,
+        pool,
+    };
+    match ctx.args.mode {
+        BenchMode::Backlog => backlog::run(&ctx).await,
+        BenchMode::Steady => steady::run(&ctx).await,
+        BenchMode::Writers => writers::run(&ctx).await,
+        BenchMode::IdleTx => idle_tx::run(&ctx).await,
+        BenchMode::Idle => idle::run(&ctx).await,
+    }
+}
+
+/// "met" or "missed", for a figure against its target.
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "missed"
+    }
+}

@@ -1,0 +1,139 @@
+//! The relay under test: the product's engine, in this process, with a connection pool of its
+//! own whose `application_name` names the run, so its backends can be told apart.
+
+use std::str::FromStr as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::{DestinationTemplate, Store};
+use outbox_postgres::PgStore;
+use outbox_relay::{Relay, RelayConfig, RelayMetrics};
+use serde::Serialize;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use super::scratch::Scratch;
+use super::Ctx;
+
+/// How long [`RelayUnderTest::settle`] waits.
+const SETTLE: Duration = Duration::from_secs(3);
+
+/// A running relay over one scratch schema, publishing to its stream.
+pub struct RelayUnderTest {
+    stop: CancellationToken,
+    metrics: Arc<RelayMetrics>,
+    handle: tokio::task::JoinHandle<()>,
+    pool: PgPool,
+    /// `application_name` of the relay's connections.
+    pub application_name: String,
+}
+
+impl RelayUnderTest {
+    /// Starts a relay with the bench's settings (workers, batch, listen, poll interval).
+    pub async fn start(ctx: &Ctx, scratch: &Scratch) -> anyhow::Result<Self> {
+        let application_name = format!("outbox_bench_relay_{}", scratch.suffix);
+        let options = PgConnectOptions::from_str(&ctx.db)?.application_name(&application_name);
+        let pool = PgPoolOptions::new()
+            .max_connections(ctx.args.workers.max(1) as u32 + 3)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        let sink = outbox_sinks::connect(&ctx.nats_url).await?;
+        let store: Arc<dyn Store> = Arc::new(PgStore::new(pool.clone(), scratch.schema.clone()));
+        let relay = Relay::new(store, sink, config(ctx, scratch)?);
+        let metrics = relay.metrics();
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn(relay.run(stop.clone()));
+        Ok(Self {
+            stop,
+            metrics,
+            handle,
+            pool,
+            application_name,
+        })
+    }
+
+    /// Waits until the relay has settled: its workers rebalance every second, so a partition
+    /// the first worker took and must hand to the second changes owner within about two.
+    /// Timed loads start after this, so a start-up hand-over does not land in their tail.
+    pub async fn settle(&self) {
+        tokio::time::sleep(SETTLE).await;
+    }
+
+    /// The relay's live counters.
+    pub fn metrics(&self) -> &RelayMetrics {
+        &self.metrics
+    }
+
+    /// Claim count and time so far.
+    pub fn claims(&self) -> ClaimCounter {
+        ClaimCounter {
+            claims: RelayMetrics::get(&self.metrics.claims),
+            micros: RelayMetrics::get(&self.metrics.claim_micros),
+        }
+    }
+
+    /// Stops the relay (it finishes its batch in hand and gives its partitions back) and
+    /// closes its pool.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        let _ = (&mut self.handle).await;
+        self.pool.close().await;
+    }
+}
+
+impl Drop for RelayUnderTest {
+    /// A run that fails half-way still stops its relay (in the background), so nothing keeps
+    /// claiming from a schema about to be dropped.
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn config(ctx: &Ctx, scratch: &Scratch) -> anyhow::Result<RelayConfig> {
+    let defaults = RelayConfig::default();
+    Ok(RelayConfig {
+        batch_size: ctx.args.batch_size,
+        workers: ctx.args.workers,
+        listen: ctx.args.listen,
+        poll_interval: ctx
+            .args
+            .poll_interval
+            .map_or(defaults.poll_interval, |d| d.0),
+        destination: DestinationTemplate::parse(&format!(
+            "{}.{{event_type}}",
+            scratch.subject_prefix
+        ))?,
+        member_prefix: "bench".into(),
+        ..defaults
+    })
+}
+
+/// The relay's claim counters at one instant.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClaimCounter {
+    claims: u64,
+    micros: u64,
+}
+
+/// Mean claim cost between two readings.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ClaimCost {
+    /// Claim statements run in the interval, empty ones included.
+    pub claims: u64,
+    /// Mean time per claim, in milliseconds (`None` when no claim ran).
+    pub mean_ms: Option<f64>,
+}
+
+impl ClaimCounter {
+    /// Mean claim cost from `self` to the later reading `to`.
+    pub fn until(self, to: ClaimCounter) -> ClaimCost {
+        let claims = to.claims.saturating_sub(self.claims);
+        let micros = to.micros.saturating_sub(self.micros);
+        ClaimCost {
+            claims,
+            mean_ms: (claims > 0).then(|| micros as f64 / claims as f64 / 1000.0),
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! A scratch schema and JetStream stream per measured run, dropped at the end, and the few
+//! catalog reads the bench makes about them.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_nats::jetstream;
+use outbox_postgres::{migrate, Schema};
+use sqlx::PgPool;
+
+/// A schema and a stream with a random suffix, so runs never share state.
+pub struct Scratch {
+    pub pool: PgPool,
+    pub schema: Schema,
+    pub js: jetstream::Context,
+    pub stream: String,
+    /// Subjects of the stream are `<subject_prefix>.<event_type>`.
+    pub subject_prefix: String,
+    /// The random suffix, reused for names that must be unique to this run.
+    pub suffix: String,
+}
+
+impl Scratch {
+    /// Creates an empty schema `outbox_bench_<tag>_<suffix>` and its stream.
+    pub async fn new(
+        pool: &PgPool,
+        js: &jetstream::Context,
+        storage: &str,
+        tag: &str,
+    ) -> anyhow::Result<Self> {
+        let suffix = format!("{:012x}", fastrand::u64(..) & 0xffff_ffff_ffff);
+        let schema = Schema::new(&format!("outbox_bench_{tag}_{suffix}"))?;
+        sqlx::raw_sql(&schema.render("CREATE SCHEMA {schema}"))
+            .execute(pool)
+            .await
+            .context("creating the scratch schema")?;
+        let stream = format!("OUTBOX_BENCH_{}_{suffix}", tag.to_uppercase());
+        let subject_prefix = format!("outbox_bench_{tag}_{suffix}");
+        let created = js
+            .create_stream(jetstream::stream::Config {
+                name: stream.clone(),
+                subjects: vec![format!("{subject_prefix}.>")],
+                storage: if storage == "memory" {
+                    jetstream::stream::StorageType::Memory
+                } else {
+                    jetstream::stream::StorageType::File
+                },
+                duplicate_window: Duration::from_secs(120),
+                ..Default::default()
+            })
+            .await;
+        let scratch = Self {
+            pool: pool.clone(),
+            schema,
+            js: js.clone(),
+            stream,
+            subject_prefix,
+            suffix,
+        };
+        if let Err(e) = created {
+            scratch.drop().await;
+            return Err(anyhow::Error::from(e)
+                .context("creating the bench stream (is NATS running with JetStream?)"));
+        }
+        Ok(scratch)
+    }
+
+    /// Like [`Scratch::new`], with the outbox tables migrated in.
+    pub async fn with_outbox(
+        pool: &PgPool,
+        js: &jetstream::Context,
+        storage: &str,
+        tag: &str,
+    ) -> anyhow::Result<Self> {
+        let scratch = Self::new(pool, js, storage, tag).await?;
+        if let Err(e) = migrate(pool, &scratch.schema).await {
+            scratch.drop().await;
+            return Err(e.into());
+        }
+        Ok(scratch)
+    }
+
+    /// Messages the stream holds (what the broker acknowledged, deduplicated by id).
+    pub async fn stream_messages(&self) -> anyhow::Result<u64> {
+        Ok(self
+            .js
+            .get_stream(&self.stream)
+            .await?
+            .info()
+            .await?
+            .state
+            .messages)
+    }
+
+    /// `ANALYZE`s every table of the schema, so the planner works with statistics as it would
+    /// in production rather than on a freshly filled, never analysed table.
+    pub async fn analyze(&self) -> anyhow::Result<()> {
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relkind IN ('r', 'p')",
+        )
+        .bind(self.schema.as_str())
+        .fetch_all(&self.pool)
+        .await?;
+        if !tables.is_empty() {
+            sqlx::raw_sql(&format!("ANALYZE {}", tables.join(", ")))
+                .execute(&self.pool)
+                .await
+                .context("ANALYZE of the scratch tables")?;
+        }
+        Ok(())
+    }
+
+    /// Dead tuples (`n_dead_tup`) of `table` and, when it is partitioned, of its partitions at
+    /// any depth; and of every table of the schema together. Statistics reach
+    /// `pg_stat_user_tables` about a second after the backends' transactions.
+    pub async fn dead_tuples(&self, table: &str) -> anyhow::Result<DeadTuples> {
+        let (table_dead, schema_dead): (i64, i64) = sqlx::query_as(
+            "WITH RECURSIVE tree AS (
+                 SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = $1 AND c.relname = $2
+                 UNION ALL
+                 SELECT i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.oid)
+             SELECT (SELECT coalesce(sum(s.n_dead_tup), 0)::int8
+                     FROM tree JOIN pg_stat_user_tables s ON s.relid = tree.oid),
+                    (SELECT coalesce(sum(n_dead_tup), 0)::int8
+                     FROM pg_stat_user_tables WHERE schemaname = $1)",
+        )
+        .bind(self.schema.as_str())
+        .bind(table)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(DeadTuples {
+            table: table_dead,
+            schema: schema_dead,
+        })
+    }
+
+    /// Drops the schema and the stream (best effort: a failure leaves a named leftover, never
+    /// a wrong figure).
+    pub async fn drop(self) {
+        if let Err(error) = sqlx::raw_sql(&self.schema.render("DROP SCHEMA {schema} CASCADE"))
+            .execute(&self.pool)
+            .await
+        {
+            tracing::warn!(schema = self.schema.as_str(), %error, "could not drop the scratch schema");
+        }
+        if let Err(error) = self.js.delete_stream(&self.stream).await {
+            tracing::warn!(stream = %self.stream, %error, "could not delete the bench stream");
+        }
+    }
+}
+
+/// Dead tuples after a run.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct DeadTuples {
+    /// Of the message table (and its partitions).
+    pub table: i64,
+    /// Of every table in the scratch schema (the engine's own tables included).
+    pub schema: i64,
+}

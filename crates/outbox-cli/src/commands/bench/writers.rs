@@ -1,0 +1,273 @@
+//! Writers mode: what writing an outbox row costs a business transaction, pgbench-style.
+//!
+//! `--clients` connections run transactions back to back for `--duration` per variant. Each
+//! transaction is `UPDATE accounts SET balance = balance + 1 WHERE id = <random>` on a table of
+//! `--accounts` rows, plus one outbox row written
+//! (a) through the writer API (`Writer::enqueue`, after the UPDATE, as documented),
+//! (b) with the raw SQL insert of the SQL contract,
+//! (c) into the seed articles' naive table (uuid key, `status`, `(status, created_at)` index),
+//! or (d) nothing: the UPDATE alone, the ceiling.
+//! The variants run one after the other in one scratch schema, each after a `CHECKPOINT` so each
+//! starts with the same full-page-write debt. No relay runs: this is the write path alone.
+//! TPS = committed transactions / wall time of the variant. The target is a/c and b/c ≥ 90%.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use outbox_core::NewMessage;
+use outbox_postgres::Writer;
+use serde::Serialize;
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection as _, Postgres};
+
+use super::scratch::Scratch;
+use super::{naive, verdict, Ctx};
+
+/// Default time per variant.
+const DEFAULT_DURATION: Duration = Duration::from_secs(20);
+/// Target share of the naive table's TPS.
+const TARGET_RATIO: f64 = 0.9;
+
+/// What each transaction writes besides the UPDATE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    WriterApi,
+    RawSql,
+    Naive,
+    UpdateOnly,
+}
+
+impl Variant {
+    const ALL: [Variant; 4] = [
+        Variant::WriterApi,
+        Variant::RawSql,
+        Variant::Naive,
+        Variant::UpdateOnly,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Variant::WriterApi => "(a) UPDATE + writer API enqueue",
+            Variant::RawSql => "(b) UPDATE + raw SQL INSERT into outbox",
+            Variant::Naive => "(c) UPDATE + INSERT into naive seed table",
+            Variant::UpdateOnly => "(d) UPDATE alone",
+        }
+    }
+}
+
+/// The statements of one run, rendered for the scratch schema.
+#[derive(Clone)]
+struct Statements {
+    update: String,
+    raw_insert: String,
+    naive_insert: String,
+    writer: Writer,
+}
+
+/// TPS of one variant.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Tps {
+    transactions: u64,
+    seconds: f64,
+    tps: f64,
+}
+
+/// Runs writers mode.
+pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let duration = ctx.duration(DEFAULT_DURATION);
+    println!(
+        "outbox bench: writers, {} clients, {:?} per variant, accounts table of {} rows, {} B payloads",
+        ctx.args.clients, duration, ctx.args.accounts, ctx.args.payload_bytes
+    );
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "writers").await?;
+    let result = measure(ctx, &scratch, duration).await;
+    scratch.drop().await;
+    let tps = result?;
+    report(ctx, &tps);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn measure(
+    ctx: &Ctx,
+    scratch: &Scratch,
+    duration: Duration,
+) -> anyhow::Result<Vec<(Variant, Tps)>> {
+    create_accounts(scratch, ctx.args.accounts).await?;
+    naive::create(&scratch.pool, &scratch.schema).await?;
+    let s = &scratch.schema;
+    let statements = Statements {
+        update: s.render("UPDATE {schema}.accounts SET balance = balance + 1 WHERE id = $1"),
+        raw_insert: s.render(
+            "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ($1, $2, $3, $4::jsonb)",
+        ),
+        naive_insert: s.render(naive::INSERT),
+        writer: Writer::new(s),
+    };
+    let mut out = Vec::new();
+    for v in Variant::ALL {
+        checkpoint(scratch).await;
+        let t = run_variant(ctx, scratch, &statements, v, duration).await?;
+        println!(
+            "  {:<44} {:>8.0} tps ({} transactions)",
+            v.label(),
+            t.tps,
+            t.transactions
+        );
+        out.push((v, t));
+    }
+    Ok(out)
+}
+
+/// A pgbench-like accounts table: integer key, balance, 84 bytes of filler; vacuumed and
+/// analysed like `pgbench -i` leaves it.
+async fn create_accounts(scratch: &Scratch, rows: usize) -> anyhow::Result<()> {
+    sqlx::raw_sql(&scratch.schema.render(
+        "CREATE TABLE {schema}.accounts (
+             id      integer  PRIMARY KEY,
+             balance bigint   NOT NULL DEFAULT 0,
+             filler  char(84) NOT NULL DEFAULT '')",
+    ))
+    .execute(&scratch.pool)
+    .await?;
+    sqlx::query(
+        &scratch
+            .schema
+            .render("INSERT INTO {schema}.accounts (id) SELECT generate_series(1, $1)"),
+    )
+    .bind(i32::try_from(rows.max(1)).context("--accounts is too large")?)
+    .execute(&scratch.pool)
+    .await?;
+    sqlx::raw_sql(&scratch.schema.render("VACUUM ANALYZE {schema}.accounts"))
+        .execute(&scratch.pool)
+        .await?;
+    Ok(())
+}
+
+/// `CHECKPOINT`, so a variant does not inherit the previous one's dirty pages. Needs superuser
+/// or `pg_checkpoint`; without them the variants simply run without it.
+async fn checkpoint(scratch: &Scratch) {
+    if let Err(error) = sqlx::raw_sql("CHECKPOINT").execute(&scratch.pool).await {
+        tracing::debug!(%error, "CHECKPOINT refused; variants run without it");
+    }
+}
+
+async fn run_variant(
+    ctx: &Ctx,
+    scratch: &Scratch,
+    statements: &Statements,
+    variant: Variant,
+    duration: Duration,
+) -> anyhow::Result<Tps> {
+    // Connections first, so every client starts at the same instant.
+    let mut conns = Vec::with_capacity(ctx.args.clients);
+    for _ in 0..ctx.args.clients.max(1) {
+        conns.push(scratch.pool.acquire().await?);
+    }
+    let accounts = i32::try_from(ctx.args.accounts.max(1)).context("--accounts is too large")?;
+    let pad = ctx.pad();
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = Vec::new();
+    for conn in conns {
+        let (st, pad) = (statements.clone(), pad.clone());
+        tasks.push(tokio::spawn(async move {
+            client(conn, &st, variant, deadline, accounts, &pad).await
+        }));
+    }
+    let mut transactions = 0;
+    for t in tasks {
+        transactions += t.await??;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(Tps {
+        transactions,
+        seconds,
+        tps: transactions as f64 / seconds,
+    })
+}
+
+/// One client: business transactions back to back until `deadline`; returns how many committed.
+async fn client(
+    mut conn: PoolConnection<Postgres>,
+    st: &Statements,
+    variant: Variant,
+    deadline: Instant,
+    accounts: i32,
+    pad: &str,
+) -> anyhow::Result<u64> {
+    let mut committed = 0;
+    while Instant::now() < deadline {
+        let id = fastrand::i32(1..=accounts);
+        let payload = serde_json::json!({ "account": id, "amount": 1, "pad": pad });
+        let mut tx = conn.begin().await?;
+        sqlx::query(&st.update).bind(id).execute(&mut *tx).await?;
+        match variant {
+            Variant::WriterApi => {
+                let m = NewMessage::new("account", id.to_string(), "credited", payload);
+                st.writer.enqueue(&mut tx, &m).await?;
+            }
+            Variant::RawSql | Variant::Naive => {
+                let sql = if variant == Variant::RawSql {
+                    &st.raw_insert
+                } else {
+                    &st.naive_insert
+                };
+                sqlx::query(sql)
+                    .bind("account")
+                    .bind(id.to_string())
+                    .bind("credited")
+                    .bind(payload.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            Variant::UpdateOnly => {}
+        }
+        tx.commit().await?;
+        committed += 1;
+    }
+    Ok(committed)
+}
+
+fn report(ctx: &Ctx, results: &[(Variant, Tps)]) {
+    let tps = |v: Variant| {
+        results
+            .iter()
+            .find(|(x, _)| *x == v)
+            .map_or(0.0, |(_, t)| t.tps)
+    };
+    let naive = tps(Variant::Naive);
+    let ratio = |v: Variant| if naive > 0.0 { tps(v) / naive } else { 0.0 };
+    let (a, b) = (ratio(Variant::WriterApi), ratio(Variant::RawSql));
+    println!(
+        "  writer API / naive table: {:.0}% ({}), raw SQL / naive table: {:.0}% ({}); target ≥ {:.0}%",
+        a * 100.0,
+        verdict(a >= TARGET_RATIO),
+        b * 100.0,
+        verdict(b >= TARGET_RATIO),
+        TARGET_RATIO * 100.0
+    );
+    if ctx.json() {
+        let by_name: serde_json::Map<String, serde_json::Value> = results
+            .iter()
+            .map(|(v, t)| {
+                let name = match v {
+                    Variant::WriterApi => "writer_api",
+                    Variant::RawSql => "raw_sql",
+                    Variant::Naive => "naive_table",
+                    Variant::UpdateOnly => "update_only",
+                };
+                (name.to_string(), serde_json::json!(t))
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "mode": "writers", "clients": ctx.args.clients, "accounts": ctx.args.accounts,
+                "variants": by_name,
+                "ratios": { "writer_api_vs_naive": a, "raw_sql_vs_naive": b, "target": TARGET_RATIO },
+            })
+        );
+    }
+}
