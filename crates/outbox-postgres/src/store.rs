@@ -87,19 +87,26 @@ impl Queries {
     }
 }
 
-/// Opens a pool to `url` with at most `max_connections`, every connection set up for the relay
-/// (JIT off, statement and lock timeouts). Errors never echo the password.
-pub async fn connect_pool(url: &str, max_connections: u32) -> Result<PgPool> {
+/// Connection options for `url` set up for the relay (JIT off, statement and lock timeouts).
+/// Errors never echo the password.
+pub fn connect_options(url: &str) -> Result<PgConnectOptions> {
     let options: PgConnectOptions = url.parse().map_err(|e| {
         map_sqlx_error(
             &format!("parsing database URL {}", outbox_core::redact::url(url)),
             e,
         )
     })?;
+    Ok(options.options(SESSION_SETTINGS))
+}
+
+/// Opens a pool to `url` with at most `max_connections`, every connection set up for the relay
+/// (see [`connect_options`]). Errors never echo the password.
+pub async fn connect_pool(url: &str, max_connections: u32) -> Result<PgPool> {
+    let options = connect_options(url)?;
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
-        .connect_with(options.options(SESSION_SETTINGS))
+        .connect_with(options)
         .await
         .map_err(|e| {
             map_sqlx_error(
@@ -489,10 +496,15 @@ impl Store for PgStore {
         let err = |e| map_sqlx_error("claiming pending messages", e);
         // Reads only: the transaction exists to scope the planner settings. Part A of the
         // window claim must walk the (partition, seq) index in order; never let a bitmap scan
-        // or a sequential scan of the backlog look cheaper.
+        // or a sequential scan of the backlog look cheaper. JIT is off here too, whatever pool
+        // the store was given: the disabled scans inflate the plan's cost past any JIT
+        // threshold, and compiling a claim costs a second (measured).
         let mut tx = self
             .pool
-            .begin_with("BEGIN READ ONLY; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off")
+            .begin_with(
+                "BEGIN READ ONLY; SET LOCAL jit = off; SET LOCAL enable_bitmapscan = off; \
+                 SET LOCAL enable_seqscan = off",
+            )
             .await
             .map_err(err)?;
         let mut ticket = Ticket::default();

@@ -1,7 +1,6 @@
 //! The relay under test: the product's engine, in this process, with a connection pool of its
 //! own whose `application_name` names the run, so its backends can be told apart.
 
-use std::str::FromStr as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,7 +8,7 @@ use outbox_core::{DestinationTemplate, Store};
 use outbox_postgres::PgStore;
 use outbox_relay::{Relay, RelayConfig, RelayMetrics};
 use serde::Serialize;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -33,7 +32,9 @@ impl RelayUnderTest {
     /// Starts a relay with the bench's settings (workers, batch, listen, poll interval).
     pub async fn start(ctx: &Ctx, scratch: &Scratch) -> anyhow::Result<Self> {
         let application_name = format!("outbox_bench_relay_{}", scratch.suffix);
-        let options = PgConnectOptions::from_str(&ctx.db)?.application_name(&application_name);
+        // The relay's own session settings (JIT off, timeouts), as `outbox relay` has them.
+        let options =
+            outbox_postgres::connect_options(&ctx.db)?.application_name(&application_name);
         let pool = PgPoolOptions::new()
             .max_connections(ctx.args.workers.max(1) as u32 + 3)
             .acquire_timeout(Duration::from_secs(10))
