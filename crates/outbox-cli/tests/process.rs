@@ -329,8 +329,8 @@ fn flags_override_environment_which_overrides_the_file() {
         (Some("from_file"), Some("7s"))
     );
     assert_eq!(
-        v["database_url"], "postgres://app:***@db/app",
-        "the password never shows"
+        v["database_url"], "postgres://***@db/app",
+        "the userinfo never shows"
     );
     // The environment beats the file.
     let env = [("OUTBOX_WORKERS", "4"), ("OUTBOX_SCHEMA", "from_env")];
