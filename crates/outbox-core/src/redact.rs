@@ -74,16 +74,7 @@ fn mask_userinfo(text: &str) -> String {
 
 /// Whole words (of a name split at `_`, `-` and `.`) that mark a parameter as secret.
 const SECRET_WORDS: &[&str] = &[
-    "key",
-    "sig",
-    "pass",
-    "pwd",
-    "auth",
-    "creds",
-    "jwt",
-    "nkey",
-    "seed",
-    "session",
+    "key", "sig", "pass", "pwd", "auth", "creds", "jwt", "nkey", "seed", "session",
 ];
 
 /// Substrings that mark a parameter as secret wherever they appear in its name
