@@ -142,6 +142,12 @@ pub struct RelayArgs {
     /// holds) or `skip` (they flow on). Env: OUTBOX_ON_FAILED.
     #[arg(long, value_name = "POLICY")]
     pub on_failed: Option<outbox_core::OnFailed>,
+    /// Confine the relay to these destinations: NATS-style patterns, `*` one token, a final `>`
+    /// one or more (e.g. `orders.>`). A row rendering outside them ends `failed` with the reason.
+    /// System spaces (`$JS.`, `$KV.`, `_INBOX.`, any `$…`) need a pattern naming them.
+    /// Repeat the flag or separate with commas. Env: OUTBOX_ALLOW_DESTINATIONS (comma list).
+    #[arg(long, value_name = "PATTERN", num_args = 1.., value_delimiter = ',')]
+    pub allow_destinations: Vec<String>,
     /// Print the settings as resolved from file, environment and flags (passwords masked), then
     /// exit without connecting to anything.
     #[arg(long)]

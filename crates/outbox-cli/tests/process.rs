@@ -303,7 +303,7 @@ fn flags_override_environment_which_overrides_the_file() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("outbox.toml"),
-        "database_url = \"postgres://app:hunter2@db/app\"\nschema = \"from_file\"\n[relay]\nsink = \"nats://file:4222\"\nworkers = 3\nbatch_size = 300\nlease = \"7s\"\n",
+        "database_url = \"postgres://app:hunter2@db/app\"\nschema = \"from_file\"\n[relay]\nsink = \"nats://file:4222\"\nworkers = 3\nbatch_size = 300\nlease = \"7s\"\nallow_destinations = [\"file.>\"]\n",
     )
     .unwrap();
     let print = |env: &[(&str, &str)], flags: &[&str]| -> serde_json::Value {
@@ -347,5 +347,40 @@ fn flags_override_environment_which_overrides_the_file() {
         (Some(5), Some("from_flag"))
     );
     assert_eq!(v["sink"], "nats://file:4222");
+    // The allow-list: file, then a comma list in the environment, then the flag.
+    assert_eq!(
+        print(&[], &[])["allow_destinations"],
+        serde_json::json!(["file.>"])
+    );
+    let env = [("OUTBOX_ALLOW_DESTINATIONS", "env.>, env2.*.x")];
+    assert_eq!(
+        print(&env, &[])["allow_destinations"],
+        serde_json::json!(["env.>", "env2.*.x"])
+    );
+    assert_eq!(
+        print(
+            &env,
+            &[
+                "--allow-destinations",
+                "a.>,b.>",
+                "--allow-destinations",
+                "c"
+            ]
+        )["allow_destinations"],
+        serde_json::json!(["a.>", "b.>", "c"])
+    );
+    // A bad pattern, or a template every row would fail, stops the relay before it starts.
+    for flags in [
+        &["--allow-destinations", "a.>.b"][..],
+        &["--destination", "$JS.API.{event_type}"][..],
+    ] {
+        let o = outbox()
+            .current_dir(&dir)
+            .args(["relay", "--print-config"])
+            .args(flags)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{flags:?}");
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
