@@ -30,13 +30,18 @@ pub fn url(url: &str) -> String {
     sanitize(url)
 }
 
-/// [`sanitize`] without the length cut: for text that must stay whole (a config dump).
-pub fn mask(text: &str) -> String {
+/// Masks every URL userinfo and secret-looking parameter, and changes nothing else (control
+/// characters, length): for whole log lines, which may carry terminal colours.
+pub fn mask_secrets(text: &str) -> String {
+    mask_secret_params(&mask_userinfo(text))
+}
+
+fn mask(text: &str) -> String {
     let cleaned: String = text
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
-    mask_secret_params(&mask_userinfo(&cleaned))
+    mask_secrets(&cleaned)
 }
 
 /// Characters that end a URL inside free text. Anything else, `/ @ ? # : ,` included, may be

@@ -222,7 +222,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         .or_else(|| std::env::var("OUTBOX_SINK").ok())
         .unwrap_or_else(|| DEFAULT_NATS.into());
     let pool = connect_pool(&db, (args.producers as u32).max(8) + 8).await?;
-    let client = async_nats::connect(&nats_url)
+    let client = outbox_sinks::nats::NatsConfig::from_url(&nats_url)?
+        .connect_client()
         .await
         .context("connecting to NATS for the bench stream")?;
     let js = jetstream::new(client);
