@@ -276,8 +276,16 @@ pub struct VerifyArgs {
     /// sqlite:// run uses a fresh file in a temporary folder when no path is given.
     #[arg(long, value_name = "URL")]
     pub database_url: Option<String>,
-    /// Broker: nats://host:port (a stream of its own) or file:path.jsonl.
-    #[arg(long, value_name = "URL", default_value = "nats://127.0.0.1:4222")]
+    /// Broker: nats://host:port (a stream of its own) or file:path.jsonl. Env: OUTBOX_SINK
+    /// (keeps a token or password off the command line). Relays get it through the
+    /// environment, never as an argument.
+    #[arg(
+        long,
+        value_name = "URL",
+        default_value = "nats://127.0.0.1:4222",
+        env = "OUTBOX_SINK",
+        hide_env_values = true
+    )]
     pub sink: String,
     /// Profile: short (about a minute) or long (ten minutes).
     #[arg(long, value_enum, default_value_t = Profile::Short)]

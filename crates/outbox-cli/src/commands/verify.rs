@@ -235,6 +235,9 @@ struct Relays {
     logs: PathBuf,
     /// The database URL, passed in the environment (a password must not show in `ps`).
     database_url: String,
+    /// The sink URL, passed in the environment for the same reason (a NATS token, a user and
+    /// password).
+    sink_url: String,
     /// Where every relay's standard output goes (the `stdout:` sink), appended.
     stdout: Option<PathBuf>,
 }
@@ -271,6 +274,7 @@ impl Relays {
             .args(&self.args)
             .env("OUTBOX_LOG", "warn")
             .env("OUTBOX_DATABASE_URL", &self.database_url)
+            .env("OUTBOX_SINK", &self.sink_url)
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(log)
@@ -429,8 +433,6 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         "relay".into(),
         "--schema".into(),
         db.schema().into(),
-        "--sink".into(),
-        sink_url.clone(),
         "--destination".into(),
         destination.as_str().into(),
         "--lease".into(),
@@ -453,6 +455,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         args: relay_args,
         logs: tmp.clone(),
         database_url: relay_db_url.clone(),
+        sink_url: sink_url.clone(),
         stdout: stdout_path.clone(),
     };
     for i in 0..plan.relays {
