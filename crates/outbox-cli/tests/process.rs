@@ -69,7 +69,7 @@ async fn relay_killed_with_sigkill_mid_batch_loses_nothing_and_its_leases_are_ta
     }
     a.kill().unwrap(); // SIGKILL: no cleanup, leases stay held until they expire
     a.wait().unwrap();
-    let killed_at = Instant::now();
+    let killed_at = chrono::Utc::now();
     let s = w.stats().await;
     assert!(
         s.pending > 0,
@@ -81,13 +81,30 @@ async fn relay_killed_with_sigkill_mid_batch_loses_nothing_and_its_leases_are_ta
         1,
         "the killed relay's leases must still be held: {dead:?}"
     );
+    // When the dead relay's leases run out (database clock, same host as the broker's), and
+    // that it held every partition: whatever the second relay publishes is a takeover.
+    let (expiry, held, total): (chrono::DateTime<chrono::Utc>, i64, i64) =
+        sqlx::query_as(&w.schema.render(
+            "SELECT max(lease_until) FILTER (WHERE owner = $1), count(*) FILTER (WHERE owner = $1),
+                    count(*)
+             FROM {schema}.outbox_partitions",
+        ))
+        .bind(&dead[0])
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+    assert_eq!(held, total, "the killed relay held every partition");
+    // Anything the broker stored up to now came from the dead relay's last moments; the second
+    // relay starts after this pause, well before the leases expire.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b_started = chrono::Utc::now();
+    assert!(
+        b_started < expiry - chrono::Duration::milliseconds(500),
+        "the leases ran out before the second relay started ({expiry} vs {b_started}); nothing is tested"
+    );
 
     let mut b = relay(&w, &flags);
     w.wait_drained(Duration::from_secs(120)).await;
-    assert!(
-        killed_at.elapsed() >= Duration::from_millis(1500),
-        "work was taken over before the lease expired"
-    );
     let now = owners(&w).await;
     assert!(
         !now.is_empty() && !now.contains(&dead[0]),
@@ -104,6 +121,31 @@ async fn relay_killed_with_sigkill_mid_batch_loses_nothing_and_its_leases_are_ta
         .map(|m| header(m, "outbox-message-id").unwrap())
         .collect();
     assert_eq!(ids.len(), keys * per_key, "lost messages");
+    // The takeover waited for the leases: the second relay's first message reached the broker
+    // after they expired (a takeover that ignored them would publish within a second of
+    // `b_started`), and not long after (expired leases are taken at the next rebalance).
+    let nanos = |t: chrono::DateTime<chrono::Utc>| i128::from(t.timestamp_nanos_opt().unwrap());
+    let first_b = got
+        .iter()
+        .map(|m| m.info().unwrap().published.unix_timestamp_nanos())
+        .filter(|&t| t >= nanos(b_started))
+        .min()
+        .expect("the second relay published nothing");
+    let early_ms = (nanos(expiry) - first_b) / 1_000_000;
+    assert!(
+        early_ms <= 50,
+        "the second relay published {early_ms} ms before the dead relay's leases expired"
+    );
+    assert!(
+        -early_ms < 10_000,
+        "the takeover came {} ms after the leases expired",
+        -early_ms
+    );
+    eprintln!(
+        "takeover: lease expired {} ms after the kill; first publish by the new relay {} ms after expiry",
+        (expiry - killed_at).num_milliseconds(),
+        -early_ms
+    );
     let per_key_got = assert_key_order(deliveries(&got));
     assert!(per_key_got.values().all(|&n| n as usize == per_key));
     w.drop_all().await;
