@@ -426,3 +426,94 @@ fn flags_override_environment_which_overrides_the_file() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// PostgreSQL identifiers and channel names stop at 63 bytes. A schema name of that length once
+/// made `pg_notify` raise inside the doorbell trigger, and with it every application INSERT
+/// into the outbox fail. With `migrate --notify` on such a schema, an app's INSERT succeeds,
+/// the doorbell rings on the schema's channel, and a `--listen` relay publishes the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_of_63_characters_with_the_notify_doorbell_accepts_inserts_and_relays_them() {
+    let w = World::new().await;
+    let mut name = outbox_testkit::unique_name("s63");
+    name.push_str(&"x".repeat(63 - name.len()));
+    assert_eq!(name.len(), 63);
+    let o = run(outbox().args([
+        "migrate",
+        "--notify",
+        "--database-url",
+        &common::database_url(),
+        "--schema",
+        &name,
+    ]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let schema = outbox_postgres::Schema::new(&name).unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect_with(&w.pool)
+        .await
+        .unwrap();
+    listener.listen(&schema.channel()).await.unwrap();
+
+    // The insert an app in any language makes.
+    sqlx::query(&schema.render(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('order', 'k', 'placed', '{\"n\": 0}')",
+    ))
+    .execute(&w.pool)
+    .await
+    .expect("an INSERT into a 63-character schema's outbox must succeed");
+    let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("the doorbell must ring on the schema's channel")
+        .unwrap();
+    assert_eq!(note.channel(), schema.channel());
+
+    let mut relay = outbox()
+        .args([
+            "relay",
+            "--database-url",
+            &common::database_url(),
+            "--schema",
+            &name,
+            "--sink",
+            &common::nats_url(),
+            "--destination",
+            &w.destination(),
+            "--listen",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while w.stream_count().await < 1 {
+        assert!(Instant::now() < deadline, "the row was not relayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A second row, inserted while the relay listens, goes out too.
+    sqlx::query(&schema.render(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('order', 'k', 'placed', '{\"n\": 1}')",
+    ))
+    .execute(&w.pool)
+    .await
+    .unwrap();
+    while w.stream_count().await < 2 {
+        assert!(Instant::now() < deadline, "the second row was not relayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay, Duration::from_secs(20)).success());
+    let got = w.read_all(2, Duration::from_secs(10)).await;
+    assert_eq!(
+        deliveries(&got)
+            .into_iter()
+            .map(|d| d.2)
+            .collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    sqlx::raw_sql(&schema.render("DROP SCHEMA {schema} CASCADE"))
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    w.drop_all().await;
+}
