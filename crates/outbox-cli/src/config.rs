@@ -215,12 +215,10 @@ pub struct RelaySettings {
 /// Resolves the retention for `outbox maintain`: flag, then `OUTBOX_RETENTION`, then
 /// `[relay] retention`, then the default (7 days).
 pub fn retention(loaded: &Loaded, flag: Option<Dur>) -> Result<Duration> {
-    Ok(pick(
-        flag,
-        &["OUTBOX_RETENTION"],
-        loaded.file.relay.retention.clone(),
-    )?
-    .map_or(RelayConfig::default().retention, |d| d.0))
+    Ok(
+        pick(flag, &["OUTBOX_RETENTION"], loaded.file.relay.retention)?
+            .map_or(RelayConfig::default().retention, |d| d.0),
+    )
 }
 
 /// Resolves `outbox relay` settings and checks every value.
