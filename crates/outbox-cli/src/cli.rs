@@ -143,6 +143,12 @@ pub struct RelayArgs {
     /// holds) or `skip` (they flow on). Env: OUTBOX_ON_FAILED.
     #[arg(long, value_name = "POLICY")]
     pub on_failed: Option<outbox_core::OnFailed>,
+    /// Confine the relay to these destinations: NATS-style patterns, `*` one token, a final `>`
+    /// one or more (e.g. `orders.>`). A row rendering outside them ends `failed` with the reason.
+    /// System spaces (`$JS.`, `$KV.`, `_INBOX.`, any `$…`) need a pattern naming them.
+    /// Repeat the flag or separate with commas. Env: OUTBOX_ALLOW_DESTINATIONS (comma list).
+    #[arg(long, value_name = "PATTERN", num_args = 1.., value_delimiter = ',')]
+    pub allow_destinations: Vec<String>,
     /// Print the settings as resolved from file, environment and flags (passwords masked), then
     /// exit without connecting to anything.
     #[arg(long)]
@@ -301,8 +307,16 @@ pub struct VerifyArgs {
     /// sqlite:// run uses a fresh file in a temporary folder when no path is given.
     #[arg(long, value_name = "URL")]
     pub database_url: Option<String>,
-    /// Broker: nats://host:port (a stream of its own) or file:path.jsonl.
-    #[arg(long, value_name = "URL", default_value = "nats://127.0.0.1:4222")]
+    /// Broker: nats://host:port (a stream of its own) or file:path.jsonl. Env: OUTBOX_SINK
+    /// (keeps a token or password off the command line). Relays get it through the
+    /// environment, never as an argument.
+    #[arg(
+        long,
+        value_name = "URL",
+        default_value = "nats://127.0.0.1:4222",
+        env = "OUTBOX_SINK",
+        hide_env_values = true
+    )]
     pub sink: String,
     /// Profile: short (about a minute) or long (ten minutes).
     #[arg(long, value_enum, default_value_t = Profile::Short)]

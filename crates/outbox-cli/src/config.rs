@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use outbox_core::{DestinationTemplate, OnFailed, RetryPolicy};
+use outbox_core::{
+    DestinationPattern, DestinationRules, DestinationTemplate, OnFailed, RetryPolicy,
+};
 use outbox_relay::RelayConfig;
 use serde::Deserialize;
 
@@ -83,6 +85,9 @@ pub struct RelaySection {
     pub backoff_max: Option<Dur>,
     /// `block` or `skip`: what a failed message means for the rest of its key.
     pub on_failed: Option<OnFailedSetting>,
+    /// NATS-style patterns (`orders.>`, `payments.*.created`) confining every destination; a
+    /// row rendering outside them ends `failed`.
+    pub allow_destinations: Option<Vec<String>>,
 }
 
 /// `on_failed` as written in the file.
@@ -210,12 +215,10 @@ pub struct RelaySettings {
 /// Resolves the retention for `outbox maintain`: flag, then `OUTBOX_RETENTION`, then
 /// `[relay] retention`, then the default (7 days).
 pub fn retention(loaded: &Loaded, flag: Option<Dur>) -> Result<Duration> {
-    Ok(pick(
-        flag,
-        &["OUTBOX_RETENTION"],
-        loaded.file.relay.retention.clone(),
-    )?
-    .map_or(RelayConfig::default().retention, |d| d.0))
+    Ok(
+        pick(flag, &["OUTBOX_RETENTION"], loaded.file.relay.retention)?
+            .map_or(RelayConfig::default().retention, |d| d.0),
+    )
 }
 
 /// Resolves `outbox relay` settings and checks every value.
@@ -236,6 +239,37 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
         }
         None => DestinationTemplate::default(),
     };
+    // A list: the flag (repeated or comma-separated), else OUTBOX_ALLOW_DESTINATIONS as a
+    // comma list, else the file's array.
+    let (allow, allow_source) = if !args.allow_destinations.is_empty() {
+        (
+            args.allow_destinations.clone(),
+            "--allow-destinations".to_string(),
+        )
+    } else if let Ok(raw) = std::env::var("OUTBOX_ALLOW_DESTINATIONS") {
+        (
+            raw.split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::to_string)
+                .collect(),
+            "environment variable OUTBOX_ALLOW_DESTINATIONS".to_string(),
+        )
+    } else {
+        (
+            f.allow_destinations.clone().unwrap_or_default(),
+            loaded.file_key("relay.allow_destinations"),
+        )
+    };
+    let patterns = allow
+        .iter()
+        .map(|p| DestinationPattern::parse(p))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| ConfigError(format!("{allow_source}: {e}")))?;
+    let destination_rules = DestinationRules::allow(patterns);
+    destination_rules
+        .check_template(&destination)
+        .map_err(|e| ConfigError(e.to_string()))?;
     let defaults = RelayConfig::default();
     let batch_size =
         pick(args.batch_size, &["OUTBOX_BATCH_SIZE"], f.batch_size)?.unwrap_or(defaults.batch_size);
@@ -310,6 +344,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
                 max,
             },
             destination,
+            destination_rules,
             on_failed,
             breaker_threshold: defaults.breaker_threshold,
             member_prefix: member_prefix(),

@@ -65,10 +65,49 @@ fn init_tracing(format: &str, default_filter: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(|| MaskingWriter(std::io::stderr()));
     if format == "json" {
         builder.json().init();
     } else {
         builder.init();
+    }
+}
+
+/// A log writer that masks secrets (URL userinfo, secret parameters) in every line before it
+/// reaches `W`. The relay's own log fields are masked where they are made; this catches a
+/// dependency that logs a URL it was handed. The fmt layer writes each event with one
+/// `write_all`, so a line is masked whole.
+struct MaskingWriter<W: std::io::Write>(W);
+
+impl<W: std::io::Write> std::io::Write for MaskingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let masked = outbox_core::redact::mask_secrets(&String::from_utf8_lossy(buf));
+        self.0.write_all(masked.as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::MaskingWriter;
+
+    #[test]
+    fn log_lines_are_masked_before_they_are_written() {
+        let mut w = MaskingWriter(Vec::new());
+        w.write_all(
+            b"\x1b[2mDEBUG\x1b[0m connecting server=nats://T0KEN@127.0.0.1:4222 url=https://h/x?X-Amz-Signature=abc\n",
+        )
+        .unwrap_or_default();
+        let out = String::from_utf8(w.0).unwrap_or_default();
+        assert_eq!(
+            out,
+            "\x1b[2mDEBUG\x1b[0m connecting server=nats://***@127.0.0.1:4222 url=https://h/x?X-Amz-Signature=***\n"
+        );
     }
 }

@@ -81,7 +81,14 @@ async fn poison_key_blocks_only_itself_and_other_keys_flow_at_normal_speed() {
         true,
     )
     .await;
-    println!("other keys delivered in {poisoned:?} with a poison key, {baseline:?} without");
+    // Throughput of the other keys (rows per second), against the baseline's for all keys.
+    let others = msgs.iter().filter(|m| m.aggregate_id != "key-a").count() as f64;
+    let base_rate = msgs.len() as f64 / baseline.as_secs_f64();
+    let poisoned_rate = others / poisoned.as_secs_f64();
+    println!(
+        "other keys delivered in {poisoned:?} ({poisoned_rate:.0} rows/s) with a poison key, \
+         everything in {baseline:?} ({base_rate:.0} rows/s) without"
+    );
     let rows: Vec<(String, i32)> = sqlx::query_as(&w.schema.render(
         "SELECT state, attempts FROM {schema}.outbox_parked WHERE aggregate_id = 'key-a' ORDER BY seq",
     ))
@@ -101,11 +108,15 @@ async fn poison_key_blocks_only_itself_and_other_keys_flow_at_normal_speed() {
     );
     let s = w.stats().await;
     assert_eq!((s.blocked_keys, s.pending), (1, 80));
-    // Generous bound: this guards against a stall (seconds of waiting on the poison key), not
-    // against machine noise. The figures are printed above.
+    // "Normal speed", stated: the other keys flow at no less than a third of the rate the
+    // relay reaches without poison. A third leaves room for machine noise between the two runs
+    // (both are short and share two cores with other builds); a relay that made the others
+    // wait on the poison key's backoff (20-200 ms per retry, 10 attempts) or re-read its parked
+    // rows on every claim falls well below it.
     assert!(
-        poisoned < baseline * 4 + Duration::from_secs(3),
-        "poison slowed the others: {poisoned:?} vs {baseline:?}"
+        poisoned_rate >= base_rate / 3.0,
+        "poison slowed the others: {poisoned_rate:.0} rows/s against {base_rate:.0} rows/s \
+         without poison ({poisoned:?} vs {baseline:?})"
     );
     w.drop_all().await;
 }

@@ -69,7 +69,7 @@ async fn relay_killed_with_sigkill_mid_batch_loses_nothing_and_its_leases_are_ta
     }
     a.kill().unwrap(); // SIGKILL: no cleanup, leases stay held until they expire
     a.wait().unwrap();
-    let killed_at = Instant::now();
+    let killed_at = chrono::Utc::now();
     let s = w.stats().await;
     assert!(
         s.pending > 0,
@@ -81,13 +81,30 @@ async fn relay_killed_with_sigkill_mid_batch_loses_nothing_and_its_leases_are_ta
         1,
         "the killed relay's leases must still be held: {dead:?}"
     );
+    // When the dead relay's leases run out (database clock, same host as the broker's), and
+    // that it held every partition: whatever the second relay publishes is a takeover.
+    let (expiry, held, total): (chrono::DateTime<chrono::Utc>, i64, i64) =
+        sqlx::query_as(&w.schema.render(
+            "SELECT max(lease_until) FILTER (WHERE owner = $1), count(*) FILTER (WHERE owner = $1),
+                    count(*)
+             FROM {schema}.outbox_partitions",
+        ))
+        .bind(&dead[0])
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+    assert_eq!(held, total, "the killed relay held every partition");
+    // Anything the broker stored up to now came from the dead relay's last moments; the second
+    // relay starts after this pause, well before the leases expire.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b_started = chrono::Utc::now();
+    assert!(
+        b_started < expiry - chrono::Duration::milliseconds(500),
+        "the leases ran out before the second relay started ({expiry} vs {b_started}); nothing is tested"
+    );
 
     let mut b = relay(&w, &flags);
     w.wait_drained(Duration::from_secs(120)).await;
-    assert!(
-        killed_at.elapsed() >= Duration::from_millis(1500),
-        "work was taken over before the lease expired"
-    );
     let now = owners(&w).await;
     assert!(
         !now.is_empty() && !now.contains(&dead[0]),
@@ -104,6 +121,31 @@ async fn relay_killed_with_sigkill_mid_batch_loses_nothing_and_its_leases_are_ta
         .map(|m| header(m, "outbox-message-id").unwrap())
         .collect();
     assert_eq!(ids.len(), keys * per_key, "lost messages");
+    // The takeover waited for the leases: the second relay's first message reached the broker
+    // after they expired (a takeover that ignored them would publish within a second of
+    // `b_started`), and not long after (expired leases are taken at the next rebalance).
+    let nanos = |t: chrono::DateTime<chrono::Utc>| i128::from(t.timestamp_nanos_opt().unwrap());
+    let first_b = got
+        .iter()
+        .map(|m| m.info().unwrap().published.unix_timestamp_nanos())
+        .filter(|&t| t >= nanos(b_started))
+        .min()
+        .expect("the second relay published nothing");
+    let early_ms = (nanos(expiry) - first_b) / 1_000_000;
+    assert!(
+        early_ms <= 50,
+        "the second relay published {early_ms} ms before the dead relay's leases expired"
+    );
+    assert!(
+        -early_ms < 10_000,
+        "the takeover came {} ms after the leases expired",
+        -early_ms
+    );
+    eprintln!(
+        "takeover: lease expired {} ms after the kill; first publish by the new relay {} ms after expiry",
+        (expiry - killed_at).num_milliseconds(),
+        -early_ms
+    );
     let per_key_got = assert_key_order(deliveries(&got));
     assert!(per_key_got.values().all(|&n| n as usize == per_key));
     w.drop_all().await;
@@ -303,7 +345,7 @@ fn flags_override_environment_which_overrides_the_file() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("outbox.toml"),
-        "database_url = \"postgres://app:hunter2@db/app\"\nschema = \"from_file\"\n[relay]\nsink = \"nats://file:4222\"\nworkers = 3\nbatch_size = 300\nlease = \"7s\"\n",
+        "database_url = \"postgres://app:hunter2@db/app\"\nschema = \"from_file\"\n[relay]\nsink = \"nats://file:4222\"\nworkers = 3\nbatch_size = 300\nlease = \"7s\"\nallow_destinations = [\"file.>\"]\n",
     )
     .unwrap();
     let print = |env: &[(&str, &str)], flags: &[&str]| -> serde_json::Value {
@@ -329,8 +371,8 @@ fn flags_override_environment_which_overrides_the_file() {
         (Some("from_file"), Some("7s"))
     );
     assert_eq!(
-        v["database_url"], "postgres://app:***@db/app",
-        "the password never shows"
+        v["database_url"], "postgres://***@db/app",
+        "the userinfo never shows"
     );
     // The environment beats the file.
     let env = [("OUTBOX_WORKERS", "4"), ("OUTBOX_SCHEMA", "from_env")];
@@ -347,5 +389,131 @@ fn flags_override_environment_which_overrides_the_file() {
         (Some(5), Some("from_flag"))
     );
     assert_eq!(v["sink"], "nats://file:4222");
+    // The allow-list: file, then a comma list in the environment, then the flag.
+    assert_eq!(
+        print(&[], &[])["allow_destinations"],
+        serde_json::json!(["file.>"])
+    );
+    let env = [("OUTBOX_ALLOW_DESTINATIONS", "env.>, env2.*.x")];
+    assert_eq!(
+        print(&env, &[])["allow_destinations"],
+        serde_json::json!(["env.>", "env2.*.x"])
+    );
+    assert_eq!(
+        print(
+            &env,
+            &[
+                "--allow-destinations",
+                "a.>,b.>",
+                "--allow-destinations",
+                "c"
+            ]
+        )["allow_destinations"],
+        serde_json::json!(["a.>", "b.>", "c"])
+    );
+    // A bad pattern, or a template every row would fail, stops the relay before it starts.
+    for flags in [
+        &["--allow-destinations", "a.>.b"][..],
+        &["--destination", "$JS.API.{event_type}"][..],
+    ] {
+        let o = outbox()
+            .current_dir(&dir)
+            .args(["relay", "--print-config"])
+            .args(flags)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{flags:?}");
+    }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// PostgreSQL identifiers and channel names stop at 63 bytes. A schema name of that length once
+/// made `pg_notify` raise inside the doorbell trigger, and with it every application INSERT
+/// into the outbox fail. With `migrate --notify` on such a schema, an app's INSERT succeeds,
+/// the doorbell rings on the schema's channel, and a `--listen` relay publishes the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_of_63_characters_with_the_notify_doorbell_accepts_inserts_and_relays_them() {
+    let w = World::new().await;
+    let mut name = outbox_testkit::unique_name("s63");
+    name.push_str(&"x".repeat(63 - name.len()));
+    assert_eq!(name.len(), 63);
+    let o = run(outbox().args([
+        "migrate",
+        "--notify",
+        "--database-url",
+        &common::database_url(),
+        "--schema",
+        &name,
+    ]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let schema = outbox_postgres::Schema::new(&name).unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect_with(&w.pool)
+        .await
+        .unwrap();
+    listener.listen(&schema.channel()).await.unwrap();
+
+    // The insert an app in any language makes.
+    sqlx::query(&schema.render(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('order', 'k', 'placed', '{\"n\": 0}')",
+    ))
+    .execute(&w.pool)
+    .await
+    .expect("an INSERT into a 63-character schema's outbox must succeed");
+    let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("the doorbell must ring on the schema's channel")
+        .unwrap();
+    assert_eq!(note.channel(), schema.channel());
+
+    let mut relay = outbox()
+        .args([
+            "relay",
+            "--database-url",
+            &common::database_url(),
+            "--schema",
+            &name,
+            "--sink",
+            &common::nats_url(),
+            "--destination",
+            &w.destination(),
+            "--listen",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while w.stream_count().await < 1 {
+        assert!(Instant::now() < deadline, "the row was not relayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A second row, inserted while the relay listens, goes out too.
+    sqlx::query(&schema.render(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('order', 'k', 'placed', '{\"n\": 1}')",
+    ))
+    .execute(&w.pool)
+    .await
+    .unwrap();
+    while w.stream_count().await < 2 {
+        assert!(Instant::now() < deadline, "the second row was not relayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sigterm(&relay);
+    assert!(wait_exit(&mut relay, Duration::from_secs(20)).success());
+    let got = w.read_all(2, Duration::from_secs(10)).await;
+    assert_eq!(
+        deliveries(&got)
+            .into_iter()
+            .map(|d| d.2)
+            .collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    sqlx::raw_sql(&schema.render("DROP SCHEMA {schema} CASCADE"))
+        .execute(&w.pool)
+        .await
+        .unwrap();
+    w.drop_all().await;
 }

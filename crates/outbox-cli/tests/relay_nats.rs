@@ -440,3 +440,94 @@ async fn a_panicking_worker_is_replaced_and_its_rows_are_delivered() {
     assert_complete_and_ordered(&got, 5, 10);
     w.drop_all().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_aimed_at_system_subjects_forged_headers_or_outside_the_allow_list_end_failed_and_others_flow(
+) {
+    let w = World::new().await;
+    // A stream a hostile row tries to delete through the JetStream API, with the relay's
+    // credentials.
+    let victim = format!("{}_VICTIM", w.stream);
+    w.js.create_stream(async_nats::jetstream::stream::Config {
+        name: victim.clone(),
+        subjects: vec![format!("{}_victim.>", w.prefix)],
+        storage: async_nats::jetstream::stream::StorageType::Memory,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let forged_id = uuid::Uuid::now_v7();
+    sqlx::query(&w.schema.render(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload, headers, topic)
+         VALUES ('order', 'api', 'placed', '{}', '{}', $1),
+                ('order', 'forged', 'placed', '{}', $2::jsonb, NULL),
+                ('order', 'outside', 'placed', '{}', '{}', 'elsewhere.placed'),
+                ('order', 'good1', 'placed', '{\"n\": 0}', '{\"traceparent\": \"00-1-2-01\"}', NULL),
+                ('order', 'good2', 'placed', '{\"n\": 0}', '{}', NULL),
+                ('order', 'good2', 'placed', '{\"n\": 1}', '{}', NULL)",
+    ))
+    .bind(format!("$JS.API.STREAM.DELETE.{victim}"))
+    .bind(serde_json::json!({ "Nats-Msg-Id": forged_id.to_string() }).to_string())
+    .execute(&w.pool)
+    .await
+    .unwrap();
+    let mut cfg = w.relay_config();
+    cfg.destination_rules =
+        outbox_core::DestinationRules::allow(vec![outbox_core::DestinationPattern::parse(
+            &format!("{}.>", w.prefix),
+        )
+        .unwrap()]);
+    let (stop, h) = spawn(Relay::new(w.dyn_store(), Arc::new(nats().await), cfg));
+    wait_failed(&w, 3).await;
+    w.wait_drained(Duration::from_secs(20)).await;
+    stop.cancel();
+    h.await.unwrap();
+
+    // The other rows flowed, with their own headers.
+    let got = w.read_all(3, Duration::from_secs(10)).await;
+    let mut keys: Vec<String> = got
+        .iter()
+        .map(|m| header(m, "outbox-aggregate-id").unwrap())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["good1", "good2", "good2"]);
+    let good1 = got
+        .iter()
+        .find(|m| header(m, "outbox-aggregate-id").as_deref() == Some("good1"))
+        .unwrap();
+    assert_eq!(header(good1, "traceparent").as_deref(), Some("00-1-2-01"));
+    assert!(got
+        .iter()
+        .all(|m| header(m, "Nats-Msg-Id") != Some(forged_id.to_string())));
+    // The victim stream is untouched.
+    assert!(
+        w.js.get_stream(&victim).await.is_ok(),
+        "the stream was deleted"
+    );
+    // Each offending row ended failed with a reason naming the field.
+    let errors: HashMap<String, String> = sqlx::query_as(&w.schema.render(
+        "SELECT aggregate_id, last_error FROM {schema}.outbox_parked WHERE state = 'failed'",
+    ))
+    .fetch_all(&w.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert!(
+        errors["api"].contains("topic") && errors["api"].contains("reserved broker space"),
+        "{errors:?}"
+    );
+    assert!(
+        errors["forged"].contains("`headers` sets `Nats-Msg-Id`"),
+        "{errors:?}"
+    );
+    assert!(
+        errors["outside"].contains("topic") && errors["outside"].contains("--allow-destinations"),
+        "{errors:?}"
+    );
+    let s = w.stats().await;
+    assert_eq!((s.failed, s.pending, s.published), (3, 0, 3));
+    let _ = w.js.delete_stream(&victim).await;
+    w.drop_all().await;
+}

@@ -16,7 +16,7 @@ pub mod store;
 pub use error::{Error, ErrorKind, Result};
 pub use message::{Message, NewMessage};
 pub use retry::RetryPolicy;
-pub use routing::DestinationTemplate;
+pub use routing::{DestinationPattern, DestinationRules, DestinationTemplate};
 pub use secret::Secret;
 pub use sink::{Envelope, Sink, SinkError};
 pub use store::{BlockedKey, Maintenance, MemberId, OnFailed, Outcome, Stats, Store};

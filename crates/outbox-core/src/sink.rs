@@ -13,6 +13,21 @@ pub const HEADER_AGGREGATE_TYPE: &str = "outbox-aggregate-type";
 /// Header carrying the aggregate id (the ordering key).
 pub const HEADER_AGGREGATE_ID: &str = "outbox-aggregate-id";
 
+/// Prefixes of header names that belong to the relay and the brokers, compared without regard
+/// to case: the relay's own `outbox-*` headers (message id, event type, key) and NATS's
+/// `Nats-*` (`Nats-Msg-Id` is the dedupe key, `Nats-Expected-*` are publish preconditions,
+/// `Nats-TTL` and `Nats-Rollup` change the stream). A row's own headers may not set them: the
+/// row ends `failed` with the header's name instead of silently overriding the relay.
+pub const RESERVED_HEADER_PREFIXES: &[&str] = &["outbox-", "nats-"];
+
+/// Whether a row may not set the header `name` (see [`RESERVED_HEADER_PREFIXES`]).
+pub fn is_reserved_header(name: &str) -> bool {
+    RESERVED_HEADER_PREFIXES.iter().any(|p| {
+        name.get(..p.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(p))
+    })
+}
+
 /// One message ready to publish: routed, with its headers resolved.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Envelope {
@@ -86,5 +101,35 @@ impl<S: Sink + ?Sized> Sink for std::sync::Arc<S> {
     }
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         (**self).publish(batch).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relay_and_nats_header_names_are_reserved_in_any_case() {
+        for name in [
+            HEADER_MESSAGE_ID,
+            "Outbox-Message-Id",
+            "OUTBOX-anything",
+            "Nats-Msg-Id",
+            "nats-expected-last-sequence",
+            "NATS-TTL",
+        ] {
+            assert!(is_reserved_header(name), "{name}");
+        }
+        for name in [
+            "traceparent",
+            "outbox",
+            "nats",
+            "x-outbox-id",
+            "natsy-id",
+            "é-x",
+            "",
+        ] {
+            assert!(!is_reserved_header(name), "{name}");
+        }
     }
 }

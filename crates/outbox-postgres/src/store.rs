@@ -208,6 +208,8 @@ impl PgStore {
     }
 
     /// Reads the window claim's rows into a ticket and the messages to hand out.
+    // One caller, which holds exactly these values; a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
     async fn read_windows(
         &self,
         tx: &mut sqlx::PgConnection,
@@ -241,32 +243,30 @@ impl PgStore {
                     .map_err(err)?
                     .unwrap_or(0),
             );
-            if !ticket.windows.contains_key(&partition) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = ticket.windows.entry(partition)
+            {
                 let found: i64 = r.try_get("window_rows").map_err(err)?;
                 let full: bool = r.try_get("parked_full").map_err(err)?;
                 if full {
                     ticket.full_partitions.push(partition);
                 }
-                ticket.windows.insert(
+                slot.insert(Window {
                     partition,
-                    Window {
-                        partition,
-                        epoch: r.try_get("epoch").map_err(err)?,
-                        done: r.try_get("done").map_err(err)?,
-                        done_bound: r.try_get("done_bound").map_err(err)?,
-                        done_floor: r.try_get("done_floor").map_err(err)?,
-                        done_at: r.try_get("done_at").map_err(err)?,
-                        published: r.try_get("published").map_err(err)?,
-                        cur: r.try_get("cur").map_err(err)?,
-                        cur_bound: r.try_get("cur_bound").map_err(err)?,
-                        cur_floor: r.try_get("cur_floor").map_err(err)?,
-                        cur_at: r.try_get("cur_at").map_err(err)?,
-                        cursor: r.try_get("cursor").map_err(err)?,
-                        found,
-                        // A partition at the parking cap read nothing: never close its window.
-                        exhausted_if_all_read: found < per_partition && !full,
-                    },
-                );
+                    epoch: r.try_get("epoch").map_err(err)?,
+                    done: r.try_get("done").map_err(err)?,
+                    done_bound: r.try_get("done_bound").map_err(err)?,
+                    done_floor: r.try_get("done_floor").map_err(err)?,
+                    done_at: r.try_get("done_at").map_err(err)?,
+                    published: r.try_get("published").map_err(err)?,
+                    cur: r.try_get("cur").map_err(err)?,
+                    cur_bound: r.try_get("cur_bound").map_err(err)?,
+                    cur_floor: r.try_get("cur_floor").map_err(err)?,
+                    cur_at: r.try_get("cur_at").map_err(err)?,
+                    cursor: r.try_get("cursor").map_err(err)?,
+                    found,
+                    // A partition at the parking cap read nothing: never close its window.
+                    exhausted_if_all_read: found < per_partition && !full,
+                });
             }
             let Some(seq) = r.try_get::<Option<i64>, _>("seq").map_err(err)? else {
                 continue;

@@ -61,28 +61,38 @@ async fn same_key_transactions_get_sequences_in_commit_order() {
     let w = Writer::new(&schema);
     let first = NewMessage::new("acct", "k", "debited", serde_json::json!({"n": 1}));
     let second = NewMessage::new("acct", "k", "debited", serde_json::json!({"n": 2}));
+    // Built so that insert order and commit order would differ: t1 inserts first (and would
+    // draw the smaller seq), t2 inserts and tries to commit while t1 is open, then t1 commits.
+    // The order in which the commits returned must be the seq order; the key lock makes t2
+    // wait, so both are t1-then-t2. Without it t2 commits first and holds the larger seq.
+    let committed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut t1 = pool.begin().await.unwrap();
     w.enqueue(&mut t1, &first).await.unwrap();
-    // t2 enqueues the same key while t1 is open: it must wait for t1's commit.
-    let (pool2, w2, second2) = (pool.clone(), w.clone(), second.clone());
+    let (pool2, w2, second2, committed2) =
+        (pool.clone(), w.clone(), second.clone(), committed.clone());
     let t2 = tokio::spawn(async move {
         let mut t2 = pool2.begin().await.unwrap();
         w2.enqueue(&mut t2, &second2).await.unwrap();
         t2.commit().await.unwrap();
+        committed2.lock().unwrap().push(second2.id);
     });
+    // Room for t2 to commit first, if anything let it.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !t2.is_finished(),
-        "the second writer of a key must wait for the first to commit"
-    );
     t1.commit().await.unwrap();
+    committed.lock().unwrap().push(first.id);
     t2.await.unwrap();
+    let commit_order = committed.lock().unwrap().clone();
     let order: Vec<uuid::Uuid> =
         sqlx::query_scalar(&schema.render("SELECT id FROM {schema}.outbox ORDER BY seq"))
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(order, vec![first.id, second.id]);
+    assert_eq!(order, commit_order, "seq order must be commit order");
+    assert_eq!(
+        commit_order,
+        vec![first.id, second.id],
+        "the second writer of a key waits for the first to commit"
+    );
     teardown(&pool, &schema).await;
 }
 

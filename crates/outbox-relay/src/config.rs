@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use outbox_core::{DestinationTemplate, OnFailed, RetryPolicy};
+use outbox_core::{DestinationRules, DestinationTemplate, OnFailed, RetryPolicy};
 
 /// Default rows per claim.
 pub const DEFAULT_BATCH_SIZE: usize = 1000;
@@ -43,6 +43,9 @@ pub struct RelayConfig {
     pub retry: RetryPolicy,
     /// Destination template.
     pub destination: DestinationTemplate,
+    /// Where rendered destinations may point (fixed rules, and the `--allow-destinations`
+    /// patterns when set). A row whose destination breaks them ends `failed` with the reason.
+    pub destination_rules: DestinationRules,
     /// Whether a `failed` message holds back the later messages of its key (the default) or not.
     pub on_failed: OnFailed,
     /// Failed publish calls in a row that open the sink's circuit breaker.
@@ -63,6 +66,7 @@ impl Default for RelayConfig {
             lease: DEFAULT_LEASE,
             retry: RetryPolicy::default(),
             destination: DestinationTemplate::default(),
+            destination_rules: DestinationRules::default(),
             on_failed: OnFailed::Block,
             breaker_threshold: crate::breaker::DEFAULT_THRESHOLD,
             member_prefix: format!("relay-{}", std::process::id()),

@@ -262,7 +262,7 @@ impl Worker {
                 if stopped.contains(m.aggregate_id.as_str()) {
                     continue;
                 }
-                match envelope(m, &self.cfg.destination) {
+                match envelope(m, &self.cfg.destination, &self.cfg.destination_rules) {
                     Ok(e) => {
                         sendable.push(i);
                         envelopes.push(e);

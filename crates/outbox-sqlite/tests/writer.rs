@@ -224,30 +224,55 @@ async fn enqueue_many_keeps_order_and_content_of_a_large_batch() {
     teardown(pool, dir).await;
 }
 
-/// Two transactions writing the same key: SQLite's single writer makes the second wait for the
-/// first's commit, so the one that commits first has the smaller `seq`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_key_transactions_get_sequences_in_commit_order() {
+/// Two transactions writing the same key, built so that insert order and commit order would
+/// differ: the first inserts (and would draw the smaller `seq`), then the second inserts and
+/// tries to commit while the first is still open, and only then the first commits. The order in
+/// which the commits actually returned must be the `seq` order. SQLite's single writer makes the
+/// second wait for the first's commit, so both orders are first-then-second; a writer that drew
+/// `seq` outside the write lock, or let the second commit first, would fail here.
+async fn same_key_commit_order(begin: &'static str) {
     let (pool, dir) = setup().await;
     let first = NewMessage::new("acct", "k", "debited", serde_json::json!({"n": 1}));
     let second = NewMessage::new("acct", "k", "debited", serde_json::json!({"n": 2}));
-    let mut t1 = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let committed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut t1 = pool.begin_with(begin).await.unwrap();
     outbox_sqlite::enqueue(&mut t1, &first).await.unwrap();
-    let (pool2, second2) = (pool.clone(), second.clone());
+    let (pool2, second2, committed2) = (pool.clone(), second.clone(), committed.clone());
     let t2 = tokio::spawn(async move {
-        let mut t2 = pool2.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        let mut t2 = pool2.begin_with(begin).await.unwrap();
         outbox_sqlite::enqueue(&mut t2, &second2).await.unwrap();
         t2.commit().await.unwrap();
+        committed2.lock().unwrap().push(second2.id);
     });
+    // Room for the second transaction to commit first, if anything let it.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !t2.is_finished(),
-        "the second writer must wait for the first to commit"
-    );
     t1.commit().await.unwrap();
+    committed.lock().unwrap().push(first.id);
     t2.await.unwrap();
-    assert_eq!(ids_in_seq_order(&pool).await, vec![first.id, second.id]);
+    let commit_order = committed.lock().unwrap().clone();
+    assert_eq!(
+        ids_in_seq_order(&pool).await,
+        commit_order,
+        "seq order must be commit order"
+    );
+    assert_eq!(
+        commit_order,
+        vec![first.id, second.id],
+        "the second writer of the key waits for the first to commit"
+    );
     teardown(pool, dir).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_key_transactions_get_sequences_in_commit_order() {
+    same_key_commit_order("BEGIN IMMEDIATE").await;
+}
+
+/// The same with deferred transactions (`pool.begin()`), which take the write lock at their
+/// first write rather than at BEGIN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_key_deferred_transactions_get_sequences_in_commit_order() {
+    same_key_commit_order("BEGIN").await;
 }
 
 #[tokio::test]

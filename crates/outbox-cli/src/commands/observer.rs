@@ -50,9 +50,9 @@ impl Broker {
         } else if url.starts_with("nats://") {
             use async_nats::jetstream;
             let sfx = format!("{:08x}", fastrand::u32(..));
-            let client = async_nats::connect(url)
-                .await
-                .context("connecting to NATS")?;
+            let client = outbox_sinks::nats::NatsConfig::from_url(url)?
+                .connect_client()
+                .await?;
             let js = jetstream::new(client);
             let stream = format!("OUTBOX_{}_{sfx}", tag.to_uppercase());
             let prefix = format!("outbox_{tag}_{sfx}");

@@ -16,6 +16,12 @@ pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCod
             "schema": s.db.schema,
             "sink": outbox_core::redact::url(&s.sink),
             "destination": r.destination.as_str(),
+            "allow_destinations": r
+                .destination_rules
+                .patterns()
+                .iter()
+                .map(|p| p.as_str())
+                .collect::<Vec<_>>(),
             "batch_size": r.batch_size,
             "workers": r.workers,
             "poll_interval": humantime::format_duration(r.poll_interval).to_string(),

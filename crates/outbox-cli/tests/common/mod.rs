@@ -276,6 +276,7 @@ pub fn outbox_command(cwd: &std::path::Path) -> std::process::Command {
         "OUTBOX_CONFIG",
         "OUTBOX_BATCH_SIZE",
         "OUTBOX_WORKERS",
+        "OUTBOX_ALLOW_DESTINATIONS",
     ] {
         c.env_remove(var);
     }

@@ -75,6 +75,46 @@ impl NatsConfig {
     }
 }
 
+impl NatsConfig {
+    /// Client options carrying the credentials, to connect to [`NatsConfig::url`] (which has
+    /// none). Never hand a URL with credentials to the client: it logs the URLs it tries, and
+    /// its debug log prints the user name (a token) in full.
+    pub fn connect_options(&self) -> async_nats::ConnectOptions {
+        match &self.auth {
+            Some(NatsAuth::UserPassword(user, pass)) => {
+                async_nats::ConnectOptions::with_user_and_password(
+                    user.clone(),
+                    pass.expose().to_string(),
+                )
+            }
+            Some(NatsAuth::Token(token)) => {
+                async_nats::ConnectOptions::with_token(token.expose().to_string())
+            }
+            None => async_nats::ConnectOptions::new(),
+        }
+    }
+
+    /// A client for readers and tools beside the sink (the benchmark's stream setup, the
+    /// verify and demo observers): connects once, fails at once when the server is down, and
+    /// keeps the credentials out of every URL the client sees.
+    pub async fn connect_client(&self) -> Result<async_nats::Client, Error> {
+        self.connect_options()
+            .connection_timeout(std::time::Duration::from_secs(5))
+            .connect(&self.url)
+            .await
+            .map_err(|e| {
+                Error::with_source(
+                    outbox_core::ErrorKind::Connection,
+                    format!(
+                        "nats: cannot connect to {}: {e}",
+                        outbox_core::redact::url(&self.url)
+                    ),
+                    e,
+                )
+            })
+    }
+}
+
 /// Parses `500ms`, `5s` or `2m`.
 fn humantime_secs(v: &str) -> Option<Duration> {
     let (num, unit) = v

@@ -9,7 +9,7 @@ use futures::future::join_all;
 use outbox_core::{Envelope, Error, ErrorKind, Sink, SinkError};
 use tracing::info;
 
-use super::config::{NatsAuth, NatsConfig};
+use super::config::NatsConfig;
 use super::error::classify;
 
 /// Acknowledgements the client may await at once (64 workers × a 10,000-row batch).
@@ -41,19 +41,8 @@ impl NatsSink {
     /// Connects to the server. If it is down, the client keeps reconnecting in the background
     /// and publishes fail (and are retried) until it is back, rather than failing the relay.
     pub async fn connect(cfg: NatsConfig) -> Result<Self, Error> {
-        let options = match &cfg.auth {
-            Some(NatsAuth::UserPassword(user, pass)) => {
-                async_nats::ConnectOptions::with_user_and_password(
-                    user.clone(),
-                    pass.expose().to_string(),
-                )
-            }
-            Some(NatsAuth::Token(token)) => {
-                async_nats::ConnectOptions::with_token(token.expose().to_string())
-            }
-            None => async_nats::ConnectOptions::new(),
-        };
-        let client = options
+        let client = cfg
+            .connect_options()
             .retry_on_initial_connect()
             .connection_timeout(std::time::Duration::from_secs(5))
             .event_callback(|event| async move {

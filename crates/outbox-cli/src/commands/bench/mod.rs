@@ -109,7 +109,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| DEFAULT_NATS.into());
     let connections = args.producers.max(args.clients).max(4) as u32 + 4;
     let pool = connect_pool(&db, connections).await?;
-    let client = async_nats::connect(&nats_url)
+    // Through the sink's own config: credentials go to the client, never into its log.
+    let client = outbox_sinks::nats::NatsConfig::from_url(&nats_url)?
+        .connect_client()
         .await
         .context("connecting to NATS for the bench stream")?;
     let ctx = Ctx {
