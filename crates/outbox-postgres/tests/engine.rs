@@ -472,7 +472,7 @@ async fn a_partition_at_the_parking_cap_stops_advancing_and_resumes_in_order() {
     let stuck_rows: Vec<_> = (0..600).map(|i| msg(&stuck, i)).collect();
     store.insert(&stuck_rows).await.unwrap();
     let same_row = msg(&same, 0);
-    store.insert(&[same_row.clone()]).await.unwrap();
+    store.insert(std::slice::from_ref(&same_row)).await.unwrap();
     let m = MemberId::random("m");
     let parts = store.rebalance(&m, Duration::from_secs(30)).await.unwrap();
     // Fail the stuck head: the rest of its key parks behind it, batch by batch, until the
@@ -516,7 +516,7 @@ async fn a_partition_at_the_parking_cap_stops_advancing_and_resumes_in_order() {
     );
     // The partition stopped: `same` waits although its key is fine; another partition flows.
     let other_row = msg(&other, 0);
-    store.insert(&[other_row.clone()]).await.unwrap();
+    store.insert(std::slice::from_ref(&other_row)).await.unwrap();
     let more = drain(&store, &m, &parts).await;
     assert_eq!(more, vec![other_row.id], "other partitions flow");
     // The operator removes the failed head: the key drains in order, then the partition resumes.
