@@ -112,7 +112,7 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::Config);
         let text = e.to_string();
         assert!(
-            text.contains("MySQL") && text.contains("mysql://app:***@db/x"),
+            text.contains("MySQL") && text.contains("mysql://***@db/x"),
             "{text}"
         );
         assert!(!text.contains("hunter2"), "password leaked: {text}");
