@@ -11,11 +11,13 @@ use crate::error::map_sqlx_error;
 use crate::schema::Schema;
 
 const ENQUEUE_SQL: &str = include_str!("../queries/enqueue.sql");
+const ENQUEUE_ONE_SQL: &str = include_str!("../queries/enqueue_one.sql");
 
 /// Writes outbox rows into one schema's `outbox` table.
 #[derive(Debug, Clone)]
 pub struct Writer {
     sql: String,
+    one: String,
 }
 
 impl Default for Writer {
@@ -29,6 +31,7 @@ impl Writer {
     pub fn new(schema: &Schema) -> Self {
         Self {
             sql: schema.render(ENQUEUE_SQL),
+            one: schema.render(ENQUEUE_ONE_SQL),
         }
     }
 
@@ -38,7 +41,18 @@ impl Writer {
         tx: &mut Transaction<'_, Postgres>,
         message: &NewMessage,
     ) -> Result<Uuid> {
-        self.enqueue_many(tx, std::slice::from_ref(message)).await?;
+        let m = message;
+        sqlx::query(&self.one)
+            .bind(m.id)
+            .bind(m.aggregate_type.as_str())
+            .bind(m.aggregate_id.as_str())
+            .bind(m.event_type.as_str())
+            .bind(m.payload.to_string())
+            .bind(serde_json::Value::Object(m.headers.clone()).to_string())
+            .bind(m.topic.as_deref())
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| map_sqlx_error("enqueueing an outbox message", e))?;
         Ok(message.id)
     }
 

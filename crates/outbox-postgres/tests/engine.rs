@@ -516,7 +516,10 @@ async fn a_partition_at_the_parking_cap_stops_advancing_and_resumes_in_order() {
     );
     // The partition stopped: `same` waits although its key is fine; another partition flows.
     let other_row = msg(&other, 0);
-    store.insert(std::slice::from_ref(&other_row)).await.unwrap();
+    store
+        .insert(std::slice::from_ref(&other_row))
+        .await
+        .unwrap();
     let more = drain(&store, &m, &parts).await;
     assert_eq!(more, vec![other_row.id], "other partitions flow");
     // The operator removes the failed head: the key drains in order, then the partition resumes.

@@ -7,7 +7,7 @@
 //! (b) with the raw SQL insert of the SQL contract,
 //! (c) into the seed articles' naive table (uuid key, `status`, `(status, created_at)` index),
 //! or (d) nothing: the UPDATE alone, the ceiling.
-//! The variants run one after the other in one scratch schema, each after a `CHECKPOINT` so each
+//! The variants run in four alternating rounds (order rotated) in one scratch schema, each after a `CHECKPOINT` so each
 //! starts with the same full-page-write debt. No relay runs: this is the write path alone.
 //! TPS = committed transactions / wall time of the variant. The target is a/c and b/c ≥ 90%.
 
@@ -105,10 +105,37 @@ async fn measure(
         naive_insert: s.render(naive::INSERT),
         writer: Writer::new(s),
     };
+    // Variants alternate in rounds (each a slice of the duration, the order rotated every
+    // round), so drift on a shared machine (other load, checkpoints, autovacuum) spreads over
+    // all of them instead of favouring whichever ran at the quiet moment.
+    const ROUNDS: u32 = 4;
+    let slice = duration / ROUNDS;
+    let mut totals: Vec<(Variant, Tps)> = Variant::ALL
+        .iter()
+        .map(|v| {
+            (
+                *v,
+                Tps {
+                    transactions: 0,
+                    seconds: 0.0,
+                    tps: 0.0,
+                },
+            )
+        })
+        .collect();
+    for round in 0..ROUNDS as usize {
+        for k in 0..totals.len() {
+            let i = (k + round) % totals.len();
+            let v = totals[i].0;
+            checkpoint(scratch).await;
+            let t = run_variant(ctx, scratch, &statements, v, slice).await?;
+            totals[i].1.transactions += t.transactions;
+            totals[i].1.seconds += t.seconds;
+        }
+    }
     let mut out = Vec::new();
-    for v in Variant::ALL {
-        checkpoint(scratch).await;
-        let t = run_variant(ctx, scratch, &statements, v, duration).await?;
+    for (v, mut t) in totals {
+        t.tps = t.transactions as f64 / t.seconds.max(f64::EPSILON);
         println!(
             "  {:<44} {:>8.0} tps ({} transactions)",
             v.label(),
