@@ -59,7 +59,7 @@ CREATE TABLE {schema}.outbox_settings (
     name  text PRIMARY KEY,
     value text NOT NULL
 );
-INSERT INTO {schema}.outbox_settings (name, value) VALUES ('segment_xids', '10000000');
+INSERT INTO {schema}.outbox_settings (name, value) VALUES ('segment_xids', '20000000');
 
 -- One row per segment (a partition of `outbox` over a txid range). `closed_at` is set by
 -- maintenance once the current transaction id has passed `hi`: retention counts from there.
@@ -112,7 +112,7 @@ END
 $$;
 
 -- The first segment starts at 0 so that every existing transaction id has a home.
-SELECT {schema}.outbox_ensure_segments(4);
+SELECT {schema}.outbox_ensure_segments(2);
 
 -- A relay partition's position, appended at every recorded batch (never updated): the window
 -- (`done`, `cur`) and the last seq handled inside it (`cursor`). With lo = xmax(done) and

@@ -17,7 +17,8 @@
 --       what it steps over is only rows newer than `cur` or still uncommitted.
 -- B and A1 are fenced (OFFSET 0, no ORDER BY): asked for no order, the planner cannot turn their
 -- probes into an ordered walk of the partition. A2 states its txid condition through
--- pg_visible_in_snapshot, which no index can serve, so its only path is the ordered seq walk.
+-- pg_visible_in_snapshot, which no index can serve, so its only path is the ordered seq walk
+-- (its one sargable bound is an upper one, for pruning).
 --
 -- A partition holding $7 parked messages reads no window: it stops advancing (rather than copy
 -- an unbounded backlog behind a stuck key) while its parked keys drain.
@@ -72,6 +73,10 @@ WITH pos AS MATERIALIZED (
                AND a.seq > GREATEST(pos.cursor, pos.done_floor)
                AND NOT pg_visible_in_snapshot(a.txid, pos.bound_snap)
                AND pg_visible_in_snapshot(a.txid, pos.cur)
+               -- Implied by the line above; spelled out so that segments above `cur` (made
+               -- ahead, empty) are pruned at run time. An upper bound alone never makes the
+               -- txid index attractive for an ordered read.
+               AND a.txid < pg_snapshot_xmax(pos.cur)
              ORDER BY a.seq
              LIMIT $2)
             UNION ALL
@@ -83,7 +88,6 @@ WITH pos AS MATERIALIZED (
                AND r.txid >= pg_snapshot_xmax(pos.done)
                AND r.txid < pos.done_bound
                AND pg_visible_in_snapshot(r.txid, pos.cur)
-               AND r.seq > pos.cursor
              OFFSET 0)
             UNION ALL
             (SELECT b.seq, b.txid, b.id, b.aggregate_type, b.aggregate_id, b.event_type,
@@ -95,10 +99,12 @@ WITH pos AS MATERIALIZED (
                    AND o.partition = pos.partition
                    AND o.txid = x.xid
                    AND pg_visible_in_snapshot(o.txid, pos.cur)
-                   AND o.seq > pos.cursor
                  OFFSET 0
              ) AS b)
         ) AS u
+        -- Outside the fences on purpose: inside, `seq > cursor` would offer the planner the
+        -- seq index for B and A1 (a walk of the whole partition) instead of their txid probes.
+        WHERE u.seq > pos.cursor
         ORDER BY u.seq
         LIMIT $2
     ) AS w ON true

@@ -10,7 +10,7 @@ use crate::error::map_sqlx_error;
 use crate::schema::Schema;
 
 /// Segments kept ready beyond the current transaction id, in segment widths.
-pub const LOOKAHEAD_SEGMENTS: i32 = 4;
+pub const LOOKAHEAD_SEGMENTS: i32 = 2;
 
 /// Creates segments ahead, drops the ones every reader passed more than `retention` ago, and
 /// prunes old positions. One maintainer at a time per schema (an advisory lock); a second
