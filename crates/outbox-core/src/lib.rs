@@ -18,5 +18,5 @@ pub use message::{Message, NewMessage};
 pub use retry::RetryPolicy;
 pub use routing::DestinationTemplate;
 pub use secret::Secret;
-pub use sink::{Envelope, Sink, SinkError};
+pub use sink::{Envelope, Sink, SinkError, SinkErrorKind};
 pub use store::{BlockedKey, Maintenance, MemberId, OnFailed, Outcome, Stats, Store};

@@ -55,7 +55,8 @@ pub enum Outcome {
         /// Backoff before the next attempt.
         delay: Duration,
     },
-    /// The message is given up: permanent error or budget spent. It stays visible, redrivable.
+    /// The message is given up: an invalid message, or its budget spent. It stays visible,
+    /// redrivable.
     Failed {
         /// Row sequence.
         seq: i64,

@@ -59,6 +59,14 @@ pub(crate) struct Worker {
     pub(crate) shutdown: CancellationToken,
 }
 
+/// What [`Worker::publish`] did with a batch.
+struct Published {
+    /// An outcome per message tried.
+    outcomes: Vec<Outcome>,
+    /// Seqs of the messages that failed because the broker was unavailable (not rejected).
+    unavailable: HashSet<i64>,
+}
+
 /// The lease as this worker last saw it.
 struct Lease {
     partitions: Vec<i32>,
@@ -171,16 +179,23 @@ impl Worker {
             };
             RelayMetrics::add(&self.metrics.batches, 1);
             let t_publish = Instant::now();
-            let mut outcomes = self.publish(&batch, &mut lease).await;
+            let Published {
+                mut outcomes,
+                unavailable,
+            } = self.publish(&batch, &mut lease).await;
             self.report_circuit(&mut reported).await;
             if permit == Permit::Probe {
                 // A probe that never reached the broker (a malformed row, a short lease) must
                 // not leave the circuit waiting for its verdict.
                 self.breaker.probe_unused();
-                // A failed probe says the broker is still down, not that this message is bad:
-                // it does not spend the message's attempts (the breaker paces the next probe),
-                // so a long outage cannot push head messages into `failed`.
-                outcomes.retain(|o| !matches!(o, Outcome::Retry { .. }));
+                // A probe that found the broker still unavailable says nothing about the
+                // message: it spends none of its attempts (the breaker paces the next probe), so
+                // a long outage cannot push head messages into `failed`. A probe the broker
+                // *rejected* is recorded like any rejection: it spends an attempt, so a message
+                // the broker refuses cannot be probed forever while the rest of the relay waits.
+                outcomes.retain(|o| {
+                    matches!(o, Outcome::Published { .. }) || !unavailable.contains(&o.seq())
+                });
             }
             let t_record = Instant::now();
             self.record(outcomes).await;
@@ -247,8 +262,9 @@ impl Worker {
     /// Publishes `batch` wave by wave. Returns an outcome for every message that was tried; the
     /// rest (later messages of a key that just failed, or waves not sent because the lease ran
     /// short) get none and stay pending untouched.
-    async fn publish(&self, batch: &[Message], lease: &mut Lease) -> Vec<Outcome> {
+    async fn publish(&self, batch: &[Message], lease: &mut Lease) -> Published {
         let mut outcomes = Vec::with_capacity(batch.len());
+        let mut unavailable = HashSet::new();
         let mut stopped: HashSet<&str> = HashSet::new();
         for wave in waves(batch) {
             if !self.lease_holds(lease).await {
@@ -270,7 +286,7 @@ impl Worker {
                     Err(why) => {
                         warn!(member = %self.id, id = %m.id, error = %why, "message cannot be published as stored");
                         stopped.insert(m.aggregate_id.as_str());
-                        outcomes.push(self.failure(m, SinkError::permanent(why)));
+                        outcomes.push(self.failure(m, SinkError::invalid(why)));
                     }
                 }
             }
@@ -282,14 +298,15 @@ impl Worker {
                 results.iter().any(Result::is_ok),
                 results
                     .iter()
-                    .find_map(|r| r.as_ref().err().filter(|e| e.retriable))
+                    .find_map(|r| r.as_ref().err().filter(|e| e.is_unavailable()))
                     .map(|e| e.message.as_str()),
             );
             let retry_first = outcomes.len();
             for (k, i) in sendable.into_iter().enumerate() {
                 let m = &batch[i];
                 let result = results.get(k).cloned().unwrap_or_else(|| {
-                    Err(SinkError::transient(format!(
+                    // A sink bug, not an outage: spend attempts rather than open the circuit.
+                    Err(SinkError::rejected(format!(
                         "sink `{}` returned no result for this message",
                         self.sink.name()
                     )))
@@ -298,6 +315,9 @@ impl Worker {
                     Ok(()) => outcomes.push(Outcome::Published { seq: m.seq }),
                     Err(e) => {
                         stopped.insert(m.aggregate_id.as_str());
+                        if e.is_unavailable() {
+                            unavailable.insert(m.seq);
+                        }
                         outcomes.push(self.failure(m, e));
                     }
                 }
@@ -311,7 +331,10 @@ impl Worker {
                       first_retry_in = ?delay, "publish failed; those messages and their keys will retry");
             }
         }
-        outcomes
+        Published {
+            outcomes,
+            unavailable,
+        }
     }
 
     /// Renews the lease inline when a third of it has passed; false when it cannot be trusted.
@@ -342,11 +365,11 @@ impl Worker {
     /// outage fails thousands of messages; one line says it); final failures one by one.
     fn failure(&self, m: &Message, e: SinkError) -> Outcome {
         let attempts = u32::try_from(m.attempts).unwrap_or(0).saturating_add(1);
-        match self.cfg.retry.decide(attempts, e.retriable) {
+        match self.cfg.retry.decide(attempts, e.retriable()) {
             RetryDecision::RetryAfter(delay) => {
                 RelayMetrics::add(&self.metrics.retried, 1);
                 debug!(member = %self.id, id = %m.id, key = %m.aggregate_id, attempts, error = %e.message,
-                       retry_in = ?delay, "publish failed; will retry");
+                       kind = %e.kind, retry_in = ?delay, "publish failed; will retry");
                 Outcome::Retry {
                     seq: m.seq,
                     error: e.message,
@@ -356,7 +379,7 @@ impl Worker {
             RetryDecision::Fail => {
                 RelayMetrics::add(&self.metrics.failed, 1);
                 warn!(member = %self.id, id = %m.id, key = %m.aggregate_id, attempts, error = %e.message,
-                      retriable = e.retriable, "message failed; it stays in the outbox as `failed`");
+                      kind = %e.kind, "message failed; it stays in the outbox as `failed`");
                 Outcome::Failed {
                     seq: m.seq,
                     error: e.message,

@@ -1,6 +1,8 @@
 //! The JSON-lines record shared by the `file:` and `stdout:` sinks: one object per message.
 
 use chrono::{DateTime, Utc};
+#[cfg(test)]
+use outbox_core::SinkErrorKind;
 use outbox_core::{Envelope, SinkError};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -17,14 +19,14 @@ struct Record<'a> {
 }
 
 /// Appends one JSON object and a newline per envelope to `out`. A payload that is not JSON is
-/// a permanent error for that message (it would make the file unreadable).
+/// an invalid message: it would make the file unreadable.
 pub(crate) fn encode(batch: &[Envelope], out: &mut Vec<u8>) -> Vec<Result<(), SinkError>> {
     batch
         .iter()
         .map(|e| {
             let payload: Box<RawValue> =
                 RawValue::from_string(e.payload.clone()).map_err(|_| {
-                    SinkError::permanent(format!("message {}: payload is not valid JSON", e.id))
+                    SinkError::invalid(format!("message {}: payload is not valid JSON", e.id))
                 })?;
             let headers = e
                 .headers
@@ -40,7 +42,7 @@ pub(crate) fn encode(batch: &[Envelope], out: &mut Vec<u8>) -> Vec<Result<(), Si
                 created_at: e.created_at,
             };
             serde_json::to_writer(&mut *out, &rec).map_err(|err| {
-                SinkError::permanent(format!("message {}: cannot encode: {err}", e.id))
+                SinkError::invalid(format!("message {}: cannot encode: {err}", e.id))
             })?;
             out.push(b'\n');
             Ok(())
@@ -83,10 +85,10 @@ mod tests {
     }
 
     #[test]
-    fn invalid_json_payload_is_a_permanent_error_and_writes_nothing() {
+    fn invalid_json_payload_is_an_invalid_message_and_writes_nothing() {
         let mut out = Vec::new();
         let r = encode(&[env("not json")], &mut out);
-        assert!(!r[0].as_ref().unwrap_err().retriable);
+        assert_eq!(r[0].as_ref().unwrap_err().kind, SinkErrorKind::Invalid);
         assert!(out.is_empty());
     }
 }

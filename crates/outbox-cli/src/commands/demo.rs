@@ -251,7 +251,7 @@ impl Sink for Gate {
         } else {
             batch
                 .iter()
-                .map(|_| Err(SinkError::transient("broker unreachable (demo outage)")))
+                .map(|_| Err(SinkError::unavailable("broker unreachable (demo outage)")))
                 .collect()
         }
     }

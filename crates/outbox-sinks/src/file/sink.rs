@@ -119,7 +119,7 @@ impl Sink for FileSink {
         .unwrap_or_else(|e| Err(format!("file sink: writer task failed: {e}")));
         if let Err(msg) = written {
             for r in results.iter_mut().filter(|r| r.is_ok()) {
-                *r = Err(SinkError::transient(msg.clone()));
+                *r = Err(SinkError::unavailable(msg.clone()));
             }
         }
         results

@@ -16,7 +16,7 @@ use super::error::classify;
 const MAX_ACKS_IN_FLIGHT: usize = 640_000;
 
 /// A subject NATS accepts: dot-separated non-empty tokens, no whitespace or control
-/// characters. Anything else can never be published: a permanent error.
+/// characters. Anything else can never be published: an invalid message.
 fn valid_subject(subject: &str) -> Result<(), SinkError> {
     let ok = !subject.is_empty()
         && !subject.chars().any(|c| c.is_whitespace() || c.is_control())
@@ -24,7 +24,7 @@ fn valid_subject(subject: &str) -> Result<(), SinkError> {
     if ok {
         Ok(())
     } else {
-        Err(SinkError::permanent(format!(
+        Err(SinkError::invalid(format!(
             "nats: subject `{subject}` is not valid (empty token or whitespace)"
         )))
     }
@@ -90,10 +90,10 @@ impl NatsSink {
         let mut h = HeaderMap::new();
         for (k, v) in &e.headers {
             let name = HeaderName::from_str(k).map_err(|_| {
-                SinkError::permanent(format!("nats: header name `{k}` is not valid in NATS"))
+                SinkError::invalid(format!("nats: header name `{k}` is not valid in NATS"))
             })?;
             if v.contains(['\r', '\n']) {
-                return Err(SinkError::permanent(format!(
+                return Err(SinkError::invalid(format!(
                     "nats: header `{k}` contains a line break"
                 )));
             }
@@ -148,7 +148,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn invalid_subjects_are_permanent_errors() {
+    fn invalid_subjects_are_invalid_messages() {
         assert!(valid_subject("orders.placed").is_ok());
         for bad in [
             "",
@@ -159,7 +159,7 @@ mod tests {
             "a\tb",
         ] {
             let e = valid_subject(bad).unwrap_err();
-            assert!(!e.retriable, "{bad:?}");
+            assert_eq!(e.kind, outbox_core::SinkErrorKind::Invalid, "{bad:?}");
         }
     }
 }

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use outbox_core::{Envelope, Sink, SinkError};
 
 /// Writes each message as a JSON line to stdout and flushes before acknowledging. A closed
-/// pipe is a transient error: the messages stay pending.
+/// pipe is the sink being unavailable: the messages stay pending and are retried.
 #[derive(Debug, Default)]
 pub struct StdoutSink;
 
@@ -22,7 +22,7 @@ impl Sink for StdoutSink {
         let mut out = std::io::stdout().lock();
         if let Err(e) = out.write_all(&buf).and_then(|()| out.flush()) {
             for r in results.iter_mut().filter(|r| r.is_ok()) {
-                *r = Err(SinkError::transient(format!("stdout: {e}")));
+                *r = Err(SinkError::unavailable(format!("stdout: {e}")));
             }
         }
         results
