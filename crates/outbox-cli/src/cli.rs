@@ -126,9 +126,14 @@ pub struct RelayArgs {
     /// Env: OUTBOX_RETENTION.
     #[arg(long, value_name = "DURATION")]
     pub retention: Option<Dur>,
-    /// Partition lease: how soon a dead relay's work is taken over (default 30s). Env: OUTBOX_LEASE.
+    /// Partition lease: how soon a dead relay's work is taken over (default 30s). The sink's ack
+    /// timeout must fit in a third of it. Env: OUTBOX_LEASE.
     #[arg(long, value_name = "DURATION")]
     pub lease: Option<Dur>,
+    /// Deadline of each database call a relay worker makes (default 15s); one without an
+    /// answer by then is abandoned and retried. Env: OUTBOX_STORE_TIMEOUT.
+    #[arg(long, value_name = "DURATION")]
+    pub store_timeout: Option<Dur>,
     /// Attempts before a message ends `failed` (default 10). Env: OUTBOX_MAX_ATTEMPTS.
     #[arg(long, value_name = "N")]
     pub max_attempts: Option<u32>,

@@ -75,6 +75,8 @@ pub struct RelaySection {
     pub retention: Option<Dur>,
     /// Partition lease.
     pub lease: Option<Dur>,
+    /// Deadline of each store call a relay worker makes.
+    pub store_timeout: Option<Dur>,
     /// Attempts before `failed`.
     pub max_attempts: Option<u32>,
     /// First retry delay.
@@ -268,6 +270,24 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     let lease = pick(args.lease, &["OUTBOX_LEASE"], f.lease)?.map_or(defaults.lease, |d| d.0);
     at_least(lease, Duration::from_millis(500), "lease")?;
     at_most(lease, Duration::from_secs(3600), "lease")?;
+    // A relay must be able to wait for an acknowledgement and still hold its lease: the sink's
+    // ack timeout has to fit in the third of the lease a wave may take.
+    if let Some(ack) = outbox_sinks::ack_timeout(&sink).map_err(|e| ConfigError(e.to_string()))? {
+        RelayConfig {
+            lease,
+            ..RelayConfig::default()
+        }
+        .check_ack_timeout(ack)
+        .map_err(ConfigError)?;
+    }
+    let store_timeout = pick(
+        args.store_timeout,
+        &["OUTBOX_STORE_TIMEOUT"],
+        f.store_timeout,
+    )?
+    .map_or(defaults.store_timeout, |d| d.0);
+    at_least(store_timeout, Duration::from_millis(100), "store timeout")?;
+    at_most(store_timeout, Duration::from_secs(3600), "store timeout")?;
     let max_attempts = pick(args.max_attempts, &["OUTBOX_MAX_ATTEMPTS"], f.max_attempts)?
         .unwrap_or(defaults.retry.max_attempts);
     check(
@@ -304,6 +324,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
             retention,
             maintain_every: defaults.maintain_every,
             lease,
+            store_timeout,
             retry: RetryPolicy {
                 max_attempts,
                 base,

@@ -140,8 +140,21 @@ pub trait Sink: Send + Sync {
     /// Short name for logs and metrics, e.g. `nats`.
     fn name(&self) -> &str;
 
+    /// How long this sink waits for its broker to acknowledge a message, when it has such a
+    /// setting (NATS `ack_timeout`). The relay gives every `publish` call this long, and never
+    /// more than a third of its lease, then counts each message of the call still without an
+    /// answer as [`SinkErrorKind::Unavailable`]. Sinks without one (local files, stdout) get a
+    /// third of the lease.
+    fn ack_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Publishes `batch` with all acknowledgements in flight at once and returns one result per
     /// envelope, in the same order.
+    ///
+    /// The relay may drop the returned future when its deadline passes: a sink must leave no
+    /// state behind that a dropped call could corrupt, and must not block the async runtime's
+    /// threads (blocking I/O belongs on a thread of its own).
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>>;
 }
 
@@ -149,6 +162,9 @@ pub trait Sink: Send + Sync {
 impl<S: Sink + ?Sized> Sink for std::sync::Arc<S> {
     fn name(&self) -> &str {
         (**self).name()
+    }
+    fn ack_timeout(&self) -> Option<std::time::Duration> {
+        (**self).ack_timeout()
     }
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         (**self).publish(batch).await

@@ -179,6 +179,11 @@ pub struct Maintenance {
 /// the same batch (it then waits with that key, in order) or was not tried at all (the lease ran
 /// short); the latter is handed out again, and so may later messages of its partition that were
 /// published in the same batch (a duplicate with the same id, never a loss).
+///
+/// Every call may be abandoned: the relay drops a call that has not answered within its store
+/// deadline. An implementation must stay consistent when any call is dropped at an await point,
+/// and a dropped `complete` must succeed when called again with the same outcomes (its
+/// statement may or may not have reached the database).
 #[async_trait]
 pub trait Store: Send + Sync {
     /// Heartbeats `member`, forgets members silent for longer than `lease`, then takes or gives

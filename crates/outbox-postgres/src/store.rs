@@ -362,6 +362,34 @@ impl PgStore {
     }
 }
 
+/// Puts a taken ticket back for its member when dropped armed: on an error, or when the call
+/// that holds it is abandoned.
+struct TicketGuard<'a> {
+    store: &'a PgStore,
+    member: &'a MemberId,
+    ticket: Option<Ticket>,
+}
+
+impl TicketGuard<'_> {
+    /// The batch is recorded: nothing to put back.
+    fn disarm(mut self) {
+        self.ticket = None;
+    }
+}
+
+impl Drop for TicketGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            self.store.state(self.member, |s| {
+                // A newer claim's ticket wins: this batch is then handed out again.
+                if s.ticket.is_none() {
+                    s.ticket = Some(ticket);
+                }
+            });
+        }
+    }
+}
+
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
@@ -524,22 +552,25 @@ impl Store for PgStore {
         let Some(ticket) = self.state(member, |s| s.ticket.take()) else {
             return Ok(0);
         };
-        let plan = ticket.plan(outcomes, false);
+        // Until the record statement succeeds, the ticket goes back on an error *or* when this
+        // call is dropped (the relay's store deadline), so the retry can record the batch. If the
+        // dropped statement did commit, the retry writes the same positions and parks nothing
+        // twice (`ON CONFLICT DO NOTHING`); a parked message tried again may count one attempt
+        // more than it made.
+        let guard = TicketGuard {
+            store: self,
+            member,
+            ticket: Some(ticket),
+        };
+        let plan = match &guard.ticket {
+            Some(t) => t.plan(outcomes, false),
+            None => return Ok(0),
+        };
         if plan.is_empty() {
             return Ok(0);
         }
-        let passed = match self.write_plan(member, &plan).await {
-            Ok(p) => p,
-            Err(e) => {
-                // Keep the ticket so the relay's retry of this call can record the batch.
-                self.state(member, |s| {
-                    if s.ticket.is_none() {
-                        s.ticket = Some(ticket);
-                    }
-                });
-                return Err(e);
-            }
-        };
+        let passed = self.write_plan(member, &plan).await?;
+        guard.disarm();
         Ok(passed
             .iter()
             .map(|p| plan.applied.get(p).copied().unwrap_or(0))

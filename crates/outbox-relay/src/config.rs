@@ -20,6 +20,11 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const DEFAULT_MAINTAIN_EVERY: Duration = Duration::from_secs(30);
 /// Default partition lease; a killed relay's partitions are taken over after this long.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default deadline of one store call made by a worker (claim, record, renew, rebalance,
+/// release, health report). Above the stores' own lock and pool timeouts (5 s, 10 s acquire on
+/// PostgreSQL), so those report first; it catches what they cannot: a connection that went
+/// silent without closing.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// How the relay claims, publishes and retries.
 #[derive(Debug, Clone)]
@@ -39,6 +44,9 @@ pub struct RelayConfig {
     pub maintain_every: Duration,
     /// Partition lease; renewed every third of it while the relay lives.
     pub lease: Duration,
+    /// Deadline of each store call a worker makes; one without an answer by then is abandoned
+    /// (see `docs/guarantees.md`, "Deadlines").
+    pub store_timeout: Duration,
     /// Retry budget and backoff per message.
     pub retry: RetryPolicy,
     /// Destination template.
@@ -61,6 +69,7 @@ impl Default for RelayConfig {
             retention: DEFAULT_RETENTION,
             maintain_every: DEFAULT_MAINTAIN_EVERY,
             lease: DEFAULT_LEASE,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
             retry: RetryPolicy::default(),
             destination: DestinationTemplate::default(),
             on_failed: OnFailed::Block,
@@ -76,5 +85,83 @@ impl RelayConfig {
     /// new owner may already be serving.
     pub fn lease_margin(&self) -> Duration {
         (self.lease / 3).max(Duration::from_millis(200))
+    }
+
+    /// The deadline of one `Sink::publish` call for a sink whose ack timeout is `ack_timeout`:
+    /// that timeout, or the lease margin for a sink without one, and never more than the lease
+    /// margin. A wave is only started with the margin left on the lease, so a call that ends by
+    /// this deadline ends while the lease still holds.
+    pub fn publish_deadline(&self, ack_timeout: Option<Duration>) -> Duration {
+        ack_timeout
+            .unwrap_or_else(|| self.lease_margin())
+            .min(self.lease_margin())
+    }
+
+    /// Checks that a sink's `ack_timeout` fits in a third of the lease: a relay must be able to
+    /// wait for an acknowledgement and still hold its partitions. The error names both values.
+    pub fn check_ack_timeout(&self, ack_timeout: Duration) -> Result<(), String> {
+        if ack_timeout <= self.lease / 3 {
+            return Ok(());
+        }
+        Err(format!(
+            "the sink's ack_timeout {} does not fit in a third of the lease {} ({}): a relay \
+             must be able to wait for an acknowledgement and still hold its lease; raise the \
+             lease to at least {} (--lease, OUTBOX_LEASE or [relay] lease) or lower ack_timeout \
+             in the sink URL (e.g. ?ack_timeout={})",
+            show(ack_timeout),
+            show(self.lease),
+            show(self.lease / 3),
+            show(ack_timeout * 3),
+            show(self.lease / 3),
+        ))
+    }
+}
+
+/// `5s` for whole seconds, `1500ms` otherwise: how durations are written in flags and URLs.
+fn show(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_publish_deadline_never_outlives_the_lease_margin() {
+        let c = RelayConfig {
+            lease: Duration::from_secs(3),
+            ..RelayConfig::default()
+        };
+        assert_eq!(c.publish_deadline(None), Duration::from_secs(1));
+        assert_eq!(
+            c.publish_deadline(Some(Duration::from_millis(250))),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            c.publish_deadline(Some(Duration::from_secs(5))),
+            Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn an_ack_timeout_must_fit_in_a_third_of_the_lease() {
+        let c = RelayConfig {
+            lease: Duration::from_secs(3),
+            ..RelayConfig::default()
+        };
+        assert!(c.check_ack_timeout(Duration::from_secs(1)).is_ok());
+        let e = c
+            .check_ack_timeout(Duration::from_secs(5))
+            .expect_err("5s does not fit in 1s");
+        assert!(
+            e.contains("ack_timeout 5s") && e.contains("lease 3s"),
+            "{e}"
+        );
+        assert!(e.contains("at least 15s"), "{e}");
+        assert!(c.check_ack_timeout(Duration::from_millis(1001)).is_err());
     }
 }

@@ -1,11 +1,12 @@
 //! One relay member: owns a share of the partitions and runs claim -> publish -> mark on them.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::retry::RetryDecision;
-use outbox_core::{MemberId, Message, Outcome, Sink, SinkError, Store};
+use outbox_core::{Error, ErrorKind, MemberId, Message, Outcome, Result, Sink, SinkError, Store};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -54,6 +55,8 @@ pub(crate) struct Worker {
     pub(crate) sink: Arc<dyn Sink>,
     pub(crate) breaker: Arc<Breaker>,
     pub(crate) cfg: RelayConfig,
+    /// Deadline of one `sink.publish` call (see [`RelayConfig::publish_deadline`]).
+    pub(crate) publish_deadline: Duration,
     pub(crate) metrics: Arc<RelayMetrics>,
     pub(crate) wake: watch::Receiver<u64>,
     pub(crate) shutdown: CancellationToken,
@@ -93,7 +96,10 @@ impl Worker {
         while !self.shutdown.is_cancelled() {
             let now = Instant::now();
             if now >= lease.next_rebalance || lease.valid_until <= now + self.cfg.lease_margin() {
-                match self.store.rebalance(&self.id, self.cfg.lease).await {
+                match self
+                    .store_call("rebalance", self.store.rebalance(&self.id, self.cfg.lease))
+                    .await
+                {
                     Ok(p) => {
                         backoff.ok(&self.id);
                         if p != lease.partitions {
@@ -142,8 +148,11 @@ impl Worker {
             self.wake.borrow_and_update();
             let t_claim = Instant::now();
             let claimed = self
-                .store
-                .claim(&self.id, &lease.partitions, limit, self.cfg.on_failed)
+                .store_call(
+                    "claim",
+                    self.store
+                        .claim(&self.id, &lease.partitions, limit, self.cfg.on_failed),
+                )
                 .await;
             RelayMetrics::add(&self.metrics.claims, 1);
             RelayMetrics::add(
@@ -204,7 +213,10 @@ impl Worker {
                    publish_ms = (t_record - t_publish).as_secs_f64() * 1e3,
                    record_ms = t_record.elapsed().as_secs_f64() * 1e3, "batch done");
         }
-        if let Err(error) = self.store.release(&self.id).await {
+        if let Err(error) = self
+            .store_call("release", self.store.release(&self.id))
+            .await
+        {
             warn!(member = %self.id, %error, "could not release partitions; they free up when the lease expires");
         } else {
             debug!(member = %self.id, "partitions released");
@@ -230,8 +242,11 @@ impl Worker {
             return;
         }
         match self
-            .store
-            .report_health(&self.id, state.as_str(), error.as_deref())
+            .store_call(
+                "report_health",
+                self.store
+                    .report_health(&self.id, state.as_str(), error.as_deref()),
+            )
             .await
         {
             Ok(()) => *reported = state,
@@ -293,7 +308,7 @@ impl Worker {
             if envelopes.is_empty() {
                 continue;
             }
-            let results = self.sink.publish(&envelopes).await;
+            let results = self.publish_call(&envelopes).await;
             self.breaker.record(
                 results.iter().any(Result::is_ok),
                 results
@@ -337,13 +352,54 @@ impl Worker {
         }
     }
 
+    /// One `sink.publish` call under the publish deadline. A call without every answer by then is
+    /// dropped, and each of its messages counts as unavailable: retried (the broker may have
+    /// taken some, so they can arrive twice, with the same id) and fed to the circuit breaker.
+    async fn publish_call(
+        &self,
+        envelopes: &[outbox_core::Envelope],
+    ) -> Vec<Result<(), SinkError>> {
+        let deadline = self.publish_deadline;
+        match tokio::time::timeout(deadline, self.sink.publish(envelopes)).await {
+            Ok(results) => results,
+            Err(_) => {
+                let e = SinkError::unavailable(format!(
+                    "sink `{}` gave no answer within {deadline:?} (the publish deadline); \
+                     the message is published again later with the same id",
+                    self.sink.name()
+                ));
+                envelopes.iter().map(|_| Err(e.clone())).collect()
+            }
+        }
+    }
+
+    /// One store call under the store deadline. A call without an answer by then is dropped and
+    /// reported as an [`ErrorKind::Timeout`] error, so the caller takes its error path (back off
+    /// and claim again, record again, treat the lease as not renewed) instead of waiting on a
+    /// connection that went silent. Stores must tolerate a dropped call (see `Store`).
+    async fn store_call<T>(&self, what: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let deadline = self.cfg.store_timeout;
+        match tokio::time::timeout(deadline, call).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "store {what}: no answer within {deadline:?} (the store deadline); abandoned"
+                ),
+            )),
+        }
+    }
+
     /// Renews the lease inline when a third of it has passed; false when it cannot be trusted.
     async fn lease_holds(&self, lease: &mut Lease) -> bool {
         let now = Instant::now();
         if now.duration_since(lease.renewed_at) >= self.renew_every()
             || lease.valid_until <= now + self.cfg.lease_margin()
         {
-            match self.store.renew(&self.id, self.cfg.lease).await {
+            match self
+                .store_call("renew", self.store.renew(&self.id, self.cfg.lease))
+                .await
+            {
                 Ok(n) if n == lease.partitions.len() => {
                     lease.valid_until = now + self.cfg.lease;
                     lease.renewed_at = now;
@@ -401,7 +457,10 @@ impl Worker {
             .count() as u64;
         let mut backoff = StoreBackoff::new();
         for attempt in 1..=5 {
-            match self.store.complete(&self.id, &outcomes).await {
+            match self
+                .store_call("complete", self.store.complete(&self.id, &outcomes))
+                .await
+            {
                 Ok(changed) => {
                     let fenced = outcomes.len() as u64 - changed.min(outcomes.len() as u64);
                     if fenced > 0 {

@@ -57,6 +57,10 @@ impl<S: Sink> Sink for FlakySink<S> {
         self.inner.name()
     }
 
+    fn ack_timeout(&self) -> Option<std::time::Duration> {
+        self.inner.ack_timeout()
+    }
+
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         if self.calls.fetch_add(1, Ordering::SeqCst) < self.fail_first {
             let msg = match self.kind {
@@ -98,6 +102,10 @@ impl<S: Sink> RecordingSink<S> {
 impl<S: Sink> Sink for RecordingSink<S> {
     fn name(&self) -> &str {
         self.inner.name()
+    }
+
+    fn ack_timeout(&self) -> Option<std::time::Duration> {
+        self.inner.ack_timeout()
     }
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
@@ -180,6 +188,10 @@ impl<S: Sink> PoisonKeySink<S> {
 impl<S: Sink> Sink for PoisonKeySink<S> {
     fn name(&self) -> &str {
         self.inner.name()
+    }
+
+    fn ack_timeout(&self) -> Option<std::time::Duration> {
+        self.inner.ack_timeout()
     }
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {

@@ -50,7 +50,9 @@ impl Broker {
         } else if url.starts_with("nats://") {
             use async_nats::jetstream;
             let sfx = format!("{:08x}", fastrand::u32(..));
-            let client = async_nats::connect(url)
+            // The reader needs only the server; sink options (`?ack_timeout=`) are the relay's.
+            let server = url.split('?').next().unwrap_or(url);
+            let client = async_nats::connect(server)
                 .await
                 .context("connecting to NATS")?;
             let js = jetstream::new(client);

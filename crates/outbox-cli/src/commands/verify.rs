@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use outbox_core::{NewMessage, Store};
+use outbox_relay::RelayConfig;
 use serde::Serialize;
 use sqlx::{PgPool, SqlitePool};
 use tokio_util::sync::CancellationToken;
@@ -425,12 +426,24 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     }
 
     let lease = args.lease.0;
+    // The relays' sink waits for each acknowledgement at most a third of their short lease
+    // (NATS waits 5 s by default, longer than a third of the default 3 s lease); an explicit
+    // ack_timeout that does not fit is refused here, as `outbox relay` would refuse it.
+    let relay_sink = outbox_sinks::with_default_ack_timeout(&sink_url, lease / 3);
+    if let Some(ack) = outbox_sinks::ack_timeout(&relay_sink)? {
+        RelayConfig {
+            lease,
+            ..RelayConfig::default()
+        }
+        .check_ack_timeout(ack)
+        .map_err(|why| outbox_core::Error::config(format!("verify: {why}")))?;
+    }
     let relay_args: Vec<String> = vec![
         "relay".into(),
         "--schema".into(),
         db.schema().into(),
         "--sink".into(),
-        sink_url.clone(),
+        relay_sink,
         "--destination".into(),
         destination.as_str().into(),
         "--lease".into(),

@@ -35,6 +35,7 @@ fn valid_subject(subject: &str) -> Result<(), SinkError> {
 pub struct NatsSink {
     js: jetstream::Context,
     client: async_nats::Client,
+    ack_timeout: std::time::Duration,
 }
 
 impl NatsSink {
@@ -78,7 +79,11 @@ impl NatsSink {
             .timeout(cfg.ack_timeout)
             .max_ack_inflight(MAX_ACKS_IN_FLIGHT)
             .build(client.clone());
-        Ok(Self { js, client })
+        Ok(Self {
+            js,
+            client,
+            ack_timeout: cfg.ack_timeout,
+        })
     }
 
     /// The underlying client (for tests and the benchmark's consumer).
@@ -107,6 +112,10 @@ impl NatsSink {
 impl Sink for NatsSink {
     fn name(&self) -> &str {
         "nats"
+    }
+
+    fn ack_timeout(&self) -> Option<std::time::Duration> {
+        Some(self.ack_timeout)
     }
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
