@@ -215,7 +215,7 @@ pub fn retention(loaded: &Loaded, flag: Option<Dur>) -> Result<Duration> {
     Ok(pick(
         flag,
         &["OUTBOX_RETENTION"],
-        loaded.file.relay.retention.clone(),
+        loaded.file.relay.retention,
     )?
     .map_or(RelayConfig::default().retention, |d| d.0))
 }

@@ -348,7 +348,7 @@ async fn a_rejected_probe_spends_attempts_so_the_circuit_closes_and_the_rest_flo
 
     nats.down();
     let bad = NewMessage::new("bad", "bad-key", "placed", serde_json::json!({ "n": 0 }));
-    w.store().insert(&[bad.clone()]).await.unwrap();
+    w.store().insert(std::slice::from_ref(&bad)).await.unwrap();
     let good = common::interleaved(&common::keys("g", 5), 0..4)
         .into_iter()
         .map(|mut m| {

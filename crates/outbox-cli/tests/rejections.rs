@@ -62,7 +62,7 @@ async fn unstreamed_subject_ends_failed_within_max_attempts_while_a_streamed_one
     };
 
     let bad = NewMessage::new("bad", "bad-key", "placed", serde_json::json!({ "n": 0 }));
-    w.store().insert(&[bad.clone()]).await.unwrap();
+    w.store().insert(std::slice::from_ref(&bad)).await.unwrap();
     // Low traffic on the streamed subject: one message every 250 ms for 4 s. Each must be
     // published within a second of its insert while the rejected one retries.
     let mut good = 0i64;

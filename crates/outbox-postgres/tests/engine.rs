@@ -2,6 +2,9 @@
 //! open across claims), plans under real statistics, bloat, retention by segment, and the
 //! in-place upgrade from the version 1 table. Each test in a schema of its own.
 
+// Test code: a failed expectation should panic with its message.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,7 +80,7 @@ async fn transaction_open_across_claims_is_delivered_once_in_key_order_when_it_c
     assert!(!delivered.contains(&long.id));
     let after = msg("slow", 2);
     tx.commit().await.unwrap();
-    store.insert(&[after.clone()]).await.unwrap();
+    store.insert(std::slice::from_ref(&after)).await.unwrap();
     let rest = drain(&store, &m, &parts).await;
     assert_eq!(
         rest,
@@ -386,7 +389,7 @@ async fn migrate_upgrades_a_version_one_outbox_in_place() {
         .collect();
     store.complete(&m, &outcomes).await.unwrap();
     let newer = msg("a", 4);
-    store.insert(&[newer.clone()]).await.unwrap();
+    store.insert(std::slice::from_ref(&newer)).await.unwrap();
     let next = store.claim(&m, &parts, 100, OnFailed::Block).await.unwrap();
     assert_eq!(
         next.iter().map(|r| r.id).collect::<Vec<_>>(),

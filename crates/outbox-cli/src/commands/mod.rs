@@ -32,7 +32,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             migrate::run(config::db(&loaded, &args.db)?, notify).await
         }
         Command::Maintain(args) => {
-            let retention = config::retention(&loaded, args.retention.clone())?;
+            let retention = config::retention(&loaded, args.retention)?;
             maintain::maintain(config::db(&loaded, &args.db)?, retention).await
         }
         Command::Purge(args) => {
