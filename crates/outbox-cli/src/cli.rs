@@ -109,6 +109,11 @@ pub struct RelayArgs {
     /// Rows per claim (default 1000). Env: OUTBOX_BATCH_SIZE.
     #[arg(long, value_name = "N")]
     pub batch_size: Option<usize>,
+    /// Payload bytes the relay holds at once (default 16MiB), shared by its workers: claims stop
+    /// there, so memory follows this, not the payloads' size; a single larger payload still
+    /// goes through, alone. Env: OUTBOX_BATCH_BYTES.
+    #[arg(long, value_name = "SIZE")]
+    pub batch_bytes: Option<crate::config::ByteSize>,
     /// Worker tasks (relay members) in this process (default 2). Env: OUTBOX_WORKERS.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,

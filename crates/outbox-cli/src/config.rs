@@ -42,6 +42,54 @@ impl<'de> Deserialize<'de> for Dur {
     }
 }
 
+/// A size in bytes written as `16MiB`, `512KiB`, `1GiB`, `16MB` (powers of 1000) or a plain
+/// number of bytes; in the file, a string or an integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub usize);
+
+impl FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let unit_bytes: usize = match unit.trim() {
+            "" | "B" => 1,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            "KB" | "kB" => 1_000,
+            "MB" => 1_000_000,
+            "GB" => 1_000_000_000,
+            _ => {
+                return Err(format!(
+                    "`{s}` is not a size; write e.g. 16MiB, 512KiB or 1048576"
+                ))
+            }
+        };
+        num.parse::<usize>()
+            .ok()
+            .and_then(|n| n.checked_mul(unit_bytes))
+            .map(ByteSize)
+            .ok_or_else(|| format!("`{s}` is not a size; write e.g. 16MiB, 512KiB or 1048576"))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(usize),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Number(n) => Ok(ByteSize(n)),
+            Raw::Text(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 /// The file: every key optional.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,6 +113,8 @@ pub struct RelaySection {
     pub destination: Option<String>,
     /// Rows per claim.
     pub batch_size: Option<usize>,
+    /// Payload bytes per claim.
+    pub batch_bytes: Option<ByteSize>,
     /// Worker tasks per process.
     pub workers: Option<usize>,
     /// Poll interval.
@@ -212,12 +262,10 @@ pub struct RelaySettings {
 /// Resolves the retention for `outbox maintain`: flag, then `OUTBOX_RETENTION`, then
 /// `[relay] retention`, then the default (7 days).
 pub fn retention(loaded: &Loaded, flag: Option<Dur>) -> Result<Duration> {
-    Ok(pick(
-        flag,
-        &["OUTBOX_RETENTION"],
-        loaded.file.relay.retention,
-    )?
-    .map_or(RelayConfig::default().retention, |d| d.0))
+    Ok(
+        pick(flag, &["OUTBOX_RETENTION"], loaded.file.relay.retention)?
+            .map_or(RelayConfig::default().retention, |d| d.0),
+    )
 }
 
 /// Resolves `outbox relay` settings and checks every value.
@@ -247,6 +295,15 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
         10_000,
         &loaded.file_key("relay.batch_size"),
         "batch size",
+    )?;
+    let batch_bytes = pick(args.batch_bytes, &["OUTBOX_BATCH_BYTES"], f.batch_bytes)?
+        .map_or(defaults.batch_bytes, |b| b.0);
+    check(
+        batch_bytes,
+        1 << 10,
+        1 << 30,
+        &loaded.file_key("relay.batch_bytes"),
+        "batch bytes",
     )?;
     let workers = pick(args.workers, &["OUTBOX_WORKERS"], f.workers)?.unwrap_or(defaults.workers);
     check(workers, 1, 64, &loaded.file_key("relay.workers"), "workers")?;
@@ -318,6 +375,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
         sink,
         relay: RelayConfig {
             batch_size,
+            batch_bytes,
             workers,
             poll_interval,
             listen,
@@ -396,6 +454,20 @@ mod tests {
         assert!(err.contains("batch_sise"), "{err}");
         assert!(err.contains(&path.display().to_string()), "{err}");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        assert_eq!("16MiB".parse::<ByteSize>().unwrap().0, 16 << 20);
+        assert_eq!("512KiB".parse::<ByteSize>().unwrap().0, 512 << 10);
+        assert_eq!("2MB".parse::<ByteSize>().unwrap().0, 2_000_000);
+        assert_eq!("1048576".parse::<ByteSize>().unwrap().0, 1 << 20);
+        assert!("lots".parse::<ByteSize>().unwrap_err().contains("lots"));
+        assert!("16 furlongs".parse::<ByteSize>().is_err());
+        let f: FileConfig = toml::from_str("[relay]\nbatch_bytes = 4096\n").unwrap();
+        assert_eq!(f.relay.batch_bytes, Some(ByteSize(4096)));
+        let f: FileConfig = toml::from_str("[relay]\nbatch_bytes = \"1MiB\"\n").unwrap();
+        assert_eq!(f.relay.batch_bytes, Some(ByteSize(1 << 20)));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The `Sink` trait: where the relay publishes, and what an acknowledgement means.
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -24,8 +25,9 @@ pub struct Envelope {
     pub key: String,
     /// Headers: the relay's own (`outbox-*`) followed by the row's.
     pub headers: Vec<(String, String)>,
-    /// Payload as JSON text.
-    pub payload: String,
+    /// Payload as JSON text (UTF-8), shared with the claimed [`Message`](crate::Message): a
+    /// sink passes it on (NATS takes `Bytes` as they are) or borrows it, never copies it whole.
+    pub payload: Bytes,
     /// When the row was written.
     pub created_at: DateTime<Utc>,
 }

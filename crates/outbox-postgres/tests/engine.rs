@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{MemberId, NewMessage, OnFailed, Outcome, Store};
+use outbox_core::{ClaimLimits, MemberId, NewMessage, OnFailed, Outcome, Store};
 use outbox_postgres::{connect_pool, migrate, PgStore, Schema, Writer, MIGRATIONS};
 use sqlx::{PgPool, Row};
 
@@ -41,7 +41,10 @@ fn msg(key: &str, n: u32) -> NewMessage {
 async fn drain(store: &Arc<PgStore>, m: &MemberId, parts: &[i32]) -> Vec<uuid::Uuid> {
     let mut ids = Vec::new();
     loop {
-        let got = store.claim(m, parts, 1000, OnFailed::Block).await.unwrap();
+        let got = store
+            .claim(m, parts, ClaimLimits::rows(1000), OnFailed::Block)
+            .await
+            .unwrap();
         if got.is_empty() {
             return ids;
         }
@@ -136,6 +139,8 @@ async fn claim_buffers(pool: &PgPool, schema: &Schema, parts: &[i32], limit: i64
         .bind(0i64)
         .bind(true)
         .bind(&epochs)
+        .bind(i64::MAX)
+        .bind(true)
         .fetch_one(&mut *tx)
         .await
         .unwrap();
@@ -279,7 +284,7 @@ async fn draining_leaves_no_dead_tuples_and_purge_returns_the_table_to_its_size(
     }
     tokio::time::sleep(Duration::from_millis(5200)).await;
     assert!(store
-        .claim(&m, &parts, 1000, OnFailed::Block)
+        .claim(&m, &parts, ClaimLimits::rows(1000), OnFailed::Block)
         .await
         .unwrap()
         .is_empty());
@@ -370,7 +375,10 @@ async fn migrate_upgrades_a_version_one_outbox_in_place() {
     let m = MemberId::random("m");
     let parts = store.rebalance(&m, Duration::from_secs(30)).await.unwrap();
     // Parked `c` becomes due at once (its next attempt was not set); `b` stays failed.
-    let first = store.claim(&m, &parts, 100, OnFailed::Block).await.unwrap();
+    let first = store
+        .claim(&m, &parts, ClaimLimits::rows(100), OnFailed::Block)
+        .await
+        .unwrap();
     let got: Vec<_> = first.iter().map(|r| r.id).collect();
     let want: Vec<_> = old
         .iter()
@@ -390,7 +398,10 @@ async fn migrate_upgrades_a_version_one_outbox_in_place() {
     store.complete(&m, &outcomes).await.unwrap();
     let newer = msg("a", 4);
     store.insert(std::slice::from_ref(&newer)).await.unwrap();
-    let next = store.claim(&m, &parts, 100, OnFailed::Block).await.unwrap();
+    let next = store
+        .claim(&m, &parts, ClaimLimits::rows(100), OnFailed::Block)
+        .await
+        .unwrap();
     assert_eq!(
         next.iter().map(|r| r.id).collect::<Vec<_>>(),
         vec![newer.id],

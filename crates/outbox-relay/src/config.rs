@@ -6,6 +6,10 @@ use outbox_core::{DestinationTemplate, OnFailed, RetryPolicy};
 
 /// Default rows per claim.
 pub const DEFAULT_BATCH_SIZE: usize = 1000;
+/// Default payload bytes a relay process holds at once (16 MiB), shared by its workers: its
+/// memory for payloads stays near this whatever the rows weigh (a single larger payload still
+/// goes through, alone).
+pub const DEFAULT_BATCH_BYTES: usize = 16 * 1024 * 1024;
 /// Default worker tasks (relay members) per process.
 pub const DEFAULT_WORKERS: usize = 2;
 /// Default longest wait between two claims when idle. The relay polls adaptively: again at once
@@ -31,6 +35,9 @@ pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(15);
 pub struct RelayConfig {
     /// Rows claimed per statement.
     pub batch_size: usize,
+    /// Payload bytes this relay holds at once, split evenly among its workers: each claim hands
+    /// out at most [`RelayConfig::claim_bytes`] (see [`outbox_core::ClaimLimits`]).
+    pub batch_bytes: usize,
     /// Worker tasks in this process; each is a member owning its own partitions.
     pub workers: usize,
     /// Longest wait between two claims when idle (polls back off to it while empty).
@@ -63,6 +70,7 @@ impl Default for RelayConfig {
     fn default() -> Self {
         Self {
             batch_size: DEFAULT_BATCH_SIZE,
+            batch_bytes: DEFAULT_BATCH_BYTES,
             workers: DEFAULT_WORKERS,
             poll_interval: DEFAULT_POLL_INTERVAL,
             listen: false,
@@ -85,6 +93,13 @@ impl RelayConfig {
     /// new owner may already be serving.
     pub fn lease_margin(&self) -> Duration {
         (self.lease / 3).max(Duration::from_millis(200))
+    }
+
+    /// Payload bytes one worker's claim may hand out: an even share of `batch_bytes`. A worker
+    /// holds one batch at a time, so the process holds at most `batch_bytes` of payloads (plus,
+    /// per worker, one payload larger than its share, which goes through alone).
+    pub fn claim_bytes(&self) -> usize {
+        (self.batch_bytes / self.workers.max(1)).max(1)
     }
 
     /// The deadline of one `Sink::publish` call for a sink whose ack timeout is `ack_timeout`:

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::retry::RetryDecision;
-use outbox_core::{Error, ErrorKind, MemberId, Message, Outcome, Result, Sink, SinkError, Store};
+use outbox_core::{
+    ClaimLimits, Error, ErrorKind, MemberId, Message, Outcome, Result, Sink, SinkError, Store,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -150,8 +152,15 @@ impl Worker {
             let claimed = self
                 .store_call(
                     "claim",
-                    self.store
-                        .claim(&self.id, &lease.partitions, limit, self.cfg.on_failed),
+                    self.store.claim(
+                        &self.id,
+                        &lease.partitions,
+                        ClaimLimits {
+                            rows: limit,
+                            bytes: self.cfg.claim_bytes(),
+                        },
+                        self.cfg.on_failed,
+                    ),
                 )
                 .await;
             RelayMetrics::add(&self.metrics.claims, 1);

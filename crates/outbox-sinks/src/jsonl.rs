@@ -23,7 +23,7 @@ struct Record<'a> {
 /// as it is, never parsed into a value or copied into another string.
 pub(crate) fn encode_one(e: &Envelope, line: &mut Vec<u8>) -> Result<(), SinkError> {
     line.clear();
-    let payload: &RawValue = serde_json::from_str(&e.payload)
+    let payload: &RawValue = serde_json::from_slice(&e.payload)
         .map_err(|_| SinkError::invalid(format!("message {}: payload is not valid JSON", e.id)))?;
     let headers = e
         .headers
@@ -59,7 +59,7 @@ mod tests {
             destination: "payment.created".into(),
             key: "p-1".into(),
             headers: vec![("outbox-event-type".into(), "created".into())],
-            payload: payload.into(),
+            payload: payload.to_string().into(),
             created_at: Utc::now(),
         }
     }

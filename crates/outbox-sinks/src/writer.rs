@@ -81,13 +81,18 @@ impl LineWriter {
 fn run(mut jobs: mpsc::Receiver<Job>, mut target: impl Target) {
     let mut torn = false;
     let mut line = Vec::new();
-    while let Some(job) = jobs.blocking_recv() {
+    while let Some(Job { batch, reply }) = jobs.blocking_recv() {
         // Its caller gave up while it queued: writing it now would only make a duplicate.
-        if job.reply.is_closed() {
+        if reply.is_closed() {
             continue;
         }
-        let results = write_batch(&mut target, &job.batch, &mut torn, &mut line);
-        let _ = job.reply.send(results);
+        let results = write_batch(&mut target, &batch, &mut torn, &mut line);
+        // Let go of the payloads before answering, so the caller's next batch never overlaps
+        // this one in memory; and keep no large line around between batches.
+        drop(batch);
+        line.clear();
+        line.shrink_to(CHUNK);
+        let _ = reply.send(results);
     }
 }
 
@@ -187,7 +192,7 @@ mod tests {
             destination: "d".into(),
             key: "k".into(),
             headers: vec![],
-            payload: payload.into(),
+            payload: payload.to_string().into(),
             created_at: chrono::Utc::now(),
         }
     }

@@ -17,6 +17,7 @@ pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCod
             "sink": outbox_core::redact::url(&s.sink),
             "destination": r.destination.as_str(),
             "batch_size": r.batch_size,
+            "batch_bytes": r.batch_bytes,
             "workers": r.workers,
             "poll_interval": humantime::format_duration(r.poll_interval).to_string(),
             "listen": r.listen,

@@ -146,7 +146,7 @@ mod tests {
             destination: "d".into(),
             key: "k".into(),
             headers: vec![],
-            payload: format!("{{\"n\":{n}}}"),
+            payload: format!("{{\"n\":{n}}}").into(),
             created_at: chrono::Utc::now(),
         };
         let sink = FileSink::from_url(&format!("file:{}", path.display())).unwrap();
