@@ -644,6 +644,10 @@ impl Store for PgStore {
         let Some(ticket) = self.state(member, |s| s.ticket.take()) else {
             return Ok(0);
         };
+        let plan = ticket.plan(outcomes, false);
+        if plan.is_empty() {
+            return Ok(0);
+        }
         // Until the record statement succeeds, the ticket goes back on an error *or* when this
         // call is dropped (the relay's store deadline), so the retry can record the batch. If the
         // dropped statement did commit, the retry writes the same positions and parks nothing
@@ -654,13 +658,6 @@ impl Store for PgStore {
             member,
             ticket: Some(ticket),
         };
-        let plan = match &guard.ticket {
-            Some(t) => t.plan(outcomes, false),
-            None => return Ok(0),
-        };
-        if plan.is_empty() {
-            return Ok(0);
-        }
         let passed = self.write_plan(member, &plan).await?;
         guard.disarm();
         Ok(passed

@@ -47,7 +47,8 @@ macro_rules! store_conformance_suite {
             stale_record_after_takeover_changes_nothing,
             stale_record_after_retaking_ones_own_partition_changes_nothing,
             parked_key_is_released_in_order_behind_its_head,
-            claim_respects_the_byte_bound_but_passes_one_oversized_row
+            claim_respects_the_byte_bound_but_passes_one_oversized_row,
+            a_complete_dropped_mid_way_records_when_called_again
         );
     };
 }
@@ -749,4 +750,26 @@ pub async fn claim_respects_the_byte_bound_but_passes_one_oversized_row(store: A
     assert_eq!(delivered, want, "every message once, none lost");
     let s = store.stats().await.unwrap();
     assert_eq!((s.pending, s.published), (0, 8));
+}
+
+/// The relay drops a store call that outlives its deadline. A `complete` dropped mid-way must
+/// record the batch when called again with the same outcomes, not forget it.
+pub async fn a_complete_dropped_mid_way_records_when_called_again(store: Arc<dyn Store>) {
+    store.insert(&[msg("a", 1), msg("b", 2)]).await.unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    let outcomes: Vec<_> = got
+        .iter()
+        .map(|r| Outcome::Published { seq: r.seq })
+        .collect();
+    // A zero deadline: the call is polled once, then dropped wherever it stands. Its statement
+    // may still run (SQLite's driver finishes it on its own thread): then the retry finds
+    // nothing left to change, which is fine. What must not happen is that neither records it.
+    let _ = tokio::time::timeout(Duration::ZERO, store.complete(&m, &outcomes)).await;
+    store.complete(&m, &outcomes).await.unwrap();
+    assert!(
+        claim_all(&store, &m, &parts).await.is_empty(),
+        "the batch must be recorded by the dropped call or its retry"
+    );
+    assert_eq!(store.stats().await.unwrap().published, 2);
 }
