@@ -35,6 +35,17 @@ impl<S: Sink> FlakySink<S> {
         Self::failing_first(inner, u64::MAX)
     }
 
+    /// Fails every message as rejected: the broker answers and refuses each one, so messages
+    /// spend their attempts and the circuit stays closed.
+    pub fn always_rejecting(inner: S) -> Self {
+        Self {
+            inner,
+            fail_first: u64::MAX,
+            kind: SinkErrorKind::Rejected,
+            calls: AtomicU64::new(0),
+        }
+    }
+
     /// Fails every message as invalid: no retry can help it.
     pub fn permanently_failing(inner: S) -> Self {
         Self {
