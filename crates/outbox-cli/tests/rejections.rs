@@ -130,3 +130,165 @@ async fn unstreamed_subject_ends_failed_within_max_attempts_while_a_streamed_one
     assert_eq!((s.published, s.failed), (good, 1));
     w.drop_all().await;
 }
+
+/// A nats-server of this test's own on a free port, whose only user may publish anywhere except
+/// `deny` (and JetStream's API, which it needs, stays allowed).
+struct RestrictedNats {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: std::process::Child,
+}
+
+impl RestrictedNats {
+    fn start(deny: &str) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(outbox_testkit::unique_name("nats_perm"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("nats.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listen: 127.0.0.1:{port}\n\
+                 jetstream {{ store_dir: \"{}\" }}\n\
+                 authorization {{ users = [ {{ user: relay, password: relaypw, \
+                 permissions: {{ publish: {{ allow: \">\", deny: \"{deny}\" }}, subscribe: \">\" }} }} ] }}\n",
+                dir.join("js").display()
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new("nats-server")
+            .arg("-c")
+            .arg(&conf)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nats-server must be installed");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "private nats-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { port, dir, child }
+    }
+
+    fn url(&self) -> String {
+        format!("nats://relay:relaypw@127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for RestrictedNats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// NATS never answers a publish it denies: it sends an asynchronous permissions error and drops
+/// the message, so the acknowledgement can only time out. That timeout is a rejection of the
+/// message, not an outage: the message ends `failed` with the reason, the circuit stays closed,
+/// and subjects the relay may publish to keep flowing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subject_the_relay_may_not_publish_to_ends_failed_and_never_opens_the_circuit() {
+    let w = World::with_stream(false).await;
+    let nats = RestrictedNats::start(&format!("{}.denied.>", w.prefix));
+    let client = async_nats::connect_with_options(
+        format!("nats://127.0.0.1:{}", nats.port),
+        async_nats::ConnectOptions::with_user_and_password("relay".into(), "relaypw".into()),
+    )
+    .await
+    .unwrap();
+    let js = jetstream::new(client);
+    // The stream captures both subjects: only the permission keeps `denied` out.
+    js.create_stream(jetstream::stream::Config {
+        name: w.stream.clone(),
+        subjects: vec![format!("{}.>", w.prefix)],
+        storage: jetstream::stream::StorageType::Memory,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let sink = NatsSink::connect(
+        NatsConfig::from_url(&format!("{}?ack_timeout=500ms", nats.url())).unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut cfg = w.relay_config();
+    cfg.workers = 1;
+    cfg.retry.max_attempts = 5;
+    cfg.breaker_threshold = 2;
+    let relay = Relay::new(w.dyn_store(), Arc::new(sink), cfg);
+    let breaker = relay.breaker();
+    let stop = CancellationToken::new();
+    let h = tokio::spawn(relay.run(stop.clone()));
+
+    let denied = NewMessage::new(
+        "denied",
+        "denied-key",
+        "placed",
+        serde_json::json!({ "n": 0 }),
+    );
+    w.store()
+        .insert(std::slice::from_ref(&denied))
+        .await
+        .unwrap();
+    let mut good = 0i64;
+    let mut left_closed = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let error = loop {
+        if breaker.snapshot().0 != CircuitState::Closed {
+            left_closed = true;
+        }
+        if good < 10 {
+            let m = NewMessage::new(
+                "good",
+                "good-key",
+                "placed",
+                serde_json::json!({ "n": good }),
+            );
+            w.store().insert(&[m]).await.unwrap();
+            good += 1;
+        }
+        let row: Option<(String, i32, Option<String>)> = sqlx::query_as(&w.schema.render(
+            "SELECT state, attempts, last_error FROM {schema}.outbox_parked WHERE id = $1",
+        ))
+        .bind(denied.id)
+        .fetch_optional(&w.pool)
+        .await
+        .unwrap();
+        if let Some(("failed", attempts, error)) =
+            row.as_ref().map(|(s, a, e)| (s.as_str(), *a, e.clone()))
+        {
+            assert_eq!(attempts, 5, "failed after exactly its budget");
+            break error.unwrap_or_default();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the denied message did not end failed: {row:?}, circuit {:?}",
+            breaker.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(error.contains("permission"), "{error}");
+    assert!(
+        error.contains(&format!("{}.denied.placed", w.prefix)),
+        "{error}"
+    );
+    assert!(!left_closed, "a denied subject must never open the circuit");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while w.stats().await.published < good {
+        assert!(Instant::now() < deadline, "the allowed subject stalled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    h.await.unwrap();
+    drop(nats);
+    w.drop_all().await;
+}

@@ -143,7 +143,8 @@ pub trait Sink: Send + Sync {
     fn name(&self) -> &str;
 
     /// How long this sink waits for its broker to acknowledge a message, when it has such a
-    /// setting (NATS `ack_timeout`). The relay gives every `publish` call this long, and never
+    /// setting (NATS `ack_timeout`). The relay gives every `publish` call this long and a
+    /// quarter more (so the sink reports its own timeouts, with what it knows about them), never
     /// more than a third of its lease, then counts each message of the call still without an
     /// answer as [`SinkErrorKind::Unavailable`]. Sinks without one (local files, stdout) get a
     /// third of the lease.

@@ -103,12 +103,14 @@ impl RelayConfig {
     }
 
     /// The deadline of one `Sink::publish` call for a sink whose ack timeout is `ack_timeout`:
-    /// that timeout, or the lease margin for a sink without one, and never more than the lease
-    /// margin. A wave is only started with the margin left on the lease, so a call that ends by
-    /// this deadline ends while the lease still holds.
+    /// that timeout and a quarter more, or the lease margin for a sink without one, and never
+    /// more than the lease margin. A wave is only started with the margin left on the lease, so
+    /// a call that ends by this deadline ends while the lease still holds. The quarter lets a
+    /// sink that answers by itself (its own timeout, with the reason it knows) answer first: the
+    /// deadline is for sinks that never answer.
     pub fn publish_deadline(&self, ack_timeout: Option<Duration>) -> Duration {
         ack_timeout
-            .unwrap_or_else(|| self.lease_margin())
+            .map_or_else(|| self.lease_margin(), |ack| ack + ack / 4)
             .min(self.lease_margin())
     }
 
@@ -153,8 +155,14 @@ mod tests {
         };
         assert_eq!(c.publish_deadline(None), Duration::from_secs(1));
         assert_eq!(
-            c.publish_deadline(Some(Duration::from_millis(250))),
-            Duration::from_millis(250)
+            c.publish_deadline(Some(Duration::from_millis(400))),
+            Duration::from_millis(500),
+            "the sink's own timeout answers first"
+        );
+        assert_eq!(
+            c.publish_deadline(Some(Duration::from_millis(900))),
+            Duration::from_secs(1),
+            "capped at a third of the lease"
         );
         assert_eq!(
             c.publish_deadline(Some(Duration::from_secs(5))),

@@ -342,8 +342,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
 
     let db = Arc::new(PaymentsDb::open(&db_url, &schema).await?);
-    // The demo's short lease must still cover the sink's wait for an acknowledgement.
-    let sink_url = outbox_sinks::with_default_ack_timeout(&sink_url, lease / 3);
+    // The demo's short lease must still cover the sink's wait for an acknowledgement (a
+    // quarter of it, so the sink reports its own timeout before the relay's publish deadline).
+    let sink_url = outbox_sinks::with_default_ack_timeout(&sink_url, lease / 4);
     let (mut broker, sink, destination) = Broker::open(&sink_url, "demo").await?;
     let ledger_path = args.dir.join("ledger.db");
     let ledger = Ledger::open(&ledger_path).await?;

@@ -426,10 +426,11 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     }
 
     let lease = args.lease.0;
-    // The relays' sink waits for each acknowledgement at most a third of their short lease
-    // (NATS waits 5 s by default, longer than a third of the default 3 s lease); an explicit
-    // ack_timeout that does not fit is refused here, as `outbox relay` would refuse it.
-    let relay_sink = outbox_sinks::with_default_ack_timeout(&sink_url, lease / 3);
+    // The relays' sink waits for each acknowledgement a quarter of their short lease (NATS
+    // waits 5 s by default, longer than the third of the default 3 s lease a publish may take;
+    // a quarter leaves the sink room to report its own timeout first); an explicit ack_timeout
+    // that does not fit in a third is refused here, as `outbox relay` would refuse it.
+    let relay_sink = outbox_sinks::with_default_ack_timeout(&sink_url, lease / 4);
     if let Some(ack) = outbox_sinks::ack_timeout(&relay_sink)? {
         RelayConfig {
             lease,

@@ -4,6 +4,8 @@ use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::ErrorCode;
 use outbox_core::{SinkError, SinkErrorKind};
 
+use super::denied::Denied;
+
 /// Maps a publish or acknowledgement failure for `subject` to a [`SinkError`] kind.
 ///
 /// Only failures that mean "no answer from the broker" are [`SinkErrorKind::Unavailable`] (they
@@ -14,8 +16,16 @@ use outbox_core::{SinkError, SinkErrorKind};
 /// [`SinkErrorKind::Invalid`]. Anything unrecognised is a rejection, never an outage: it spends
 /// the message's attempts and ends `failed` with its text, where calling it transient could
 /// retry one bad message for ever.
-pub(crate) fn classify(subject: &str, err: &PublishError) -> SinkError {
+///
+/// `denied` is the connection's memory of publish permissions violations: NATS answers a denied
+/// publish with nothing but an asynchronous error, so its acknowledgement times out, and that
+/// timeout is a rejection (permission denied), not an outage.
+pub(crate) fn classify(subject: &str, err: &PublishError, denied: &Denied) -> SinkError {
     match err.kind() {
+        PublishErrorKind::TimedOut if denied.recently(subject) => SinkError::rejected(format!(
+            "nats: the server denied this relay permission to publish to `{subject}`; grant the \
+             relay's user publish permission for it, then redrive if the message ended failed"
+        )),
         PublishErrorKind::StreamNotFound => SinkError::rejected(format!(
             "nats: no JetStream stream captures subject `{subject}`; create a stream whose \
              subjects include it, then redrive if the message ended failed"
@@ -82,7 +92,11 @@ mod tests {
 
     #[test]
     fn no_stream_is_a_rejection_and_timeouts_are_outages() {
-        let no_stream = classify("a.b", &PublishError::new(PublishErrorKind::StreamNotFound));
+        let no_stream = classify(
+            "a.b",
+            &PublishError::new(PublishErrorKind::StreamNotFound),
+            &Denied::default(),
+        );
         assert_eq!(no_stream.kind, SinkErrorKind::Rejected);
         assert!(no_stream.message.contains("`a.b`"), "{}", no_stream.message);
         for kind in [
@@ -91,7 +105,7 @@ mod tests {
             PublishErrorKind::MaxAckPending,
         ] {
             assert_eq!(
-                classify("a.b", &PublishError::new(kind)).kind,
+                classify("a.b", &PublishError::new(kind), &Denied::default()).kind,
                 SinkErrorKind::Unavailable,
                 "{kind:?}"
             );
@@ -99,11 +113,31 @@ mod tests {
         assert_eq!(
             classify(
                 "a.b",
-                &PublishError::new(PublishErrorKind::MaxPayloadExceeded)
+                &PublishError::new(PublishErrorKind::MaxPayloadExceeded),
+                &Denied::default()
             )
             .kind,
             SinkErrorKind::Invalid
         );
+    }
+
+    #[test]
+    fn a_timeout_on_a_subject_the_server_denied_is_a_rejection() {
+        let denied = Denied::default();
+        denied.note("Permissions Violation for Publish to \"a.secret\"");
+        let e = classify(
+            "a.secret",
+            &PublishError::new(PublishErrorKind::TimedOut),
+            &denied,
+        );
+        assert_eq!(e.kind, SinkErrorKind::Rejected);
+        assert!(e.message.contains("permission"), "{}", e.message);
+        let other = classify(
+            "a.b",
+            &PublishError::new(PublishErrorKind::TimedOut),
+            &denied,
+        );
+        assert_eq!(other.kind, SinkErrorKind::Unavailable);
     }
 
     #[test]
@@ -114,7 +148,7 @@ mod tests {
             PublishErrorKind::WrongLastSequence,
         ] {
             assert_eq!(
-                classify("a.b", &PublishError::new(kind)).kind,
+                classify("a.b", &PublishError::new(kind), &Denied::default()).kind,
                 SinkErrorKind::Rejected,
                 "{kind:?}"
             );

@@ -10,6 +10,7 @@ use outbox_core::{Envelope, Error, ErrorKind, Sink, SinkError};
 use tracing::info;
 
 use super::config::{NatsAuth, NatsConfig};
+use super::denied::Denied;
 use super::error::classify;
 
 /// Acknowledgements the client may await at once (64 workers × a 10,000-row batch).
@@ -36,6 +37,7 @@ pub struct NatsSink {
     js: jetstream::Context,
     client: async_nats::Client,
     ack_timeout: std::time::Duration,
+    denied: Denied,
 }
 
 impl NatsSink {
@@ -54,11 +56,20 @@ impl NatsSink {
             }
             None => async_nats::ConnectOptions::new(),
         };
+        let denied = Denied::default();
+        let noted = denied.clone();
         let client = options
             .retry_on_initial_connect()
             .connection_timeout(std::time::Duration::from_secs(5))
-            .event_callback(|event| async move {
-                info!(sink = "nats", %event, "nats connection event");
+            .event_callback(move |event| {
+                // A denied publish is answered only here, never on its acknowledgement.
+                if let async_nats::Event::ServerError(async_nats::ServerError::Other(text)) = &event
+                {
+                    noted.note(text);
+                }
+                async move {
+                    info!(sink = "nats", %event, "nats connection event");
+                }
             })
             .connect(&cfg.url)
             .await
@@ -83,6 +94,7 @@ impl NatsSink {
             js,
             client,
             ack_timeout: cfg.ack_timeout,
+            denied,
         })
     }
 
@@ -133,7 +145,7 @@ impl Sink for NatsSink {
                     self.js
                         .send_publish(e.destination.clone(), msg)
                         .await
-                        .map_err(|err| classify(&e.destination, &err))
+                        .map_err(|err| classify(&e.destination, &err, &self.denied))
                 }
                 Err(err) => Err(err),
             };
@@ -144,7 +156,7 @@ impl Sink for NatsSink {
                 Ok(ack) => ack
                     .await
                     .map(|_| ())
-                    .map_err(|err| classify(&batch[i].destination, &err)),
+                    .map_err(|err| classify(&batch[i].destination, &err, &self.denied)),
                 Err(e) => Err(e),
             }
         }))
