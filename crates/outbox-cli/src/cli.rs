@@ -110,6 +110,11 @@ pub struct RelayArgs {
     /// Rows per claim (default 1000). Env: OUTBOX_BATCH_SIZE.
     #[arg(long, value_name = "N")]
     pub batch_size: Option<usize>,
+    /// Payload bytes the relay holds at once (default 16MiB), shared by its workers: claims stop
+    /// there, so memory follows this, not the payloads' size; a single larger payload still
+    /// goes through, alone. Env: OUTBOX_BATCH_BYTES.
+    #[arg(long, value_name = "SIZE")]
+    pub batch_bytes: Option<crate::config::ByteSize>,
     /// Worker tasks (relay members) in this process (default 2). Env: OUTBOX_WORKERS.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
@@ -127,9 +132,14 @@ pub struct RelayArgs {
     /// Env: OUTBOX_RETENTION.
     #[arg(long, value_name = "DURATION")]
     pub retention: Option<Dur>,
-    /// Partition lease: how soon a dead relay's work is taken over (default 30s). Env: OUTBOX_LEASE.
+    /// Partition lease: how soon a dead relay's work is taken over (default 30s). The sink's ack
+    /// timeout must fit in a third of it. Env: OUTBOX_LEASE.
     #[arg(long, value_name = "DURATION")]
     pub lease: Option<Dur>,
+    /// Deadline of each database call a relay worker makes (default 15s); one without an
+    /// answer by then is abandoned and retried. Env: OUTBOX_STORE_TIMEOUT.
+    #[arg(long, value_name = "DURATION")]
+    pub store_timeout: Option<Dur>,
     /// Attempts before a message ends `failed` (default 10). Env: OUTBOX_MAX_ATTEMPTS.
     #[arg(long, value_name = "N")]
     pub max_attempts: Option<u32>,

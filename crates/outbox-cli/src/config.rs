@@ -44,6 +44,54 @@ impl<'de> Deserialize<'de> for Dur {
     }
 }
 
+/// A size in bytes written as `16MiB`, `512KiB`, `1GiB`, `16MB` (powers of 1000) or a plain
+/// number of bytes; in the file, a string or an integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub usize);
+
+impl FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let unit_bytes: usize = match unit.trim() {
+            "" | "B" => 1,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            "KB" | "kB" => 1_000,
+            "MB" => 1_000_000,
+            "GB" => 1_000_000_000,
+            _ => {
+                return Err(format!(
+                    "`{s}` is not a size; write e.g. 16MiB, 512KiB or 1048576"
+                ))
+            }
+        };
+        num.parse::<usize>()
+            .ok()
+            .and_then(|n| n.checked_mul(unit_bytes))
+            .map(ByteSize)
+            .ok_or_else(|| format!("`{s}` is not a size; write e.g. 16MiB, 512KiB or 1048576"))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(usize),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Number(n) => Ok(ByteSize(n)),
+            Raw::Text(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 /// The file: every key optional.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,6 +115,8 @@ pub struct RelaySection {
     pub destination: Option<String>,
     /// Rows per claim.
     pub batch_size: Option<usize>,
+    /// Payload bytes per claim.
+    pub batch_bytes: Option<ByteSize>,
     /// Worker tasks per process.
     pub workers: Option<usize>,
     /// Poll interval.
@@ -77,6 +127,8 @@ pub struct RelaySection {
     pub retention: Option<Dur>,
     /// Partition lease.
     pub lease: Option<Dur>,
+    /// Deadline of each store call a relay worker makes.
+    pub store_timeout: Option<Dur>,
     /// Attempts before `failed`.
     pub max_attempts: Option<u32>,
     /// First retry delay.
@@ -280,6 +332,15 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
         &loaded.file_key("relay.batch_size"),
         "batch size",
     )?;
+    let batch_bytes = pick(args.batch_bytes, &["OUTBOX_BATCH_BYTES"], f.batch_bytes)?
+        .map_or(defaults.batch_bytes, |b| b.0);
+    check(
+        batch_bytes,
+        1 << 10,
+        1 << 30,
+        &loaded.file_key("relay.batch_bytes"),
+        "batch bytes",
+    )?;
     let workers = pick(args.workers, &["OUTBOX_WORKERS"], f.workers)?.unwrap_or(defaults.workers);
     check(workers, 1, 64, &loaded.file_key("relay.workers"), "workers")?;
     let poll_interval = pick(
@@ -302,6 +363,24 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     let lease = pick(args.lease, &["OUTBOX_LEASE"], f.lease)?.map_or(defaults.lease, |d| d.0);
     at_least(lease, Duration::from_millis(500), "lease")?;
     at_most(lease, Duration::from_secs(3600), "lease")?;
+    // A relay must be able to wait for an acknowledgement and still hold its lease: the sink's
+    // ack timeout has to fit in the third of the lease a wave may take.
+    if let Some(ack) = outbox_sinks::ack_timeout(&sink).map_err(|e| ConfigError(e.to_string()))? {
+        RelayConfig {
+            lease,
+            ..RelayConfig::default()
+        }
+        .check_ack_timeout(ack)
+        .map_err(ConfigError)?;
+    }
+    let store_timeout = pick(
+        args.store_timeout,
+        &["OUTBOX_STORE_TIMEOUT"],
+        f.store_timeout,
+    )?
+    .map_or(defaults.store_timeout, |d| d.0);
+    at_least(store_timeout, Duration::from_millis(100), "store timeout")?;
+    at_most(store_timeout, Duration::from_secs(3600), "store timeout")?;
     let max_attempts = pick(args.max_attempts, &["OUTBOX_MAX_ATTEMPTS"], f.max_attempts)?
         .unwrap_or(defaults.retry.max_attempts);
     check(
@@ -332,12 +411,14 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
         sink,
         relay: RelayConfig {
             batch_size,
+            batch_bytes,
             workers,
             poll_interval,
             listen,
             retention,
             maintain_every: defaults.maintain_every,
             lease,
+            store_timeout,
             retry: RetryPolicy {
                 max_attempts,
                 base,
@@ -410,6 +491,20 @@ mod tests {
         assert!(err.contains("batch_sise"), "{err}");
         assert!(err.contains(&path.display().to_string()), "{err}");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        assert_eq!("16MiB".parse::<ByteSize>().unwrap().0, 16 << 20);
+        assert_eq!("512KiB".parse::<ByteSize>().unwrap().0, 512 << 10);
+        assert_eq!("2MB".parse::<ByteSize>().unwrap().0, 2_000_000);
+        assert_eq!("1048576".parse::<ByteSize>().unwrap().0, 1 << 20);
+        assert!("lots".parse::<ByteSize>().unwrap_err().contains("lots"));
+        assert!("16 furlongs".parse::<ByteSize>().is_err());
+        let f: FileConfig = toml::from_str("[relay]\nbatch_bytes = 4096\n").unwrap();
+        assert_eq!(f.relay.batch_bytes, Some(ByteSize(4096)));
+        let f: FileConfig = toml::from_str("[relay]\nbatch_bytes = \"1MiB\"\n").unwrap();
+        assert_eq!(f.relay.batch_bytes, Some(ByteSize(1 << 20)));
     }
 
     #[test]

@@ -325,6 +325,101 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
     w.drop_all().await;
 }
 
+/// A probe of an open circuit that the broker *rejects* spends the message's attempts like any
+/// rejection; one that finds the broker still down does not. The probe always takes the lowest
+/// due seq, so a rejected message there used to be probed for ever while everything waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_probe_spends_attempts_so_the_circuit_closes_and_the_rest_flows() {
+    let mut nats = PrivateNats::start();
+    let w = World::with_stream(false).await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    // Only `<prefix>.good.>` has a stream; `<prefix>.bad.…` is rejected once the broker is up.
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: w.stream.clone(),
+        subjects: vec![format!("{}.good.>", w.prefix)],
+        storage: async_nats::jetstream::stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let sink = NatsSink::connect(
+        NatsConfig::from_url(&format!("{}?ack_timeout=500ms", nats.url())).unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut cfg = w.relay_config();
+    cfg.workers = 1;
+    cfg.breaker_threshold = 1;
+    cfg.retry.max_attempts = 4;
+    let relay = Relay::new(w.dyn_store(), Arc::new(sink), cfg);
+    let breaker = relay.breaker();
+    let stop = CancellationToken::new();
+    let h = tokio::spawn(relay.run(stop.clone()));
+
+    nats.down();
+    let bad = NewMessage::new("bad", "bad-key", "placed", serde_json::json!({ "n": 0 }));
+    w.store().insert(std::slice::from_ref(&bad)).await.unwrap();
+    let good = common::interleaved(&common::keys("g", 5), 0..4)
+        .into_iter()
+        .map(|mut m| {
+            m.aggregate_type = "good".into();
+            m
+        })
+        .collect::<Vec<_>>();
+    w.store().insert(&good).await.unwrap();
+    wait_state(&breaker, CircuitState::Open, Duration::from_secs(30)).await;
+    // Probes while the broker is down spend nothing: the bad message (lowest seq) is probed
+    // again and again, and its attempts stay where the closed circuit left them.
+    let attempts = || async {
+        sqlx::query_scalar::<_, i32>(
+            &w.schema
+                .render("SELECT attempts FROM {schema}.outbox_parked WHERE id = $1"),
+        )
+        .bind(bad.id)
+        .fetch_optional(&w.pool)
+        .await
+        .unwrap()
+        .unwrap_or(0)
+    };
+    // The circuit opens before the failed call is recorded: wait for that record.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while attempts().await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the failed call was never recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = attempts().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        attempts().await,
+        before,
+        "probes that found the broker down must not spend attempts"
+    );
+    assert!(before < 4, "the outage alone must not fail the message");
+
+    nats.up();
+    wait_state(&breaker, CircuitState::Closed, Duration::from_secs(60)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = w.stats().await;
+        if s.failed == 1 && s.published == good.len() as i64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rejected message must end failed and the others flow: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(attempts().await, 4, "failed after exactly its budget");
+    stop.cancel();
+    h.await.unwrap();
+    w.drop_all().await;
+}
+
 /// Restarts the machine's PostgreSQL: run only in the serial `disruptive_` phase of
 /// `scripts/test.sh`, after every other test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,7 +30,8 @@ fn relay(w: &World, extra: &[&str]) -> Child {
         ])
         .args([
             "--sink",
-            &common::nats_url(),
+            // Short leases below: the ack timeout must fit in a third of them.
+            &format!("{}?ack_timeout=500ms", common::nats_url()),
             "--destination",
             &w.destination(),
         ])
@@ -345,7 +346,7 @@ fn flags_override_environment_which_overrides_the_file() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("outbox.toml"),
-        "database_url = \"postgres://app:hunter2@db/app\"\nschema = \"from_file\"\n[relay]\nsink = \"nats://file:4222\"\nworkers = 3\nbatch_size = 300\nlease = \"7s\"\nallow_destinations = [\"file.>\"]\n",
+        "database_url = \"postgres://app:hunter2@db/app\"\nschema = \"from_file\"\n[relay]\nsink = \"nats://file:4222\"\nworkers = 3\nbatch_size = 300\nlease = \"15s\"\nallow_destinations = [\"file.>\"]\n",
     )
     .unwrap();
     let print = |env: &[(&str, &str)], flags: &[&str]| -> serde_json::Value {
@@ -368,7 +369,7 @@ fn flags_override_environment_which_overrides_the_file() {
     );
     assert_eq!(
         (v["schema"].as_str(), v["lease"].as_str()),
-        (Some("from_file"), Some("7s"))
+        (Some("from_file"), Some("15s"))
     );
     assert_eq!(
         v["database_url"], "postgres://***@db/app",

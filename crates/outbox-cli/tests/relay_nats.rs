@@ -246,7 +246,9 @@ async fn message_exhausting_its_attempts_ends_failed_with_its_error() {
         .unwrap();
     let mut cfg = w.relay_config();
     cfg.retry.max_attempts = 3;
-    let sink: Arc<dyn Sink> = Arc::new(FlakySink::always_failing(nats().await));
+    // Refused every time: rejections spend attempts. (An unavailable broker would open the
+    // circuit instead, and an outage never pushes messages into `failed`.)
+    let sink: Arc<dyn Sink> = Arc::new(FlakySink::always_rejecting(nats().await));
     let (stop, h) = spawn(Relay::new(w.dyn_store(), sink, cfg));
     wait_failed(&w, 2).await;
     stop.cancel();

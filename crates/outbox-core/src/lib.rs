@@ -13,10 +13,11 @@ pub mod secret;
 pub mod sink;
 pub mod store;
 
+pub use bytes::Bytes;
 pub use error::{Error, ErrorKind, Result};
 pub use message::{Message, NewMessage};
 pub use retry::RetryPolicy;
 pub use routing::{DestinationPattern, DestinationRules, DestinationTemplate};
 pub use secret::Secret;
-pub use sink::{Envelope, Sink, SinkError};
-pub use store::{BlockedKey, Maintenance, MemberId, OnFailed, Outcome, Stats, Store};
+pub use sink::{Envelope, Sink, SinkError, SinkErrorKind};
+pub use store::{BlockedKey, ClaimLimits, Maintenance, MemberId, OnFailed, Outcome, Stats, Store};

@@ -1,5 +1,6 @@
 //! The outbox message: what an application enqueues and what the relay claims.
 
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -71,9 +72,10 @@ pub struct Message {
     pub aggregate_id: String,
     /// Event type.
     pub event_type: String,
-    /// The payload as JSON text, as the store returns it (PostgreSQL `jsonb` normalises key
-    /// order and whitespace); published byte for byte.
-    pub payload: String,
+    /// The payload as JSON text (UTF-8), as the store returns it (PostgreSQL `jsonb` normalises
+    /// key order and whitespace); published byte for byte. Held once: the envelope and the sink
+    /// share these bytes (cloning a `Bytes` counts a reference, it copies nothing).
+    pub payload: Bytes,
     /// The row's own headers as JSON text (expected to be an object).
     pub headers: String,
     /// Per-row destination override.

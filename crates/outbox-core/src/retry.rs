@@ -41,7 +41,8 @@ pub enum RetryDecision {
 
 impl RetryPolicy {
     /// Decides after the `attempts`-th failed attempt (1 = the first publish failed).
-    /// Permanent errors fail at once; transient ones back off until the budget is spent.
+    /// `retriable` is [`SinkError::retriable`](crate::SinkError::retriable): an invalid message
+    /// fails at once; an unavailable broker or a rejection backs off until the budget is spent.
     pub fn decide(&self, attempts: u32, retriable: bool) -> RetryDecision {
         if !retriable || attempts >= self.max_attempts.max(1) {
             return RetryDecision::Fail;

@@ -1,6 +1,7 @@
 //! The `Sink` trait: where the relay publishes, and what an acknowledgement means.
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -39,37 +40,104 @@ pub struct Envelope {
     pub key: String,
     /// Headers: the relay's own (`outbox-*`) followed by the row's.
     pub headers: Vec<(String, String)>,
-    /// Payload as JSON text.
-    pub payload: String,
+    /// Payload as JSON text (UTF-8), shared with the claimed [`Message`](crate::Message): a
+    /// sink passes it on (NATS takes `Bytes` as they are) or borrows it, never copies it whole.
+    pub payload: Bytes,
     /// When the row was written.
     pub created_at: DateTime<Utc>,
+}
+
+/// What a failed publish says: whether the broker is at fault or this message is (after
+/// vector's `RetryLogic`). The relay's backoff, the `failed` state and the circuit breaker each
+/// read it:
+///
+/// | kind | circuit breaker | attempts | ends `failed` |
+/// | --- | --- | --- | --- |
+/// | [`Unavailable`](Self::Unavailable) | counts | spent, except by a probe of an open circuit | after `max_attempts` |
+/// | [`Rejected`](Self::Rejected) | never counts | spent, also by a probe | after `max_attempts` |
+/// | [`Invalid`](Self::Invalid) | never counts | spent | at once |
+///
+/// The choice for rejections: a refusal that someone can fix without touching the message (a
+/// stream created, a permission granted) is retried with backoff, so a brief misconfiguration
+/// does not fail a whole burst of messages; a message the broker can never take as it is fails at
+/// once, since no retry can help it. Either way only this message (and the later ones of its
+/// key) waits: other subjects keep flowing, and the circuit stays closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SinkErrorKind {
+    /// The broker could not be reached or did not answer in time: connection refused or lost,
+    /// no acknowledgement within the ack timeout or the relay's publish deadline, a broker-wide
+    /// outage. Says nothing about the message.
+    Unavailable,
+    /// The broker answered and refused this message, for a reason that can be fixed without
+    /// changing it: no stream captures its subject, permission denied, a stream limit reached,
+    /// or a refusal the sink does not recognise.
+    Rejected,
+    /// The message can never be published as it is: its payload is larger than the broker
+    /// accepts, its subject or a header is not valid for the broker, or its payload cannot be
+    /// encoded by the sink.
+    Invalid,
+}
+
+impl SinkErrorKind {
+    /// `unavailable`, `rejected` or `invalid`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SinkErrorKind::Unavailable => "unavailable",
+            SinkErrorKind::Rejected => "rejected",
+            SinkErrorKind::Invalid => "invalid",
+        }
+    }
+}
+
+impl std::fmt::Display for SinkErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A failed publish of one message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct SinkError {
-    /// Whether a later attempt may succeed (broker down, timeout) or never will (payload too big).
-    pub retriable: bool,
+    /// Whether the broker or the message is at fault; see [`SinkErrorKind`].
+    pub kind: SinkErrorKind,
     /// What failed; never contains the payload or a password.
     pub message: String,
 }
 
 impl SinkError {
-    /// A failure worth retrying later.
-    pub fn transient(message: impl Into<String>) -> Self {
+    /// A new error of `kind`; `message` is sanitised (control characters and credentials out).
+    pub fn new(kind: SinkErrorKind, message: impl Into<String>) -> Self {
         Self {
-            retriable: true,
+            kind,
             message: crate::redact::sanitize(&message.into()),
         }
     }
 
-    /// A failure no retry will fix; the message is marked `failed` at once.
-    pub fn permanent(message: impl Into<String>) -> Self {
-        Self {
-            retriable: false,
-            message: crate::redact::sanitize(&message.into()),
-        }
+    /// The broker is unreachable or did not answer in time.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(SinkErrorKind::Unavailable, message)
+    }
+
+    /// The broker refused this message for a reason that can be fixed without changing it.
+    pub fn rejected(message: impl Into<String>) -> Self {
+        Self::new(SinkErrorKind::Rejected, message)
+    }
+
+    /// The message can never be published as it is; it ends `failed` at once.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(SinkErrorKind::Invalid, message)
+    }
+
+    /// Whether a later attempt may succeed (so the message is retried within its budget).
+    pub fn retriable(&self) -> bool {
+        self.kind != SinkErrorKind::Invalid
+    }
+
+    /// Whether this failure says the broker, not the message, is at fault: only these count
+    /// towards the circuit breaker.
+    pub fn is_unavailable(&self) -> bool {
+        self.kind == SinkErrorKind::Unavailable
     }
 }
 
@@ -89,8 +157,22 @@ pub trait Sink: Send + Sync {
     /// Short name for logs and metrics, e.g. `nats`.
     fn name(&self) -> &str;
 
+    /// How long this sink waits for its broker to acknowledge a message, when it has such a
+    /// setting (NATS `ack_timeout`). The relay gives every `publish` call this long and a
+    /// quarter more (so the sink reports its own timeouts, with what it knows about them), never
+    /// more than a third of its lease, then counts each message of the call still without an
+    /// answer as [`SinkErrorKind::Unavailable`]. Sinks without one (local files, stdout) get a
+    /// third of the lease.
+    fn ack_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Publishes `batch` with all acknowledgements in flight at once and returns one result per
     /// envelope, in the same order.
+    ///
+    /// The relay may drop the returned future when its deadline passes: a sink must leave no
+    /// state behind that a dropped call could corrupt, and must not block the async runtime's
+    /// threads (blocking I/O belongs on a thread of its own).
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>>;
 }
 
@@ -98,6 +180,9 @@ pub trait Sink: Send + Sync {
 impl<S: Sink + ?Sized> Sink for std::sync::Arc<S> {
     fn name(&self) -> &str {
         (**self).name()
+    }
+    fn ack_timeout(&self) -> Option<std::time::Duration> {
+        (**self).ack_timeout()
     }
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         (**self).publish(batch).await

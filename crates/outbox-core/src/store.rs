@@ -38,6 +38,44 @@ impl std::fmt::Display for MemberId {
     }
 }
 
+/// How much one [`Store::claim`] may hand out: the relay's memory follows these, whatever the
+/// payloads weigh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimLimits {
+    /// At most this many messages.
+    pub rows: usize,
+    /// At most this many payload bytes (the payloads' JSON text, as handed out) in all, except
+    /// that the first message is handed out whatever its size: a payload larger than the bound
+    /// goes through, alone.
+    pub bytes: usize,
+}
+
+impl ClaimLimits {
+    /// At most `rows` messages and no byte bound.
+    pub fn rows(rows: usize) -> Self {
+        Self {
+            rows,
+            bytes: usize::MAX,
+        }
+    }
+
+    /// How many of `sizes` (payload sizes in hand-out order) one claim may hand out: the longest
+    /// prefix within both bounds, and at least one when there is any. Stores that read more
+    /// than they may hand out cut there; what they cut counts as not handed out.
+    pub fn fit(&self, sizes: impl IntoIterator<Item = usize>) -> usize {
+        let mut total = 0usize;
+        let mut n = 0;
+        for size in sizes {
+            total = total.saturating_add(size);
+            if n >= self.rows || (n > 0 && total > self.bytes) {
+                break;
+            }
+            n += 1;
+        }
+        n
+    }
+}
+
 /// The result of one publish attempt, recorded by [`Store::complete`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
@@ -55,7 +93,8 @@ pub enum Outcome {
         /// Backoff before the next attempt.
         delay: Duration,
     },
-    /// The message is given up: permanent error or budget spent. It stays visible, redrivable.
+    /// The message is given up: an invalid message, or its budget spent. It stays visible,
+    /// redrivable.
     Failed {
         /// Row sequence.
         seq: i64,
@@ -181,6 +220,11 @@ pub struct Maintenance {
 /// the same batch (it then waits with that key, in order) or was not tried at all (the lease ran
 /// short); the latter is handed out again, and so may later messages of its partition that were
 /// published in the same batch (a duplicate with the same id, never a loss).
+///
+/// Every call may be abandoned: the relay drops a call that has not answered within its store
+/// deadline. An implementation must stay consistent when any call is dropped at an await point,
+/// and a dropped `complete` must succeed when called again with the same outcomes (its
+/// statement may or may not have reached the database).
 #[async_trait]
 pub trait Store: Send + Sync {
     /// Heartbeats `member`, forgets members silent for longer than `lease`, then takes or gives
@@ -192,15 +236,18 @@ pub trait Store: Send + Sync {
     /// Extends the lease of every partition `member` owns; returns how many it still owns.
     async fn renew(&self, member: &MemberId, lease: Duration) -> Result<usize>;
 
-    /// Up to `limit` due pending messages of `partitions` (those `member` owns), in sequence
-    /// order within each key. A key whose earliest pending message is waiting for a retry
-    /// contributes nothing; nor, with [`OnFailed::Block`], does a key that has a failed
-    /// message. Holds no transaction open after it returns.
+    /// Due pending messages of `partitions` (those `member` owns) within `limits` (rows, and
+    /// payload bytes with one oversized message let through alone), in sequence order within
+    /// each key. A key whose earliest pending message is waiting for a retry contributes
+    /// nothing; nor, with [`OnFailed::Block`], does a key that has a failed message. Holds no
+    /// transaction open after it returns, and never holds much more than `limits.bytes` of
+    /// payloads in memory while it runs: a message beyond the bound is not read, and counts as
+    /// not handed out.
     async fn claim(
         &self,
         member: &MemberId,
         partitions: &[i32],
-        limit: usize,
+        limits: ClaimLimits,
         on_failed: OnFailed,
     ) -> Result<Vec<Message>>;
 
@@ -238,4 +285,24 @@ pub trait Store: Send + Sync {
     /// Inserts `messages` in one transaction of the store's own. Applications should use the
     /// backend's transactional `enqueue` instead, inside their business transaction.
     async fn insert(&self, messages: &[NewMessage]) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_cut_a_prefix_and_let_one_oversized_message_through() {
+        let l = ClaimLimits { rows: 3, bytes: 10 };
+        assert_eq!(l.fit([4, 4, 4]), 2);
+        assert_eq!(l.fit([4, 4, 1, 1]), 3, "rows bound");
+        assert_eq!(l.fit([50, 1]), 1, "an oversized first message goes alone");
+        assert_eq!(
+            l.fit([1, 50, 1]),
+            1,
+            "a prefix: nothing after the first cut"
+        );
+        assert_eq!(l.fit(std::iter::empty::<usize>()), 0);
+        assert_eq!(ClaimLimits::rows(2).fit([usize::MAX, usize::MAX, 1]), 2);
+    }
 }

@@ -23,15 +23,24 @@
 -- A partition holding $7 parked messages reads no window: it stops advancing (rather than copy
 -- an unbounded backlog behind a stuck key) while its parked keys drain.
 -- A row whose key has a parked message ahead of it is flagged `held`: the record step parks it
--- too, so the key stays in order. `window_rows` counts a partition's rows before the final
--- LIMIT: fewer than $2 means the window is exhausted.
+-- too, so the key stays in order, and its payload is never read. `window_rows` counts a
+-- partition's rows before the final LIMIT: fewer than $2 means the window is exhausted.
+--
+-- Bytes: the rows to hand out are measured in seq order (`bytes_upto`, the running sum of their
+-- payloads' text length) and a payload is returned only while the sum stays within $8 bytes, or
+-- for the first row to hand out when $9 says an oversized one may go alone. The other rows come
+-- back without their payload: not handed out, so the record step stops the cursor before the
+-- first of them. The running sum sits under the final LIMIT, which stops it: a payload past
+-- the $3 rows is never rendered. The caller sizes $3 from the payloads it has seen, so a claim
+-- renders few it cannot hand out.
 -- The statement also reads the seq high-water mark; being read before the *next* claim's
 -- snapshot, it is a valid floor for that snapshot (see `PgStore::claim`).
 --
 -- $1 partitions (int2[]) and $6 the epochs this member holds them at (ownership is checked when
 -- the batch is recorded, not here: a claim writes nothing), $2 rows per partition, $3 rows in
 -- all, $4 floor hint, $5 failed rows block their key, $7 parked rows per partition at which the
--- partition's window stops advancing (its parked keys still drain; the relay warns)
+-- partition's window stops advancing (its parked keys still drain; the relay warns), $8 payload
+-- bytes to hand out, $9 the first row to hand out gets its payload whatever its size
 WITH pos AS MATERIALIZED (
     SELECT p.partition, p.epoch, lp.done, lp.done_bound, lp.done_floor, lp.done_at, lp.published,
            COALESCE(lp.cur, pg_current_snapshot()) AS cur,
@@ -108,17 +117,30 @@ WITH pos AS MATERIALIZED (
         ORDER BY u.seq
         LIMIT $2
     ) AS w ON true
+), flagged AS (
+    SELECT win.*, (h.aggregate_id IS NOT NULL) AS held
+    FROM win
+    LEFT JOIN held_keys AS h ON h.partition = win.partition AND h.aggregate_id = win.aggregate_id
+), measured AS (
+    SELECT f.*,
+           sum(CASE WHEN f.seq IS NULL OR f.held THEN 0 ELSE octet_length(f.payload::text) END)
+               OVER w AS bytes_upto,
+           count(*) FILTER (WHERE f.seq IS NOT NULL AND NOT f.held) OVER w AS handed_upto
+    FROM flagged AS f
+    WINDOW w AS (ORDER BY f.seq NULLS FIRST ROWS UNBOUNDED PRECEDING)
+    ORDER BY f.seq NULLS FIRST
+    LIMIT $3
 )
-SELECT win.partition, win.epoch, win.parked_full, win.done::text AS done,
-       win.done_bound::text AS done_bound, win.done_floor, win.done_at,
-       win.published, win.cur::text AS cur, win.cur_bound::text AS cur_bound, win.cur_floor,
-       win.cur_at, win.cursor, win.window_rows, win.seq, win.txid::text AS txid, win.id,
-       win.aggregate_type, win.aggregate_id, win.event_type, win.payload::text AS payload,
-       win.headers::text AS headers, win.topic, win.created_at,
-       (h.aggregate_id IS NOT NULL) AS held,
+SELECT m.partition, m.epoch, m.parked_full, m.done::text AS done,
+       m.done_bound::text AS done_bound, m.done_floor, m.done_at,
+       m.published, m.cur::text AS cur, m.cur_bound::text AS cur_bound, m.cur_floor,
+       m.cur_at, m.cursor, m.window_rows, m.seq, m.txid::text AS txid, m.id,
+       m.aggregate_type, m.aggregate_id, m.event_type,
+       CASE WHEN m.seq IS NOT NULL AND NOT m.held
+                 AND (m.bytes_upto <= $8::int8 OR (m.handed_upto = 1 AND $9::boolean))
+            THEN m.payload::text END AS payload,
+       m.headers::text AS headers, m.topic, m.created_at, m.held, m.bytes_upto, m.handed_upto,
        (SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END
         FROM {schema}.outbox_seq_v2 AS s) AS seq_high
-FROM win
-LEFT JOIN held_keys AS h ON h.partition = win.partition AND h.aggregate_id = win.aggregate_id
-ORDER BY win.seq NULLS FIRST
-LIMIT $3
+FROM measured AS m
+ORDER BY m.seq NULLS FIRST

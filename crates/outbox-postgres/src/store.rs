@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
 use outbox_core::store::MemberStatus;
 use outbox_core::{
-    BlockedKey, Maintenance, MemberId, Message, NewMessage, OnFailed, Outcome, Result, Stats, Store,
+    BlockedKey, ClaimLimits, Maintenance, MemberId, Message, NewMessage, OnFailed, Outcome, Result,
+    Stats, Store,
 };
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Row};
@@ -132,6 +134,59 @@ struct MemberState {
     last_idle_advance: Option<Instant>,
     /// When this member last warned about partitions at the parking cap.
     last_cap_warning: Option<Instant>,
+    /// Mean payload size (bytes) of the rows the last claim measured, to size the next claim's
+    /// reads to its byte bound.
+    mean_payload: Option<usize>,
+}
+
+/// What one window read asks for.
+struct WindowRead<'a> {
+    epochs: &'a [(i16, i64)],
+    per_partition: i64,
+    rows: usize,
+    floor_hint: i64,
+    block: bool,
+    /// Payload bytes it may hand out.
+    bytes: usize,
+    /// Whether its first row may go alone whatever its size (nothing else was handed out).
+    first_alone: bool,
+}
+
+/// What a claim's reads measured: rows to hand out and the text length of their payloads.
+#[derive(Default)]
+struct Measured {
+    rows: u64,
+    bytes: u64,
+}
+
+impl Measured {
+    fn add(&mut self, rows: i64, bytes: i64) {
+        self.rows += u64::try_from(rows).unwrap_or(0);
+        self.bytes += u64::try_from(bytes).unwrap_or(0);
+    }
+}
+
+/// Rows to read for a claim bounded by `limits`, after payloads of `mean` bytes: what the byte
+/// bound holds and half as many again, plus one (at least one, at most `limits.rows`). Every row
+/// read has its payload rendered to be measured, so a claim of large payloads renders at most
+/// about one and a half bounds' worth, not `limits.rows` payloads; the slack keeps payloads of
+/// mixed sizes from cutting claims short. Unknown sizes read `limits.rows`.
+fn rows_to_read(limits: ClaimLimits, mean: Option<usize>) -> usize {
+    match mean {
+        Some(mean) if mean > 0 => {
+            let fit = limits.bytes / mean;
+            limits
+                .rows
+                .min(fit.saturating_add(fit / 2).saturating_add(1))
+                .max(1)
+        }
+        _ => limits.rows.max(1),
+    }
+}
+
+/// `n` as a bind parameter (PostgreSQL `int8`).
+fn int8(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// A PostgreSQL outbox in one schema.
@@ -207,36 +262,33 @@ impl PgStore {
         crate::retention::run(&self.pool, &self.schema, older_than).await
     }
 
-    /// Reads the window claim's rows into a ticket and the messages to hand out.
-    // One caller, which holds exactly these values; a struct would only rename them.
-    #[allow(clippy::too_many_arguments)]
+    /// Reads the window claim's rows into a ticket and the messages to hand out, one row at a
+    /// time (a row's payload is in memory once, as the message's). Returns the messages, the
+    /// seq high-water mark, and what was measured.
     async fn read_windows(
         &self,
         tx: &mut sqlx::PgConnection,
-        epochs: &[(i16, i64)],
-        per_partition: i64,
-        limit: usize,
-        floor_hint: i64,
-        block: bool,
+        read: WindowRead<'_>,
         ticket: &mut Ticket,
-    ) -> Result<(Vec<Message>, i64)> {
+    ) -> Result<(Vec<Message>, i64, Measured)> {
         let err = |e| map_sqlx_error("claiming from the outbox windows", e);
-        let (parts, eps): (Vec<i16>, Vec<i64>) = epochs.iter().copied().unzip();
-        let rows = sqlx::query(&self.q.claim_window)
+        let (parts, eps): (Vec<i16>, Vec<i64>) = read.epochs.iter().copied().unzip();
+        let mut rows = sqlx::query(&self.q.claim_window)
             .bind(&parts)
-            .bind(per_partition)
-            .bind((limit + parts.len()) as i64)
-            .bind(floor_hint)
-            .bind(block)
+            .bind(read.per_partition)
+            .bind(int8(read.rows.saturating_add(parts.len())))
+            .bind(read.floor_hint)
+            .bind(read.block)
             .bind(&eps)
             .bind(self.parked_cap)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(err)?;
+            .bind(int8(read.bytes))
+            .bind(read.first_alone)
+            .fetch(&mut *tx);
         let mut messages = Vec::new();
-        let mut seq_high = floor_hint;
+        let mut seq_high = read.floor_hint;
         let mut returned: HashMap<i16, i64> = HashMap::new();
-        for r in &rows {
+        let mut measured = (0i64, 0i64);
+        while let Some(r) = rows.try_next().await.map_err(err)? {
             let partition: i16 = r.try_get("partition").map_err(err)?;
             seq_high = seq_high.max(
                 r.try_get::<Option<i64>, _>("seq_high")
@@ -265,7 +317,7 @@ impl PgStore {
                     cursor: r.try_get("cursor").map_err(err)?,
                     found,
                     // A partition at the parking cap read nothing: never close its window.
-                    exhausted_if_all_read: found < per_partition && !full,
+                    exhausted_if_all_read: found < read.per_partition && !full,
                 });
             }
             let Some(seq) = r.try_get::<Option<i64>, _>("seq").map_err(err)? else {
@@ -273,6 +325,17 @@ impl PgStore {
             };
             *returned.entry(partition).or_default() += 1;
             let held: bool = r.try_get("held").map_err(err)?;
+            if !held {
+                // Running totals: the last row's are the claim's.
+                measured = (
+                    r.try_get("handed_upto").map_err(err)?,
+                    r.try_get::<Option<i64>, _>("bytes_upto")
+                        .map_err(err)?
+                        .unwrap_or(0),
+                );
+            }
+            // No payload: past the byte bound, not handed out (nor is anything after it).
+            let payload: Option<String> = r.try_get("payload").map_err(err)?;
             let key: String = r.try_get("aggregate_id").map_err(err)?;
             ticket.rows.push(WindowRow {
                 partition,
@@ -280,16 +343,16 @@ impl PgStore {
                 txid: r.try_get("txid").map_err(err)?,
                 key: key.clone(),
                 held,
-                handed_out: !held,
+                handed_out: !held && payload.is_some(),
             });
-            if !held {
+            if let (false, Some(payload)) = (held, payload) {
                 messages.push(Message {
                     seq,
                     id: r.try_get("id").map_err(err)?,
                     aggregate_type: r.try_get("aggregate_type").map_err(err)?,
                     aggregate_id: key,
                     event_type: r.try_get("event_type").map_err(err)?,
-                    payload: r.try_get("payload").map_err(err)?,
+                    payload: payload.into(),
                     headers: r.try_get("headers").map_err(err)?,
                     topic: r.try_get("topic").map_err(err)?,
                     created_at: r.try_get("created_at").map_err(err)?,
@@ -303,36 +366,46 @@ impl PgStore {
                 w.exhausted_if_all_read = false;
             }
         }
-        Ok((messages, seq_high))
+        let mut m = Measured::default();
+        m.add(measured.0, measured.1);
+        Ok((messages, seq_high, m))
     }
 
+    /// Reads the due parked messages within `rows` and `bytes` (the first one alone whatever
+    /// its size), one row at a time.
     async fn read_parked(
         &self,
         tx: &mut sqlx::PgConnection,
         parts: &[i16],
-        limit: usize,
+        rows: usize,
+        bytes: usize,
         block: bool,
         ticket: &mut Ticket,
-    ) -> Result<Vec<Message>> {
+    ) -> Result<(Vec<Message>, Measured)> {
         let err = |e| map_sqlx_error("claiming parked messages", e);
-        let rows = sqlx::query(&self.q.claim_parked)
+        let mut stream = sqlx::query(&self.q.claim_parked)
             .bind(parts)
-            .bind(limit as i64)
+            .bind(int8(rows))
             .bind(block)
-            .bind(limit as i64)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(err)?;
-        let mut messages = Vec::with_capacity(rows.len());
-        for r in rows {
+            .bind(int8(rows))
+            .bind(int8(bytes))
+            .bind(true)
+            .fetch(&mut *tx);
+        let mut messages = Vec::new();
+        let mut measured = (0i64, 0i64);
+        while let Some(r) = stream.try_next().await.map_err(err)? {
             let partition: i16 = r.try_get("partition").map_err(err)?;
+            measured = (
+                r.try_get("handed_upto").map_err(err)?,
+                r.try_get("bytes_upto").map_err(err)?,
+            );
             let m = Message {
                 seq: r.try_get("seq").map_err(err)?,
                 id: r.try_get("id").map_err(err)?,
                 aggregate_type: r.try_get("aggregate_type").map_err(err)?,
                 aggregate_id: r.try_get("aggregate_id").map_err(err)?,
                 event_type: r.try_get("event_type").map_err(err)?,
-                payload: r.try_get("payload").map_err(err)?,
+                payload: r.try_get::<String, _>("payload").map_err(err)?.into(),
                 headers: r.try_get("headers").map_err(err)?,
                 topic: r.try_get("topic").map_err(err)?,
                 created_at: r.try_get("created_at").map_err(err)?,
@@ -347,7 +420,9 @@ impl PgStore {
             );
             messages.push(m);
         }
-        Ok(messages)
+        let mut m = Measured::default();
+        m.add(measured.0, measured.1);
+        Ok((messages, m))
     }
 
     /// Runs the fenced record statement for `plan`; returns the partitions that passed.
@@ -399,6 +474,34 @@ impl PgStore {
 
     fn remember_epochs(&self, member: &MemberId, owned: &[(i16, i64)]) {
         self.state(member, |s| s.epochs = owned.iter().copied().collect());
+    }
+}
+
+/// Puts a taken ticket back for its member when dropped armed: on an error, or when the call
+/// that holds it is abandoned.
+struct TicketGuard<'a> {
+    store: &'a PgStore,
+    member: &'a MemberId,
+    ticket: Option<Ticket>,
+}
+
+impl TicketGuard<'_> {
+    /// The batch is recorded: nothing to put back.
+    fn disarm(mut self) {
+        self.ticket = None;
+    }
+}
+
+impl Drop for TicketGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            self.store.state(self.member, |s| {
+                // A newer claim's ticket wins: this batch is then handed out again.
+                if s.ticket.is_none() {
+                    s.ticket = Some(ticket);
+                }
+            });
+        }
     }
 }
 
@@ -472,11 +575,11 @@ impl Store for PgStore {
         &self,
         member: &MemberId,
         partitions: &[i32],
-        limit: usize,
+        limits: ClaimLimits,
         on_failed: OnFailed,
     ) -> Result<Vec<Message>> {
         let wanted = partitions_param(partitions);
-        let (epochs, floor_hint, active, idle_due) = self.state(member, |s| {
+        let (epochs, floor_hint, active, idle_due, mean) = self.state(member, |s| {
             let e: Vec<(i16, i64)> = wanted
                 .iter()
                 .filter_map(|p| s.epochs.get(p).map(|e| (*p, *e)))
@@ -484,14 +587,15 @@ impl Store for PgStore {
             let idle_due = s
                 .last_idle_advance
                 .is_none_or(|t| t.elapsed() >= IDLE_ADVANCE_EVERY);
-            (e, s.floor_hint, s.active, idle_due)
+            (e, s.floor_hint, s.active, idle_due, s.mean_payload)
         });
-        if epochs.is_empty() || limit == 0 {
+        if epochs.is_empty() || limits.rows == 0 {
             return Ok(Vec::new());
         }
+        let rows = rows_to_read(limits, mean);
         // A batch is shared among the partitions that had rows last time: one hot key gets the
         // whole batch, a thousand keys a slice each.
-        let per_partition = (limit / active.clamp(1, epochs.len())).clamp(1, limit) as i64;
+        let per_partition = (rows / active.clamp(1, epochs.len())).clamp(1, rows) as i64;
         let block = on_failed == OnFailed::Block;
         let err = |e| map_sqlx_error("claiming pending messages", e);
         // Reads only: the transaction exists to scope the planner settings. Part A of the
@@ -508,28 +612,40 @@ impl Store for PgStore {
             .await
             .map_err(err)?;
         let mut ticket = Ticket::default();
-        let (mut messages, seq_high) = self
+        let parts: Vec<i16> = epochs.iter().map(|(p, _)| *p).collect();
+        // Parked messages first (retries are older work), then the windows with the bytes
+        // left: together they stay within the bound, or are one oversized message.
+        let (parked, mut measured) = self
+            .read_parked(&mut tx, &parts, rows, limits.bytes, block, &mut ticket)
+            .await?;
+        let parked_bytes: usize = parked.iter().map(|m| m.payload.len()).sum();
+        let (mut messages, seq_high, window_measured) = self
             .read_windows(
                 &mut tx,
-                &epochs,
-                per_partition,
-                limit,
-                floor_hint,
-                block,
+                WindowRead {
+                    epochs: &epochs,
+                    per_partition,
+                    rows,
+                    floor_hint,
+                    block,
+                    bytes: limits.bytes.saturating_sub(parked_bytes),
+                    first_alone: parked.is_empty(),
+                },
                 &mut ticket,
             )
             .await?;
-        let parts: Vec<i16> = epochs.iter().map(|(p, _)| *p).collect();
-        let parked = self
-            .read_parked(&mut tx, &parts, limit, block, &mut ticket)
-            .await?;
         tx.commit().await.map_err(err)?;
+        measured.add(
+            i64::try_from(window_measured.rows).unwrap_or(0),
+            i64::try_from(window_measured.bytes).unwrap_or(0),
+        );
         messages.extend(parked);
         messages.sort_by_key(|m| m.seq);
-        if messages.len() > limit {
+        let keep = limits.fit(messages.iter().map(|m| m.payload.len()));
+        if messages.len() > keep {
             // Cut the highest seqs: their window rows count as not tried.
             let cut: std::collections::HashSet<i64> =
-                messages.drain(limit..).map(|m| m.seq).collect();
+                messages.drain(keep..).map(|m| m.seq).collect();
             for r in &mut ticket.rows {
                 if cut.contains(&r.seq) {
                     r.handed_out = false;
@@ -557,6 +673,8 @@ impl Store for PgStore {
                 );
             }
         }
+        let mean_now = (measured.rows > 0)
+            .then(|| usize::try_from(measured.bytes / measured.rows).unwrap_or(usize::MAX));
         let active_now = ticket.windows.values().filter(|w| w.found > 0).count();
         ticket.rows.sort_by_key(|r| r.seq);
         if messages.is_empty() {
@@ -568,6 +686,7 @@ impl Store for PgStore {
                 s.floor_hint = seq_high;
                 s.active = active_now.max(1);
                 s.ticket = None;
+                s.mean_payload = mean_now.or(s.mean_payload);
                 if idle {
                     s.last_idle_advance = Some(Instant::now());
                 }
@@ -581,6 +700,7 @@ impl Store for PgStore {
             s.floor_hint = seq_high;
             s.active = active_now.max(1);
             s.ticket = Some(ticket);
+            s.mean_payload = mean_now.or(s.mean_payload);
         });
         Ok(messages)
     }
@@ -593,18 +713,18 @@ impl Store for PgStore {
         if plan.is_empty() {
             return Ok(0);
         }
-        let passed = match self.write_plan(member, &plan).await {
-            Ok(p) => p,
-            Err(e) => {
-                // Keep the ticket so the relay's retry of this call can record the batch.
-                self.state(member, |s| {
-                    if s.ticket.is_none() {
-                        s.ticket = Some(ticket);
-                    }
-                });
-                return Err(e);
-            }
+        // Until the record statement succeeds, the ticket goes back on an error *or* when this
+        // call is dropped (the relay's store deadline), so the retry can record the batch. If the
+        // dropped statement did commit, the retry writes the same positions and parks nothing
+        // twice (`ON CONFLICT DO NOTHING`); a parked message tried again may count one attempt
+        // more than it made.
+        let guard = TicketGuard {
+            store: self,
+            member,
+            ticket: Some(ticket),
         };
+        let passed = self.write_plan(member, &plan).await?;
+        guard.disarm();
         Ok(passed
             .iter()
             .map(|p| plan.applied.get(p).copied().unwrap_or(0))
@@ -731,5 +851,27 @@ impl Store for PgStore {
 impl From<PgStore> for std::sync::Arc<dyn Store> {
     fn from(s: PgStore) -> Self {
         std::sync::Arc::new(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_read_about_what_the_byte_bound_holds() {
+        let limits = ClaimLimits {
+            rows: 1000,
+            bytes: 16 << 20,
+        };
+        assert_eq!(rows_to_read(limits, None), 1000, "sizes unknown yet");
+        assert_eq!(
+            rows_to_read(limits, Some(1 << 20)),
+            25,
+            "16 fit, 8 spare, 1"
+        );
+        assert_eq!(rows_to_read(limits, Some(100)), 1000, "the row bound wins");
+        assert_eq!(rows_to_read(limits, Some(64 << 20)), 1, "one oversized row");
+        assert_eq!(rows_to_read(ClaimLimits::rows(7), Some(1 << 20)), 7);
     }
 }

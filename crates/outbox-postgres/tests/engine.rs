@@ -2,12 +2,13 @@
 //! open across claims), plans under real statistics, bloat, retention by segment, and the
 //! in-place upgrade from the version 1 table. Each test in a schema of its own.
 
+// Test code: a failed expectation should panic with its message.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{MemberId, NewMessage, OnFailed, Outcome, Store};
+use outbox_core::{ClaimLimits, MemberId, NewMessage, OnFailed, Outcome, Store};
 use outbox_postgres::{connect_pool, migrate, PgStore, Schema, Writer, MIGRATIONS};
 use sqlx::{PgPool, Row};
 
@@ -40,7 +41,10 @@ fn msg(key: &str, n: u32) -> NewMessage {
 async fn drain(store: &Arc<PgStore>, m: &MemberId, parts: &[i32]) -> Vec<uuid::Uuid> {
     let mut ids = Vec::new();
     loop {
-        let got = store.claim(m, parts, 1000, OnFailed::Block).await.unwrap();
+        let got = store
+            .claim(m, parts, ClaimLimits::rows(1000), OnFailed::Block)
+            .await
+            .unwrap();
         if got.is_empty() {
             return ids;
         }
@@ -138,6 +142,8 @@ async fn claim_buffers(pool: &PgPool, schema: &Schema, parts: &[i32], limit: i64
         .bind(true)
         .bind(&epochs)
         .bind(10_000i64)
+        .bind(i64::MAX)
+        .bind(true)
         .fetch_one(&mut *tx)
         .await
         .unwrap();
@@ -189,7 +195,7 @@ async fn claims_stay_bounded_after_analyze_with_skewed_keys() {
             .await
             .unwrap();
         assert!(store
-            .claim(&m, &parts, 1000, OnFailed::Block)
+            .claim(&m, &parts, ClaimLimits::rows(1000), OnFailed::Block)
             .await
             .unwrap()
             .is_empty());
@@ -294,7 +300,7 @@ async fn draining_leaves_no_dead_tuples_and_purge_returns_the_table_to_its_size(
     }
     tokio::time::sleep(Duration::from_millis(5200)).await;
     assert!(store
-        .claim(&m, &parts, 1000, OnFailed::Block)
+        .claim(&m, &parts, ClaimLimits::rows(1000), OnFailed::Block)
         .await
         .unwrap()
         .is_empty());
@@ -385,7 +391,10 @@ async fn migrate_upgrades_a_version_one_outbox_in_place() {
     let m = MemberId::random("m");
     let parts = store.rebalance(&m, Duration::from_secs(30)).await.unwrap();
     // Parked `c` becomes due at once (its next attempt was not set); `b` stays failed.
-    let first = store.claim(&m, &parts, 100, OnFailed::Block).await.unwrap();
+    let first = store
+        .claim(&m, &parts, ClaimLimits::rows(100), OnFailed::Block)
+        .await
+        .unwrap();
     let got: Vec<_> = first.iter().map(|r| r.id).collect();
     let want: Vec<_> = old
         .iter()
@@ -405,7 +414,10 @@ async fn migrate_upgrades_a_version_one_outbox_in_place() {
     store.complete(&m, &outcomes).await.unwrap();
     let newer = msg("a", 4);
     store.insert(std::slice::from_ref(&newer)).await.unwrap();
-    let next = store.claim(&m, &parts, 100, OnFailed::Block).await.unwrap();
+    let next = store
+        .claim(&m, &parts, ClaimLimits::rows(100), OnFailed::Block)
+        .await
+        .unwrap();
     assert_eq!(
         next.iter().map(|r| r.id).collect::<Vec<_>>(),
         vec![newer.id],
@@ -477,7 +489,10 @@ async fn a_partition_at_the_parking_cap_stops_advancing_and_resumes_in_order() {
     let parts = store.rebalance(&m, Duration::from_secs(30)).await.unwrap();
     // Fail the stuck head: the rest of its key parks behind it, batch by batch, until the
     // partition holds the cap (overshooting by at most one batch).
-    let got = store.claim(&m, &parts, 3, OnFailed::Block).await.unwrap();
+    let got = store
+        .claim(&m, &parts, ClaimLimits::rows(3), OnFailed::Block)
+        .await
+        .unwrap();
     assert_eq!(got[0].id, stuck_rows[0].id);
     store
         .complete(
@@ -491,7 +506,10 @@ async fn a_partition_at_the_parking_cap_stops_advancing_and_resumes_in_order() {
         .unwrap();
     let mut delivered = Vec::new();
     for _ in 0..20 {
-        let got = store.claim(&m, &parts, 50, OnFailed::Block).await.unwrap();
+        let got = store
+            .claim(&m, &parts, ClaimLimits::rows(50), OnFailed::Block)
+            .await
+            .unwrap();
         let outcomes: Vec<_> = got
             .iter()
             .map(|r| Outcome::Published { seq: r.seq })

@@ -1,13 +1,17 @@
-//! Circuit breaker per sink: after consecutive failed publishes the relay stops hammering the
-//! broker, probes with one message after a growing pause, and resumes at full speed when the
-//! broker answers.
+//! Circuit breaker per sink: after consecutive publishes that found the broker unavailable the
+//! relay stops hammering it, probes with one message after a growing pause, and resumes at full
+//! speed when the broker answers.
+//!
+//! Only [`SinkErrorKind::Unavailable`](outbox_core::SinkErrorKind::Unavailable) feeds it. A
+//! rejected or invalid message says the broker is up and refused *that* message: counting it would
+//! let one bad message pause every subject, and a probe that picked it would never end.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-/// Failed publish calls in a row that open the circuit.
+/// Publish calls in a row that found the broker unavailable and open the circuit.
 pub const DEFAULT_THRESHOLD: u32 = 5;
 /// First pause after the circuit opens.
 pub const MIN_COOLDOWN: Duration = Duration::from_millis(500);
@@ -109,10 +113,10 @@ impl Breaker {
         }
     }
 
-    /// Records one publish call: `any_ok` when the broker accepted something, `transient`
-    /// when everything failed with errors that mean the broker (not the message) is at fault.
-    /// Calls that failed only with permanent errors (poison messages) change nothing.
-    pub fn record(&self, any_ok: bool, transient_failure: Option<&str>) {
+    /// Records one publish call: `any_ok` when the broker accepted something, `unavailable` (the
+    /// error) when nothing was accepted and at least one message failed because the broker is
+    /// unavailable. Calls whose messages were only rejected change nothing: the broker answered.
+    pub fn record(&self, any_ok: bool, unavailable: Option<&str>) {
         let Ok(mut s) = self.inner.lock() else { return };
         if any_ok {
             if s.state != CircuitState::Closed {
@@ -124,9 +128,10 @@ impl Breaker {
             s.last_error = None;
             return;
         }
-        let Some(error) = transient_failure else {
+        let Some(error) = unavailable else {
             if s.state == CircuitState::HalfOpen {
-                // A poison probe says nothing about the broker: let the next probe decide.
+                // A rejected probe says nothing about the broker's health: let the next probe
+                // (another message: this one spent an attempt and backs off) decide.
                 s.state = CircuitState::Open;
                 s.reopen_at = Instant::now();
             }
@@ -220,11 +225,22 @@ mod tests {
     }
 
     #[test]
-    fn poison_messages_do_not_open_the_circuit() {
+    fn rejected_messages_do_not_open_the_circuit() {
         let b = Breaker::new("test", 1);
         for _ in 0..10 {
             b.record(false, None);
         }
         assert_eq!(b.permit(), Permit::Proceed);
+    }
+
+    #[test]
+    fn a_rejected_probe_hands_the_next_probe_out_at_once() {
+        let b = Breaker::new("test", 1);
+        b.record(false, Some("down"));
+        std::thread::sleep(MIN_COOLDOWN + Duration::from_millis(20));
+        assert_eq!(b.permit(), Permit::Probe);
+        b.record(false, None);
+        assert_eq!(b.permit(), Permit::Probe, "no cooldown after a rejection");
+        assert_eq!(b.snapshot().0, CircuitState::HalfOpen);
     }
 }

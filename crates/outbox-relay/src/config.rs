@@ -6,6 +6,10 @@ use outbox_core::{DestinationRules, DestinationTemplate, OnFailed, RetryPolicy};
 
 /// Default rows per claim.
 pub const DEFAULT_BATCH_SIZE: usize = 1000;
+/// Default payload bytes a relay process holds at once (16 MiB), shared by its workers: its
+/// memory for payloads stays near this whatever the rows weigh (a single larger payload still
+/// goes through, alone).
+pub const DEFAULT_BATCH_BYTES: usize = 16 * 1024 * 1024;
 /// Default worker tasks (relay members) per process.
 pub const DEFAULT_WORKERS: usize = 2;
 /// Default longest wait between two claims when idle. The relay polls adaptively: again at once
@@ -20,12 +24,20 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const DEFAULT_MAINTAIN_EVERY: Duration = Duration::from_secs(30);
 /// Default partition lease; a killed relay's partitions are taken over after this long.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default deadline of one store call made by a worker (claim, record, renew, rebalance,
+/// release, health report). Above the stores' own lock and pool timeouts (5 s, 10 s acquire on
+/// PostgreSQL), so those report first; it catches what they cannot: a connection that went
+/// silent without closing.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// How the relay claims, publishes and retries.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// Rows claimed per statement.
     pub batch_size: usize,
+    /// Payload bytes this relay holds at once, split evenly among its workers: each claim hands
+    /// out at most [`RelayConfig::claim_bytes`] (see [`outbox_core::ClaimLimits`]).
+    pub batch_bytes: usize,
     /// Worker tasks in this process; each is a member owning its own partitions.
     pub workers: usize,
     /// Longest wait between two claims when idle (polls back off to it while empty).
@@ -39,6 +51,9 @@ pub struct RelayConfig {
     pub maintain_every: Duration,
     /// Partition lease; renewed every third of it while the relay lives.
     pub lease: Duration,
+    /// Deadline of each store call a worker makes; one without an answer by then is abandoned
+    /// (see `docs/guarantees.md`, "Deadlines").
+    pub store_timeout: Duration,
     /// Retry budget and backoff per message.
     pub retry: RetryPolicy,
     /// Destination template.
@@ -58,12 +73,14 @@ impl Default for RelayConfig {
     fn default() -> Self {
         Self {
             batch_size: DEFAULT_BATCH_SIZE,
+            batch_bytes: DEFAULT_BATCH_BYTES,
             workers: DEFAULT_WORKERS,
             poll_interval: DEFAULT_POLL_INTERVAL,
             listen: false,
             retention: DEFAULT_RETENTION,
             maintain_every: DEFAULT_MAINTAIN_EVERY,
             lease: DEFAULT_LEASE,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
             retry: RetryPolicy::default(),
             destination: DestinationTemplate::default(),
             destination_rules: DestinationRules::default(),
@@ -80,5 +97,98 @@ impl RelayConfig {
     /// new owner may already be serving.
     pub fn lease_margin(&self) -> Duration {
         (self.lease / 3).max(Duration::from_millis(200))
+    }
+
+    /// Payload bytes one worker's claim may hand out: an even share of `batch_bytes`. A worker
+    /// holds one batch at a time, so the process holds at most `batch_bytes` of payloads (plus,
+    /// per worker, one payload larger than its share, which goes through alone).
+    pub fn claim_bytes(&self) -> usize {
+        (self.batch_bytes / self.workers.max(1)).max(1)
+    }
+
+    /// The deadline of one `Sink::publish` call for a sink whose ack timeout is `ack_timeout`:
+    /// that timeout and a quarter more, or the lease margin for a sink without one, and never
+    /// more than the lease margin. A wave is only started with the margin left on the lease, so
+    /// a call that ends by this deadline ends while the lease still holds. The quarter lets a
+    /// sink that answers by itself (its own timeout, with the reason it knows) answer first: the
+    /// deadline is for sinks that never answer.
+    pub fn publish_deadline(&self, ack_timeout: Option<Duration>) -> Duration {
+        ack_timeout
+            .map_or_else(|| self.lease_margin(), |ack| ack + ack / 4)
+            .min(self.lease_margin())
+    }
+
+    /// Checks that a sink's `ack_timeout` fits in a third of the lease: a relay must be able to
+    /// wait for an acknowledgement and still hold its partitions. The error names both values.
+    pub fn check_ack_timeout(&self, ack_timeout: Duration) -> Result<(), String> {
+        if ack_timeout <= self.lease / 3 {
+            return Ok(());
+        }
+        Err(format!(
+            "the sink's ack_timeout {} does not fit in a third of the lease {} ({}): a relay \
+             must be able to wait for an acknowledgement and still hold its lease; raise the \
+             lease to at least {} (--lease, OUTBOX_LEASE or [relay] lease) or lower ack_timeout \
+             in the sink URL (e.g. ?ack_timeout={})",
+            show(ack_timeout),
+            show(self.lease),
+            show(self.lease / 3),
+            show(ack_timeout * 3),
+            show(self.lease / 3),
+        ))
+    }
+}
+
+/// `5s` for whole seconds, `1500ms` otherwise: how durations are written in flags and URLs.
+fn show(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_publish_deadline_never_outlives_the_lease_margin() {
+        let c = RelayConfig {
+            lease: Duration::from_secs(3),
+            ..RelayConfig::default()
+        };
+        assert_eq!(c.publish_deadline(None), Duration::from_secs(1));
+        assert_eq!(
+            c.publish_deadline(Some(Duration::from_millis(400))),
+            Duration::from_millis(500),
+            "the sink's own timeout answers first"
+        );
+        assert_eq!(
+            c.publish_deadline(Some(Duration::from_millis(900))),
+            Duration::from_secs(1),
+            "capped at a third of the lease"
+        );
+        assert_eq!(
+            c.publish_deadline(Some(Duration::from_secs(5))),
+            Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn an_ack_timeout_must_fit_in_a_third_of_the_lease() {
+        let c = RelayConfig {
+            lease: Duration::from_secs(3),
+            ..RelayConfig::default()
+        };
+        assert!(c.check_ack_timeout(Duration::from_secs(1)).is_ok());
+        let e = c
+            .check_ack_timeout(Duration::from_secs(5))
+            .expect_err("5s does not fit in 1s");
+        assert!(
+            e.contains("ack_timeout 5s") && e.contains("lease 3s"),
+            "{e}"
+        );
+        assert!(e.contains("at least 15s"), "{e}");
+        assert!(c.check_ack_timeout(Duration::from_millis(1001)).is_err());
     }
 }

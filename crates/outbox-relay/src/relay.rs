@@ -24,7 +24,17 @@ pub struct Relay {
 
 impl Relay {
     /// A relay publishing rows of `store` to `sink`.
+    ///
+    /// A sink whose ack timeout does not fit in a third of the lease (see
+    /// [`RelayConfig::check_ack_timeout`]; the CLI refuses such settings) is given a third of
+    /// the lease per call anyway, with a warning: the lease margin wins over the ack timeout.
     pub fn new(store: Arc<dyn Store>, sink: Arc<dyn Sink>, config: RelayConfig) -> Self {
+        if let Some(Err(why)) = sink.ack_timeout().map(|a| config.check_ack_timeout(a)) {
+            warn!(
+                sink = sink.name(),
+                "{why}; publishes are cut at a third of the lease"
+            );
+        }
         let breaker = Arc::new(Breaker::new(sink.name(), config.breaker_threshold));
         Self {
             store,
@@ -57,6 +67,7 @@ impl Relay {
             sink: self.sink.clone(),
             breaker: self.breaker.clone(),
             cfg: self.config.clone(),
+            publish_deadline: self.config.publish_deadline(self.sink.ack_timeout()),
             metrics: self.metrics.clone(),
             wake: wake.clone(),
             shutdown: shutdown.clone(),

@@ -1,11 +1,14 @@
 //! One relay member: owns a share of the partitions and runs claim -> publish -> mark on them.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::retry::RetryDecision;
-use outbox_core::{MemberId, Message, Outcome, Sink, SinkError, Store};
+use outbox_core::{
+    ClaimLimits, Error, ErrorKind, MemberId, Message, Outcome, Result, Sink, SinkError, Store,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -54,9 +57,19 @@ pub(crate) struct Worker {
     pub(crate) sink: Arc<dyn Sink>,
     pub(crate) breaker: Arc<Breaker>,
     pub(crate) cfg: RelayConfig,
+    /// Deadline of one `sink.publish` call (see [`RelayConfig::publish_deadline`]).
+    pub(crate) publish_deadline: Duration,
     pub(crate) metrics: Arc<RelayMetrics>,
     pub(crate) wake: watch::Receiver<u64>,
     pub(crate) shutdown: CancellationToken,
+}
+
+/// What [`Worker::publish`] did with a batch.
+struct Published {
+    /// An outcome per message tried.
+    outcomes: Vec<Outcome>,
+    /// Seqs of the messages that failed because the broker was unavailable (not rejected).
+    unavailable: HashSet<i64>,
 }
 
 /// The lease as this worker last saw it.
@@ -85,7 +98,10 @@ impl Worker {
         while !self.shutdown.is_cancelled() {
             let now = Instant::now();
             if now >= lease.next_rebalance || lease.valid_until <= now + self.cfg.lease_margin() {
-                match self.store.rebalance(&self.id, self.cfg.lease).await {
+                match self
+                    .store_call("rebalance", self.store.rebalance(&self.id, self.cfg.lease))
+                    .await
+                {
                     Ok(p) => {
                         backoff.ok(&self.id);
                         if p != lease.partitions {
@@ -134,8 +150,18 @@ impl Worker {
             self.wake.borrow_and_update();
             let t_claim = Instant::now();
             let claimed = self
-                .store
-                .claim(&self.id, &lease.partitions, limit, self.cfg.on_failed)
+                .store_call(
+                    "claim",
+                    self.store.claim(
+                        &self.id,
+                        &lease.partitions,
+                        ClaimLimits {
+                            rows: limit,
+                            bytes: self.cfg.claim_bytes(),
+                        },
+                        self.cfg.on_failed,
+                    ),
+                )
                 .await;
             RelayMetrics::add(&self.metrics.claims, 1);
             RelayMetrics::add(
@@ -171,16 +197,23 @@ impl Worker {
             };
             RelayMetrics::add(&self.metrics.batches, 1);
             let t_publish = Instant::now();
-            let mut outcomes = self.publish(&batch, &mut lease).await;
+            let Published {
+                mut outcomes,
+                unavailable,
+            } = self.publish(&batch, &mut lease).await;
             self.report_circuit(&mut reported).await;
             if permit == Permit::Probe {
                 // A probe that never reached the broker (a malformed row, a short lease) must
                 // not leave the circuit waiting for its verdict.
                 self.breaker.probe_unused();
-                // A failed probe says the broker is still down, not that this message is bad:
-                // it does not spend the message's attempts (the breaker paces the next probe),
-                // so a long outage cannot push head messages into `failed`.
-                outcomes.retain(|o| !matches!(o, Outcome::Retry { .. }));
+                // A probe that found the broker still unavailable says nothing about the
+                // message: it spends none of its attempts (the breaker paces the next probe), so
+                // a long outage cannot push head messages into `failed`. A probe the broker
+                // *rejected* is recorded like any rejection: it spends an attempt, so a message
+                // the broker refuses cannot be probed forever while the rest of the relay waits.
+                outcomes.retain(|o| {
+                    matches!(o, Outcome::Published { .. }) || !unavailable.contains(&o.seq())
+                });
             }
             let t_record = Instant::now();
             self.record(outcomes).await;
@@ -189,7 +222,10 @@ impl Worker {
                    publish_ms = (t_record - t_publish).as_secs_f64() * 1e3,
                    record_ms = t_record.elapsed().as_secs_f64() * 1e3, "batch done");
         }
-        if let Err(error) = self.store.release(&self.id).await {
+        if let Err(error) = self
+            .store_call("release", self.store.release(&self.id))
+            .await
+        {
             warn!(member = %self.id, %error, "could not release partitions; they free up when the lease expires");
         } else {
             debug!(member = %self.id, "partitions released");
@@ -215,8 +251,11 @@ impl Worker {
             return;
         }
         match self
-            .store
-            .report_health(&self.id, state.as_str(), error.as_deref())
+            .store_call(
+                "report_health",
+                self.store
+                    .report_health(&self.id, state.as_str(), error.as_deref()),
+            )
             .await
         {
             Ok(()) => *reported = state,
@@ -247,8 +286,9 @@ impl Worker {
     /// Publishes `batch` wave by wave. Returns an outcome for every message that was tried; the
     /// rest (later messages of a key that just failed, or waves not sent because the lease ran
     /// short) get none and stay pending untouched.
-    async fn publish(&self, batch: &[Message], lease: &mut Lease) -> Vec<Outcome> {
+    async fn publish(&self, batch: &[Message], lease: &mut Lease) -> Published {
         let mut outcomes = Vec::with_capacity(batch.len());
+        let mut unavailable = HashSet::new();
         let mut stopped: HashSet<&str> = HashSet::new();
         for wave in waves(batch) {
             if !self.lease_holds(lease).await {
@@ -270,26 +310,27 @@ impl Worker {
                     Err(why) => {
                         warn!(member = %self.id, id = %m.id, error = %why, "message cannot be published as stored");
                         stopped.insert(m.aggregate_id.as_str());
-                        outcomes.push(self.failure(m, SinkError::permanent(why)));
+                        outcomes.push(self.failure(m, SinkError::invalid(why)));
                     }
                 }
             }
             if envelopes.is_empty() {
                 continue;
             }
-            let results = self.sink.publish(&envelopes).await;
+            let results = self.publish_call(&envelopes).await;
             self.breaker.record(
                 results.iter().any(Result::is_ok),
                 results
                     .iter()
-                    .find_map(|r| r.as_ref().err().filter(|e| e.retriable))
+                    .find_map(|r| r.as_ref().err().filter(|e| e.is_unavailable()))
                     .map(|e| e.message.as_str()),
             );
             let retry_first = outcomes.len();
             for (k, i) in sendable.into_iter().enumerate() {
                 let m = &batch[i];
                 let result = results.get(k).cloned().unwrap_or_else(|| {
-                    Err(SinkError::transient(format!(
+                    // A sink bug, not an outage: spend attempts rather than open the circuit.
+                    Err(SinkError::rejected(format!(
                         "sink `{}` returned no result for this message",
                         self.sink.name()
                     )))
@@ -298,6 +339,9 @@ impl Worker {
                     Ok(()) => outcomes.push(Outcome::Published { seq: m.seq }),
                     Err(e) => {
                         stopped.insert(m.aggregate_id.as_str());
+                        if e.is_unavailable() {
+                            unavailable.insert(m.seq);
+                        }
                         outcomes.push(self.failure(m, e));
                     }
                 }
@@ -311,7 +355,48 @@ impl Worker {
                       first_retry_in = ?delay, "publish failed; those messages and their keys will retry");
             }
         }
-        outcomes
+        Published {
+            outcomes,
+            unavailable,
+        }
+    }
+
+    /// One `sink.publish` call under the publish deadline. A call without every answer by then is
+    /// dropped, and each of its messages counts as unavailable: retried (the broker may have
+    /// taken some, so they can arrive twice, with the same id) and fed to the circuit breaker.
+    async fn publish_call(
+        &self,
+        envelopes: &[outbox_core::Envelope],
+    ) -> Vec<Result<(), SinkError>> {
+        let deadline = self.publish_deadline;
+        match tokio::time::timeout(deadline, self.sink.publish(envelopes)).await {
+            Ok(results) => results,
+            Err(_) => {
+                let e = SinkError::unavailable(format!(
+                    "sink `{}` gave no answer within {deadline:?} (the publish deadline); \
+                     the message is published again later with the same id",
+                    self.sink.name()
+                ));
+                envelopes.iter().map(|_| Err(e.clone())).collect()
+            }
+        }
+    }
+
+    /// One store call under the store deadline. A call without an answer by then is dropped and
+    /// reported as an [`ErrorKind::Timeout`] error, so the caller takes its error path (back off
+    /// and claim again, record again, treat the lease as not renewed) instead of waiting on a
+    /// connection that went silent. Stores must tolerate a dropped call (see `Store`).
+    async fn store_call<T>(&self, what: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let deadline = self.cfg.store_timeout;
+        match tokio::time::timeout(deadline, call).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "store {what}: no answer within {deadline:?} (the store deadline); abandoned"
+                ),
+            )),
+        }
     }
 
     /// Renews the lease inline when a third of it has passed; false when it cannot be trusted.
@@ -320,7 +405,10 @@ impl Worker {
         if now.duration_since(lease.renewed_at) >= self.renew_every()
             || lease.valid_until <= now + self.cfg.lease_margin()
         {
-            match self.store.renew(&self.id, self.cfg.lease).await {
+            match self
+                .store_call("renew", self.store.renew(&self.id, self.cfg.lease))
+                .await
+            {
                 Ok(n) if n == lease.partitions.len() => {
                     lease.valid_until = now + self.cfg.lease;
                     lease.renewed_at = now;
@@ -342,11 +430,11 @@ impl Worker {
     /// outage fails thousands of messages; one line says it); final failures one by one.
     fn failure(&self, m: &Message, e: SinkError) -> Outcome {
         let attempts = u32::try_from(m.attempts).unwrap_or(0).saturating_add(1);
-        match self.cfg.retry.decide(attempts, e.retriable) {
+        match self.cfg.retry.decide(attempts, e.retriable()) {
             RetryDecision::RetryAfter(delay) => {
                 RelayMetrics::add(&self.metrics.retried, 1);
                 debug!(member = %self.id, id = %m.id, key = %m.aggregate_id, attempts, error = %e.message,
-                       retry_in = ?delay, "publish failed; will retry");
+                       kind = %e.kind, retry_in = ?delay, "publish failed; will retry");
                 Outcome::Retry {
                     seq: m.seq,
                     error: e.message,
@@ -356,7 +444,7 @@ impl Worker {
             RetryDecision::Fail => {
                 RelayMetrics::add(&self.metrics.failed, 1);
                 warn!(member = %self.id, id = %m.id, key = %m.aggregate_id, attempts, error = %e.message,
-                      retriable = e.retriable, "message failed; it stays in the outbox as `failed`");
+                      kind = %e.kind, "message failed; it stays in the outbox as `failed`");
                 Outcome::Failed {
                     seq: m.seq,
                     error: e.message,
@@ -378,7 +466,10 @@ impl Worker {
             .count() as u64;
         let mut backoff = StoreBackoff::new();
         for attempt in 1..=5 {
-            match self.store.complete(&self.id, &outcomes).await {
+            match self
+                .store_call("complete", self.store.complete(&self.id, &outcomes))
+                .await
+            {
                 Ok(changed) => {
                     let fenced = outcomes.len() as u64 - changed.min(outcomes.len() as u64);
                     if fenced > 0 {

@@ -1,6 +1,8 @@
 //! The JSON-lines record shared by the `file:` and `stdout:` sinks: one object per message.
 
 use chrono::{DateTime, Utc};
+#[cfg(test)]
+use outbox_core::SinkErrorKind;
 use outbox_core::{Envelope, SinkError};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -16,36 +18,35 @@ struct Record<'a> {
     created_at: DateTime<Utc>,
 }
 
-/// Appends one JSON object and a newline per envelope to `out`. A payload that is not JSON is
-/// a permanent error for that message (it would make the file unreadable).
-pub(crate) fn encode(batch: &[Envelope], out: &mut Vec<u8>) -> Vec<Result<(), SinkError>> {
-    batch
+/// Replaces `line` with the JSON object and newline of `e`. A payload that is not JSON is an
+/// invalid message: it would make the file unreadable. The payload is embedded from the envelope
+/// as it is, never parsed into a value or copied into another string.
+pub(crate) fn encode_one(e: &Envelope, line: &mut Vec<u8>) -> Result<(), SinkError> {
+    line.clear();
+    let payload: &RawValue = serde_json::from_slice(&e.payload)
+        .map_err(|_| SinkError::invalid(format!("message {}: payload is not valid JSON", e.id)))?;
+    let headers = e
+        .headers
         .iter()
-        .map(|e| {
-            let payload: Box<RawValue> =
-                RawValue::from_string(e.payload.clone()).map_err(|_| {
-                    SinkError::permanent(format!("message {}: payload is not valid JSON", e.id))
-                })?;
-            let headers = e
-                .headers
-                .iter()
-                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-                .collect();
-            let rec = Record {
-                id: e.id,
-                destination: &e.destination,
-                key: &e.key,
-                headers,
-                payload: &payload,
-                created_at: e.created_at,
-            };
-            serde_json::to_writer(&mut *out, &rec).map_err(|err| {
-                SinkError::permanent(format!("message {}: cannot encode: {err}", e.id))
-            })?;
-            out.push(b'\n');
-            Ok(())
-        })
-        .collect()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    let rec = Record {
+        id: e.id,
+        destination: &e.destination,
+        key: &e.key,
+        headers,
+        payload,
+        created_at: e.created_at,
+    };
+    if let Err(err) = serde_json::to_writer(&mut *line, &rec) {
+        line.clear();
+        return Err(SinkError::invalid(format!(
+            "message {}: cannot encode: {err}",
+            e.id
+        )));
+    }
+    line.push(b'\n');
+    Ok(())
 }
 
 #[cfg(test)]
@@ -58,9 +59,21 @@ mod tests {
             destination: "payment.created".into(),
             key: "p-1".into(),
             headers: vec![("outbox-event-type".into(), "created".into())],
-            payload: payload.into(),
+            payload: payload.to_string().into(),
             created_at: Utc::now(),
         }
+    }
+
+    fn encode(batch: &[Envelope], out: &mut Vec<u8>) -> Vec<Result<(), SinkError>> {
+        let mut line = Vec::new();
+        batch
+            .iter()
+            .map(|e| {
+                encode_one(e, &mut line)?;
+                out.extend_from_slice(&line);
+                Ok(())
+            })
+            .collect()
     }
 
     #[test]
@@ -83,10 +96,10 @@ mod tests {
     }
 
     #[test]
-    fn invalid_json_payload_is_a_permanent_error_and_writes_nothing() {
+    fn invalid_json_payload_is_an_invalid_message_and_writes_nothing() {
         let mut out = Vec::new();
         let r = encode(&[env("not json")], &mut out);
-        assert!(!r[0].as_ref().unwrap_err().retriable);
+        assert_eq!(r[0].as_ref().unwrap_err().kind, SinkErrorKind::Invalid);
         assert!(out.is_empty());
     }
 }

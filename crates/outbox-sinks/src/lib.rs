@@ -12,8 +12,11 @@ mod jsonl;
 pub mod nats;
 #[cfg(feature = "stdout")]
 pub mod stdout;
+#[cfg(any(feature = "file", feature = "stdout"))]
+mod writer;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use outbox_core::{Error, Sink};
 
@@ -29,13 +32,40 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
         #[cfg(feature = "file")]
         "file" => Ok(Arc::new(file::FileSink::from_url(url)?)),
         #[cfg(feature = "stdout")]
-        "stdout" => Ok(Arc::new(stdout::StdoutSink)),
+        "stdout" => Ok(Arc::new(stdout::StdoutSink::new()?)),
         _ => Err(Error::config(format!(
             "sink `{}`: unknown or disabled sink scheme `{scheme}`; this build supports: {}",
             outbox_core::redact::url(url),
             available().join(", ")
         ))),
     }
+}
+
+/// The ack timeout the sink `url` names will use (see `Sink::ack_timeout`), read from the URL
+/// without connecting, so settings can be checked before anything starts: `Some` for sinks that
+/// wait for a broker's acknowledgement (NATS: `?ack_timeout=`, 5 s by default), `None` for the
+/// local sinks and for schemes this build does not know (`connect` reports those).
+pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
+    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
+    match scheme {
+        #[cfg(feature = "nats")]
+        "nats" | "tls" => Ok(Some(nats::NatsConfig::from_url(url)?.ack_timeout)),
+        _ => Ok(None),
+    }
+}
+
+/// `url` with its ack timeout set to `ack_timeout` when the sink has that setting and the URL
+/// leaves it unset; otherwise `url` unchanged. For commands that choose a short lease (`demo`,
+/// `verify`) and must keep the sink's wait inside it.
+pub fn with_default_ack_timeout(url: &str, ack_timeout: Duration) -> String {
+    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
+    let has_setting = matches!(scheme, "nats" | "tls");
+    let (_, query) = url.split_once('?').unwrap_or((url, ""));
+    if !has_setting || query.split('&').any(|p| p.starts_with("ack_timeout=")) {
+        return url.to_string();
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}ack_timeout={}ms", ack_timeout.as_millis().max(1))
 }
 
 /// URL schemes this build can publish to.
@@ -49,4 +79,34 @@ pub fn available() -> Vec<&'static str> {
         "stdout:",
     ];
     all.to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn ack_timeouts_are_read_from_the_url_and_defaulted_only_when_unset() {
+        assert_eq!(
+            ack_timeout("nats://h:4222").unwrap(),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            ack_timeout("nats://h:4222?ack_timeout=250ms").unwrap(),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(ack_timeout("file:x.jsonl").unwrap(), None);
+        assert!(ack_timeout("nats://h?ack_timeout=soon").is_err());
+        let d = Duration::from_secs(1);
+        assert_eq!(
+            with_default_ack_timeout("nats://h:4222", d),
+            "nats://h:4222?ack_timeout=1000ms"
+        );
+        assert_eq!(
+            with_default_ack_timeout("nats://h:4222?ack_timeout=2s", d),
+            "nats://h:4222?ack_timeout=2s"
+        );
+        assert_eq!(with_default_ack_timeout("stdout:", d), "stdout:");
+    }
 }

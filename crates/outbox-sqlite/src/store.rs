@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
+use futures::TryStreamExt;
 use outbox_core::store::MemberStatus;
 use outbox_core::{
-    BlockedKey, Error, ErrorKind, Maintenance, MemberId, Message, NewMessage, OnFailed, Outcome,
-    Result, Stats, Store,
+    BlockedKey, ClaimLimits, Error, ErrorKind, Maintenance, MemberId, Message, NewMessage,
+    OnFailed, Outcome, Result, Stats, Store,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -201,7 +202,7 @@ fn message_from_row(r: &SqliteRow) -> Result<Message> {
         aggregate_type: r.try_get("aggregate_type").map_err(get)?,
         aggregate_id: r.try_get("aggregate_id").map_err(get)?,
         event_type: r.try_get("event_type").map_err(get)?,
-        payload: r.try_get("payload").map_err(get)?,
+        payload: r.try_get::<String, _>("payload").map_err(get)?.into(),
         headers: r.try_get("headers").map_err(get)?,
         topic: r.try_get("topic").map_err(get)?,
         created_at,
@@ -300,25 +301,29 @@ impl Store for SqliteStore {
         &self,
         member: &MemberId,
         partitions: &[i32],
-        limit: usize,
+        limits: ClaimLimits,
         on_failed: OnFailed,
     ) -> Result<Vec<Message>> {
-        if partitions.is_empty() || limit == 0 {
+        if partitions.is_empty() || limits.rows == 0 {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(CLAIM)
+        // Row by row: each payload is in memory once, as its message's.
+        let mut rows = sqlx::query(CLAIM)
             .bind(member.as_str())
             .bind(partitions_json(partitions))
             .bind(now_ms())
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(i64::try_from(limits.rows).unwrap_or(i64::MAX))
             .bind(on_failed == OnFailed::Block)
-            .fetch_all(&self.pool)
+            .bind(i64::try_from(limits.bytes).unwrap_or(i64::MAX))
+            .fetch(&self.pool);
+        let mut epochs = std::collections::HashMap::new();
+        let mut messages = Vec::new();
+        while let Some(r) = rows
+            .try_next()
             .await
-            .map_err(|e| map_sqlx_error("claiming pending messages", e))?;
-        let mut epochs = std::collections::HashMap::with_capacity(rows.len());
-        let mut messages = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let m = message_from_row(r)?;
+            .map_err(|e| map_sqlx_error("claiming pending messages", e))?
+        {
+            let m = message_from_row(&r)?;
             let epoch: i64 = r
                 .try_get("epoch")
                 .map_err(|e| map_sqlx_error("reading claimed messages", e))?;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_core::{ErrorKind, MemberId, NewMessage, Store};
+use outbox_core::{ClaimLimits, ErrorKind, MemberId, NewMessage, Store};
 use outbox_sqlite::{connect_pool, migrate, SqliteStore, Writer, PARTITIONS};
 use sqlx::SqlitePool;
 
@@ -129,7 +129,12 @@ async fn minimal_raw_insert_gets_uuid_v7_partition_and_created_at() {
     let m = MemberId::random("raw");
     let parts = store.rebalance(&m, Duration::from_secs(30)).await.unwrap();
     let got = store
-        .claim(&m, &parts, 100, outbox_core::OnFailed::Block)
+        .claim(
+            &m,
+            &parts,
+            ClaimLimits::rows(100),
+            outbox_core::OnFailed::Block,
+        )
         .await
         .unwrap();
     assert_eq!(got[0].id, uuid);

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{MemberId, NewMessage, OnFailed, Outcome, Store};
+use outbox_core::{ClaimLimits, MemberId, NewMessage, OnFailed, Outcome, Store};
 
 /// A fresh, migrated, empty store for one case, and what removes it afterwards (a schema to
 /// drop, a file to delete), so the suite leaves nothing behind.
@@ -46,7 +46,9 @@ macro_rules! store_conformance_suite {
             concurrent_rebalancing_never_gives_a_partition_two_owners,
             stale_record_after_takeover_changes_nothing,
             stale_record_after_retaking_ones_own_partition_changes_nothing,
-            parked_key_is_released_in_order_behind_its_head
+            parked_key_is_released_in_order_behind_its_head,
+            claim_respects_the_byte_bound_but_passes_one_oversized_row,
+            a_complete_dropped_mid_way_records_when_called_again
         );
     };
 }
@@ -85,7 +87,7 @@ async fn claim_all(
     parts: &[i32],
 ) -> Vec<outbox_core::Message> {
     store
-        .claim(m, parts, 10_000, OnFailed::Block)
+        .claim(m, parts, ClaimLimits::rows(10_000), OnFailed::Block)
         .await
         .unwrap()
 }
@@ -128,7 +130,7 @@ pub async fn claim_respects_limit(store: Arc<dyn Store>) {
     let (m, parts) = sole_member(&store).await;
     assert_eq!(
         store
-            .claim(&m, &parts, 7, OnFailed::Block)
+            .claim(&m, &parts, ClaimLimits::rows(7), OnFailed::Block)
             .await
             .unwrap()
             .len(),
@@ -186,7 +188,7 @@ pub async fn claim_reads_only_owned_partitions(store: Arc<dyn Store>) {
     let gb = claim_all(&store, &b, &pb).await;
     // Asking for another member's partitions yields nothing.
     assert!(store
-        .claim(&a, &pb, 1000, OnFailed::Block)
+        .claim(&a, &pb, ClaimLimits::rows(1000), OnFailed::Block)
         .await
         .unwrap()
         .is_empty());
@@ -276,7 +278,7 @@ pub async fn complete_is_fenced_after_takeover(store: Arc<dyn Store>) {
     let short = Duration::from_millis(800);
     let parts = store.rebalance(&old, short).await.unwrap();
     let got = store
-        .claim(&old, &parts, 10, OnFailed::Block)
+        .claim(&old, &parts, ClaimLimits::rows(10), OnFailed::Block)
         .await
         .unwrap();
     assert_eq!(got.len(), 1);
@@ -294,7 +296,7 @@ pub async fn complete_is_fenced_after_takeover(store: Arc<dyn Store>) {
         .unwrap();
     assert_eq!(changed, 0, "a fenced member's result must not be recorded");
     let again = store
-        .claim(&new, &new_parts, 10, OnFailed::Block)
+        .claim(&new, &new_parts, ClaimLimits::rows(10), OnFailed::Block)
         .await
         .unwrap();
     assert_eq!(
@@ -374,7 +376,7 @@ pub async fn insert_keeps_order_within_a_key(store: Arc<dyn Store>) {
     let ns: Vec<u64> = got
         .iter()
         .map(|r| {
-            serde_json::from_str::<serde_json::Value>(&r.payload).unwrap()["n"]
+            serde_json::from_slice::<serde_json::Value>(&r.payload).unwrap()["n"]
                 .as_u64()
                 .unwrap()
         })
@@ -402,7 +404,10 @@ pub async fn skip_policy_lets_a_failed_keys_later_rows_flow(store: Arc<dyn Store
         claim_all(&store, &m, &parts).await.is_empty(),
         "block is the default"
     );
-    let skip = store.claim(&m, &parts, 100, OnFailed::Skip).await.unwrap();
+    let skip = store
+        .claim(&m, &parts, ClaimLimits::rows(100), OnFailed::Skip)
+        .await
+        .unwrap();
     assert_eq!(skip.iter().map(|r| r.id).collect::<Vec<_>>(), vec![a2.id]);
 }
 
@@ -518,7 +523,7 @@ pub async fn stale_record_after_takeover_changes_nothing(store: Arc<dyn Store>) 
     let short = Duration::from_millis(800);
     let parts = store.rebalance(&old, short).await.unwrap();
     let got = store
-        .claim(&old, &parts, 10, OnFailed::Block)
+        .claim(&old, &parts, ClaimLimits::rows(10), OnFailed::Block)
         .await
         .unwrap();
     assert_eq!(got.len(), 2);
@@ -558,7 +563,10 @@ pub async fn stale_record_after_retaking_ones_own_partition_changes_nothing(stor
     let m = MemberId::random("self");
     let short = Duration::from_millis(800);
     let parts = store.rebalance(&m, short).await.unwrap();
-    let got = store.claim(&m, &parts, 10, OnFailed::Block).await.unwrap();
+    let got = store
+        .claim(&m, &parts, ClaimLimits::rows(10), OnFailed::Block)
+        .await
+        .unwrap();
     assert_eq!(got.len(), 1);
     // Someone else takes over while `m` is paused, then gives everything back.
     tokio::time::sleep(short + Duration::from_millis(400)).await;
@@ -644,4 +652,124 @@ pub async fn parked_key_is_released_in_order_behind_its_head(store: Arc<dyn Stor
         (s.pending, s.published, s.parked, s.blocked_keys),
         (0, 7, 0, 0)
     );
+}
+
+/// A claim hands out at most `limits.bytes` of payloads, a prefix in seq order, with a retried
+/// message counted like any other; what it leaves out is handed out by later claims (never lost,
+/// never out of order), and a payload larger than the bound goes through alone.
+pub async fn claim_respects_the_byte_bound_but_passes_one_oversized_row(store: Arc<dyn Store>) {
+    let doc = |key: String, n: usize, pad: usize| {
+        NewMessage::new(
+            "doc",
+            key,
+            "stored",
+            serde_json::json!({ "n": n, "pad": "x".repeat(pad) }),
+        )
+    };
+    let big = doc("big".into(), 0, 5_000);
+    // About 1 KB each, one key each: only the byte bound can split them.
+    let small: Vec<_> = (0..7).map(|i| doc(format!("s{i}"), i, 1_000)).collect();
+    store.insert(std::slice::from_ref(&big)).await.unwrap();
+    store.insert(&small).await.unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let limits = ClaimLimits {
+        rows: 100,
+        bytes: 3_500,
+    };
+    let bytes = |b: &[outbox_core::Message]| b.iter().map(|r| r.payload.len()).sum::<usize>();
+
+    let first = store
+        .claim(&m, &parts, limits, OnFailed::Block)
+        .await
+        .unwrap();
+    assert_eq!(
+        first.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![big.id],
+        "the oversized payload goes alone"
+    );
+    assert!(first[0].payload.len() > limits.bytes);
+    store
+        .complete(&m, &[Outcome::Published { seq: first[0].seq }])
+        .await
+        .unwrap();
+
+    // Three of the small payloads fit in 3,500 bytes, a fourth would not.
+    let second = store
+        .claim(&m, &parts, limits, OnFailed::Block)
+        .await
+        .unwrap();
+    assert_eq!(
+        second.iter().map(|r| r.id).collect::<Vec<_>>(),
+        small[..3].iter().map(|x| x.id).collect::<Vec<_>>()
+    );
+    assert!(bytes(&second) <= limits.bytes);
+    // The third is retried at once: it comes back, and the bound counts it.
+    store
+        .complete(
+            &m,
+            &[
+                Outcome::Published { seq: second[0].seq },
+                Outcome::Published { seq: second[1].seq },
+                Outcome::Retry {
+                    seq: second[2].seq,
+                    error: "try again".into(),
+                    delay: Duration::ZERO,
+                },
+            ],
+        )
+        .await
+        .unwrap();
+    let mut delivered: Vec<uuid::Uuid> = vec![big.id, second[0].id, second[1].id];
+    for _ in 0..10 {
+        let got = store
+            .claim(&m, &parts, limits, OnFailed::Block)
+            .await
+            .unwrap();
+        if got.is_empty() {
+            break;
+        }
+        assert!(
+            bytes(&got) <= limits.bytes,
+            "{} bytes handed out in {} messages",
+            bytes(&got),
+            got.len()
+        );
+        assert!(got.windows(2).all(|w| w[0].seq < w[1].seq));
+        let outcomes: Vec<_> = got
+            .iter()
+            .map(|r| Outcome::Published { seq: r.seq })
+            .collect();
+        store.complete(&m, &outcomes).await.unwrap();
+        delivered.extend(got.iter().map(|r| r.id));
+    }
+    let mut want: Vec<_> = std::iter::once(big.id)
+        .chain(small.iter().map(|x| x.id))
+        .collect();
+    want.sort();
+    delivered.sort();
+    assert_eq!(delivered, want, "every message once, none lost");
+    let s = store.stats().await.unwrap();
+    assert_eq!((s.pending, s.published), (0, 8));
+}
+
+/// The relay drops a store call that outlives its deadline. A `complete` dropped mid-way must
+/// record the batch when called again with the same outcomes, not forget it.
+pub async fn a_complete_dropped_mid_way_records_when_called_again(store: Arc<dyn Store>) {
+    store.insert(&[msg("a", 1), msg("b", 2)]).await.unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    let outcomes: Vec<_> = got
+        .iter()
+        .map(|r| Outcome::Published { seq: r.seq })
+        .collect();
+    // A zero deadline: the call is polled once, then dropped wherever it stands. Its statement
+    // may still run (SQLite's driver finishes it on its own thread): then the retry finds
+    // nothing left to change, which is fine. What must not happen is that neither records it.
+    let _ = tokio::time::timeout(Duration::ZERO, store.complete(&m, &outcomes)).await;
+    store.complete(&m, &outcomes).await.unwrap();
+    assert!(
+        claim_all(&store, &m, &parts).await.is_empty(),
+        "the batch must be recorded by the dropped call or its retry"
+    );
+    assert_eq!(store.stats().await.unwrap().published, 2);
 }

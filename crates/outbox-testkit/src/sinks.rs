@@ -5,41 +5,53 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use outbox_core::{Envelope, Sink, SinkError};
+use outbox_core::{Envelope, Sink, SinkError, SinkErrorKind};
 use uuid::Uuid;
 
-/// Fails its first `fail_first` publish calls (every message of a failed call, transiently, as a
-/// broker that is down would), then passes everything to the inner sink. With
-/// `fail_first = u64::MAX` it never recovers; `permanent` makes its failures permanent.
+/// Fails its first `fail_first` publish calls (every message of a failed call, as
+/// [`SinkErrorKind::Unavailable`], as a broker that is down would), then passes everything to
+/// the inner sink. With `fail_first = u64::MAX` it never recovers; [`FlakySink::permanently_failing`]
+/// fails every message as [`SinkErrorKind::Invalid`] instead.
 pub struct FlakySink<S> {
     inner: S,
     fail_first: u64,
-    permanent: bool,
+    kind: SinkErrorKind,
     calls: AtomicU64,
 }
 
 impl<S: Sink> FlakySink<S> {
-    /// Fails the first `n` publish calls transiently.
+    /// Fails the first `n` publish calls: the broker is unavailable.
     pub fn failing_first(inner: S, n: u64) -> Self {
         Self {
             inner,
             fail_first: n,
-            permanent: false,
+            kind: SinkErrorKind::Unavailable,
             calls: AtomicU64::new(0),
         }
     }
 
-    /// Fails every call, transiently.
+    /// Fails every call: the broker stays unavailable.
     pub fn always_failing(inner: S) -> Self {
         Self::failing_first(inner, u64::MAX)
     }
 
-    /// Fails every call permanently.
+    /// Fails every message as rejected: the broker answers and refuses each one, so messages
+    /// spend their attempts and the circuit stays closed.
+    pub fn always_rejecting(inner: S) -> Self {
+        Self {
+            inner,
+            fail_first: u64::MAX,
+            kind: SinkErrorKind::Rejected,
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    /// Fails every message as invalid: no retry can help it.
     pub fn permanently_failing(inner: S) -> Self {
         Self {
             inner,
             fail_first: u64::MAX,
-            permanent: true,
+            kind: SinkErrorKind::Invalid,
             calls: AtomicU64::new(0),
         }
     }
@@ -56,18 +68,19 @@ impl<S: Sink> Sink for FlakySink<S> {
         self.inner.name()
     }
 
+    fn ack_timeout(&self) -> Option<std::time::Duration> {
+        self.inner.ack_timeout()
+    }
+
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         if self.calls.fetch_add(1, Ordering::SeqCst) < self.fail_first {
-            let msg = "injected failure: broker refused the message";
+            let msg = match self.kind {
+                SinkErrorKind::Unavailable => "injected failure: broker unreachable",
+                _ => "injected failure: broker refused the message",
+            };
             return batch
                 .iter()
-                .map(|_| {
-                    Err(if self.permanent {
-                        SinkError::permanent(msg)
-                    } else {
-                        SinkError::transient(msg)
-                    })
-                })
+                .map(|_| Err(SinkError::new(self.kind, msg)))
                 .collect();
         }
         self.inner.publish(batch).await
@@ -100,6 +113,10 @@ impl<S: Sink> RecordingSink<S> {
 impl<S: Sink> Sink for RecordingSink<S> {
     fn name(&self) -> &str {
         self.inner.name()
+    }
+
+    fn ack_timeout(&self) -> Option<std::time::Duration> {
+        self.inner.ack_timeout()
     }
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
@@ -143,7 +160,7 @@ impl Sink for MemorySink {
             }
             Err(_) => batch
                 .iter()
-                .map(|_| Err(SinkError::transient("memory sink poisoned")))
+                .map(|_| Err(SinkError::unavailable("memory sink poisoned")))
                 .collect(),
         }
     }
@@ -153,26 +170,28 @@ impl Sink for MemorySink {
 pub struct PoisonKeySink<S> {
     inner: S,
     key: String,
-    permanent: bool,
+    kind: SinkErrorKind,
 }
 
 impl<S: Sink> PoisonKeySink<S> {
-    /// Fails messages of `key` with retriable errors.
-    pub fn transient(inner: S, key: impl Into<String>) -> Self {
+    /// Fails messages of `key` with errors of `kind`.
+    pub fn with_kind(inner: S, key: impl Into<String>, kind: SinkErrorKind) -> Self {
         Self {
             inner,
             key: key.into(),
-            permanent: false,
+            kind,
         }
     }
 
-    /// Fails messages of `key` with permanent errors.
+    /// Fails messages of `key` as rejected: retried within their budget (a poison message is
+    /// the message's fault, not the broker's).
+    pub fn transient(inner: S, key: impl Into<String>) -> Self {
+        Self::with_kind(inner, key, SinkErrorKind::Rejected)
+    }
+
+    /// Fails messages of `key` as invalid: `failed` at once.
     pub fn permanent(inner: S, key: impl Into<String>) -> Self {
-        Self {
-            inner,
-            key: key.into(),
-            permanent: true,
-        }
+        Self::with_kind(inner, key, SinkErrorKind::Invalid)
     }
 }
 
@@ -180,6 +199,10 @@ impl<S: Sink> PoisonKeySink<S> {
 impl<S: Sink> Sink for PoisonKeySink<S> {
     fn name(&self) -> &str {
         self.inner.name()
+    }
+
+    fn ack_timeout(&self) -> Option<std::time::Duration> {
+        self.inner.ack_timeout()
     }
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
@@ -193,16 +216,14 @@ impl<S: Sink> Sink for PoisonKeySink<S> {
             .iter()
             .map(|e| {
                 if e.key == self.key {
-                    let msg = format!("injected poison for key {}", self.key);
-                    Err(if self.permanent {
-                        SinkError::permanent(msg)
-                    } else {
-                        SinkError::transient(msg)
-                    })
+                    Err(SinkError::new(
+                        self.kind,
+                        format!("injected poison for key {}", self.key),
+                    ))
                 } else {
                     passed
                         .next()
-                        .unwrap_or_else(|| Err(SinkError::transient("inner sink gave no result")))
+                        .unwrap_or_else(|| Err(SinkError::rejected("inner sink gave no result")))
                 }
             })
             .collect()

@@ -162,13 +162,16 @@ impl Sink for Gate {
     fn name(&self) -> &str {
         self.inner.name()
     }
+    fn ack_timeout(&self) -> Option<Duration> {
+        self.inner.ack_timeout()
+    }
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         if self.open.load(Ordering::SeqCst) {
             self.inner.publish(batch).await
         } else {
             batch
                 .iter()
-                .map(|_| Err(SinkError::transient("broker unreachable (demo outage)")))
+                .map(|_| Err(SinkError::unavailable("broker unreachable (demo outage)")))
                 .collect()
         }
     }
@@ -187,6 +190,9 @@ struct CrashPoint {
 impl Sink for CrashPoint {
     fn name(&self) -> &str {
         self.inner.name()
+    }
+    fn ack_timeout(&self) -> Option<Duration> {
+        self.inner.ack_timeout()
     }
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         let results = self.inner.publish(batch).await;
@@ -253,6 +259,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
 
     let db = Arc::new(open_payments(&db_url, &schema).await?);
+    // The demo's short lease must still cover the sink's wait for an acknowledgement (a
+    // quarter of it, so the sink reports its own timeout before the relay's publish deadline).
+    let sink_url = outbox_sinks::with_default_ack_timeout(&sink_url, lease / 4);
     let (mut broker, sink, destination) = Broker::open(&sink_url, "demo").await?;
     let ledger_path = args.dir.join("ledger.db");
     let ledger = Ledger::open(&ledger_path).await?;

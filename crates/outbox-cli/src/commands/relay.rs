@@ -23,10 +23,12 @@ pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCod
                 .map(|p| p.as_str())
                 .collect::<Vec<_>>(),
             "batch_size": r.batch_size,
+            "batch_bytes": r.batch_bytes,
             "workers": r.workers,
             "poll_interval": humantime::format_duration(r.poll_interval).to_string(),
             "listen": r.listen,
             "lease": humantime::format_duration(r.lease).to_string(),
+            "store_timeout": humantime::format_duration(r.store_timeout).to_string(),
             "max_attempts": r.retry.max_attempts,
             "backoff_base": humantime::format_duration(r.retry.base).to_string(),
             "backoff_max": humantime::format_duration(r.retry.max).to_string(),

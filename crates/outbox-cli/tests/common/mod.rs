@@ -277,6 +277,8 @@ pub fn outbox_command(cwd: &std::path::Path) -> std::process::Command {
         "OUTBOX_BATCH_SIZE",
         "OUTBOX_WORKERS",
         "OUTBOX_ALLOW_DESTINATIONS",
+        "OUTBOX_BATCH_BYTES",
+        "OUTBOX_STORE_TIMEOUT",
     ] {
         c.env_remove(var);
     }

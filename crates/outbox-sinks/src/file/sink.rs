@@ -1,12 +1,13 @@
 //! [`FileSink`]: one JSON object per line, flushed and fsynced before a batch is acknowledged.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use outbox_core::{Envelope, Error, ErrorKind, Sink, SinkError};
+
+use crate::writer::{LineWriter, Target};
 
 /// Appends messages to a JSON-lines file.
 ///
@@ -14,9 +15,53 @@ use outbox_core::{Envelope, Error, ErrorKind, Sink, SinkError};
 /// (of the relay or the machine) never acknowledges a message that is not on disk. A crash after
 /// the write and before the relay records the result leaves the line in the file and the message
 /// pending: it is appended again (same `id`) — consumers dedupe by `id`.
+///
+/// Writes and `fsync`s run on a thread of the sink's own, never on the async runtime's workers;
+/// a disk that stalls makes `publish` wait (the relay's publish deadline bounds the wait), not
+/// the runtime.
 pub struct FileSink {
     path: PathBuf,
-    file: Arc<Mutex<File>>,
+    writer: LineWriter,
+}
+
+/// The appended file, as the writer thread holds it.
+struct AppendFile(File);
+
+impl Write for AppendFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl Target for AppendFile {
+    fn commit(&mut self) -> std::io::Result<()> {
+        self.0.sync_data()
+    }
+
+    fn repair(&mut self) -> std::io::Result<()> {
+        end_torn_line(&mut self.0)
+    }
+}
+
+/// Appends a newline when the file's last byte is not one: a line torn by a crash or a failed
+/// write must not swallow the next record.
+fn end_torn_line(file: &mut File) -> std::io::Result<()> {
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let mut last = [0u8; 1];
+    file.seek(SeekFrom::Start(len - 1))?;
+    file.read_exact(&mut last)?;
+    if last[0] != b'\n' {
+        // Opened for appending: the write lands at the end wherever the cursor is.
+        file.write_all(b"\n")?;
+        file.sync_data()?;
+    }
+    Ok(())
 }
 
 impl FileSink {
@@ -45,19 +90,7 @@ impl FileSink {
             .open(&path)
             .map_err(|e| io("open", e))?;
         // A line torn by a crash mid-write must not swallow the next record: start on a new line.
-        let len = file.metadata().map_err(|e| io("read", e))?.len();
-        if len > 0 {
-            use std::io::{Read, Seek, SeekFrom};
-            let mut last = [0u8; 1];
-            file.seek(SeekFrom::Start(len - 1))
-                .and_then(|_| file.read_exact(&mut last))
-                .map_err(|e| io("read", e))?;
-            if last[0] != b'\n' {
-                file.write_all(b"\n")
-                    .and_then(|()| file.sync_data())
-                    .map_err(|e| io("repair", e))?;
-            }
-        }
+        end_torn_line(&mut file).map_err(|e| io("repair", e))?;
         if !existed {
             // The new file's directory entry must be durable too, or a power loss could take
             // away acknowledged lines with the whole file.
@@ -65,10 +98,8 @@ impl FileSink {
                 let _ = File::open(d).and_then(|d| d.sync_all());
             }
         }
-        Ok(Self {
-            path,
-            file: Arc::new(Mutex::new(file)),
-        })
+        let writer = LineWriter::spawn(format!("file sink {}", path.display()), AppendFile(file))?;
+        Ok(Self { path, writer })
     }
 
     /// Parses `file:path` or `file://path`.
@@ -98,31 +129,7 @@ impl Sink for FileSink {
     }
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
-        let mut buf = Vec::with_capacity(batch.len() * 256);
-        let mut results = crate::jsonl::encode(batch, &mut buf);
-        if buf.is_empty() {
-            return results;
-        }
-        let file = self.file.clone();
-        let path = self.path.display().to_string();
-        // Blocking file I/O and fsync off the async threads.
-        let written = tokio::task::spawn_blocking(move || -> Result<(), String> {
-            let mut f = file
-                .lock()
-                .map_err(|_| "file sink lock poisoned".to_string())?;
-            f.write_all(&buf)
-                .map_err(|e| format!("file sink: writing {path}: {e}"))?;
-            f.sync_data()
-                .map_err(|e| format!("file sink: fsync of {path}: {e}"))
-        })
-        .await
-        .unwrap_or_else(|e| Err(format!("file sink: writer task failed: {e}")));
-        if let Err(msg) = written {
-            for r in results.iter_mut().filter(|r| r.is_ok()) {
-                *r = Err(SinkError::transient(msg.clone()));
-            }
-        }
-        results
+        self.writer.write(batch).await
     }
 }
 
@@ -139,7 +146,7 @@ mod tests {
             destination: "d".into(),
             key: "k".into(),
             headers: vec![],
-            payload: format!("{{\"n\":{n}}}"),
+            payload: format!("{{\"n\":{n}}}").into(),
             created_at: chrono::Utc::now(),
         };
         let sink = FileSink::from_url(&format!("file:{}", path.display())).unwrap();

@@ -1,6 +1,7 @@
 //! NATS JetStream sink: async publish with acknowledgements, `Nats-Msg-Id` dedupe.
 
 mod config;
+mod denied;
 mod error;
 mod sink;
 

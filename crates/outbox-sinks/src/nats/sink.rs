@@ -10,13 +10,14 @@ use outbox_core::{Envelope, Error, ErrorKind, Sink, SinkError};
 use tracing::info;
 
 use super::config::NatsConfig;
+use super::denied::Denied;
 use super::error::classify;
 
 /// Acknowledgements the client may await at once (64 workers × a 10,000-row batch).
 const MAX_ACKS_IN_FLIGHT: usize = 640_000;
 
 /// A subject NATS accepts: dot-separated non-empty tokens, no whitespace or control
-/// characters. Anything else can never be published: a permanent error.
+/// characters. Anything else can never be published: an invalid message.
 fn valid_subject(subject: &str) -> Result<(), SinkError> {
     let ok = !subject.is_empty()
         && !subject.chars().any(|c| c.is_whitespace() || c.is_control())
@@ -24,7 +25,7 @@ fn valid_subject(subject: &str) -> Result<(), SinkError> {
     if ok {
         Ok(())
     } else {
-        Err(SinkError::permanent(format!(
+        Err(SinkError::invalid(format!(
             "nats: subject `{subject}` is not valid (empty token or whitespace)"
         )))
     }
@@ -35,18 +36,29 @@ fn valid_subject(subject: &str) -> Result<(), SinkError> {
 pub struct NatsSink {
     js: jetstream::Context,
     client: async_nats::Client,
+    ack_timeout: std::time::Duration,
+    denied: Denied,
 }
 
 impl NatsSink {
     /// Connects to the server. If it is down, the client keeps reconnecting in the background
     /// and publishes fail (and are retried) until it is back, rather than failing the relay.
     pub async fn connect(cfg: NatsConfig) -> Result<Self, Error> {
+        let denied = Denied::default();
+        let noted = denied.clone();
         let client = cfg
             .connect_options()
             .retry_on_initial_connect()
             .connection_timeout(std::time::Duration::from_secs(5))
-            .event_callback(|event| async move {
-                info!(sink = "nats", %event, "nats connection event");
+            .event_callback(move |event| {
+                // A denied publish is answered only here, never on its acknowledgement.
+                if let async_nats::Event::ServerError(async_nats::ServerError::Other(text)) = &event
+                {
+                    noted.note(text);
+                }
+                async move {
+                    info!(sink = "nats", %event, "nats connection event");
+                }
             })
             .connect(&cfg.url)
             .await
@@ -67,7 +79,12 @@ impl NatsSink {
             .timeout(cfg.ack_timeout)
             .max_ack_inflight(MAX_ACKS_IN_FLIGHT)
             .build(client.clone());
-        Ok(Self { js, client })
+        Ok(Self {
+            js,
+            client,
+            ack_timeout: cfg.ack_timeout,
+            denied,
+        })
     }
 
     /// The underlying client (for tests and the benchmark's consumer).
@@ -79,10 +96,10 @@ impl NatsSink {
         let mut h = HeaderMap::new();
         for (k, v) in &e.headers {
             let name = HeaderName::from_str(k).map_err(|_| {
-                SinkError::permanent(format!("nats: header name `{k}` is not valid in NATS"))
+                SinkError::invalid(format!("nats: header name `{k}` is not valid in NATS"))
             })?;
             if v.contains(['\r', '\n']) {
-                return Err(SinkError::permanent(format!(
+                return Err(SinkError::invalid(format!(
                     "nats: header `{k}` contains a line break"
                 )));
             }
@@ -98,6 +115,10 @@ impl Sink for NatsSink {
         "nats"
     }
 
+    fn ack_timeout(&self) -> Option<std::time::Duration> {
+        Some(self.ack_timeout)
+    }
+
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         // Send everything first, then wait for all acknowledgements together: one round trip
         // for the whole call instead of one per message.
@@ -106,13 +127,14 @@ impl Sink for NatsSink {
             let sent = match valid_subject(&e.destination).and_then(|()| Self::headers(e)) {
                 Ok(headers) => {
                     let msg = PublishMessage::build()
-                        .payload(bytes::Bytes::copy_from_slice(e.payload.as_bytes()))
+                        // Shared with the claimed row, not copied.
+                        .payload(e.payload.clone())
                         .headers(headers)
                         .message_id(e.id.to_string());
                     self.js
                         .send_publish(e.destination.clone(), msg)
                         .await
-                        .map_err(|err| classify(&e.destination, &err))
+                        .map_err(|err| classify(&e.destination, &err, &self.denied))
                 }
                 Err(err) => Err(err),
             };
@@ -123,7 +145,7 @@ impl Sink for NatsSink {
                 Ok(ack) => ack
                     .await
                     .map(|_| ())
-                    .map_err(|err| classify(&batch[i].destination, &err)),
+                    .map_err(|err| classify(&batch[i].destination, &err, &self.denied)),
                 Err(e) => Err(e),
             }
         }))
@@ -137,7 +159,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn invalid_subjects_are_permanent_errors() {
+    fn invalid_subjects_are_invalid_messages() {
         assert!(valid_subject("orders.placed").is_ok());
         for bad in [
             "",
@@ -148,7 +170,7 @@ mod tests {
             "a\tb",
         ] {
             let e = valid_subject(bad).unwrap_err();
-            assert!(!e.retriable, "{bad:?}");
+            assert_eq!(e.kind, outbox_core::SinkErrorKind::Invalid, "{bad:?}");
         }
     }
 }

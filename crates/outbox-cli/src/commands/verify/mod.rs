@@ -157,6 +157,19 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     }
 
     let lease = args.lease.0;
+    // The relays' sink waits for each acknowledgement a quarter of their short lease (NATS
+    // waits 5 s by default, longer than the third of the default 3 s lease a publish may take;
+    // a quarter leaves the sink room to report its own timeout first); an explicit ack_timeout
+    // that does not fit in a third is refused here, as `outbox relay` would refuse it.
+    let relay_sink = outbox_sinks::with_default_ack_timeout(&sink_url, lease / 4);
+    if let Some(ack) = outbox_sinks::ack_timeout(&relay_sink)? {
+        outbox_relay::RelayConfig {
+            lease,
+            ..outbox_relay::RelayConfig::default()
+        }
+        .check_ack_timeout(ack)
+        .map_err(|why| outbox_core::Error::config(format!("verify: {why}")))?;
+    }
     // Nothing secret on the command line: the database and sink URLs go in the environment.
     let relay_args: Vec<String> = [
         "relay",
@@ -186,7 +199,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         relay_args,
         tmp.clone(),
         relay_db_url,
-        sink_url.clone(),
+        relay_sink,
         stdout_path.clone(),
     );
     for i in 0..relay_count {
