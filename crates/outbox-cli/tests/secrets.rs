@@ -206,7 +206,7 @@ fn relay_print_config_status_and_migrate_never_show_secrets() {
             "--sink",
             &nats_token_url(),
             "--lease",
-            "2s",
+            "15s",
         ]),
         Duration::from_secs(3),
     );
