@@ -54,6 +54,7 @@ const SESSION_SETTINGS: [(&str, &str); 4] = [
 struct Queries {
     claim_window: String,
     claim_parked: String,
+    seq_high: String,
     record: String,
     heartbeat: String,
     reap_members: String,
@@ -73,6 +74,7 @@ impl Queries {
         Self {
             claim_window: schema.render(include_str!("../queries/claim_window.sql")),
             claim_parked: schema.render(include_str!("../queries/claim_parked.sql")),
+            seq_high: schema.render(include_str!("../queries/seq_high.sql")),
             record: schema.render(include_str!("../queries/record.sql")),
             heartbeat: schema.render(include_str!("../queries/heartbeat.sql")),
             reap_members: schema.render(include_str!("../queries/reap_members.sql")),
@@ -611,6 +613,16 @@ impl Store for PgStore {
             )
             .await
             .map_err(err)?;
+        // A fresh floor for the snapshot the window claim takes below: read in an earlier
+        // statement, so every seq drawn after that snapshot is larger. Without it a member's
+        // first window would start from the floor of the last one, and once that window closed
+        // each empty poll would walk every row since (measured: 740 ms per claim after a 1M
+        // drain, until an idle advance recorded a better floor).
+        let fresh_floor: i64 = sqlx::query_scalar(&self.q.seq_high)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(err)?;
+        let floor_hint = floor_hint.max(fresh_floor);
         let mut ticket = Ticket::default();
         let parts: Vec<i16> = epochs.iter().map(|(p, _)| *p).collect();
         // Parked messages first (retries are older work), then the windows with the bytes
