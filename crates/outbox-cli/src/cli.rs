@@ -118,7 +118,7 @@ pub struct RelayArgs {
     /// Worker tasks (relay members) in this process (default 2). Env: OUTBOX_WORKERS.
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
-    /// Longest wait between polls when idle (default 50ms). Polling is adaptive: at once after a
+    /// Longest wait between polls when idle (default 100ms). Polling is adaptive: at once after a
     /// full batch, 1 ms after a partial one, doubling while empty. Env: OUTBOX_POLL_INTERVAL.
     #[arg(long, value_name = "DURATION")]
     pub poll_interval: Option<Dur>,

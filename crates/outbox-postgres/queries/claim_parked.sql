@@ -5,7 +5,7 @@
 -- Bytes: rows are measured in seq order and returned while the running sum of their payloads'
 -- text length stays within $5, the first one whatever its size when $6 allows it; the LIMIT
 -- stops the running sum, so a payload past $4 rows is never rendered.
--- Reads only the small parked table. $1 partitions (int2[]), $2 rows per key, $3 failed rows
+-- Reads only the small parked table (and the sequence). $1 partitions (int2[]), $2 rows per key, $3 failed rows
 -- block their key, $4 rows in all, $5 payload bytes, $6 an oversized first row may go alone
 WITH heads AS (
     SELECT DISTINCT ON (k.partition, k.aggregate_id)
@@ -28,10 +28,19 @@ WITH heads AS (
     WINDOW w AS (ORDER BY r.seq ROWS UNBOUNDED PRECEDING)
     ORDER BY r.seq
     LIMIT $4
+), high AS (
+    -- Every seq drawn so far is at most this. Read in this statement, before the window
+    -- claim's statement takes its snapshot, it is a floor for that snapshot (claim_window).
+    SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END AS seq_high
+    FROM {schema}.outbox_seq_v2 AS s
 )
-SELECT m.partition, m.seq, m.id, m.aggregate_type, m.aggregate_id, m.event_type,
+-- Always one row at least: the high-water mark, with no message when nothing is due.
+SELECT high.seq_high, m.partition, m.seq, m.id, m.aggregate_type, m.aggregate_id, m.event_type,
        m.payload::text AS payload, m.headers::text AS headers, m.topic, m.created_at,
        m.attempts, m.state, m.bytes_upto, m.handed_upto
-FROM measured AS m
-WHERE m.bytes_upto <= $5::int8 OR (m.handed_upto = 1 AND $6::boolean)
+FROM high
+LEFT JOIN (
+    SELECT * FROM measured
+    WHERE measured.bytes_upto <= $5::int8 OR (measured.handed_upto = 1 AND $6::boolean)
+) AS m ON true
 ORDER BY m.seq

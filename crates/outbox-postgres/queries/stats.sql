@@ -24,6 +24,12 @@ WITH pos AS MATERIALIZED (
               AND NOT pg_visible_in_snapshot(a.txid, pos.bound_snap)
               AND pg_visible_in_snapshot(a.txid, pos.now_snap)
             UNION ALL
+            (SELECT l.seq, l.created_at, l.txid FROM {schema}.outbox AS l
+             WHERE l.partition = pos.partition AND l.txid >= pos.done_bound
+               AND l.seq - pos.done_floor <= 0
+               AND pg_visible_in_snapshot(l.txid, pos.now_snap)
+             OFFSET 0)
+            UNION ALL
             (SELECT r.seq, r.created_at, r.txid FROM {schema}.outbox AS r
              WHERE r.partition = pos.partition
                AND r.txid >= pg_snapshot_xmax(pos.done) AND r.txid < pos.done_bound

@@ -54,7 +54,6 @@ const SESSION_SETTINGS: [(&str, &str); 4] = [
 struct Queries {
     claim_window: String,
     claim_parked: String,
-    seq_high: String,
     record: String,
     heartbeat: String,
     reap_members: String,
@@ -74,7 +73,6 @@ impl Queries {
         Self {
             claim_window: schema.render(include_str!("../queries/claim_window.sql")),
             claim_parked: schema.render(include_str!("../queries/claim_parked.sql")),
-            seq_high: schema.render(include_str!("../queries/seq_high.sql")),
             record: schema.render(include_str!("../queries/record.sql")),
             heartbeat: schema.render(include_str!("../queries/heartbeat.sql")),
             reap_members: schema.render(include_str!("../queries/reap_members.sql")),
@@ -383,7 +381,7 @@ impl PgStore {
         bytes: usize,
         block: bool,
         ticket: &mut Ticket,
-    ) -> Result<(Vec<Message>, Measured)> {
+    ) -> Result<(Vec<Message>, Measured, i64)> {
         let err = |e| map_sqlx_error("claiming parked messages", e);
         let mut stream = sqlx::query(&self.q.claim_parked)
             .bind(parts)
@@ -395,8 +393,16 @@ impl PgStore {
             .fetch(&mut *tx);
         let mut messages = Vec::new();
         let mut measured = (0i64, 0i64);
+        let mut seq_high = 0i64;
         while let Some(r) = stream.try_next().await.map_err(err)? {
-            let partition: i16 = r.try_get("partition").map_err(err)?;
+            seq_high = seq_high.max(
+                r.try_get::<Option<i64>, _>("seq_high")
+                    .map_err(err)?
+                    .unwrap_or(0),
+            );
+            let Some(partition) = r.try_get::<Option<i16>, _>("partition").map_err(err)? else {
+                continue; // the high-water row alone: nothing parked is due
+            };
             measured = (
                 r.try_get("handed_upto").map_err(err)?,
                 r.try_get("bytes_upto").map_err(err)?,
@@ -424,7 +430,7 @@ impl PgStore {
         }
         let mut m = Measured::default();
         m.add(measured.0, measured.1);
-        Ok((messages, m))
+        Ok((messages, m, seq_high))
     }
 
     /// Runs the fenced record statement for `plan`; returns the partitions that passed.
@@ -600,7 +606,9 @@ impl Store for PgStore {
         let per_partition = (rows / active.clamp(1, epochs.len())).clamp(1, rows) as i64;
         let block = on_failed == OnFailed::Block;
         let err = |e| map_sqlx_error("claiming pending messages", e);
-        // Reads only: the transaction exists to scope the planner settings. Part A of the
+        // Reads only: the transaction exists to scope the planner settings. READ COMMITTED
+        // whatever the server's default: the floor read by the first statement must come from
+        // before the window statement's own snapshot. Part A of the
         // window claim must walk the (partition, seq) index in order; never let a bitmap scan
         // or a sequential scan of the backlog look cheaper. JIT is off here too, whatever pool
         // the store was given: the disabled scans inflate the plan's cost past any JIT
@@ -608,28 +616,23 @@ impl Store for PgStore {
         let mut tx = self
             .pool
             .begin_with(
-                "BEGIN READ ONLY; SET LOCAL jit = off; SET LOCAL enable_bitmapscan = off; \
-                 SET LOCAL enable_seqscan = off",
+                "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY; SET LOCAL jit = off; \
+                 SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off",
             )
             .await
             .map_err(err)?;
-        // A fresh floor for the snapshot the window claim takes below: read in an earlier
-        // statement, so every seq drawn after that snapshot is larger. Without it a member's
-        // first window would start from the floor of the last one, and once that window closed
-        // each empty poll would walk every row since (measured: 740 ms per claim after a 1M
-        // drain, until an idle advance recorded a better floor).
-        let fresh_floor: i64 = sqlx::query_scalar(&self.q.seq_high)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(err)?;
-        let floor_hint = floor_hint.max(fresh_floor);
         let mut ticket = Ticket::default();
         let parts: Vec<i16> = epochs.iter().map(|(p, _)| *p).collect();
         // Parked messages first (retries are older work), then the windows with the bytes
         // left: together they stay within the bound, or are one oversized message.
-        let (parked, mut measured) = self
+        let (parked, mut measured, fresh_floor) = self
             .read_parked(&mut tx, &parts, rows, limits.bytes, block, &mut ticket)
             .await?;
+        // A fresh floor for the snapshot the window claim takes next: read by the statement
+        // above, so every seq drawn after that snapshot is larger. Without it a member's first
+        // window would start from the floor of the last one, and once that window closed each
+        // empty poll would walk every row since (measured: 740 ms per claim after a 1M drain).
+        let floor_hint = floor_hint.max(fresh_floor);
         let parked_bytes: usize = parked.iter().map(|m| m.payload.len()).sum();
         let (mut messages, seq_high, window_measured) = self
             .read_windows(

@@ -232,7 +232,13 @@ impl Ticket {
             }
             let published_total =
                 w.published + published + published_parked.remove(partition).unwrap_or(0);
-            let closes = complete && w.exhausted_if_all_read && (!rows.is_empty() || idle_advance);
+            // An empty fresh window is recorded only now and then (`idle_advance`): that write
+            // would otherwise follow every empty poll. An open window read to its end closes at
+            // once: left open, it would hide the rows written since its snapshot.
+            let was_open = w.cursor > 0;
+            let closes = complete
+                && w.exhausted_if_all_read
+                && (!rows.is_empty() || idle_advance || was_open);
             let position = if closes {
                 Some(NewPosition {
                     partition: *partition,
@@ -427,6 +433,20 @@ mod tests {
         assert_eq!(p.park.len(), 1);
         assert_eq!(p.park[0].state, "waiting");
         assert_eq!(p.positions[0].cur, None);
+    }
+
+    #[test]
+    fn an_open_window_read_to_its_end_closes_even_without_rows() {
+        let mut t = ticket(vec![], true);
+        if let Some(w) = t.windows.get_mut(&0) {
+            w.cursor = 42;
+        }
+        let p = t.plan(&[], false);
+        assert_eq!(p.positions.len(), 1);
+        assert_eq!(
+            (p.positions[0].done.as_str(), p.positions[0].cur.as_ref()),
+            ("20:20:", None)
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub const DEFAULT_WORKERS: usize = 2;
 /// Default longest wait between two claims when idle. The relay polls adaptively: again at once
 /// after a full batch, after 1 ms after a partial one, doubling while polls come back empty, up
 /// to this. An empty poll costs a few index probes per partition.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(50);
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Shortest wait after a poll that found something but not a full batch.
 pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
 /// Default retention: storage every reader has passed is dropped this long after.
