@@ -30,6 +30,46 @@ pub(crate) struct Window {
     pub exhausted_if_all_read: bool,
 }
 
+impl Window {
+    /// The position after this window was read to its end: `done` becomes `cur`.
+    fn closed(&self, published: i64) -> NewPosition {
+        NewPosition {
+            partition: self.partition,
+            epoch: self.epoch,
+            done: self.cur.clone(),
+            done_bound: self.cur_bound.clone(),
+            done_floor: self.cur_floor,
+            done_at: self.cur_at,
+            cur: None,
+            cur_bound: None,
+            cur_floor: None,
+            cur_at: None,
+            cursor: 0,
+            published,
+        }
+    }
+
+    /// The position with the same `done` and the cursor at `cursor`: the window stays open
+    /// (`cur` kept) when the cursor is past its start, else no window is open.
+    fn kept(&self, cursor: i64, published: i64) -> NewPosition {
+        let open = cursor > 0;
+        NewPosition {
+            partition: self.partition,
+            epoch: self.epoch,
+            done: self.done.clone(),
+            done_bound: Some(self.done_bound.clone()),
+            done_floor: self.done_floor,
+            done_at: self.done_at,
+            cur: open.then(|| self.cur.clone()),
+            cur_bound: if open { self.cur_bound.clone() } else { None },
+            cur_floor: open.then_some(self.cur_floor),
+            cur_at: open.then_some(self.cur_at),
+            cursor,
+            published,
+        }
+    }
+}
+
 /// A row read from a window.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct WindowRow {
@@ -240,51 +280,12 @@ impl Ticket {
                 && w.exhausted_if_all_read
                 && (!rows.is_empty() || idle_advance || was_open);
             let position = if closes {
-                Some(NewPosition {
-                    partition: *partition,
-                    epoch: w.epoch,
-                    done: w.cur.clone(),
-                    done_bound: w.cur_bound.clone(),
-                    done_floor: w.cur_floor,
-                    done_at: w.cur_at,
-                    cur: None,
-                    cur_bound: None,
-                    cur_floor: None,
-                    cur_at: None,
-                    cursor: 0,
-                    published: published_total,
-                })
+                Some(w.closed(published_total))
             } else if let Some(cursor) = last_handled {
-                Some(NewPosition {
-                    partition: *partition,
-                    epoch: w.epoch,
-                    done: w.done.clone(),
-                    done_bound: Some(w.done_bound.clone()),
-                    done_floor: w.done_floor,
-                    done_at: w.done_at,
-                    cur: Some(w.cur.clone()),
-                    cur_bound: w.cur_bound.clone(),
-                    cur_floor: Some(w.cur_floor),
-                    cur_at: Some(w.cur_at),
-                    cursor,
-                    published: published_total,
-                })
+                Some(w.kept(cursor, published_total))
             } else if published_total != w.published {
                 // Only parked rows were published: keep the window, carry the new total.
-                Some(NewPosition {
-                    partition: *partition,
-                    epoch: w.epoch,
-                    done: w.done.clone(),
-                    done_bound: Some(w.done_bound.clone()),
-                    done_floor: w.done_floor,
-                    done_at: w.done_at,
-                    cur: (w.cursor > 0).then(|| w.cur.clone()),
-                    cur_bound: w.cur_bound.clone(),
-                    cur_floor: (w.cursor > 0).then_some(w.cur_floor),
-                    cur_at: (w.cursor > 0).then_some(w.cur_at),
-                    cursor: w.cursor,
-                    published: published_total,
-                })
+                Some(w.kept(w.cursor, published_total))
             } else {
                 None
             };
