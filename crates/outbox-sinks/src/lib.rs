@@ -10,6 +10,7 @@ pub mod file;
 mod jsonl;
 #[cfg(feature = "nats")]
 pub mod nats;
+pub mod read;
 #[cfg(feature = "stdout")]
 pub mod stdout;
 #[cfg(any(feature = "file", feature = "stdout"))]

@@ -3,7 +3,10 @@
 mod config;
 mod denied;
 mod error;
+mod reader;
 mod sink;
 
 pub use config::{NatsAuth, NatsConfig};
+pub(crate) use reader::scratch;
+pub use reader::{create_stream, NatsReader};
 pub use sink::NatsSink;
