@@ -27,3 +27,18 @@ if ! up 4222; then
 fi
 wait_port PostgreSQL 5432
 wait_port NATS 4222
+
+# RabbitMQ for the amqp:// sink tests (the node also serves the tests' private nodes' tools:
+# rabbitmqctl, and /usr/lib/rabbitmq/bin/rabbitmq-server for the restart test).
+rabbitmq() {
+  if ! command -v rabbitmq-server >/dev/null; then
+    echo "services: RabbitMQ is not installed; installing" >&2
+    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q rabbitmq-server >/dev/null
+  fi
+  if ! up 5672; then
+    echo "services: starting RabbitMQ"
+    rabbitmq-server -detached || true
+  fi
+  wait_port RabbitMQ 5672
+}
+rabbitmq

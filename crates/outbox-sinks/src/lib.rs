@@ -4,12 +4,16 @@
 //! broker acknowledged it, publishes a whole call's messages concurrently, and passes the
 //! message id to the broker's own dedupe where one exists.
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
 #[cfg(feature = "file")]
 pub mod file;
 #[cfg(any(feature = "file", feature = "stdout"))]
 mod jsonl;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "amqp")]
+mod options;
 pub mod read;
 #[cfg(feature = "stdout")]
 pub mod stdout;
@@ -21,7 +25,7 @@ use std::time::Duration;
 
 use outbox_core::{Error, Sink};
 
-/// Connects the sink a URL names: `nats://host:4222`, `file:path.jsonl`, `stdout:`. Unknown schemes and sinks left out of
+/// Connects the sink a URL names: `nats://host:4222`, `amqp://host:5672/%2f`, `file:path.jsonl`, `stdout:`. Unknown schemes and sinks left out of
 /// this build are config errors that list what is available.
 pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
@@ -29,6 +33,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
         #[cfg(feature = "nats")]
         "nats" | "tls" => Ok(Arc::new(
             nats::NatsSink::connect(nats::NatsConfig::from_url(url)?).await?,
+        )),
+        #[cfg(feature = "amqp")]
+        "amqp" | "amqps" => Ok(Arc::new(
+            amqp::AmqpSink::connect(amqp::AmqpConfig::from_url(url)?).await?,
         )),
         #[cfg(feature = "file")]
         "file" => Ok(Arc::new(file::FileSink::from_url(url)?)),
@@ -44,13 +52,15 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
 
 /// The ack timeout the sink `url` names will use (see `Sink::ack_timeout`), read from the URL
 /// without connecting, so settings can be checked before anything starts: `Some` for sinks that
-/// wait for a broker's acknowledgement (NATS: `?ack_timeout=`, 5 s by default), `None` for the
+/// wait for a broker's acknowledgement (NATS, RabbitMQ: `?ack_timeout=`, 5 s by default), `None` for the
 /// local sinks and for schemes this build does not know (`connect` reports those).
 pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
     match scheme {
         #[cfg(feature = "nats")]
         "nats" | "tls" => Ok(Some(nats::NatsConfig::from_url(url)?.ack_timeout)),
+        #[cfg(feature = "amqp")]
+        "amqp" | "amqps" => Ok(Some(amqp::AmqpConfig::from_url(url)?.ack_timeout)),
         _ => Ok(None),
     }
 }
@@ -60,7 +70,7 @@ pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
 /// `verify`) and must keep the sink's wait inside it.
 pub fn with_default_ack_timeout(url: &str, ack_timeout: Duration) -> String {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    let has_setting = matches!(scheme, "nats" | "tls");
+    let has_setting = matches!(scheme, "nats" | "tls" | "amqp" | "amqps");
     let (_, query) = url.split_once('?').unwrap_or((url, ""));
     if !has_setting || query.split('&').any(|p| p.starts_with("ack_timeout=")) {
         return url.to_string();
@@ -74,6 +84,8 @@ pub fn available() -> Vec<&'static str> {
     let all: &[&str] = &[
         #[cfg(feature = "nats")]
         "nats://",
+        #[cfg(feature = "amqp")]
+        "amqp://",
         #[cfg(feature = "file")]
         "file:",
         #[cfg(feature = "stdout")]

@@ -1,0 +1,220 @@
+//! Configuration of the RabbitMQ (AMQP 0-9-1) sink: the URL, its options and their defaults.
+
+use std::time::Duration;
+
+use outbox_core::{Error, Secret};
+
+use crate::options;
+
+/// Default wait for the publisher confirms of one call.
+pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default largest message body the sink sends: RabbitMQ's own default `max_message_size`
+/// (128 MiB). A larger body would make the broker close the channel, failing every message in
+/// flight on it, so the sink refuses it first, as an invalid message.
+pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 128 << 20;
+/// Default connection name shown by `rabbitmqctl list_connections` and the management UI.
+pub const DEFAULT_CONNECTION_NAME: &str = "outbox relay";
+/// Longest exchange name, routing key or header name AMQP 0-9-1 carries (a short string).
+pub const MAX_SHORT_STRING: usize = 255;
+
+/// Options this sink reads from the URL's query.
+const OWN_OPTIONS: &[&str] = &[
+    "exchange",
+    "ack_timeout",
+    "max_message_size",
+    "connection_name",
+];
+/// Options of the AMQP URI itself, passed on to the client.
+const URI_OPTIONS: &[&str] = &[
+    "heartbeat",
+    "connection_timeout",
+    "frame_max",
+    "channel_max",
+];
+
+/// Where and how to publish to RabbitMQ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AmqpConfig {
+    /// The AMQP URI given to the client, credentials included (never logged).
+    uri: Secret,
+    /// The URI with its credentials masked, for logs and errors.
+    pub display: String,
+    /// Exchange of destinations that name none (no `/`): `""`, the default exchange, which
+    /// routes a message to the queue named by its routing key.
+    pub exchange: String,
+    /// Longest wait for the publisher confirms of one call; also bounds connecting.
+    pub ack_timeout: Duration,
+    /// Largest message body sent; larger ones are invalid messages.
+    pub max_message_size: u64,
+    /// Connection name the broker shows for the relay's connection.
+    pub connection_name: String,
+}
+
+impl AmqpConfig {
+    /// Parses `amqp[s]://[user:pass@]host[:port][/vhost][?options]`.
+    ///
+    /// Options: `exchange=NAME` (exchange of destinations without `/`; default the default
+    /// exchange), `ack_timeout=5s`, `max_message_size=128MiB`, `connection_name=…`, and the AMQP
+    /// URI's own `heartbeat`, `connection_timeout`, `frame_max`, `channel_max`. Any other option
+    /// is a config error naming it.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let shown = outbox_core::redact::url(url);
+        let (base, pairs) = options::split_query(url);
+        let rest = base
+            .strip_prefix("amqp://")
+            .or_else(|| base.strip_prefix("amqps://"));
+        if rest.is_none_or(|r| r.is_empty() || r.starts_with('/')) {
+            return Err(Error::config(format!(
+                "sink `{shown}`: expected amqp://[user:pass@]host[:port][/vhost]"
+            )));
+        }
+        let mut cfg = Self {
+            uri: Secret::new(base),
+            display: outbox_core::redact::url(base),
+            exchange: String::new(),
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            connection_name: DEFAULT_CONNECTION_NAME.to_string(),
+        };
+        let mut passed = Vec::new();
+        for (name, value) in pairs {
+            match name {
+                "exchange" => {
+                    valid_exchange(value).map_err(|why| {
+                        Error::config(format!("amqp sink option exchange=`{value}`: {why}"))
+                    })?;
+                    cfg.exchange = value.to_string();
+                }
+                "ack_timeout" => cfg.ack_timeout = options::duration("amqp", name, value)?,
+                "max_message_size" => cfg.max_message_size = options::bytes("amqp", name, value)?,
+                "connection_name" if !value.is_empty() => cfg.connection_name = value.to_string(),
+                n if URI_OPTIONS.contains(&n) => {
+                    if value.parse::<u64>().is_err() {
+                        return Err(Error::config(format!(
+                            "amqp sink option {n}=`{value}`: expected a whole number"
+                        )));
+                    }
+                    passed.push(format!("{n}={value}"));
+                }
+                _ => {
+                    return Err(Error::config(format!(
+                        "sink option `{name}` is not known for amqp:// (known: {}, {})",
+                        OWN_OPTIONS.join(", "),
+                        URI_OPTIONS.join(", ")
+                    )))
+                }
+            }
+        }
+        if !passed.is_empty() {
+            cfg.uri = Secret::new(format!("{base}?{}", passed.join("&")));
+        }
+        // The client's own parser has the last word on host, port and vhost.
+        cfg.uri
+            .expose()
+            .parse::<lapin::uri::AMQPUri>()
+            .map_err(|e| {
+                Error::config(format!(
+                    "sink `{shown}`: not a valid AMQP URI: {}",
+                    outbox_core::redact::sanitize(&e)
+                ))
+            })?;
+        Ok(cfg)
+    }
+
+    /// The AMQP URI with credentials, for the client only.
+    pub(crate) fn uri(&self) -> &str {
+        self.uri.expose()
+    }
+}
+
+/// Checks an exchange name: AMQP 0-9-1 allows letters, digits, `-`, `_`, `.` and `:`, at most
+/// 255 bytes; the empty name is the default exchange.
+pub(crate) fn valid_exchange(name: &str) -> Result<(), String> {
+    if name.len() > MAX_SHORT_STRING {
+        return Err(format!(
+            "the exchange name is {} bytes long; AMQP allows {MAX_SHORT_STRING}",
+            name.len()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')))
+    {
+        return Err(format!(
+            "`{}` is not allowed in an exchange name (letters, digits, `-`, `_`, `.`, `:`)",
+            c.escape_default()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn parses_url_and_options() {
+        let c = AmqpConfig::from_url(
+            "amqp://guest:guest@127.0.0.1:5672/%2f?exchange=orders&ack_timeout=250ms&heartbeat=10",
+        )
+        .unwrap();
+        assert_eq!(c.exchange, "orders");
+        assert_eq!(c.ack_timeout, Duration::from_millis(250));
+        assert_eq!(c.max_message_size, DEFAULT_MAX_MESSAGE_SIZE);
+        assert_eq!(
+            c.uri(),
+            "amqp://guest:guest@127.0.0.1:5672/%2f?heartbeat=10"
+        );
+        assert_eq!(c.display, "amqp://***@127.0.0.1:5672/%2f");
+        let d = AmqpConfig::from_url("amqp://h").unwrap();
+        assert_eq!(d.exchange, "");
+        assert_eq!(d.connection_name, DEFAULT_CONNECTION_NAME);
+        let s =
+            AmqpConfig::from_url("amqps://h/v?max_message_size=1KiB&connection_name=me").unwrap();
+        assert_eq!(
+            (s.max_message_size, s.connection_name.as_str()),
+            (1024, "me")
+        );
+    }
+
+    #[test]
+    fn credentials_stay_out_of_debug_and_display() {
+        let c = AmqpConfig::from_url("amqp://app:hunter2@127.0.0.1/%2f").unwrap();
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert!(!c.display.contains("hunter2"));
+        let e = AmqpConfig::from_url("amqp://app:hunter2@h/%2f?bogus=1")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn rejects_bad_urls_and_options_naming_them() {
+        assert!(AmqpConfig::from_url("http://x").is_err());
+        assert!(AmqpConfig::from_url("amqp://").is_err());
+        let e = AmqpConfig::from_url("amqp://x?bogus=1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`bogus`"), "{e}");
+        let e = AmqpConfig::from_url("amqp://x?ack_timeout=soon")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ack_timeout"), "{e}");
+        let e = AmqpConfig::from_url("amqp://x?exchange=a/b")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("exchange"), "{e}");
+        assert!(AmqpConfig::from_url("amqp://x?heartbeat=often").is_err());
+    }
+
+    #[test]
+    fn exchange_names_follow_amqp() {
+        for ok in ["", "orders", "amq.topic", "a-b_c.d:e"] {
+            assert!(valid_exchange(ok).is_ok(), "{ok}");
+        }
+        for bad in ["a b", "a/b", "é", "a*", &"x".repeat(256)] {
+            assert!(valid_exchange(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! RabbitMQ (AMQP 0-9-1) sink: persistent, mandatory publishes with publisher confirms, the
+//! message id in `message_id`.
+
+mod config;
+mod error;
+mod reader;
+mod sink;
+
+pub use config::{AmqpConfig, DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_MESSAGE_SIZE};
+pub(crate) use reader::scratch;
+pub use reader::{declare_scratch, AmqpReader};
+pub use sink::AmqpSink;
