@@ -42,3 +42,17 @@ rabbitmq() {
   wait_port RabbitMQ 5672
 }
 rabbitmq
+
+# Redis for the redis:// sink tests (the restart tests run private redis-server instances).
+redis() {
+  if ! command -v redis-server >/dev/null; then
+    echo "services: Redis is not installed; installing" >&2
+    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null
+  fi
+  if ! up 6379; then
+    echo "services: starting Redis"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
+  fi
+  wait_port Redis 6379
+}
+redis

@@ -12,9 +12,11 @@ pub mod file;
 mod jsonl;
 #[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(feature = "amqp")]
+#[cfg(any(feature = "amqp", feature = "redis"))]
 mod options;
 pub mod read;
+#[cfg(feature = "redis")]
+pub mod redis;
 #[cfg(feature = "stdout")]
 pub mod stdout;
 #[cfg(any(feature = "file", feature = "stdout"))]
@@ -25,7 +27,7 @@ use std::time::Duration;
 
 use outbox_core::{Error, Sink};
 
-/// Connects the sink a URL names: `nats://host:4222`, `amqp://host:5672/%2f`, `file:path.jsonl`, `stdout:`. Unknown schemes and sinks left out of
+/// Connects the sink a URL names: `nats://host:4222`, `amqp://host:5672/%2f`, `redis://host:6379`, `file:path.jsonl`, `stdout:`. Unknown schemes and sinks left out of
 /// this build are config errors that list what is available.
 pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
@@ -38,6 +40,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
         "amqp" | "amqps" => Ok(Arc::new(
             amqp::AmqpSink::connect(amqp::AmqpConfig::from_url(url)?).await?,
         )),
+        #[cfg(feature = "redis")]
+        "redis" => Ok(Arc::new(redis::RedisSink::connect(
+            redis::RedisConfig::from_url(url)?,
+        )?)),
         #[cfg(feature = "file")]
         "file" => Ok(Arc::new(file::FileSink::from_url(url)?)),
         #[cfg(feature = "stdout")]
@@ -52,7 +58,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
 
 /// The ack timeout the sink `url` names will use (see `Sink::ack_timeout`), read from the URL
 /// without connecting, so settings can be checked before anything starts: `Some` for sinks that
-/// wait for a broker's acknowledgement (NATS, RabbitMQ: `?ack_timeout=`, 5 s by default), `None` for the
+/// wait for a broker's acknowledgement (NATS, RabbitMQ, Redis: `?ack_timeout=`, 5 s by default), `None` for the
 /// local sinks and for schemes this build does not know (`connect` reports those).
 pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
@@ -61,6 +67,8 @@ pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
         "nats" | "tls" => Ok(Some(nats::NatsConfig::from_url(url)?.ack_timeout)),
         #[cfg(feature = "amqp")]
         "amqp" | "amqps" => Ok(Some(amqp::AmqpConfig::from_url(url)?.ack_timeout)),
+        #[cfg(feature = "redis")]
+        "redis" => Ok(Some(redis::RedisConfig::from_url(url)?.ack_timeout)),
         _ => Ok(None),
     }
 }
@@ -70,7 +78,7 @@ pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
 /// `verify`) and must keep the sink's wait inside it.
 pub fn with_default_ack_timeout(url: &str, ack_timeout: Duration) -> String {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    let has_setting = matches!(scheme, "nats" | "tls" | "amqp" | "amqps");
+    let has_setting = matches!(scheme, "nats" | "tls" | "amqp" | "amqps" | "redis");
     let (_, query) = url.split_once('?').unwrap_or((url, ""));
     if !has_setting || query.split('&').any(|p| p.starts_with("ack_timeout=")) {
         return url.to_string();
@@ -86,6 +94,8 @@ pub fn available() -> Vec<&'static str> {
         "nats://",
         #[cfg(feature = "amqp")]
         "amqp://",
+        #[cfg(feature = "redis")]
+        "redis://",
         #[cfg(feature = "file")]
         "file:",
         #[cfg(feature = "stdout")]

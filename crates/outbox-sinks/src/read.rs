@@ -144,6 +144,8 @@ pub async fn scratch(url: &str, options: &ScratchOptions) -> Result<Scratch, Err
         "nats" | "tls" => crate::nats::scratch(url, options).await,
         #[cfg(feature = "amqp")]
         "amqp" | "amqps" => crate::amqp::scratch(url, options).await,
+        #[cfg(feature = "redis")]
+        "redis" => crate::redis::scratch(url, options).await,
         #[cfg(feature = "file")]
         "file" => crate::file::scratch(url, options),
         _ => Err(Error::config(format!(
@@ -161,6 +163,8 @@ pub fn readable() -> Vec<&'static str> {
         "nats://",
         #[cfg(feature = "amqp")]
         "amqp://",
+        #[cfg(feature = "redis")]
+        "redis://",
         #[cfg(feature = "file")]
         "file:",
     ];

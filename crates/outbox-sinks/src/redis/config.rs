@@ -1,0 +1,138 @@
+//! Configuration of the Redis Streams sink: the URL, its options and their defaults.
+
+use std::time::Duration;
+
+use outbox_core::{Error, Secret};
+
+use crate::options;
+
+/// Default wait for the replies of one call's pipeline.
+pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default largest payload sent: Redis's own `proto-max-bulk-len` (512 MiB). A larger bulk
+/// string makes the server drop the connection, failing every message in flight on it, so the
+/// sink refuses it first, as an invalid message.
+pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 512 << 20;
+
+const OPTIONS: &[&str] = &["maxlen", "dedupe", "ack_timeout", "max_message_size"];
+
+/// Where and how to append to Redis streams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// The URL given to the client, credentials included (never logged).
+    url: Secret,
+    /// The URL with its credentials masked, for logs and errors.
+    pub display: String,
+    /// `MAXLEN ~ N` on every `XADD`: the stream is trimmed to about this many entries
+    /// (approximately, in whole macro nodes, which is cheap). `None`: never trimmed.
+    pub maxlen: Option<u64>,
+    /// Dedupe window: when set, each message also writes a marker key that lives this long,
+    /// and a message whose marker exists is not appended again (see the sink).
+    pub dedupe: Option<Duration>,
+    /// Longest wait for the replies of one call (also bounds connecting).
+    pub ack_timeout: Duration,
+    /// Largest payload sent; larger ones are invalid messages.
+    pub max_message_size: u64,
+}
+
+impl RedisConfig {
+    /// Parses `redis://[user:pass@]host[:port][/db][?maxlen=N&dedupe=2m&ack_timeout=5s&max_message_size=512MiB]`.
+    /// Any other option is a config error naming it.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let shown = outbox_core::redact::url(url);
+        let (base, pairs) = options::split_query(url);
+        let rest = base.strip_prefix("redis://");
+        if rest.is_none_or(|r| r.is_empty() || r.starts_with('/')) {
+            return Err(Error::config(format!(
+                "sink `{shown}`: expected redis://[user:pass@]host[:port][/db]"
+            )));
+        }
+        let mut cfg = Self {
+            url: Secret::new(base),
+            display: outbox_core::redact::url(base),
+            maxlen: None,
+            dedupe: None,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+        };
+        for (name, value) in pairs {
+            match name {
+                "maxlen" => {
+                    cfg.maxlen = Some(value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        Error::config(format!(
+                            "redis sink option maxlen=`{value}`: expected a whole number above zero"
+                        ))
+                    })?)
+                }
+                "dedupe" => cfg.dedupe = Some(options::duration("redis", name, value)?),
+                "ack_timeout" => cfg.ack_timeout = options::duration("redis", name, value)?,
+                "max_message_size" => cfg.max_message_size = options::bytes("redis", name, value)?,
+                _ => {
+                    return Err(Error::config(format!(
+                        "sink option `{name}` is not known for redis:// (known: {})",
+                        OPTIONS.join(", ")
+                    )))
+                }
+            }
+        }
+        // The client's own parser has the last word on host, port, database and credentials.
+        redis::Client::open(base).map_err(|e| {
+            Error::config(format!(
+                "sink `{shown}`: not a valid Redis URL: {}",
+                outbox_core::redact::sanitize(&e.to_string())
+            ))
+        })?;
+        Ok(cfg)
+    }
+
+    /// A client for the URL (credentials included); connects nothing yet.
+    pub(crate) fn client(&self) -> Result<redis::Client, Error> {
+        redis::Client::open(self.url.expose()).map_err(|e| {
+            Error::config(format!(
+                "sink `{}`: {}",
+                self.display,
+                outbox_core::redact::sanitize(&e.to_string())
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn parses_url_and_options() {
+        let c = RedisConfig::from_url(
+            "redis://app:hunter2@127.0.0.1:6379/2?maxlen=100000&dedupe=2m&ack_timeout=250ms",
+        )
+        .unwrap();
+        assert_eq!(c.maxlen, Some(100_000));
+        assert_eq!(c.dedupe, Some(Duration::from_secs(120)));
+        assert_eq!(c.ack_timeout, Duration::from_millis(250));
+        assert_eq!(c.display, "redis://***@127.0.0.1:6379/2");
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let d = RedisConfig::from_url("redis://127.0.0.1").unwrap();
+        assert_eq!((d.maxlen, d.dedupe), (None, None));
+        assert_eq!(d.max_message_size, DEFAULT_MAX_MESSAGE_SIZE);
+    }
+
+    #[test]
+    fn rejects_bad_urls_and_options_naming_them() {
+        assert!(RedisConfig::from_url("http://x").is_err());
+        assert!(RedisConfig::from_url("redis://").is_err());
+        let e = RedisConfig::from_url("redis://x?bogus=1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`bogus`"), "{e}");
+        let e = RedisConfig::from_url("redis://x?maxlen=-1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("maxlen"), "{e}");
+        assert!(RedisConfig::from_url("redis://x?dedupe=forever").is_err());
+        let e = RedisConfig::from_url("redis://u:hunter2@x?bogus=1")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+    }
+}
