@@ -56,3 +56,17 @@ redis() {
   wait_port Redis 6379
 }
 redis
+
+# Mosquitto for the mqtt:// sink tests (the ACL and restart tests run private brokers).
+mosquitto_broker() {
+  if ! command -v mosquitto >/dev/null; then
+    echo "services: Mosquitto is not installed; installing" >&2
+    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q mosquitto >/dev/null
+  fi
+  if ! up 1883; then
+    echo "services: starting Mosquitto"
+    mosquitto -d -c /etc/mosquitto/mosquitto.conf
+  fi
+  wait_port Mosquitto 1883
+}
+mosquitto_broker

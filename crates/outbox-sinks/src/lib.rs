@@ -10,9 +10,11 @@ pub mod amqp;
 pub mod file;
 #[cfg(any(feature = "file", feature = "stdout"))]
 mod jsonl;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
 #[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(any(feature = "amqp", feature = "redis"))]
+#[cfg(any(feature = "amqp", feature = "redis", feature = "mqtt"))]
 mod options;
 pub mod read;
 #[cfg(feature = "redis")]
@@ -27,7 +29,7 @@ use std::time::Duration;
 
 use outbox_core::{Error, Sink};
 
-/// Connects the sink a URL names: `nats://host:4222`, `amqp://host:5672/%2f`, `redis://host:6379`, `file:path.jsonl`, `stdout:`. Unknown schemes and sinks left out of
+/// Connects the sink a URL names: `nats://host:4222`, `amqp://host:5672/%2f`, `redis://host:6379`, `mqtt://host:1883`, `file:path.jsonl`, `stdout:`. Unknown schemes and sinks left out of
 /// this build are config errors that list what is available.
 pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
@@ -40,6 +42,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
         "amqp" | "amqps" => Ok(Arc::new(
             amqp::AmqpSink::connect(amqp::AmqpConfig::from_url(url)?).await?,
         )),
+        #[cfg(feature = "mqtt")]
+        "mqtt" => Ok(Arc::new(mqtt::MqttSink::connect(
+            mqtt::MqttConfig::from_url(url)?,
+        )?)),
         #[cfg(feature = "redis")]
         "redis" => Ok(Arc::new(redis::RedisSink::connect(
             redis::RedisConfig::from_url(url)?,
@@ -58,7 +64,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
 
 /// The ack timeout the sink `url` names will use (see `Sink::ack_timeout`), read from the URL
 /// without connecting, so settings can be checked before anything starts: `Some` for sinks that
-/// wait for a broker's acknowledgement (NATS, RabbitMQ, Redis: `?ack_timeout=`, 5 s by default), `None` for the
+/// wait for a broker's acknowledgement (NATS, RabbitMQ, Redis, MQTT: `?ack_timeout=`, 5 s by default), `None` for the
 /// local sinks and for schemes this build does not know (`connect` reports those).
 pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
@@ -69,6 +75,8 @@ pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
         "amqp" | "amqps" => Ok(Some(amqp::AmqpConfig::from_url(url)?.ack_timeout)),
         #[cfg(feature = "redis")]
         "redis" => Ok(Some(redis::RedisConfig::from_url(url)?.ack_timeout)),
+        #[cfg(feature = "mqtt")]
+        "mqtt" => Ok(Some(mqtt::MqttConfig::from_url(url)?.ack_timeout)),
         _ => Ok(None),
     }
 }
@@ -78,7 +86,7 @@ pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
 /// `verify`) and must keep the sink's wait inside it.
 pub fn with_default_ack_timeout(url: &str, ack_timeout: Duration) -> String {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    let has_setting = matches!(scheme, "nats" | "tls" | "amqp" | "amqps" | "redis");
+    let has_setting = matches!(scheme, "nats" | "tls" | "amqp" | "amqps" | "redis" | "mqtt");
     let (_, query) = url.split_once('?').unwrap_or((url, ""));
     if !has_setting || query.split('&').any(|p| p.starts_with("ack_timeout=")) {
         return url.to_string();
@@ -96,6 +104,8 @@ pub fn available() -> Vec<&'static str> {
         "amqp://",
         #[cfg(feature = "redis")]
         "redis://",
+        #[cfg(feature = "mqtt")]
+        "mqtt://",
         #[cfg(feature = "file")]
         "file:",
         #[cfg(feature = "stdout")]

@@ -146,6 +146,8 @@ pub async fn scratch(url: &str, options: &ScratchOptions) -> Result<Scratch, Err
         "amqp" | "amqps" => crate::amqp::scratch(url, options).await,
         #[cfg(feature = "redis")]
         "redis" => crate::redis::scratch(url, options).await,
+        #[cfg(feature = "mqtt")]
+        "mqtt" => crate::mqtt::scratch(url, options).await,
         #[cfg(feature = "file")]
         "file" => crate::file::scratch(url, options),
         _ => Err(Error::config(format!(
@@ -165,6 +167,8 @@ pub fn readable() -> Vec<&'static str> {
         "amqp://",
         #[cfg(feature = "redis")]
         "redis://",
+        #[cfg(feature = "mqtt")]
+        "mqtt://",
         #[cfg(feature = "file")]
         "file:",
     ];

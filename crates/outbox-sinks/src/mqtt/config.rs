@@ -1,0 +1,174 @@
+//! Configuration of the MQTT sink: the URL, its options and their defaults.
+
+use std::time::Duration;
+
+use outbox_core::{Error, Secret};
+
+use crate::options;
+
+/// Default wait for the PUBACKs of one call.
+pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default largest payload sent: 256 MiB, the most an MQTT packet can carry (the broker may
+/// announce less in its CONNACK, and then that is the limit).
+pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 256 << 20;
+/// Default keep-alive: how often the client pings an idle connection.
+pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(30);
+const DEFAULT_PORT: u16 = 1883;
+
+const OPTIONS: &[&str] = &["client_id", "ack_timeout", "max_message_size", "keep_alive"];
+
+/// Where and how to publish over MQTT v5.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttConfig {
+    /// Broker host.
+    pub host: String,
+    /// Broker port (1883 unless given).
+    pub port: u16,
+    /// User name and password from the URL.
+    pub credentials: Option<(String, Secret)>,
+    /// Client id; `None`: `outbox-relay-<random>`, unique per sink (two clients with one id
+    /// disconnect each other).
+    pub client_id: Option<String>,
+    /// Longest wait for the PUBACKs of one call (also bounds connecting).
+    pub ack_timeout: Duration,
+    /// Largest payload sent; larger ones are invalid messages.
+    pub max_message_size: u64,
+    /// Keep-alive interval.
+    pub keep_alive: Duration,
+    /// The URL with its credentials masked, for logs and errors.
+    pub display: String,
+}
+
+impl MqttConfig {
+    /// Parses `mqtt://[user:pass@]host[:port][?client_id=…&ack_timeout=5s&max_message_size=256MiB&keep_alive=30s]`.
+    /// Any other option is a config error naming it.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let shown = outbox_core::redact::url(url);
+        let bad = || {
+            Error::config(format!(
+                "sink `{shown}`: expected mqtt://[user:pass@]host[:port]"
+            ))
+        };
+        let (base, pairs) = options::split_query(url);
+        let rest = base.strip_prefix("mqtt://").ok_or_else(bad)?;
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        let (userinfo, hostport) = match rest.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, rest),
+        };
+        if hostport.contains('/') {
+            return Err(bad());
+        }
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad())?),
+            None => (hostport, DEFAULT_PORT),
+        };
+        if host.is_empty() {
+            return Err(bad());
+        }
+        let credentials = userinfo.map(|u| match u.split_once(':') {
+            Some((user, pass)) => (user.to_string(), Secret::new(pass)),
+            None => (u.to_string(), Secret::new("")),
+        });
+        let mut cfg = Self {
+            host: host.to_string(),
+            port,
+            credentials,
+            client_id: None,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            keep_alive: DEFAULT_KEEP_ALIVE,
+            display: outbox_core::redact::url(base),
+        };
+        for (name, value) in pairs {
+            match name {
+                "client_id" if !value.is_empty() && value.len() <= 65_535 => {
+                    cfg.client_id = Some(value.to_string())
+                }
+                "ack_timeout" => cfg.ack_timeout = options::duration("mqtt", name, value)?,
+                "max_message_size" => cfg.max_message_size = options::bytes("mqtt", name, value)?,
+                "keep_alive" => {
+                    cfg.keep_alive = options::duration("mqtt", name, value)?;
+                    if cfg.keep_alive < Duration::from_secs(1) {
+                        return Err(Error::config(
+                            "mqtt sink option keep_alive: at least 1s".to_string(),
+                        ));
+                    }
+                }
+                _ => {
+                    return Err(Error::config(format!(
+                        "sink option `{name}` is not known for mqtt:// (known: {})",
+                        OPTIONS.join(", ")
+                    )))
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Client options for `client_id`: MQTT v5, the credentials, the keep-alive, a connect
+    /// timeout of at least a second, and `max_packet` as the largest packet accepted.
+    pub(crate) fn options(&self, client_id: String, max_packet: u32) -> rumqttc::v5::MqttOptions {
+        let mut o = rumqttc::v5::MqttOptions::new(client_id, self.host.clone(), self.port);
+        o.set_keep_alive(self.keep_alive)
+            .set_connection_timeout(self.ack_timeout.as_secs().max(1))
+            .set_max_packet_size(Some(max_packet));
+        if let Some((user, pass)) = &self.credentials {
+            o.set_credentials(user.clone(), pass.expose().to_string());
+        }
+        o
+    }
+
+    /// `client_id`, or `prefix` and a random suffix.
+    pub(crate) fn client_id_or(&self, prefix: &str) -> String {
+        self.client_id
+            .clone()
+            .unwrap_or_else(|| format!("{prefix}-{:012x}", fastrand::u64(..) & 0xffff_ffff_ffff))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn parses_url_and_options() {
+        let c = MqttConfig::from_url(
+            "mqtt://app:hunter2@127.0.0.1:1884?client_id=relay-1&ack_timeout=250ms&keep_alive=10s",
+        )
+        .unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 1884));
+        assert_eq!(c.client_id.as_deref(), Some("relay-1"));
+        assert_eq!(c.ack_timeout, Duration::from_millis(250));
+        assert_eq!(c.keep_alive, Duration::from_secs(10));
+        assert_eq!(c.credentials.as_ref().unwrap().0, "app");
+        assert!(!format!("{c:?}").contains("hunter2"));
+        assert!(!c.display.contains("hunter2"));
+        let d = MqttConfig::from_url("mqtt://broker").unwrap();
+        assert_eq!((d.port, d.client_id.clone()), (1883, None));
+        assert!(d.client_id_or("outbox-relay").starts_with("outbox-relay-"));
+    }
+
+    #[test]
+    fn rejects_bad_urls_and_options_naming_them() {
+        for bad in [
+            "http://x",
+            "mqtt://",
+            "mqtt://h:port",
+            "mqtt://h/topic",
+            "mqtts://h",
+        ] {
+            assert!(MqttConfig::from_url(bad).is_err(), "{bad}");
+        }
+        let e = MqttConfig::from_url("mqtt://h?qos=2")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`qos`"), "{e}");
+        let e = MqttConfig::from_url("mqtt://u:hunter2@h?bogus=1")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(MqttConfig::from_url("mqtt://h?keep_alive=10ms").is_err());
+    }
+}
