@@ -1,0 +1,259 @@
+//! Raw throughput of the broker clients behind the RabbitMQ, Redis and MQTT sinks, and of the
+//! sinks themselves, with 200-byte messages on this machine: what the sink can hope for at best.
+//!
+//! ```sh
+//! cargo run --release -p outbox-sinks --example raw_throughput -- [amqp|redis|mqtt|all] [N]
+//! ```
+//!
+//! Uses the servers of `../shared/services.md` (override with `AMQP_URL`, `REDIS_URL`,
+//! `MQTT_URL`), and names of its own with a random suffix, deleted afterwards.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use outbox_core::{Envelope, Sink};
+
+const PAYLOAD: usize = 200;
+/// Messages per sink call, as the relay's default batch.
+const BATCH: usize = 1000;
+
+fn env(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn suffix() -> String {
+    format!("{:08x}", fastrand::u32(..))
+}
+
+fn rate(what: &str, n: usize, took: Duration) {
+    println!(
+        "{what:<58} {n:>7} msgs in {:>6.2} s = {:>8.0} msgs/s",
+        took.as_secs_f64(),
+        n as f64 / took.as_secs_f64()
+    );
+}
+
+fn envelopes(destination: &str, n: usize) -> Vec<Envelope> {
+    let payload = outbox_core::Bytes::from(format!("{{\"p\":\"{}\"}}", "x".repeat(PAYLOAD - 8)));
+    (0..n)
+        .map(|i| Envelope {
+            id: uuid::Uuid::now_v7(),
+            destination: destination.to_string(),
+            key: format!("k{}", i % 100),
+            headers: vec![
+                ("outbox-message-id".into(), uuid::Uuid::now_v7().to_string()),
+                ("outbox-aggregate-id".into(), format!("k{}", i % 100)),
+            ],
+            payload: payload.clone(),
+            created_at: chrono::Utc::now(),
+        })
+        .collect()
+}
+
+async fn through_sink(what: &str, sink: &dyn Sink, destination: &str, n: usize) {
+    let all = envelopes(destination, n);
+    let started = Instant::now();
+    for chunk in all.chunks(BATCH) {
+        let results = sink.publish(chunk).await;
+        assert!(
+            results.iter().all(Result::is_ok),
+            "{:?}",
+            results.iter().find(|r| r.is_err())
+        );
+    }
+    rate(what, n, started.elapsed());
+}
+
+async fn amqp(n: usize) {
+    use lapin::options::*;
+    use lapin::types::FieldTable;
+    let url = env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
+    let conn = lapin::Connection::connect(&url, Default::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let queue = format!("outbox_raw_{}", suffix());
+    ch.queue_declare(
+        queue.as_str().into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        FieldTable::default(),
+    )
+    .await
+    .unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let payload = vec![b'x'; PAYLOAD];
+    let started = Instant::now();
+    for _ in 0..n / BATCH {
+        let mut confirms = Vec::with_capacity(BATCH);
+        for _ in 0..BATCH {
+            confirms.push(
+                ch.basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    &payload,
+                    lapin::BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .unwrap(),
+            );
+        }
+        for c in futures::future::join_all(confirms).await {
+            assert!(c.unwrap().is_ack());
+        }
+    }
+    rate(
+        "lapin: persistent, durable queue, confirms, 1000 in flight",
+        n / BATCH * BATCH,
+        started.elapsed(),
+    );
+    ch.queue_purge(queue.as_str().into(), Default::default())
+        .await
+        .unwrap();
+    let sink = outbox_sinks::amqp::AmqpSink::connect(
+        outbox_sinks::amqp::AmqpConfig::from_url(&url).unwrap(),
+    )
+    .await
+    .unwrap();
+    through_sink("AmqpSink::publish, calls of 1000", &sink, &queue, n).await;
+    ch.queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .unwrap();
+}
+
+async fn redis(n: usize) {
+    let url = env("REDIS_URL", "redis://127.0.0.1:6379");
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("outbox_raw_{}", suffix());
+    let payload = vec![b'x'; PAYLOAD];
+    let started = Instant::now();
+    for _ in 0..n / BATCH {
+        let mut pipe = redis::pipe();
+        for i in 0..BATCH {
+            pipe.cmd("XADD")
+                .arg(&stream)
+                .arg("*")
+                .arg("id")
+                .arg(i)
+                .arg("payload")
+                .arg(&payload[..]);
+        }
+        let _: Vec<String> = pipe.query_async(&mut c).await.unwrap();
+    }
+    rate(
+        "redis: pipelined XADD, 1000 per pipeline",
+        n / BATCH * BATCH,
+        started.elapsed(),
+    );
+    let _: () = redis::AsyncCommands::del(&mut c, &stream).await.unwrap();
+    for (what, extra) in [
+        ("RedisSink::publish, calls of 1000", ""),
+        ("RedisSink::publish, calls of 1000, dedupe=2m", "?dedupe=2m"),
+    ] {
+        let sink = outbox_sinks::redis::RedisSink::connect(
+            outbox_sinks::redis::RedisConfig::from_url(&format!("{url}{extra}")).unwrap(),
+        )
+        .unwrap();
+        through_sink(what, &sink, &stream, n).await;
+        let _: () = redis::AsyncCommands::del(&mut c, &stream).await.unwrap();
+    }
+}
+
+async fn mqtt(n: usize) {
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+    let url = env("MQTT_URL", "mqtt://127.0.0.1:1883");
+    let cfg = outbox_sinks::mqtt::MqttConfig::from_url(&url).unwrap();
+    let topic = format!("outbox_raw_{}/t", suffix());
+    let mut opts = MqttOptions::new(
+        format!("outbox-raw-{}", suffix()),
+        cfg.host.clone(),
+        cfg.port,
+    );
+    opts.set_keep_alive(Duration::from_secs(30));
+    let (client, mut eventloop) = AsyncClient::new(opts, 10_000);
+    let payload = vec![b'x'; PAYLOAD];
+    let poller = tokio::spawn(async move {
+        let mut acks = 0usize;
+        let mut receive_max = None;
+        while acks < n {
+            match eventloop.poll().await.unwrap() {
+                Event::Incoming(Packet::PubAck(_)) => acks += 1,
+                Event::Incoming(Packet::ConnAck(c)) => {
+                    receive_max = c.properties.and_then(|p| p.receive_max)
+                }
+                _ => {}
+            }
+        }
+        receive_max
+    });
+    let props = rumqttc::v5::mqttbytes::v5::PublishProperties {
+        user_properties: vec![
+            ("outbox-message-id".into(), uuid::Uuid::now_v7().to_string()),
+            ("outbox-aggregate-id".into(), "k1".into()),
+        ],
+        content_type: Some("application/json".into()),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    for _ in 0..n {
+        client
+            .publish_with_properties(
+                topic.clone(),
+                QoS::AtLeastOnce,
+                false,
+                payload.clone(),
+                props.clone(),
+            )
+            .await
+            .unwrap();
+    }
+    let receive_max = poller.await.unwrap();
+    rate(
+        &format!("rumqttc v5: QoS 1, 2 user properties, PUBACKs (receive max {receive_max:?})"),
+        n,
+        started.elapsed(),
+    );
+    let sink = outbox_sinks::mqtt::MqttSink::connect(cfg).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    through_sink("MqttSink::publish, calls of 1000", &sink, &topic, n).await;
+    // Four calls in flight at once, as four relay workers would.
+    let all = envelopes(&topic, n);
+    let started = Instant::now();
+    let sink = &sink;
+    futures::future::join_all(all.chunks(n / 4).map(|part| async move {
+        for chunk in part.chunks(BATCH) {
+            assert!(sink.publish(chunk).await.iter().all(Result::is_ok));
+        }
+    }))
+    .await;
+    rate(
+        "MqttSink::publish, calls of 1000, 4 at once",
+        n,
+        started.elapsed(),
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let which = args.get(1).map(String::as_str).unwrap_or("all");
+    let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    if matches!(which, "amqp" | "all") {
+        amqp(n).await;
+    }
+    if matches!(which, "redis" | "all") {
+        redis(n).await;
+    }
+    if matches!(which, "mqtt" | "all") {
+        mqtt(n).await;
+    }
+}
