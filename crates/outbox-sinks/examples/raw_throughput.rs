@@ -132,7 +132,7 @@ async fn redis(n: usize) {
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let stream = format!("outbox_raw_{}", suffix());
-    let payload = vec![b'x'; PAYLOAD];
+    let payload = [b'x'; PAYLOAD];
     let started = Instant::now();
     for _ in 0..n / BATCH {
         let mut pipe = redis::pipe();
