@@ -206,9 +206,14 @@ pub struct BenchArgs {
     /// Database URL (default postgres://root@127.0.0.1:5432/test). Env: DATABASE_URL.
     #[arg(long, value_name = "URL")]
     pub database_url: Option<String>,
-    /// NATS URL (default nats://127.0.0.1:4222). Env: OUTBOX_SINK.
+    /// The sink to measure (default: NATS, see --nats). Any sink URL `outbox relay` takes works
+    /// in backlog mode, where it is drained side by side with NATS in the same run; the other
+    /// modes measure NATS only. Env: OUTBOX_SINK.
     #[arg(long, value_name = "URL")]
     pub sink: Option<String>,
+    /// The NATS server of the baseline runs (default nats://127.0.0.1:4222).
+    #[arg(long, value_name = "URL")]
+    pub nats: Option<String>,
     /// Which measurement.
     #[arg(long, value_enum, default_value_t = BenchMode::Backlog)]
     pub mode: BenchMode,

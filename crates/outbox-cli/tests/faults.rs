@@ -209,14 +209,9 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
     let w = World::with_stream(false).await;
     let client = async_nats::connect(nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(client);
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: w.stream.clone(),
-        subjects: vec![format!("{}.>", w.prefix)],
-        storage: async_nats::jetstream::stream::StorageType::File,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    outbox_sinks::nats::create_stream(&js, &w.stream, vec![format!("{}.>", w.prefix)], true)
+        .await
+        .unwrap();
     let keys = common::keys("k", 10);
     let sink = NatsSink::connect(
         NatsConfig::from_url(&format!("{}?ack_timeout=500ms", nats.url())).unwrap(),
@@ -335,14 +330,9 @@ async fn a_rejected_probe_spends_attempts_so_the_circuit_closes_and_the_rest_flo
     let client = async_nats::connect(nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(client);
     // Only `<prefix>.good.>` has a stream; `<prefix>.bad.…` is rejected once the broker is up.
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: w.stream.clone(),
-        subjects: vec![format!("{}.good.>", w.prefix)],
-        storage: async_nats::jetstream::stream::StorageType::File,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    outbox_sinks::nats::create_stream(&js, &w.stream, vec![format!("{}.good.>", w.prefix)], true)
+        .await
+        .unwrap();
     let sink = NatsSink::connect(
         NatsConfig::from_url(&format!("{}?ack_timeout=500ms", nats.url())).unwrap(),
     )

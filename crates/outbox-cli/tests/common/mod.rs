@@ -50,15 +50,9 @@ impl World {
         let js = jetstream::new(client);
         let stream = name.to_uppercase();
         if create_stream {
-            js.create_stream(jetstream::stream::Config {
-                name: stream.clone(),
-                subjects: vec![format!("{name}.>")],
-                storage: jetstream::stream::StorageType::Memory,
-                duplicate_window: Duration::from_secs(120),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+            outbox_sinks::nats::create_stream(&js, &stream, vec![format!("{name}.>")], false)
+                .await
+                .unwrap();
         }
         Self {
             pool,
