@@ -159,6 +159,14 @@ pub struct RelayArgs {
     /// Repeat the flag or separate with commas. Env: OUTBOX_ALLOW_DESTINATIONS (comma list).
     #[arg(long, value_name = "PATTERN", num_args = 1.., value_delimiter = ',')]
     pub allow_destinations: Vec<String>,
+    /// A routing rule: rows it matches go to its sink instead of --sink. `;`-separated
+    /// `key=value` pairs: `aggregate_type`, `event_type`, `topic` (globs, `*` matches anything;
+    /// every one given must match), `sink` (required), `destination` (a template; default
+    /// --destination), `name`. E.g. `event_type=payment.*; sink=kafka://127.0.0.1:9092;
+    /// destination=payments`. Repeat the flag; the first matching rule wins, rows matching none
+    /// go to --sink (and end `failed` when there is none). Replaces `[[relay.routes]]`.
+    #[arg(long, value_name = "RULE")]
+    pub route: Vec<String>,
     /// Print the settings as resolved from file, environment and flags (passwords masked), then
     /// exit without connecting to anything.
     #[arg(long)]
