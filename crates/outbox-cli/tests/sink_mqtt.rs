@@ -225,7 +225,9 @@ impl PrivateMosquitto {
         std::fs::write(
             dir.join("mosquitto.conf"),
             format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n\
+                // `user root`: run as the test's user (root here) rather than dropping to
+                // `mosquitto`, which could not write the persistence file in the test's folder.
+                "listener {port} 127.0.0.1\nuser root\nallow_anonymous true\npersistence true\n\
                  persistence_location {}/\nacl_file {}\n",
                 dir.display(),
                 dir.join("acl").display()
@@ -365,6 +367,10 @@ async fn broker_stopped_and_started_opens_and_closes_the_circuit_and_loses_nothi
     w.wait_drained(Duration::from_secs(30)).await;
     let mut got = read_n(&mut reader, 100).await;
     broker.down();
+    assert!(
+        broker.dir.join("mosquitto.db").exists(),
+        "the broker saved its sessions on the way out"
+    );
     w.store()
         .insert(&common::interleaved(&keys, 10..20))
         .await
