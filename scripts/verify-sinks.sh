@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# `outbox verify --profile short` for the RabbitMQ, Redis and MQTT sinks, every fault kind.
+# Each broker is a private instance of this script's own (own port and data directory), so the
+# `broker` fault stops and starts it without touching the shared servers:
+#   RabbitMQ  a second node on 35680 (SIGTERM to stop; about 10 s to boot)
+#   Redis     redis-server on 36380, appendonly + appendfsync always (SIGKILL to stop)
+#   Mosquitto on 31883 with persistence (SIGTERM to stop: it saves its sessions on the way out)
+# Usage: scripts/verify-sinks.sh [amqp] [redis] [mqtt]   (default: all three)
+# Env: DATABASE_URL (default the shared PostgreSQL), DB_RESTART_CMD (default: restart it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/outbox-target}"
+db_url="${DATABASE_URL:-postgres://root@127.0.0.1:5432/test}"
+db_restart="${DB_RESTART_CMD:-pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql | head -n1) main restart}"
+self="$(pwd)/scripts/verify-sinks.sh"
+
+up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_up() { for _ in $(seq 1 240); do up "$1" && return 0; sleep 0.25; done; return 1; }
+wait_down() { for _ in $(seq 1 240); do up "$1" || return 0; sleep 0.25; done; return 1; }
+
+# Broker control, also called back by verify as `verify-sinks.sh --broker NAME start|stop DIR`.
+broker() {
+  local name=$1 action=$2 d=$3
+  case "$name:$action" in
+    amqp:start)
+      mkdir -p "$d/rabbit"
+      (cd "$d/rabbit" && HOME="$d/rabbit" RABBITMQ_NODENAME=outbox_verify_35680@localhost \
+        RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=35680 RABBITMQ_DIST_PORT=35681 \
+        RABBITMQ_MNESIA_BASE="$d/rabbit/mnesia" RABBITMQ_LOG_BASE="$d/rabbit/log" \
+        RABBITMQ_ENABLED_PLUGINS_FILE="$d/rabbit/enabled_plugins" \
+        RABBITMQ_CONFIG_FILE="$d/rabbit/rabbitmq" RABBITMQ_PID_FILE="$d/rabbit/pid" \
+        setsid /usr/lib/rabbitmq/bin/rabbitmq-server >"$d/rabbit/out" 2>&1 </dev/null &)
+      wait_up 35680 ;;
+    amqp:stop)
+      [ -f "$d/rabbit/pid" ] && kill -TERM "$(cat "$d/rabbit/pid")" 2>/dev/null || true
+      wait_down 35680; sleep 1 ;;
+    redis:start)
+      mkdir -p "$d/redis"
+      redis-server --bind 127.0.0.1 --port 36380 --save "" --appendonly yes --appendfsync always \
+        --dir "$d/redis" --daemonize yes --pidfile "$d/redis/pid" >/dev/null
+      wait_up 36380 ;;
+    redis:stop)
+      [ -f "$d/redis/pid" ] && kill -9 "$(cat "$d/redis/pid")" 2>/dev/null || true
+      rm -f "$d/redis/pid"; wait_down 36380 ;;
+    mqtt:start)
+      mkdir -p "$d/mosq"
+      # `user root`: keep the user that owns the folder, so the persistence file can be written.
+      printf 'listener 31883 127.0.0.1\nuser root\nallow_anonymous true\npersistence true\npersistence_location %s/\npid_file %s/pid\n' \
+        "$d/mosq" "$d/mosq" >"$d/mosq/conf"
+      mosquitto -d -c "$d/mosq/conf"
+      wait_up 31883 ;;
+    mqtt:stop)
+      [ -f "$d/mosq/pid" ] && kill -TERM "$(cat "$d/mosq/pid")" 2>/dev/null || true
+      wait_down 31883; sleep 0.5 ;;
+  esac
+}
+
+if [ "${1:-}" = "--broker" ]; then
+  broker "$2" "$3" "$4"
+  exit
+fi
+
+declare -A url=(
+  [amqp]="amqp://guest:guest@127.0.0.1:35680/%2f"
+  [redis]="redis://127.0.0.1:36380"
+  [mqtt]="mqtt://127.0.0.1:31883"
+)
+dir=$(mktemp -d /var/tmp/outbox-verify-sinks.XXXXXX)
+sinks=("$@")
+[ ${#sinks[@]} -eq 0 ] && sinks=(amqp redis mqtt)
+cargo build --quiet -p outbox-cli
+rc=0
+for s in "${sinks[@]}"; do
+  echo "== outbox verify: PostgreSQL + $s (private broker), every fault kind"
+  broker "$s" start "$dir"
+  OUTBOX_SINK="${url[$s]}" "$CARGO_TARGET_DIR/debug/outbox" verify --profile short --format json \
+    --database-url "$db_url" \
+    --broker-stop-cmd "$self --broker $s stop $dir" \
+    --broker-start-cmd "$self --broker $s start $dir" \
+    --db-restart-cmd "$db_restart" || rc=$?
+  broker "$s" stop "$dir"
+done
+rm -rf "$dir"
+exit $rc
