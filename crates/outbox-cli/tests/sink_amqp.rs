@@ -604,3 +604,36 @@ async fn a_queue_on_the_default_exchange_is_reached_by_its_name() {
     conn.close(200, "OK".into()).await.unwrap();
     w.drop_all().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_are_a_start_up_error_that_hides_the_password() {
+    let url = "amqp://guest:not-the-password@127.0.0.1:5672/%2f?ack_timeout=2s";
+    let err = AmqpSink::connect(AmqpConfig::from_url(url).unwrap())
+        .await
+        .err()
+        .expect("refused credentials cannot be retried into working");
+    let text = err.to_string();
+    assert!(text.contains("127.0.0.1:5672"), "{text}");
+    assert!(!text.contains("not-the-password"), "{text}");
+    assert!(text.contains("ACCESS_REFUSED"), "{text}");
+    // A broker that is not there is an outage, not a start-up error.
+    let down = AmqpSink::connect(
+        AmqpConfig::from_url("amqp://guest:guest@127.0.0.1:1/%2f?ack_timeout=1s").unwrap(),
+    )
+    .await
+    .unwrap();
+    let e = common_envelope("q");
+    let r = outbox_core::Sink::publish(&down, std::slice::from_ref(&e)).await;
+    assert!(r[0].as_ref().unwrap_err().is_unavailable(), "{r:?}");
+}
+
+fn common_envelope(destination: &str) -> outbox_core::Envelope {
+    outbox_core::Envelope {
+        id: uuid::Uuid::now_v7(),
+        destination: destination.into(),
+        key: "k".into(),
+        headers: vec![],
+        payload: outbox_core::Bytes::from_static(b"{}"),
+        created_at: chrono::Utc::now(),
+    }
+}

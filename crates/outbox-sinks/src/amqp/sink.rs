@@ -81,12 +81,8 @@ impl AmqpSink {
                 error = %e,
                 "RabbitMQ is not reachable yet; publishes retry until it is"
             ),
-            Err(e) => {
-                return Err(Error::new(
-                    ErrorKind::Connection,
-                    format!("rabbitmq: cannot connect to {}: {e}", sink.cfg.display),
-                ))
-            }
+            // The message already names the broker (without its credentials).
+            Err(e) => return Err(Error::new(ErrorKind::Connection, e.message)),
         }
         Ok(sink)
     }
