@@ -142,6 +142,10 @@ pub async fn scratch(url: &str, options: &ScratchOptions) -> Result<Scratch, Err
     match scheme {
         #[cfg(feature = "nats")]
         "nats" | "tls" => crate::nats::scratch(url, options).await,
+        #[cfg(feature = "sqs")]
+        "sqs" => crate::sqs::scratch(url, options).await,
+        #[cfg(feature = "sns")]
+        "sns" => crate::sns::scratch(url, options).await,
         #[cfg(feature = "file")]
         "file" => crate::file::scratch(url, options),
         _ => Err(Error::config(format!(
@@ -157,6 +161,10 @@ pub fn readable() -> Vec<&'static str> {
     let all: &[&str] = &[
         #[cfg(feature = "nats")]
         "nats://",
+        #[cfg(feature = "sqs")]
+        "sqs://",
+        #[cfg(feature = "sns")]
+        "sns://",
         #[cfg(feature = "file")]
         "file:",
     ];
