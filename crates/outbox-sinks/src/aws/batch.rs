@@ -158,7 +158,8 @@ pub(crate) enum Sent {
 }
 
 /// Sends every chunk through `send` (with its target: a queue or topic) with up to
-/// [`MAX_CALLS_IN_FLIGHT`] calls at once; returns one result per entry, by index.
+/// [`MAX_CALLS_IN_FLIGHT`] calls at once, until `deadline`; returns a result for every entry
+/// answered by then, by index (the caller gives the others an outage: no answer in time).
 ///
 /// A chunk refused as a whole for its content ([`Class::Content`]: a parameter value, a size)
 /// was refused before anything in it was accepted; it is sent again one entry per call, so
@@ -166,6 +167,7 @@ pub(crate) enum Sent {
 pub(crate) async fn send_chunks<'e, 'a, T, F, Fut>(
     chunks: Vec<(T, Vec<&'e Entry<'a>>)>,
     send: F,
+    deadline: tokio::time::Instant,
 ) -> Vec<(usize, Result<(), SinkError>)>
 where
     'a: 'e,
@@ -179,13 +181,13 @@ where
         .into_iter()
         .map(|(target, chunk)| send_chunk(&send, target, chunk))
         .collect();
-    stream::iter(calls)
-        .buffer_unordered(MAX_CALLS_IN_FLIGHT)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .flatten()
-        .collect()
+    let mut answers = stream::iter(calls).buffer_unordered(MAX_CALLS_IN_FLIGHT);
+    let mut out = Vec::new();
+    // Answers are kept as they come, so a deadline passed mid-way loses none of them.
+    while let Ok(Some(results)) = tokio::time::timeout_at(deadline, answers.next()).await {
+        out.extend(results);
+    }
+    out
 }
 
 /// One chunk through `send`; see [`send_chunks`].
@@ -250,12 +252,14 @@ pub(crate) fn target_chunks<'e, 'a, T: Copy>(
     out
 }
 
-/// Puts `result` of each index into `results`, and gives every index still without one an
-/// internal error (no message may be left without an answer).
+/// Puts each result of `sent` into `results`; every message still without one had no answer
+/// within the ack timeout (the call, or the calls queued behind others, did not finish in
+/// time): an outage, retried.
 pub(crate) fn finish(
     mut results: Vec<Option<Result<(), SinkError>>>,
     sent: Vec<(usize, Result<(), SinkError>)>,
     service: &str,
+    ack_timeout: std::time::Duration,
 ) -> Vec<Result<(), SinkError>> {
     for (i, r) in sent {
         if let Some(slot) = results.get_mut(i) {
@@ -266,8 +270,9 @@ pub(crate) fn finish(
         .into_iter()
         .map(|r| {
             r.unwrap_or_else(|| {
-                Err(SinkError::rejected(format!(
-                    "{service}: internal error: a message got no result"
+                Err(SinkError::unavailable(format!(
+                    "{service}: no answer within the ack timeout ({} ms)",
+                    ack_timeout.as_millis()
                 )))
             })
         })

@@ -9,7 +9,8 @@ use std::time::Duration;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use outbox_core::Error;
 
-/// Default bound on one batch call, SDK retries included: the sink's ack timeout.
+/// Default bound on one publish call (lookups, batch calls and the SDK's retries included):
+/// the sink's ack timeout.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long opening a TCP (and TLS) connection to the service may take.
@@ -32,8 +33,9 @@ pub struct AwsConfig {
     pub region: Option<String>,
     /// Another endpoint than AWS's (`?endpoint=http://127.0.0.1:4566` for a local emulator).
     pub endpoint: Option<String>,
-    /// Longest a batch call may take, the SDK's own retries included (`?ack_timeout=`, 5 s by
-    /// default); past it the call's messages count as unavailable and the relay retries them.
+    /// Longest a publish call may take, its lookups, batch calls and the SDK's own retries
+    /// included (`?ack_timeout=`, 5 s by default); messages still without an answer then count
+    /// as unavailable and the relay retries them.
     pub ack_timeout: Duration,
     /// Largest message the sink sends, body and attributes together (`?max_message_bytes=`,
     /// SQS only, 256 KiB by default, at most 1 MiB); a larger one is invalid before sending.

@@ -175,27 +175,26 @@ impl Sink for SnsSink {
     }
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
+        // The whole call, lookups included, ends by the ack timeout: the relay gives it that
+        // long and a quarter more.
+        let deadline = tokio::time::Instant::now() + self.ack_timeout;
         let mut results: Vec<Option<Result<(), SinkError>>> = vec![None; batch.len()];
-        let groups = by_destination(batch);
-        let resolved = join_all(groups.iter().map(|(destination, _)| async move {
-            let topic = TopicRef::parse(destination)?;
-            let arn = self.topic_arn(&topic).await?;
-            Ok::<_, SinkError>((topic, arn))
-        }))
-        .await;
-        let mut targets = Vec::new();
-        for ((_, indices), target) in groups.iter().zip(resolved) {
-            let (topic, arn) = match target {
+        // Per destination: its topic and the entries that pass the checks (which need no
+        // call: whether a topic is FIFO is in its name), then the ARNs of the topics that
+        // have any.
+        let mut prepared = Vec::new();
+        for (destination, indices) in by_destination(batch) {
+            let topic = match TopicRef::parse(destination) {
                 Ok(t) => t,
                 Err(err) => {
-                    for &i in indices {
+                    for i in indices {
                         results[i] = Some(Err(err.clone()));
                     }
                     continue;
                 }
             };
             let mut entries = Vec::with_capacity(indices.len());
-            for &i in indices {
+            for i in indices {
                 match Entry::prepare(
                     "sns",
                     i,
@@ -207,7 +206,30 @@ impl Sink for SnsSink {
                     Err(err) => results[i] = Some(Err(err)),
                 }
             }
-            targets.push((topic, arn, entries));
+            if !entries.is_empty() {
+                prepared.push((topic, entries));
+            }
+        }
+        let arns = join_all(prepared.iter().map(|(topic, _)| async move {
+            tokio::time::timeout_at(deadline, self.topic_arn(topic))
+                .await
+                .map_err(|_| {
+                    SinkError::unavailable(
+                        "sns: STS GetCallerIdentity: no answer within the ack timeout",
+                    )
+                })?
+        }))
+        .await;
+        let mut targets = Vec::new();
+        for ((topic, entries), arn) in prepared.into_iter().zip(arns) {
+            match arn {
+                Ok(arn) => targets.push((topic, arn, entries)),
+                Err(err) => {
+                    for e in &entries {
+                        results[e.index] = Some(Err(err.clone()));
+                    }
+                }
+            }
         }
         let calls = target_chunks(
             targets
@@ -215,7 +237,12 @@ impl Sink for SnsSink {
                 .map(|(topic, arn, entries)| ((topic, arn.as_str()), entries.as_slice())),
             DEFAULT_MAX_MESSAGE_BYTES,
         );
-        let sent = send_chunks(calls, |(topic, arn), chunk| self.send(topic, arn, chunk)).await;
-        finish(results, sent, "sns")
+        let sent = send_chunks(
+            calls,
+            |(topic, arn), chunk| self.send(topic, arn, chunk),
+            deadline,
+        )
+        .await;
+        finish(results, sent, "sns", self.ack_timeout)
     }
 }

@@ -176,35 +176,56 @@ impl Sink for SqsSink {
     }
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
+        // The whole call, lookups included, ends by the ack timeout: the relay gives it that
+        // long and a quarter more.
+        let deadline = tokio::time::Instant::now() + self.ack_timeout;
         let mut results: Vec<Option<Result<(), SinkError>>> = vec![None; batch.len()];
-        // Per destination: its queue, its URL (the names resolved concurrently), and the
-        // entries that passed the checks.
-        let groups = by_destination(batch);
-        let resolved = join_all(groups.iter().map(|(destination, _)| async move {
-            let queue = QueueRef::parse(destination)?;
-            let url = self.queue_url(&queue).await?;
-            Ok::<_, SinkError>((queue, url))
-        }))
-        .await;
-        let mut targets = Vec::new();
-        for ((_, indices), target) in groups.iter().zip(resolved) {
-            let (queue, url) = match target {
-                Ok(t) => t,
+        // Per destination: its queue and the entries that pass the checks (which need no
+        // call: whether a queue is FIFO is in its name), then the URLs of the queues that
+        // have any, names resolved concurrently.
+        let mut prepared = Vec::new();
+        for (destination, indices) in by_destination(batch) {
+            let queue = match QueueRef::parse(destination) {
+                Ok(q) => q,
                 Err(err) => {
-                    for &i in indices {
+                    for i in indices {
                         results[i] = Some(Err(err.clone()));
                     }
                     continue;
                 }
             };
             let mut entries = Vec::with_capacity(indices.len());
-            for &i in indices {
+            for i in indices {
                 match Entry::prepare("sqs", i, &batch[i], queue.is_fifo(), self.max_message_bytes) {
                     Ok(e) => entries.push(e),
                     Err(err) => results[i] = Some(Err(err)),
                 }
             }
-            targets.push((queue, url, entries));
+            if !entries.is_empty() {
+                prepared.push((queue, entries));
+            }
+        }
+        let urls = join_all(prepared.iter().map(|(queue, _)| async move {
+            tokio::time::timeout_at(deadline, self.queue_url(queue))
+                .await
+                .map_err(|_| {
+                    SinkError::unavailable(format!(
+                        "sqs: GetQueueUrl for `{}`: no answer within the ack timeout",
+                        queue.name()
+                    ))
+                })?
+        }))
+        .await;
+        let mut targets = Vec::new();
+        for ((queue, entries), url) in prepared.into_iter().zip(urls) {
+            match url {
+                Ok(url) => targets.push((queue, url, entries)),
+                Err(err) => {
+                    for e in &entries {
+                        results[e.index] = Some(Err(err.clone()));
+                    }
+                }
+            }
         }
         // Every chunk of every queue, all sent with up to 32 calls in flight.
         let calls = target_chunks(
@@ -213,7 +234,12 @@ impl Sink for SqsSink {
                 .map(|(queue, url, entries)| ((queue, url.as_str()), entries.as_slice())),
             self.max_message_bytes,
         );
-        let sent = send_chunks(calls, |(queue, url), chunk| self.send(queue, url, chunk)).await;
-        finish(results, sent, "sqs")
+        let sent = send_chunks(
+            calls,
+            |(queue, url), chunk| self.send(queue, url, chunk),
+            deadline,
+        )
+        .await;
+        finish(results, sent, "sqs", self.ack_timeout)
     }
 }
