@@ -345,6 +345,109 @@ mod tests {
         assert!(err.message.contains("limit is 1024"), "{}", err.message);
     }
 
+    fn prepared(batch: &[Envelope]) -> Vec<Entry<'_>> {
+        batch
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                Entry::prepare("sqs", i, e, false, 1024).unwrap_or_else(|e| panic!("{e}"))
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_batch_refused_for_its_content_is_resent_one_by_one_and_only_the_culprit_fails() {
+        let batch: Vec<Envelope> = (0..12).map(|_| envelope("q")).collect();
+        let entries = prepared(&batch);
+        let calls = target_chunks([((), entries.as_slice())], 1024);
+        assert_eq!(calls.len(), 2, "12 entries: a chunk of ten and one of two");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let sent = send_chunks(
+            calls,
+            |(), chunk: Vec<&Entry<'_>>| async move {
+                if chunk.iter().any(|e| e.index == 3) {
+                    if chunk.len() > 1 {
+                        return Sent::Failed(Class::Content, SinkError::invalid("whole batch"));
+                    }
+                    return Sent::Failed(Class::Content, SinkError::invalid("message 3"));
+                }
+                Sent::Answered(chunk.iter().map(|e| (e.index, Ok(()))).collect())
+            },
+            deadline,
+        )
+        .await;
+        let results = finish(
+            vec![None; batch.len()],
+            sent,
+            "sqs",
+            std::time::Duration::ZERO,
+        );
+        for (i, r) in results.iter().enumerate() {
+            match i {
+                3 => assert_eq!(r.as_ref().unwrap_err().message, "message 3"),
+                _ => assert!(r.is_ok(), "{i}: {r:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refusal_of_another_class_fails_the_whole_batch_without_resending() {
+        let batch: Vec<Envelope> = (0..3).map(|_| envelope("q")).collect();
+        let entries = prepared(&batch);
+        let calls = target_chunks([((), entries.as_slice())], 1024);
+        let count = std::sync::atomic::AtomicUsize::new(0);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let sent = send_chunks(
+            calls,
+            |(), _chunk: Vec<&Entry<'_>>| {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { Sent::Failed(Class::Missing, SinkError::rejected("no queue `q`")) }
+            },
+            deadline,
+        )
+        .await;
+        assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let results = finish(
+            vec![None; batch.len()],
+            sent,
+            "sqs",
+            std::time::Duration::ZERO,
+        );
+        assert!(results
+            .iter()
+            .all(|r| r.as_ref().unwrap_err().kind == outbox_core::SinkErrorKind::Rejected));
+    }
+
+    #[tokio::test]
+    async fn calls_without_an_answer_by_the_deadline_are_unavailable_and_answers_are_kept() {
+        let batch: Vec<Envelope> = (0..20).map(|_| envelope("q")).collect();
+        let entries = prepared(&batch);
+        let calls = target_chunks([((), entries.as_slice())], 1024);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(200);
+        let sent = send_chunks(
+            calls,
+            |(), chunk: Vec<&Entry<'_>>| async move {
+                // The second chunk never answers in time.
+                if chunk[0].index >= 10 {
+                    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                }
+                Sent::Answered(chunk.iter().map(|e| (e.index, Ok(()))).collect())
+            },
+            deadline,
+        )
+        .await;
+        let results = finish(
+            vec![None; batch.len()],
+            sent,
+            "sqs",
+            std::time::Duration::from_millis(200),
+        );
+        assert!(results[..10].iter().all(Result::is_ok));
+        assert!(results[10..]
+            .iter()
+            .all(|r| r.as_ref().unwrap_err().kind == outbox_core::SinkErrorKind::Unavailable));
+    }
+
     #[test]
     fn chunks_hold_at_most_ten_entries_and_the_size_limit() {
         let items: Vec<(usize, usize)> = (0..25).map(|i| (i, 10)).collect();
