@@ -24,12 +24,14 @@ pub fn moto_endpoint() -> String {
 }
 
 /// Runs `test` on a two-thread runtime, after giving the standard AWS chain moto's keys when
-/// the environment has none. They are set before the runtime starts, so no other thread reads
-/// the environment while it changes; sink URLs never carry credentials.
+/// the environment has none, and turning off its EC2 metadata lookups (they would leave this
+/// machine). Set before the runtime starts, so no other thread reads the environment while it
+/// changes; sink URLs never carry credentials.
 pub fn run<F: Future<Output = ()>>(test: F) {
     for (k, v) in [
         ("AWS_ACCESS_KEY_ID", "test"),
         ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
     ] {
         if std::env::var_os(k).is_none() {
             std::env::set_var(k, v);
