@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Starts the real services the tests need (PostgreSQL, NATS with JetStream) when they are not
-# already answering, then waits until they do. Idempotent; safe on a machine where they run.
+# Starts the real services the tests need (PostgreSQL, NATS with JetStream, moto for SQS and
+# SNS) when they are not already answering, then waits until they do. Idempotent; safe on a
+# machine where they run.
 set -euo pipefail
 
 up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -25,6 +26,23 @@ if ! up 4222; then
   start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
     -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server
 fi
+# SQS and SNS: moto's server (an AWS API emulator, from PyPI) in a venv of the project's own,
+# installed when missing, on 127.0.0.1:4566 (region us-east-1; any keys, the tests use
+# test/test). It keeps its state in memory only.
+moto() {
+  local venv=/opt/outbox-venv
+  if [ ! -x "$venv/bin/moto_server" ]; then
+    echo "services: installing moto into $venv"
+    python3 -m venv "$venv" || { apt-get install -y python3-venv && python3 -m venv "$venv"; }
+    "$venv/bin/pip" install --quiet 'moto[server]'
+  fi
+  if ! up 4566; then
+    echo "services: starting moto (SQS, SNS)"
+    setsid nohup "$venv/bin/moto_server" -H 127.0.0.1 -p 4566 >/var/tmp/moto.log 2>&1 </dev/null &
+  fi
+}
+moto
+
 wait_port PostgreSQL 5432
 wait_port NATS 4222
 
@@ -70,3 +88,4 @@ mosquitto_broker() {
   wait_port Mosquitto 1883
 }
 mosquitto_broker
+wait_port moto 4566

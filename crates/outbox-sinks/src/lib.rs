@@ -6,6 +6,8 @@
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(feature = "sqs")]
+pub mod aws;
 #[cfg(feature = "file")]
 pub mod file;
 #[cfg(any(feature = "file", feature = "stdout"))]
@@ -19,6 +21,10 @@ mod options;
 pub mod read;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "sns")]
+pub mod sns;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 #[cfg(feature = "stdout")]
 pub mod stdout;
 #[cfg(any(feature = "file", feature = "stdout"))]
@@ -29,8 +35,10 @@ use std::time::Duration;
 
 use outbox_core::{Error, Sink};
 
-/// Connects the sink a URL names: `nats://host:4222`, `amqp://host:5672/%2f`, `redis://host:6379`, `mqtt://host:1883`, `file:path.jsonl`, `stdout:`. Unknown schemes and sinks left out of
-/// this build are config errors that list what is available.
+/// Connects the sink a URL names: `nats://host:4222`, `amqp://host:5672/%2f`, `redis://host:6379`,
+/// `mqtt://host:1883`, `sqs://?region=…`, `sns://?region=…`, `file:path.jsonl`, `stdout:`.
+/// Unknown schemes and sinks left out of this build are config errors that list what is
+/// available.
 pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
     match scheme {
@@ -50,6 +58,14 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
         "redis" => Ok(Arc::new(redis::RedisSink::connect(
             redis::RedisConfig::from_url(url)?,
         )?)),
+        #[cfg(feature = "sqs")]
+        "sqs" => Ok(Arc::new(
+            sqs::SqsSink::connect(sqs::SqsConfig::sqs_from_url(url)?).await?,
+        )),
+        #[cfg(feature = "sns")]
+        "sns" => Ok(Arc::new(
+            sns::SnsSink::connect(sns::SnsConfig::sns_from_url(url)?).await?,
+        )),
         #[cfg(feature = "file")]
         "file" => Ok(Arc::new(file::FileSink::from_url(url)?)),
         #[cfg(feature = "stdout")]
@@ -64,7 +80,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
 
 /// The ack timeout the sink `url` names will use (see `Sink::ack_timeout`), read from the URL
 /// without connecting, so settings can be checked before anything starts: `Some` for sinks that
-/// wait for a broker's acknowledgement (NATS, RabbitMQ, Redis, MQTT: `?ack_timeout=`, 5 s by default), `None` for the
+/// wait for a broker's acknowledgement (NATS, RabbitMQ, Redis, MQTT, SQS and SNS: `?ack_timeout=`,
+/// 5 s by default), `None` for the
 /// local sinks and for schemes this build does not know (`connect` reports those).
 pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
@@ -77,6 +94,10 @@ pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
         "redis" => Ok(Some(redis::RedisConfig::from_url(url)?.ack_timeout)),
         #[cfg(feature = "mqtt")]
         "mqtt" => Ok(Some(mqtt::MqttConfig::from_url(url)?.ack_timeout)),
+        #[cfg(feature = "sqs")]
+        "sqs" => Ok(Some(sqs::SqsConfig::sqs_from_url(url)?.ack_timeout)),
+        #[cfg(feature = "sns")]
+        "sns" => Ok(Some(sns::SnsConfig::sns_from_url(url)?.ack_timeout)),
         _ => Ok(None),
     }
 }
@@ -86,7 +107,10 @@ pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
 /// `verify`) and must keep the sink's wait inside it.
 pub fn with_default_ack_timeout(url: &str, ack_timeout: Duration) -> String {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    let has_setting = matches!(scheme, "nats" | "tls" | "amqp" | "amqps" | "redis" | "mqtt");
+    let has_setting = matches!(
+        scheme,
+        "nats" | "tls" | "amqp" | "amqps" | "redis" | "mqtt" | "sqs" | "sns"
+    );
     let (_, query) = url.split_once('?').unwrap_or((url, ""));
     if !has_setting || query.split('&').any(|p| p.starts_with("ack_timeout=")) {
         return url.to_string();
@@ -106,6 +130,10 @@ pub fn available() -> Vec<&'static str> {
         "redis://",
         #[cfg(feature = "mqtt")]
         "mqtt://",
+        #[cfg(feature = "sqs")]
+        "sqs://",
+        #[cfg(feature = "sns")]
+        "sns://",
         #[cfg(feature = "file")]
         "file:",
         #[cfg(feature = "stdout")]
@@ -141,5 +169,21 @@ mod tests {
             "nats://h:4222?ack_timeout=2s"
         );
         assert_eq!(with_default_ack_timeout("stdout:", d), "stdout:");
+        #[cfg(feature = "sqs")]
+        {
+            assert_eq!(
+                ack_timeout("sqs://?region=us-east-1&ack_timeout=2s").unwrap(),
+                Some(Duration::from_secs(2))
+            );
+            assert_eq!(
+                with_default_ack_timeout("sqs://?region=us-east-1", d),
+                "sqs://?region=us-east-1&ack_timeout=1000ms"
+            );
+        }
+        #[cfg(feature = "sns")]
+        assert_eq!(
+            with_default_ack_timeout("sns://", d),
+            "sns://?ack_timeout=1000ms"
+        );
     }
 }

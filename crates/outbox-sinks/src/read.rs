@@ -148,6 +148,10 @@ pub async fn scratch(url: &str, options: &ScratchOptions) -> Result<Scratch, Err
         "redis" => crate::redis::scratch(url, options).await,
         #[cfg(feature = "mqtt")]
         "mqtt" => crate::mqtt::scratch(url, options).await,
+        #[cfg(feature = "sqs")]
+        "sqs" => crate::sqs::scratch(url, options).await,
+        #[cfg(feature = "sns")]
+        "sns" => crate::sns::scratch(url, options).await,
         #[cfg(feature = "file")]
         "file" => crate::file::scratch(url, options),
         _ => Err(Error::config(format!(
@@ -169,6 +173,10 @@ pub fn readable() -> Vec<&'static str> {
         "redis://",
         #[cfg(feature = "mqtt")]
         "mqtt://",
+        #[cfg(feature = "sqs")]
+        "sqs://",
+        #[cfg(feature = "sns")]
+        "sns://",
         #[cfg(feature = "file")]
         "file:",
     ];
