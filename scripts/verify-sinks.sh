@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# `outbox verify --profile short` for the RabbitMQ, Redis and MQTT sinks, every fault kind.
+# `outbox verify --profile short` for the RabbitMQ, Redis, MQTT, SQS and SNS sinks, every fault
+# kind.
 # Each broker is a private instance of this script's own (own port and data directory), so the
 # `broker` fault stops and starts it without touching the shared servers:
 #   RabbitMQ  a second node on 35680 (SIGTERM to stop; about 10 s to boot)
 #   Redis     redis-server on 36380, appendonly + appendfsync always (SIGKILL to stop)
 #   Mosquitto on 31883 with persistence (SIGTERM to stop: it saves its sessions on the way out)
-# Usage: scripts/verify-sinks.sh [amqp] [redis] [mqtt]   (default: all three)
+#   moto      on 34566 for SQS and SNS (frozen with SIGSTOP, thawed with SIGCONT; see below)
+# Usage: scripts/verify-sinks.sh [amqp] [redis] [mqtt] [sqs] [sns]   (default: all but sns)
 # Env: DATABASE_URL (default the shared PostgreSQL), DB_RESTART_CMD (default: restart it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +54,26 @@ broker() {
     mqtt:stop)
       [ -f "$d/mosq/pid" ] && kill -TERM "$(cat "$d/mosq/pid")" 2>/dev/null || true
       wait_down 31883; sleep 0.5 ;;
+    # moto keeps queues in memory only, so a restart would take verify's scratch queue with it:
+    # its "broker" fault freezes the server (SIGSTOP) and thaws it (SIGCONT) instead, an
+    # unresponsive broker rather than a vanished one.
+    aws:start)
+      mkdir -p "$d/moto"
+      if [ -f "$d/moto/pid" ] && kill -0 "$(cat "$d/moto/pid")" 2>/dev/null; then
+        kill -CONT "$(cat "$d/moto/pid")"
+      else
+        setsid /opt/outbox-venv/bin/moto_server -H 127.0.0.1 -p 34566 >"$d/moto/out" 2>&1 </dev/null &
+        echo $! >"$d/moto/pid"
+        wait_up 34566
+      fi ;;
+    aws:stop)
+      [ -f "$d/moto/pid" ] && kill -STOP "$(cat "$d/moto/pid")" 2>/dev/null || true ;;
+    aws:end)
+      if [ -f "$d/moto/pid" ]; then
+        kill -CONT "$(cat "$d/moto/pid")" 2>/dev/null || true
+        kill -TERM "$(cat "$d/moto/pid")" 2>/dev/null || true
+        rm -f "$d/moto/pid"
+      fi ;;
   esac
 }
 
@@ -64,21 +86,36 @@ declare -A url=(
   [amqp]="amqp://guest:guest@127.0.0.1:35680/%2f"
   [redis]="redis://127.0.0.1:36380"
   [mqtt]="mqtt://127.0.0.1:31883"
+  [sqs]="sqs://?region=us-east-1&endpoint=http://127.0.0.1:34566"
+  [sns]="sns://?region=us-east-1&endpoint=http://127.0.0.1:34566"
 )
+# Which private broker serves each sink.
+declare -A server=([amqp]=amqp [redis]=redis [mqtt]=mqtt [sqs]=aws [sns]=aws)
+# moto recomputes a queue's counters over the whole queue on every call: at the short
+# profile's full load it falls behind for good, so the AWS sinks run a lighter load.
+declare -A load=(
+  [sqs]="--producers 1 --raw-producers 0 --keys 16 --duration 15s --lease 8s"
+  [sns]="--producers 1 --raw-producers 0 --keys 16 --duration 15s --lease 8s"
+)
+# moto accepts any keys; never let the SDK look for credentials on the network.
+export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-test}" AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-test}"
+export AWS_EC2_METADATA_DISABLED=true
 dir=$(mktemp -d /var/tmp/outbox-verify-sinks.XXXXXX)
 sinks=("$@")
-[ ${#sinks[@]} -eq 0 ] && sinks=(amqp redis mqtt)
+[ ${#sinks[@]} -eq 0 ] && sinks=(amqp redis mqtt sqs)
 cargo build --quiet -p outbox-cli
 rc=0
 for s in "${sinks[@]}"; do
   echo "== outbox verify: PostgreSQL + $s (private broker), every fault kind"
-  broker "$s" start "$dir"
+  b=${server[$s]}
+  broker "$b" start "$dir"
+  # shellcheck disable=SC2086 # the load is a list of flags
   OUTBOX_SINK="${url[$s]}" "$CARGO_TARGET_DIR/debug/outbox" verify --profile short --format json \
-    --database-url "$db_url" \
-    --broker-stop-cmd "$self --broker $s stop $dir" \
-    --broker-start-cmd "$self --broker $s start $dir" \
+    --database-url "$db_url" ${load[$s]:-} \
+    --broker-stop-cmd "$self --broker $b stop $dir" \
+    --broker-start-cmd "$self --broker $b start $dir" \
     --db-restart-cmd "$db_restart" || rc=$?
-  broker "$s" stop "$dir"
+  if [ "$b" = aws ]; then broker aws end "$dir"; else broker "$b" stop "$dir"; fi
 done
 rm -rf "$dir"
 exit $rc
