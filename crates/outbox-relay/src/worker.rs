@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use outbox_core::retry::RetryDecision;
 use outbox_core::{
-    ClaimLimits, Error, ErrorKind, MemberId, Message, Outcome, Result, Sink, SinkError, Store,
+    ClaimLimits, Envelope, Error, ErrorKind, MemberId, Message, Outcome, Result, Sink, SinkError,
+    Store,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -286,11 +287,35 @@ impl Worker {
     /// Publishes `batch` wave by wave. Returns an outcome for every message that was tried; the
     /// rest (later messages of a key that just failed, or waves not sent because the lease ran
     /// short) get none and stay pending untouched.
+    ///
+    /// A sink that orders keys itself gets a key's consecutive messages for one destination in
+    /// one call (usually the whole batch in one wave); its results are taken per key in order
+    /// up to the key's first failure, and the key's later messages get no outcome whatever the
+    /// sink said (see `Sink::orders_keys`).
     async fn publish(&self, batch: &[Message], lease: &mut Lease) -> Published {
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut unavailable = HashSet::new();
         let mut stopped: HashSet<&str> = HashSet::new();
-        for wave in waves(batch) {
+        // Built up front: grouping a key's messages by destination needs the destinations.
+        let mut built: Vec<Option<Result<Envelope, String>>> = batch
+            .iter()
+            .map(|m| {
+                Some(envelope(
+                    m,
+                    &self.cfg.destination,
+                    &self.cfg.destination_rules,
+                ))
+            })
+            .collect();
+        let waves = if self.sink.orders_keys() {
+            waves(batch, |p, i| match (&built[p], &built[i]) {
+                (Some(Ok(a)), Some(Ok(b))) => a.destination == b.destination,
+                _ => false,
+            })
+        } else {
+            waves(batch, |_, _| false)
+        };
+        for wave in waves {
             if !self.lease_holds(lease).await {
                 warn!(member = %self.id, "lease ran short mid-batch; leaving the rest for the next claim");
                 break;
@@ -302,16 +327,17 @@ impl Worker {
                 if stopped.contains(m.aggregate_id.as_str()) {
                     continue;
                 }
-                match envelope(m, &self.cfg.destination, &self.cfg.destination_rules) {
-                    Ok(e) => {
+                match built[i].take() {
+                    Some(Ok(e)) => {
                         sendable.push(i);
                         envelopes.push(e);
                     }
-                    Err(why) => {
+                    Some(Err(why)) => {
                         warn!(member = %self.id, id = %m.id, error = %why, "message cannot be published as stored");
                         stopped.insert(m.aggregate_id.as_str());
                         outcomes.push(self.failure(m, SinkError::invalid(why)));
                     }
+                    None => {}
                 }
             }
             if envelopes.is_empty() {
@@ -328,6 +354,11 @@ impl Worker {
             let retry_first = outcomes.len();
             for (k, i) in sendable.into_iter().enumerate() {
                 let m = &batch[i];
+                if stopped.contains(m.aggregate_id.as_str()) {
+                    // An earlier message of its key failed in this call (a sink that orders
+                    // keys): published again after that one, whatever the sink said.
+                    continue;
+                }
                 let result = results.get(k).cloned().unwrap_or_else(|| {
                     // A sink bug, not an outage: spend attempts rather than open the circuit.
                     Err(SinkError::rejected(format!(
