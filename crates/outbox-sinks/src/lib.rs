@@ -8,6 +8,8 @@
 pub mod file;
 #[cfg(any(feature = "file", feature = "stdout"))]
 mod jsonl;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 pub mod read;
@@ -21,7 +23,7 @@ use std::time::Duration;
 
 use outbox_core::{Error, Sink};
 
-/// Connects the sink a URL names: `nats://host:4222`, `file:path.jsonl`, `stdout:`. Unknown schemes and sinks left out of
+/// Connects the sink a URL names: `nats://host:4222`, `kafka://host:9092`, `file:path.jsonl`, `stdout:`. Unknown schemes and sinks left out of
 /// this build are config errors that list what is available.
 pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
@@ -30,6 +32,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
         "nats" | "tls" => Ok(Arc::new(
             nats::NatsSink::connect(nats::NatsConfig::from_url(url)?).await?,
         )),
+        #[cfg(feature = "kafka")]
+        "kafka" => Ok(Arc::new(kafka::KafkaSink::connect(
+            kafka::KafkaConfig::from_url(url)?,
+        )?)),
         #[cfg(feature = "file")]
         "file" => Ok(Arc::new(file::FileSink::from_url(url)?)),
         #[cfg(feature = "stdout")]
@@ -44,13 +50,15 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
 
 /// The ack timeout the sink `url` names will use (see `Sink::ack_timeout`), read from the URL
 /// without connecting, so settings can be checked before anything starts: `Some` for sinks that
-/// wait for a broker's acknowledgement (NATS: `?ack_timeout=`, 5 s by default), `None` for the
+/// wait for a broker's acknowledgement (NATS and Kafka: `?ack_timeout=`, 5 s by default), `None` for the
 /// local sinks and for schemes this build does not know (`connect` reports those).
 pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
     match scheme {
         #[cfg(feature = "nats")]
         "nats" | "tls" => Ok(Some(nats::NatsConfig::from_url(url)?.ack_timeout)),
+        #[cfg(feature = "kafka")]
+        "kafka" => Ok(Some(kafka::KafkaConfig::from_url(url)?.ack_timeout)),
         _ => Ok(None),
     }
 }
@@ -60,7 +68,7 @@ pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
 /// `verify`) and must keep the sink's wait inside it.
 pub fn with_default_ack_timeout(url: &str, ack_timeout: Duration) -> String {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    let has_setting = matches!(scheme, "nats" | "tls");
+    let has_setting = matches!(scheme, "nats" | "tls" | "kafka");
     let (_, query) = url.split_once('?').unwrap_or((url, ""));
     if !has_setting || query.split('&').any(|p| p.starts_with("ack_timeout=")) {
         return url.to_string();
@@ -74,6 +82,8 @@ pub fn available() -> Vec<&'static str> {
     let all: &[&str] = &[
         #[cfg(feature = "nats")]
         "nats://",
+        #[cfg(feature = "kafka")]
+        "kafka://",
         #[cfg(feature = "file")]
         "file:",
         #[cfg(feature = "stdout")]
@@ -98,6 +108,17 @@ mod tests {
             Some(Duration::from_millis(250))
         );
         assert_eq!(ack_timeout("file:x.jsonl").unwrap(), None);
+        #[cfg(feature = "kafka")]
+        {
+            assert_eq!(
+                ack_timeout("kafka://h:9092?ack_timeout=2s").unwrap(),
+                Some(Duration::from_secs(2))
+            );
+            assert_eq!(
+                with_default_ack_timeout("kafka://h:9092?acks=all", Duration::from_secs(1)),
+                "kafka://h:9092?acks=all&ack_timeout=1000ms"
+            );
+        }
         assert!(ack_timeout("nats://h?ack_timeout=soon").is_err());
         let d = Duration::from_secs(1);
         assert_eq!(

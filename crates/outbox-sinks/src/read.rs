@@ -142,6 +142,8 @@ pub async fn scratch(url: &str, options: &ScratchOptions) -> Result<Scratch, Err
     match scheme {
         #[cfg(feature = "nats")]
         "nats" | "tls" => crate::nats::scratch(url, options).await,
+        #[cfg(feature = "kafka")]
+        "kafka" => crate::kafka::scratch(url, options).await,
         #[cfg(feature = "file")]
         "file" => crate::file::scratch(url, options),
         _ => Err(Error::config(format!(
@@ -157,6 +159,8 @@ pub fn readable() -> Vec<&'static str> {
     let all: &[&str] = &[
         #[cfg(feature = "nats")]
         "nats://",
+        #[cfg(feature = "kafka")]
+        "kafka://",
         #[cfg(feature = "file")]
         "file:",
     ];
