@@ -159,6 +159,14 @@ pub struct RelayArgs {
     /// Repeat the flag or separate with commas. Env: OUTBOX_ALLOW_DESTINATIONS (comma list).
     #[arg(long, value_name = "PATTERN", num_args = 1.., value_delimiter = ',')]
     pub allow_destinations: Vec<String>,
+    /// A routing rule: rows it matches go to its sink instead of --sink. `;`-separated
+    /// `key=value` pairs: `aggregate_type`, `event_type`, `topic` (globs, `*` matches anything;
+    /// every one given must match), `sink` (required), `destination` (a template; default
+    /// --destination), `name`. E.g. `event_type=payment.*; sink=kafka://127.0.0.1:9092;
+    /// destination=payments`. Repeat the flag; the first matching rule wins, rows matching none
+    /// go to --sink (and end `failed` when there is none). Replaces `[[relay.routes]]`.
+    #[arg(long, value_name = "RULE")]
+    pub route: Vec<String>,
     /// Print the settings as resolved from file, environment and flags (passwords masked), then
     /// exit without connecting to anything.
     #[arg(long)]
@@ -206,9 +214,14 @@ pub struct BenchArgs {
     /// Database URL (default postgres://root@127.0.0.1:5432/test). Env: DATABASE_URL.
     #[arg(long, value_name = "URL")]
     pub database_url: Option<String>,
-    /// NATS URL (default nats://127.0.0.1:4222). Env: OUTBOX_SINK.
+    /// The sink to measure (default: NATS, see --nats). Any sink URL `outbox relay` takes works
+    /// in backlog mode, where it is drained side by side with NATS in the same run; the other
+    /// modes measure NATS only. Env: OUTBOX_SINK.
     #[arg(long, value_name = "URL")]
     pub sink: Option<String>,
+    /// The NATS server of the baseline runs (default nats://127.0.0.1:4222).
+    #[arg(long, value_name = "URL")]
+    pub nats: Option<String>,
     /// Which measurement.
     #[arg(long, value_enum, default_value_t = BenchMode::Backlog)]
     pub mode: BenchMode,

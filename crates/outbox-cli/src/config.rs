@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use outbox_core::route::RouteBuilder;
 use outbox_core::{
-    DestinationPattern, DestinationRules, DestinationTemplate, OnFailed, RetryPolicy,
+    DestinationPattern, DestinationRules, DestinationTemplate, OnFailed, RetryPolicy, RouteSpec,
 };
 use outbox_relay::RelayConfig;
 use serde::Deserialize;
@@ -140,6 +141,45 @@ pub struct RelaySection {
     /// NATS-style patterns (`orders.>`, `payments.*.created`) confining every destination; a
     /// row rendering outside them ends `failed`.
     pub allow_destinations: Option<Vec<String>>,
+    /// `[[relay.routes]]`: routing rules, first match wins.
+    pub routes: Option<Vec<RouteSection>>,
+}
+
+/// One `[[relay.routes]]` table; see `outbox relay --help` (`--route`) for each key.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSection {
+    /// Name for logs and status.
+    pub name: Option<String>,
+    /// Glob over `aggregate_type`.
+    pub aggregate_type: Option<String>,
+    /// Glob over `event_type`.
+    pub event_type: Option<String>,
+    /// Glob over `topic`.
+    pub topic: Option<String>,
+    /// Sink URL (required).
+    pub sink: Option<String>,
+    /// Destination template.
+    pub destination: Option<String>,
+}
+
+impl RouteSection {
+    fn spec(&self, index: usize) -> outbox_core::Result<RouteSpec> {
+        let mut b = RouteBuilder::new(index);
+        for (key, value) in [
+            ("name", &self.name),
+            ("aggregate_type", &self.aggregate_type),
+            ("event_type", &self.event_type),
+            ("topic", &self.topic),
+            ("sink", &self.sink),
+            ("destination", &self.destination),
+        ] {
+            if let Some(v) = value {
+                b.set(key, v)?;
+            }
+        }
+        b.build()
+    }
 }
 
 /// `on_failed` as written in the file.
@@ -258,8 +298,10 @@ pub fn db(loaded: &Loaded, args: &DbArgs) -> Result<DbSettings> {
 pub struct RelaySettings {
     /// Database.
     pub db: DbSettings,
-    /// Sink URL.
-    pub sink: String,
+    /// Default sink URL: rows no route matches. `None` only when routes are configured.
+    pub sink: Option<String>,
+    /// Routing rules, first match wins.
+    pub routes: Vec<RouteSpec>,
     /// Engine settings.
     pub relay: RelayConfig,
 }
@@ -277,9 +319,35 @@ pub fn retention(loaded: &Loaded, flag: Option<Dur>) -> Result<Duration> {
 pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     let f = &loaded.file.relay;
     let db = db(loaded, &args.db)?;
-    let sink = pick(args.sink.clone(), &["OUTBOX_SINK"], f.sink.clone())?.ok_or_else(|| {
-        ConfigError("no sink: pass --sink (e.g. nats://127.0.0.1:4222), set OUTBOX_SINK, or write [relay] sink".into())
-    })?;
+    let routes: Vec<RouteSpec> = if !args.route.is_empty() {
+        args.route
+            .iter()
+            .enumerate()
+            .map(|(i, r)| RouteSpec::parse(r, i + 1))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| ConfigError(format!("--route: {e}")))?
+    } else {
+        f.routes
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, r)| r.spec(i + 1))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| ConfigError(format!("{}: {e}", loaded.file_key("relay.routes"))))?
+    };
+    let sink = pick(args.sink.clone(), &["OUTBOX_SINK"], f.sink.clone())?;
+    if sink.is_none() && routes.is_empty() {
+        return Err(ConfigError("no sink: pass --sink (e.g. nats://127.0.0.1:4222), set OUTBOX_SINK, or write [relay] sink (or routes)".into()));
+    }
+    let mut names = std::collections::HashSet::new();
+    for r in &routes {
+        if !names.insert(r.name.as_str()) {
+            return Err(ConfigError(format!(
+                "route `{}` is named twice; route names must differ",
+                r.name
+            )));
+        }
+    }
     let destination = pick(
         args.destination.clone(),
         &["OUTBOX_DESTINATION"],
@@ -322,6 +390,13 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     destination_rules
         .check_template(&destination)
         .map_err(|e| ConfigError(e.to_string()))?;
+    for r in &routes {
+        if let Some(t) = &r.destination {
+            destination_rules
+                .check_template(t)
+                .map_err(|e| ConfigError(format!("route `{}`: {e}", r.name)))?;
+        }
+    }
     let defaults = RelayConfig::default();
     let batch_size =
         pick(args.batch_size, &["OUTBOX_BATCH_SIZE"], f.batch_size)?.unwrap_or(defaults.batch_size);
@@ -365,13 +440,15 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     at_most(lease, Duration::from_secs(3600), "lease")?;
     // A relay must be able to wait for an acknowledgement and still hold its lease: the sink's
     // ack timeout has to fit in the third of the lease a wave may take.
-    if let Some(ack) = outbox_sinks::ack_timeout(&sink).map_err(|e| ConfigError(e.to_string()))? {
-        RelayConfig {
-            lease,
-            ..RelayConfig::default()
+    for url in sink.iter().chain(routes.iter().map(|r| &r.sink)) {
+        if let Some(ack) = outbox_sinks::ack_timeout(url).map_err(|e| ConfigError(e.to_string()))? {
+            RelayConfig {
+                lease,
+                ..RelayConfig::default()
+            }
+            .check_ack_timeout(ack)
+            .map_err(ConfigError)?;
         }
-        .check_ack_timeout(ack)
-        .map_err(ConfigError)?;
     }
     let store_timeout = pick(
         args.store_timeout,
@@ -409,6 +486,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     Ok(RelaySettings {
         db,
         sink,
+        routes,
         relay: RelayConfig {
             batch_size,
             batch_bytes,

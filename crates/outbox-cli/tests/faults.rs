@@ -6,11 +6,11 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{assert_key_order, deliveries, interleaved, World};
+use common::{assert_key_order, deliveries, interleaved, PrivateNats, World};
 use outbox_core::{NewMessage, Store};
 use outbox_relay::{CircuitState, Relay};
 use outbox_sinks::nats::{NatsConfig, NatsSink};
@@ -121,76 +121,6 @@ async fn poison_key_blocks_only_itself_and_other_keys_flow_at_normal_speed() {
     w.drop_all().await;
 }
 
-/// A nats-server of this test's own, on a free port, with its own store: it can be stopped
-/// and started without disturbing anything else on the machine.
-struct PrivateNats {
-    port: u16,
-    dir: std::path::PathBuf,
-    child: Option<Child>,
-}
-
-impl PrivateNats {
-    fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::env::temp_dir().join(outbox_testkit::unique_name("nats"));
-        let mut me = Self {
-            port,
-            dir,
-            child: None,
-        };
-        me.up();
-        me
-    }
-
-    fn up(&mut self) {
-        let child = Command::new("nats-server")
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server must be installed");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "private nats-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn down(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for PrivateNats {
-    fn drop(&mut self) {
-        self.down();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 async fn wait_state(relay_breaker: &outbox_relay::Breaker, want: CircuitState, limit: Duration) {
     let deadline = Instant::now() + limit;
     while relay_breaker.snapshot().0 != want {
@@ -209,14 +139,9 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
     let w = World::with_stream(false).await;
     let client = async_nats::connect(nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(client);
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: w.stream.clone(),
-        subjects: vec![format!("{}.>", w.prefix)],
-        storage: async_nats::jetstream::stream::StorageType::File,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    outbox_sinks::nats::create_stream(&js, &w.stream, vec![format!("{}.>", w.prefix)], true)
+        .await
+        .unwrap();
     let keys = common::keys("k", 10);
     let sink = NatsSink::connect(
         NatsConfig::from_url(&format!("{}?ack_timeout=500ms", nats.url())).unwrap(),
@@ -335,14 +260,9 @@ async fn a_rejected_probe_spends_attempts_so_the_circuit_closes_and_the_rest_flo
     let client = async_nats::connect(nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(client);
     // Only `<prefix>.good.>` has a stream; `<prefix>.bad.…` is rejected once the broker is up.
-    js.create_stream(async_nats::jetstream::stream::Config {
-        name: w.stream.clone(),
-        subjects: vec![format!("{}.good.>", w.prefix)],
-        storage: async_nats::jetstream::stream::StorageType::File,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    outbox_sinks::nats::create_stream(&js, &w.stream, vec![format!("{}.good.>", w.prefix)], true)
+        .await
+        .unwrap();
     let sink = NatsSink::connect(
         NatsConfig::from_url(&format!("{}?ack_timeout=500ms", nats.url())).unwrap(),
     )

@@ -428,6 +428,94 @@ fn flags_override_environment_which_overrides_the_file() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn routes_come_from_the_file_or_the_flag_and_bad_ones_stop_the_relay() {
+    let dir = std::env::temp_dir().join(outbox_testkit::unique_name("routes"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("outbox.toml"),
+        "database_url = \"postgres://db/app\"\n[relay]\n\
+         [[relay.routes]]\nname = \"payments\"\nevent_type = \"payment.*\"\n\
+         sink = \"nats://pay:secret@broker:4222\"\ndestination = \"payments.{event_type}\"\n\
+         [[relay.routes]]\ntopic = \"audit.*\"\nsink = \"stdout:\"\n",
+    )
+    .unwrap();
+    let run = |flags: &[&str]| {
+        outbox()
+            .current_dir(&dir)
+            .args(["relay", "--print-config"])
+            .args(flags)
+            .output()
+            .unwrap()
+    };
+    // Routes alone are enough: no default sink, so unmatched rows would end `failed`.
+    let o = run(&[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["sink"], serde_json::Value::Null);
+    let routes = v["routes"].as_array().unwrap();
+    assert_eq!(routes.len(), 2);
+    assert_eq!(
+        (routes[0]["name"].as_str(), routes[0]["event_type"].as_str()),
+        (Some("payments"), Some("payment.*"))
+    );
+    assert_eq!(
+        routes[0]["sink"], "nats://***@broker:4222",
+        "credentials never show"
+    );
+    assert_eq!(routes[0]["destination"], "payments.{event_type}");
+    assert_eq!(
+        (routes[1]["name"].as_str(), routes[1]["topic"].as_str()),
+        (Some("route-2"), Some("audit.*"))
+    );
+    // The flag replaces the file's routes.
+    let o = run(&[
+        "--sink",
+        "nats://127.0.0.1:4222",
+        "--route",
+        "aggregate_type=invoice; sink=file:/tmp/x.jsonl",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["routes"].as_array().unwrap().len(), 1);
+    assert_eq!(v["routes"][0]["aggregate_type"], "invoice");
+    assert_eq!(v["sink"], "nats://127.0.0.1:4222");
+    // A rule without a sink, an unknown key, a duplicate name or a destination outside the
+    // allow-list stops the relay before it starts, naming the problem.
+    for (flags, says) in [
+        (&["--route", "event_type=a"][..], "no `sink`"),
+        (&["--route", "evt=a; sink=stdout:"][..], "unknown key `evt`"),
+        (
+            &[
+                "--route",
+                "name=x; sink=stdout:",
+                "--route",
+                "name=x; sink=stdout:",
+            ][..],
+            "named twice",
+        ),
+        (
+            &[
+                "--allow-destinations",
+                "ok.>",
+                "--sink",
+                "stdout:",
+                "--destination",
+                "ok.{event_type}",
+                "--route",
+                "event_type=a; sink=stdout:; destination=$JS.API.x",
+            ][..],
+            "$JS",
+        ),
+    ] {
+        let o = run(flags);
+        assert_eq!(o.status.code(), Some(2), "{flags:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{flags:?}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// PostgreSQL identifiers and channel names stop at 63 bytes. A schema name of that length once
 /// made `pg_notify` raise inside the doorbell trigger, and with it every application INSERT
 /// into the outbox fail. With `migrate --notify` on such a schema, an app's INSERT succeeds,

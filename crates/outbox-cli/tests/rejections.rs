@@ -25,12 +25,12 @@ async fn unstreamed_subject_ends_failed_within_max_attempts_while_a_streamed_one
 ) {
     let w = World::with_stream(false).await;
     // The stream captures only `<prefix>.good.>`; `<prefix>.bad.…` has no stream at all.
-    w.js.create_stream(jetstream::stream::Config {
-        name: w.stream.clone(),
-        subjects: vec![format!("{}.good.>", w.prefix)],
-        storage: jetstream::stream::StorageType::Memory,
-        ..Default::default()
-    })
+    outbox_sinks::nats::create_stream(
+        &w.js,
+        &w.stream,
+        vec![format!("{}.good.>", w.prefix)],
+        false,
+    )
     .await
     .unwrap();
     let sink = NatsSink::connect(NatsConfig::from_url(&common::nats_url()).unwrap())
@@ -207,14 +207,9 @@ async fn a_subject_the_relay_may_not_publish_to_ends_failed_and_never_opens_the_
     .unwrap();
     let js = jetstream::new(client);
     // The stream captures both subjects: only the permission keeps `denied` out.
-    js.create_stream(jetstream::stream::Config {
-        name: w.stream.clone(),
-        subjects: vec![format!("{}.>", w.prefix)],
-        storage: jetstream::stream::StorageType::Memory,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    outbox_sinks::nats::create_stream(&js, &w.stream, vec![format!("{}.>", w.prefix)], false)
+        .await
+        .unwrap();
     let sink = NatsSink::connect(
         NatsConfig::from_url(&format!("{}?ack_timeout=500ms", nats.url())).unwrap(),
     )

@@ -450,12 +450,12 @@ async fn rows_aimed_at_system_subjects_forged_headers_or_outside_the_allow_list_
     // A stream a hostile row tries to delete through the JetStream API, with the relay's
     // credentials.
     let victim = format!("{}_VICTIM", w.stream);
-    w.js.create_stream(async_nats::jetstream::stream::Config {
-        name: victim.clone(),
-        subjects: vec![format!("{}_victim.>", w.prefix)],
-        storage: async_nats::jetstream::stream::StorageType::Memory,
-        ..Default::default()
-    })
+    outbox_sinks::nats::create_stream(
+        &w.js,
+        &victim,
+        vec![format!("{}_victim.>", w.prefix)],
+        false,
+    )
     .await
     .unwrap();
     let forged_id = uuid::Uuid::now_v7();

@@ -93,6 +93,18 @@ pub enum Outcome {
         /// Backoff before the next attempt.
         delay: Duration,
     },
+    /// The message was not tried because its sink is known to be unavailable (the sink's
+    /// circuit is open while other sinks of the relay flow): wait `delay`, spending **no**
+    /// attempt, so an outage of one sink can never push its messages into `failed`. Later
+    /// messages of the key wait, as for [`Outcome::Retry`].
+    Deferred {
+        /// Row sequence.
+        seq: i64,
+        /// Sanitised error text: why the sink is considered unavailable.
+        error: String,
+        /// When to try again.
+        delay: Duration,
+    },
     /// The message is given up: an invalid message, or its budget spent. It stays visible,
     /// redrivable.
     Failed {
@@ -109,6 +121,7 @@ impl Outcome {
         match self {
             Outcome::Published { seq }
             | Outcome::Retry { seq, .. }
+            | Outcome::Deferred { seq, .. }
             | Outcome::Failed { seq, .. } => *seq,
         }
     }

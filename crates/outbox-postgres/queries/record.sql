@@ -15,7 +15,8 @@
 -- $4..$15 positions: partition, epoch, done, done_bound, done_floor, done_at, cur, cur_bound,
 --         cur_floor, cur_at, cursor, published total
 -- $16..$22 to park: partition, txid, seq, state, attempts, delay seconds, error
--- $23..$27 parked tried again: partition, seq, outcome (published|retrying|failed), delay, error
+-- $23..$27 parked tried again: partition, seq, outcome (published|retrying|deferred|failed),
+--         delay, error; `deferred` (its sink was not tried) stays retrying without an attempt
 WITH fence AS MATERIALIZED (
     SELECT p.partition
     FROM {schema}.outbox_partitions AS p
@@ -54,9 +55,10 @@ WITH fence AS MATERIALIZED (
     ON CONFLICT (partition, seq) DO NOTHING
 ), retried AS (
     UPDATE {schema}.outbox_parked AS x
-    SET state           = r.outcome,
-        attempts        = x.attempts + 1,
-        next_attempt_at = CASE WHEN r.outcome = 'retrying' THEN now() + make_interval(secs => r.delay) END,
+    SET state           = CASE WHEN r.outcome = 'deferred' THEN 'retrying' ELSE r.outcome END,
+        attempts        = x.attempts + CASE WHEN r.outcome = 'deferred' THEN 0 ELSE 1 END,
+        next_attempt_at = CASE WHEN r.outcome IN ('retrying', 'deferred')
+                               THEN now() + make_interval(secs => r.delay) END,
         last_error      = COALESCE(r.error, x.last_error)
     FROM unnest($23::int2[], $24::int8[], $25::text[], $26::float8[], $27::text[])
          AS r(partition, seq, outcome, delay, error)

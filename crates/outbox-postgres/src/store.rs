@@ -337,10 +337,26 @@ impl PgStore {
             // No payload: past the byte bound, not handed out (nor is anything after it).
             let payload: Option<String> = r.try_get("payload").map_err(err)?;
             let key: String = r.try_get("aggregate_id").map_err(err)?;
+            let txid: String = r.try_get("txid").map_err(err)?;
+            if let Some(w) = ticket.windows.get(&partition) {
+                // Only the A3 safety net returns such a row: the seq floor did not hold. Never
+                // seen since the floor is read before the snapshot; say so loudly if it is.
+                let at_or_above = |a: &str, b: &str| match (a.parse::<u64>(), b.parse::<u64>()) {
+                    (Ok(a), Ok(b)) => a >= b,
+                    _ => false,
+                };
+                if seq <= w.done_floor && at_or_above(&txid, &w.done_bound) {
+                    tracing::warn!(
+                        partition, seq, %txid, done_bound = %w.done_bound, done_floor = w.done_floor,
+                        "a row of a transaction newer than the window's bound lies below its seq \
+                         floor; the safety net read it (please report)"
+                    );
+                }
+            }
             ticket.rows.push(WindowRow {
                 partition,
                 seq,
-                txid: r.try_get("txid").map_err(err)?,
+                txid,
                 key: key.clone(),
                 held,
                 handed_out: !held && payload.is_some(),

@@ -194,6 +194,11 @@ impl Ticket {
                     stopped.insert((p.partition, p.key.as_str()));
                     ("retrying", delay.as_secs_f64(), Some(error.clone()))
                 }
+                // `record.sql` keeps it retrying without counting an attempt.
+                Outcome::Deferred { error, delay, .. } => {
+                    stopped.insert((p.partition, p.key.as_str()));
+                    ("deferred", delay.as_secs_f64(), Some(error.clone()))
+                }
                 Outcome::Failed { error, .. } => {
                     stopped.insert((p.partition, p.key.as_str()));
                     ("failed", 0.0, Some(error.clone()))
@@ -242,6 +247,15 @@ impl Ticket {
                         plan.park.push(park(
                             "retrying",
                             1,
+                            delay.as_secs_f64(),
+                            Some(error.clone()),
+                        ));
+                    }
+                    Some(Outcome::Deferred { error, delay, .. }) => {
+                        stopped.insert(key);
+                        plan.park.push(park(
+                            "retrying",
+                            0,
                             delay.as_secs_f64(),
                             Some(error.clone()),
                         ));

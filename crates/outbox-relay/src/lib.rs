@@ -10,11 +10,13 @@
 pub mod breaker;
 mod config;
 mod deliver;
+mod lane;
 mod metrics;
 mod relay;
 mod worker;
 
 pub use breaker::{Breaker, CircuitState};
 pub use config::RelayConfig;
+pub use lane::Route;
 pub use metrics::RelayMetrics;
 pub use relay::Relay;

@@ -11,6 +11,8 @@ pub struct RelayMetrics {
     pub retried: AtomicU64,
     /// Messages that ended `failed`.
     pub failed: AtomicU64,
+    /// Messages not tried because their route's sink was down (no attempt spent).
+    pub deferred: AtomicU64,
     /// Non-empty claims.
     pub batches: AtomicU64,
     /// Outcomes the store refused because the partition changed owner (fenced).

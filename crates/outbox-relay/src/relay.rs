@@ -3,23 +3,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{MemberId, Sink, Store};
+use outbox_core::{MemberId, RouteMatch, Sink, Store};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::breaker::Breaker;
 use crate::config::RelayConfig;
+use crate::lane::{Lane, Lanes, Route};
 use crate::metrics::RelayMetrics;
 use crate::worker::Worker;
 
 /// A relay process: `workers` members that each own a share of the partitions.
 pub struct Relay {
     store: Arc<dyn Store>,
-    sink: Arc<dyn Sink>,
+    lanes: Arc<Lanes>,
     config: RelayConfig,
     metrics: Arc<RelayMetrics>,
-    breaker: Arc<Breaker>,
 }
 
 impl Relay {
@@ -29,19 +29,51 @@ impl Relay {
     /// [`RelayConfig::check_ack_timeout`]; the CLI refuses such settings) is given a third of
     /// the lease per call anyway, with a warning: the lease margin wins over the ack timeout.
     pub fn new(store: Arc<dyn Store>, sink: Arc<dyn Sink>, config: RelayConfig) -> Self {
-        if let Some(Err(why)) = sink.ack_timeout().map(|a| config.check_ack_timeout(a)) {
-            warn!(
-                sink = sink.name(),
-                "{why}; publishes are cut at a third of the lease"
-            );
+        let name = sink.name().to_string();
+        let route = Route {
+            name,
+            when: RouteMatch::default(),
+            sink,
+            destination: None,
+        };
+        Self::build(store, vec![route], config)
+    }
+
+    /// A relay publishing each row through the first of `routes` whose rule it matches (put a
+    /// catch-all rule last for a default sink). A row no rule matches ends `failed`, naming the
+    /// rules, rather than going anywhere by accident. Each route has its own circuit breaker:
+    /// while one sink is down its rows wait, in key order and without spending attempts
+    /// ([`outbox_core::Outcome::Deferred`]), and the other routes flow. No route at all is a
+    /// config error.
+    pub fn with_routes(
+        store: Arc<dyn Store>,
+        routes: Vec<Route>,
+        config: RelayConfig,
+    ) -> outbox_core::Result<Self> {
+        if routes.is_empty() {
+            return Err(outbox_core::Error::config(
+                "relay: no sink and no route; give a sink, or routes",
+            ));
         }
-        let breaker = Arc::new(Breaker::new(sink.name(), config.breaker_threshold));
+        Ok(Self::build(store, routes, config))
+    }
+
+    fn build(store: Arc<dyn Store>, routes: Vec<Route>, config: RelayConfig) -> Self {
+        for r in &routes {
+            if let Some(Err(why)) = r.sink.ack_timeout().map(|a| config.check_ack_timeout(a)) {
+                warn!(
+                    sink = r.sink.name(),
+                    route = %r.name,
+                    "{why}; publishes are cut at a third of the lease"
+                );
+            }
+        }
+        let lanes = routes.into_iter().map(|r| Lane::new(r, &config)).collect();
         Self {
             store,
-            sink,
+            lanes: Arc::new(Lanes(lanes)),
             config,
             metrics: Arc::new(RelayMetrics::default()),
-            breaker,
         }
     }
 
@@ -50,9 +82,10 @@ impl Relay {
         self.metrics.clone()
     }
 
-    /// The sink's circuit breaker, shared by the workers.
+    /// The first route's circuit breaker (the only one without routing), shared by the
+    /// workers.
     pub fn breaker(&self) -> Arc<Breaker> {
-        self.breaker.clone()
+        self.lanes.0[0].breaker.clone()
     }
 
     fn worker(
@@ -64,10 +97,8 @@ impl Relay {
         Worker {
             id: MemberId::random(&format!("{}-w{i}", self.config.member_prefix)),
             store: self.store.clone(),
-            sink: self.sink.clone(),
-            breaker: self.breaker.clone(),
+            lanes: self.lanes.clone(),
             cfg: self.config.clone(),
-            publish_deadline: self.config.publish_deadline(self.sink.ack_timeout()),
             metrics: self.metrics.clone(),
             wake: wake.clone(),
             shutdown: shutdown.clone(),
@@ -111,7 +142,13 @@ impl Relay {
         info!(
             workers,
             batch_size = self.config.batch_size,
-            sink = self.sink.name(),
+            sinks = %self
+                .lanes
+                .0
+                .iter()
+                .map(|l| format!("{}={}", l.name, l.sink.name()))
+                .collect::<Vec<_>>()
+                .join(","),
             destination = self.config.destination.as_str(),
             "relay started"
         );

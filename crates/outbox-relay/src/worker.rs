@@ -1,22 +1,22 @@
 //! One relay member: owns a share of the partitions and runs claim -> publish -> mark on them.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::retry::RetryDecision;
 use outbox_core::{
-    ClaimLimits, Envelope, Error, ErrorKind, MemberId, Message, Outcome, Result, Sink, SinkError,
-    Store,
+    ClaimLimits, Envelope, Error, ErrorKind, MemberId, Message, Outcome, Result, SinkError, Store,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::breaker::{Breaker, CircuitState, Permit};
+use crate::breaker::{CircuitState, Permit, MIN_COOLDOWN};
 use crate::config::{RelayConfig, MIN_POLL_INTERVAL};
 use crate::deliver::{envelope, waves};
+use crate::lane::{Lane, Lanes};
 use crate::metrics::RelayMetrics;
 
 /// Backoff after a store error: starts small, doubles, capped, reset on success. Keeps a relay
@@ -55,11 +55,9 @@ impl StoreBackoff {
 pub(crate) struct Worker {
     pub(crate) id: MemberId,
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) sink: Arc<dyn Sink>,
-    pub(crate) breaker: Arc<Breaker>,
+    /// The sinks, one lane per route.
+    pub(crate) lanes: Arc<Lanes>,
     pub(crate) cfg: RelayConfig,
-    /// Deadline of one `sink.publish` call (see [`RelayConfig::publish_deadline`]).
-    pub(crate) publish_deadline: Duration,
     pub(crate) metrics: Arc<RelayMetrics>,
     pub(crate) wake: watch::Receiver<u64>,
     pub(crate) shutdown: CancellationToken,
@@ -67,10 +65,26 @@ pub(crate) struct Worker {
 
 /// What [`Worker::publish`] did with a batch.
 struct Published {
-    /// An outcome per message tried.
+    /// An outcome per message tried (or deferred).
     outcomes: Vec<Outcome>,
     /// Seqs of the messages that failed because the broker was unavailable (not rejected).
     unavailable: HashSet<i64>,
+}
+
+/// One lane's messages of a wave: indexes into the batch and their envelopes.
+#[derive(Default)]
+struct LaneCall {
+    rows: Vec<usize>,
+    envelopes: Vec<Envelope>,
+}
+
+/// A claimed message routed to its lane, with its envelope built (or why it cannot be), before
+/// the batch is split into waves.
+enum Prepared {
+    /// No route matches it and the relay has no default sink.
+    NoRoute,
+    /// Its lane and its envelope, or why the row cannot be published as stored.
+    Routed(usize, std::result::Result<Envelope, String>),
 }
 
 /// The lease as this worker last saw it.
@@ -134,7 +148,25 @@ impl Worker {
                 let until = Instant::now() + poll;
                 self.wait_until(until.min(lease.next_rebalance)).await;
             }
-            let permit = self.breaker.permit();
+            let permits = self.lanes.permits();
+            // Without routing the one breaker decides the claim, as it always did: a probe claims
+            // one message. With routing a claim goes ahead while any lane may publish; rows of a
+            // lane that must wait are deferred at publish time.
+            let permit = if let Some(d) = permits
+                .iter()
+                .map(|p| match p {
+                    Permit::Wait(d) => Some(*d),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()
+                .and_then(|waits| waits.into_iter().min())
+            {
+                Permit::Wait(d)
+            } else if permits.contains(&Permit::Proceed) {
+                Permit::Proceed
+            } else {
+                Permit::Probe
+            };
             let limit = match permit {
                 Permit::Proceed => self.cfg.batch_size,
                 // One message tells whether the broker is back, without risking a batch.
@@ -175,7 +207,7 @@ impl Worker {
                     b
                 }
                 Err(error) => {
-                    self.breaker.probe_unused();
+                    self.probes_unused(&permits);
                     let d = backoff.failed();
                     warn!(member = %self.id, %error, retry_in = ?d, "claim failed");
                     self.pause(d).await;
@@ -183,7 +215,7 @@ impl Worker {
                 }
             };
             if batch.is_empty() {
-                self.breaker.probe_unused();
+                self.probes_unused(&permits);
                 poll = (poll * 2)
                     .max(MIN_POLL_INTERVAL)
                     .min(self.cfg.poll_interval);
@@ -201,12 +233,12 @@ impl Worker {
             let Published {
                 mut outcomes,
                 unavailable,
-            } = self.publish(&batch, &mut lease).await;
+            } = self.publish(&batch, &mut lease, &permits).await;
             self.report_circuit(&mut reported).await;
-            if permit == Permit::Probe {
-                // A probe that never reached the broker (a malformed row, a short lease) must
-                // not leave the circuit waiting for its verdict.
-                self.breaker.probe_unused();
+            // A probe that never reached its broker (no row for that lane, a malformed row, a
+            // short lease) must not leave the circuit waiting for its verdict.
+            self.probes_unused(&permits);
+            if permit == Permit::Probe && !self.lanes.routed() {
                 // A probe that found the broker still unavailable says nothing about the
                 // message: it spends none of its attempts (the breaker paces the next probe), so
                 // a long outage cannot push head messages into `failed`. A probe the broker
@@ -247,7 +279,7 @@ impl Worker {
     /// Writes the circuit state to the member row when it changed, so `outbox status` shows an
     /// outage as the relay sees it.
     async fn report_circuit(&self, reported: &mut CircuitState) {
-        let (state, error) = self.breaker.snapshot();
+        let (state, error) = self.lanes.health();
         if state == *reported {
             return;
         }
@@ -284,106 +316,173 @@ impl Worker {
         }
     }
 
-    /// Publishes `batch` wave by wave. Returns an outcome for every message that was tried; the
-    /// rest (later messages of a key that just failed, or waves not sent because the lease ran
-    /// short) get none and stay pending untouched.
+    /// Lets the next caller probe every lane whose probe this batch did not use.
+    fn probes_unused(&self, permits: &[Permit]) {
+        for (lane, p) in self.lanes.0.iter().zip(permits) {
+            if *p == Permit::Probe {
+                lane.breaker.probe_unused();
+            }
+        }
+    }
+
+    /// Publishes `batch` wave by wave, each wave's messages grouped by lane, every lane's call
+    /// in flight at once. Returns an outcome for every message that was tried or deferred; the
+    /// rest (later messages of a key that just failed or waits, or waves not sent because the
+    /// lease ran short) get none and stay pending untouched.
     ///
-    /// A sink that orders keys itself gets a key's consecutive messages for one destination in
-    /// one call (usually the whole batch in one wave); its results are taken per key in order
-    /// up to the key's first failure, and the key's later messages get no outcome whatever the
-    /// sink said (see `Sink::orders_keys`).
-    async fn publish(&self, batch: &[Message], lease: &mut Lease) -> Published {
+    /// `permits` are the lanes' breakers' answers for this batch. A lane that must wait, or
+    /// whose one probe is already spoken for, gets its messages deferred: they wait with their
+    /// keys, spending no attempt, while the other lanes publish.
+    ///
+    /// A lane whose sink orders keys itself gets a key's consecutive messages for one
+    /// destination in one call (usually the whole batch in one wave); its results are taken per
+    /// key in order up to the key's first failure, and the key's later messages in that call
+    /// get no outcome whatever the sink said (see `Sink::orders_keys`).
+    async fn publish(&self, batch: &[Message], lease: &mut Lease, permits: &[Permit]) -> Published {
+        let lanes = &self.lanes.0;
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut unavailable = HashSet::new();
         let mut stopped: HashSet<&str> = HashSet::new();
-        // Built up front: grouping a key's messages by destination needs the destinations.
-        let mut built: Vec<Option<Result<Envelope, String>>> = batch
+        let mut probe_taken = vec![false; lanes.len()];
+        // Routed and built up front: grouping a key's messages by lane and destination needs
+        // both.
+        let mut prepared: Vec<Option<Prepared>> = batch
             .iter()
             .map(|m| {
-                Some(envelope(
-                    m,
-                    &self.cfg.destination,
-                    &self.cfg.destination_rules,
-                ))
+                Some(match self.lanes.pick(m) {
+                    None => Prepared::NoRoute,
+                    Some(l) => Prepared::Routed(
+                        l,
+                        envelope(m, &lanes[l].destination, &self.cfg.destination_rules),
+                    ),
+                })
             })
             .collect();
-        let waves = if self.sink.orders_keys() {
-            waves(batch, |p, i| match (&built[p], &built[i]) {
-                (Some(Ok(a)), Some(Ok(b))) => a.destination == b.destination,
-                _ => false,
-            })
-        } else {
-            waves(batch, |_, _| false)
-        };
+        let waves = waves(batch, |p, i| match (&prepared[p], &prepared[i]) {
+            (Some(Prepared::Routed(a, Ok(x))), Some(Prepared::Routed(b, Ok(y)))) => {
+                a == b && lanes[*a].sink.orders_keys() && x.destination == y.destination
+            }
+            _ => false,
+        });
         for wave in waves {
             if !self.lease_holds(lease).await {
                 warn!(member = %self.id, "lease ran short mid-batch; leaving the rest for the next claim");
                 break;
             }
-            let mut sendable = Vec::with_capacity(wave.len());
-            let mut envelopes = Vec::with_capacity(wave.len());
+            let mut calls: HashMap<usize, LaneCall> = HashMap::new();
             for i in wave {
                 let m = &batch[i];
                 if stopped.contains(m.aggregate_id.as_str()) {
                     continue;
                 }
-                match built[i].take() {
-                    Some(Ok(e)) => {
-                        sendable.push(i);
-                        envelopes.push(e);
+                let Some(Prepared::Routed(l, built)) = prepared[i].take() else {
+                    let names: Vec<&str> = lanes.iter().map(|l| l.name.as_str()).collect();
+                    let why = format!(
+                        "no route matches this row (aggregate_type `{}`, event_type `{}`, \
+                         topic {:?}) and the relay has no default sink; routes: {}",
+                        m.aggregate_type,
+                        m.event_type,
+                        m.topic.as_deref().unwrap_or(""),
+                        names.join(", ")
+                    );
+                    warn!(member = %self.id, id = %m.id, error = %why, "message has no route");
+                    stopped.insert(m.aggregate_id.as_str());
+                    outcomes.push(self.failure(m, SinkError::invalid(why)));
+                    continue;
+                };
+                let lane = &lanes[l];
+                let defer = match permits.get(l).copied().unwrap_or(Permit::Proceed) {
+                    Permit::Proceed => None,
+                    Permit::Probe if !probe_taken[l] => {
+                        probe_taken[l] = true;
+                        None
                     }
-                    Some(Err(why)) => {
+                    Permit::Probe => Some(MIN_COOLDOWN),
+                    Permit::Wait(d) => Some(d),
+                };
+                if let Some(delay) = defer {
+                    stopped.insert(m.aggregate_id.as_str());
+                    outcomes.push(self.deferral(m, lane, delay));
+                    continue;
+                }
+                match built {
+                    Ok(e) => {
+                        let call = calls.entry(l).or_default();
+                        call.rows.push(i);
+                        call.envelopes.push(e);
+                    }
+                    Err(why) => {
                         warn!(member = %self.id, id = %m.id, error = %why, "message cannot be published as stored");
                         stopped.insert(m.aggregate_id.as_str());
                         outcomes.push(self.failure(m, SinkError::invalid(why)));
                     }
-                    None => {}
                 }
             }
-            if envelopes.is_empty() {
+            if calls.is_empty() {
                 continue;
             }
-            let results = self.publish_call(&envelopes).await;
-            self.breaker.record(
-                results.iter().any(Result::is_ok),
-                results
+            let calls: Vec<(usize, LaneCall)> = calls.into_iter().collect();
+            let answers = futures::future::join_all(
+                calls
                     .iter()
-                    .find_map(|r| r.as_ref().err().filter(|e| e.is_unavailable()))
-                    .map(|e| e.message.as_str()),
-            );
-            let retry_first = outcomes.len();
-            for (k, i) in sendable.into_iter().enumerate() {
-                let m = &batch[i];
-                if stopped.contains(m.aggregate_id.as_str()) {
-                    // An earlier message of its key failed in this call (a sink that orders
-                    // keys): published again after that one, whatever the sink said.
-                    continue;
-                }
-                let result = results.get(k).cloned().unwrap_or_else(|| {
-                    // A sink bug, not an outage: spend attempts rather than open the circuit.
-                    Err(SinkError::rejected(format!(
-                        "sink `{}` returned no result for this message",
-                        self.sink.name()
-                    )))
-                });
-                match result {
-                    Ok(()) => outcomes.push(Outcome::Published { seq: m.seq }),
-                    Err(e) => {
-                        stopped.insert(m.aggregate_id.as_str());
-                        if e.is_unavailable() {
-                            unavailable.insert(m.seq);
+                    .map(|(l, call)| self.publish_call(&lanes[*l], &call.envelopes)),
+            )
+            .await;
+            for ((l, call), results) in calls.into_iter().zip(answers) {
+                let lane = &lanes[l];
+                lane.breaker.record(
+                    results.iter().any(Result::is_ok),
+                    results
+                        .iter()
+                        .find_map(|r| r.as_ref().err().filter(|e| e.is_unavailable()))
+                        .map(|e| e.message.as_str()),
+                );
+                let retry_first = outcomes.len();
+                let probing = permits.get(l) == Some(&Permit::Probe) && self.lanes.routed();
+                // Keys that failed earlier in this call (a sink that orders keys gets several
+                // messages of one key per call): their later messages get no outcome and are
+                // published again after the failed one, whatever the sink said.
+                let mut failed_here: HashSet<&str> = HashSet::new();
+                for (k, i) in call.rows.into_iter().enumerate() {
+                    let m = &batch[i];
+                    if failed_here.contains(m.aggregate_id.as_str()) {
+                        continue;
+                    }
+                    let result = results.get(k).cloned().unwrap_or_else(|| {
+                        // A sink bug, not an outage: spend attempts rather than open the circuit.
+                        Err(SinkError::rejected(format!(
+                            "sink `{}` returned no result for this message",
+                            lane.sink.name()
+                        )))
+                    });
+                    match result {
+                        Ok(()) => outcomes.push(Outcome::Published { seq: m.seq }),
+                        // A routed probe that found its broker still down says nothing about
+                        // the message: it waits for the next probe without spending an attempt.
+                        Err(e) if probing && e.is_unavailable() => {
+                            failed_here.insert(m.aggregate_id.as_str());
+                            stopped.insert(m.aggregate_id.as_str());
+                            outcomes.push(self.deferral(m, lane, MIN_COOLDOWN));
                         }
-                        outcomes.push(self.failure(m, e));
+                        Err(e) => {
+                            failed_here.insert(m.aggregate_id.as_str());
+                            stopped.insert(m.aggregate_id.as_str());
+                            if e.is_unavailable() {
+                                unavailable.insert(m.seq);
+                            }
+                            outcomes.push(self.failure(m, e));
+                        }
                     }
                 }
-            }
-            let retried: Vec<&Outcome> = outcomes[retry_first..]
-                .iter()
-                .filter(|o| matches!(o, Outcome::Retry { .. }))
-                .collect();
-            if let Some(Outcome::Retry { error, delay, .. }) = retried.first() {
-                warn!(member = %self.id, sink = self.sink.name(), messages = retried.len(), %error,
-                      first_retry_in = ?delay, "publish failed; those messages and their keys will retry");
+                let retried: Vec<&Outcome> = outcomes[retry_first..]
+                    .iter()
+                    .filter(|o| matches!(o, Outcome::Retry { .. }))
+                    .collect();
+                if let Some(Outcome::Retry { error, delay, .. }) = retried.first() {
+                    warn!(member = %self.id, sink = lane.sink.name(), route = %lane.name,
+                          messages = retried.len(), %error, first_retry_in = ?delay,
+                          "publish failed; those messages and their keys will retry");
+                }
             }
         }
         Published {
@@ -392,21 +491,40 @@ impl Worker {
         }
     }
 
-    /// One `sink.publish` call under the publish deadline. A call without every answer by then is
-    /// dropped, and each of its messages counts as unavailable: retried (the broker may have
-    /// taken some, so they can arrive twice, with the same id) and fed to the circuit breaker.
+    /// The outcome of a message whose lane may not publish now: it waits `delay` with its key,
+    /// spending no attempt.
+    fn deferral(&self, m: &Message, lane: &Lane, delay: Duration) -> Outcome {
+        RelayMetrics::add(&self.metrics.deferred, 1);
+        let (_, error) = lane.breaker.snapshot();
+        Outcome::Deferred {
+            seq: m.seq,
+            error: format!(
+                "sink `{}` of route `{}` is unavailable (circuit open){}",
+                lane.sink.name(),
+                lane.name,
+                error.map(|e| format!(": {e}")).unwrap_or_default()
+            ),
+            delay: delay.max(Duration::from_millis(100)),
+        }
+    }
+
+    /// One `publish` call of `lane` under its publish deadline. A call without every answer by
+    /// then is dropped, and each of its messages counts as unavailable: retried (the broker may
+    /// have taken some, so they can arrive twice, with the same id) and fed to the lane's
+    /// circuit breaker.
     async fn publish_call(
         &self,
-        envelopes: &[outbox_core::Envelope],
+        lane: &Lane,
+        envelopes: &[Envelope],
     ) -> Vec<Result<(), SinkError>> {
-        let deadline = self.publish_deadline;
-        match tokio::time::timeout(deadline, self.sink.publish(envelopes)).await {
+        let deadline = lane.publish_deadline;
+        match tokio::time::timeout(deadline, lane.sink.publish(envelopes)).await {
             Ok(results) => results,
             Err(_) => {
                 let e = SinkError::unavailable(format!(
                     "sink `{}` gave no answer within {deadline:?} (the publish deadline); \
                      the message is published again later with the same id",
-                    self.sink.name()
+                    lane.sink.name()
                 ));
                 envelopes.iter().map(|_| Err(e.clone())).collect()
             }

@@ -15,7 +15,7 @@ WITH owned AS (
       AND p.partition IN (SELECT value FROM json_each(?2))
 ), blocked AS (
     SELECT b.aggregate_id FROM outbox AS b
-    WHERE b.state = 'pending' AND b.attempts > 0 AND b.next_attempt_at > ?3
+    WHERE b.state = 'pending' AND b.next_attempt_at > ?3
       AND b.partition IN (SELECT partition FROM owned)
     UNION
     SELECT f.aggregate_id FROM outbox AS f

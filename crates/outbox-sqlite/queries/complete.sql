@@ -3,12 +3,13 @@
 -- the partition, even one that took it back since, records nothing (the owner delivers the row
 -- again, with the same id).
 -- ?1 member, ?2 outcomes as a JSON array of [seq, state, error or null, retry delay in ms,
--- epoch at claim],
+-- epoch at claim]; state `deferred` (the sink was not tried) waits like `pending` but spends
+-- no attempt,
 -- ?3 now (unix ms), ?4 now (RFC 3339 text, for published_at)
 UPDATE outbox AS o
-SET state           = r.state,
-    attempts        = o.attempts + 1,
-    next_attempt_at = CASE WHEN r.state = 'pending' THEN ?3 + r.delay_ms END,
+SET state           = CASE WHEN r.state = 'deferred' THEN 'pending' ELSE r.state END,
+    attempts        = o.attempts + CASE WHEN r.state = 'deferred' THEN 0 ELSE 1 END,
+    next_attempt_at = CASE WHEN r.state IN ('pending', 'deferred') THEN ?3 + r.delay_ms END,
     last_error      = coalesce(r.error, o.last_error),
     published_at    = CASE WHEN r.state = 'published' THEN ?4 END
 FROM (SELECT json_extract(j.value, '$[0]') AS seq,

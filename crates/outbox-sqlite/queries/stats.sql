@@ -8,10 +8,10 @@ SELECT
      WHERE state = 'pending' ORDER BY seq LIMIT 1) AS oldest_pending_age_seconds,
   (SELECT count(*) FROM outbox WHERE state = 'failed') AS failed,
   (SELECT count(*) FROM outbox WHERE state = 'published') AS published,
-  (SELECT count(*) FROM outbox INDEXED BY outbox_retrying_idx
-     WHERE state = 'pending' AND attempts > 0) AS retrying,
+  (SELECT count(*) FROM outbox INDEXED BY outbox_waiting_idx
+     WHERE state = 'pending' AND next_attempt_at IS NOT NULL) AS retrying,
   (SELECT count(DISTINCT aggregate_id) FROM (
-      SELECT aggregate_id FROM outbox INDEXED BY outbox_retrying_idx
-      WHERE state = 'pending' AND attempts > 0
+      SELECT aggregate_id FROM outbox INDEXED BY outbox_waiting_idx
+      WHERE state = 'pending' AND next_attempt_at IS NOT NULL
       UNION ALL
       SELECT aggregate_id FROM outbox WHERE state = 'failed')) AS blocked_keys

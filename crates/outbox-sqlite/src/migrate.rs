@@ -13,6 +13,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "member health",
         include_str!("../migrations/0002_member_health.sql"),
     ),
+    (
+        3,
+        "deferred",
+        include_str!("../migrations/0003_deferred.sql"),
+    ),
 ];
 
 /// Applies the migrations the database lacks, all in one transaction, and records them in
@@ -74,7 +79,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let url = format!("sqlite://{}", dir.join("outbox.db").display());
         let pool = crate::connect_pool(&url).await.unwrap();
-        assert_eq!(migrate(&pool).await.unwrap(), vec![1, 2]);
+        assert_eq!(migrate(&pool).await.unwrap(), vec![1, 2, 3]);
         (pool, dir)
     }
 

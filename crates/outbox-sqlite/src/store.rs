@@ -358,6 +358,13 @@ impl Store for SqliteStore {
                     Outcome::Retry { seq, error, delay } => {
                         (*seq, "pending", Some(error.as_str()), millis(*delay), epoch)
                     }
+                    Outcome::Deferred { seq, error, delay } => (
+                        *seq,
+                        "deferred",
+                        Some(error.as_str()),
+                        millis(*delay),
+                        epoch,
+                    ),
                     Outcome::Failed { seq, error } => {
                         (*seq, "failed", Some(error.as_str()), 0, epoch)
                     }

@@ -34,6 +34,7 @@ macro_rules! store_conformance_suite {
             members_split_partitions_without_overlap,
             claim_reads_only_owned_partitions,
             retry_blocks_its_key_until_due,
+            deferred_row_waits_in_order_without_spending_attempts,
             failed_row_blocks_its_key_and_is_counted,
             complete_is_fenced_after_takeover,
             expired_lease_is_taken_over,
@@ -239,6 +240,66 @@ pub async fn retry_blocks_its_key_until_due(store: Arc<dyn Store>) {
     assert_eq!(later[0].attempts, 1);
     let s = store.stats().await.unwrap();
     assert_eq!(s.retrying, 1);
+}
+
+/// A row deferred because its sink's circuit is open waits, with the later rows of its key,
+/// like a retry, but spends no attempt: neither from the message table nor once parked. Other
+/// keys flow.
+pub async fn deferred_row_waits_in_order_without_spending_attempts(store: Arc<dyn Store>) {
+    let (a1, a2, b1) = (msg("a", 1), msg("a", 2), msg("b", 1));
+    store
+        .insert(&[a1.clone(), a2.clone(), b1.clone()])
+        .await
+        .unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    let seq = |id| got.iter().find(|r| r.id == id).unwrap().seq;
+    let delay = Duration::from_millis(800);
+    let deferred = |seq| Outcome::Deferred {
+        seq,
+        error: "sink `kafka` unavailable (circuit open)".into(),
+        delay,
+    };
+    store
+        .complete(
+            &m,
+            &[deferred(seq(a1.id)), Outcome::Published { seq: seq(b1.id) }],
+        )
+        .await
+        .unwrap();
+    assert!(
+        claim_all(&store, &m, &parts).await.is_empty(),
+        "key `a` waits for its deferred head, `b` is done"
+    );
+    tokio::time::sleep(delay + Duration::from_millis(300)).await;
+    let later = claim_all(&store, &m, &parts).await;
+    assert_eq!(
+        later.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![a1.id, a2.id]
+    );
+    assert_eq!(later[0].attempts, 0, "a deferral is not an attempt");
+    // Deferred again from wherever the store keeps it now: still no attempt spent.
+    store.complete(&m, &[deferred(later[0].seq)]).await.unwrap();
+    tokio::time::sleep(delay + Duration::from_millis(300)).await;
+    let again = claim_all(&store, &m, &parts).await;
+    assert_eq!(
+        again.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![a1.id, a2.id]
+    );
+    assert_eq!(again[0].attempts, 0);
+    store
+        .complete(
+            &m,
+            &[
+                Outcome::Published { seq: again[0].seq },
+                Outcome::Published { seq: again[1].seq },
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(claim_all(&store, &m, &parts).await.is_empty());
+    let s = store.stats().await.unwrap();
+    assert_eq!((s.pending, s.retrying, s.failed), (0, 0, 0));
 }
 
 /// A failed row stays visible with its error and blocks its key (ordered mode).

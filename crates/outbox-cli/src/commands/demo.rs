@@ -22,8 +22,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::observer::{Broker, Delivered};
 use crate::cli::DemoArgs;
+use outbox_sinks::read::{Delivered, Reader, ScratchOptions};
 
 /// The demo's default schema on PostgreSQL; only schemas named like it are ever dropped.
 const DEMO_SCHEMA: &str = "outbox_demo";
@@ -110,7 +110,12 @@ impl Ledger {
                 sqlx::query(
                     "UPDATE balance SET payments = payments + 1, total_cents = total_cents + ?",
                 )
-                .bind(e.payload["amount_cents"].as_i64().unwrap_or(0))
+                .bind(
+                    serde_json::from_slice::<serde_json::Value>(&e.payload)
+                        .ok()
+                        .and_then(|v| v["amount_cents"].as_i64())
+                        .unwrap_or(0),
+                )
                 .execute(&mut *tx)
                 .await?;
                 applied += 1;
@@ -140,8 +145,8 @@ struct Consumed {
 
 impl Consumed {
     /// Reads what reached the broker since the last call and applies it to the ledger.
-    async fn step(&mut self, broker: &mut Broker, ledger: &Ledger) -> anyhow::Result<()> {
-        let (events, _unreadable) = broker.poll().await;
+    async fn step(&mut self, broker: &mut dyn Reader, ledger: &Ledger) -> anyhow::Result<()> {
+        let events = broker.poll(Duration::from_millis(250)).await.delivered;
         self.received += events.len() as u64;
         self.arrived.extend(events.iter().map(|e| e.id));
         let (ok, dup) = ledger.apply(&events).await?;
@@ -268,7 +273,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     // The demo's short lease must still cover the sink's wait for an acknowledgement (a
     // quarter of it, so the sink reports its own timeout before the relay's publish deadline).
     let sink_url = outbox_sinks::with_default_ack_timeout(&sink_url, lease / 4);
-    let (mut broker, sink, destination) = Broker::open(&sink_url, "demo").await?;
+    let scratch = outbox_sinks::read::scratch(&sink_url, &ScratchOptions::new("demo")).await?;
+    let mut broker = scratch.reader;
+    let sink = outbox_sinks::connect(&scratch.sink_url).await?;
+    let destination = DestinationTemplate::parse(&scratch.destination)?;
     let ledger_path = args.dir.join("ledger.db");
     let ledger = Ledger::open(&ledger_path).await?;
     let store = db.store();
@@ -336,7 +344,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let run_for = |d: Duration| tokio::time::sleep(d);
     for _ in 0..30 {
         run_for(Duration::from_millis(100)).await;
-        counts.step(&mut broker, &ledger).await?;
+        counts.step(broker.as_mut(), &ledger).await?;
     }
     let (c, r) = produced
         .lock()
@@ -358,7 +366,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     while Instant::now() < outage_end {
         for _ in 0..10 {
             run_for(Duration::from_millis(100)).await;
-            counts.step(&mut broker, &ledger).await?;
+            counts.step(broker.as_mut(), &ledger).await?;
         }
         println!(
             "   {}",
@@ -374,7 +382,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         run_for(Duration::from_millis(100)).await;
-        counts.step(&mut broker, &ledger).await?;
+        counts.step(broker.as_mut(), &ledger).await?;
         let s = store.stats().await?;
         if s.pending < 10 || Instant::now() > deadline {
             println!("   {}", line(&s, RelayMetrics::get(&metrics_a.published)));
@@ -406,7 +414,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let deadline = Instant::now() + lease * 5 + Duration::from_secs(10);
     loop {
         run_for(Duration::from_millis(100)).await;
-        counts.step(&mut broker, &ledger).await?;
+        counts.step(broker.as_mut(), &ledger).await?;
         let s = store.stats().await?;
         let b_owns = s
             .members
@@ -427,7 +435,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     }
     for _ in 0..20 {
         run_for(Duration::from_millis(100)).await;
-        counts.step(&mut broker, &ledger).await?;
+        counts.step(broker.as_mut(), &ledger).await?;
     }
     println!();
 
@@ -448,7 +456,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         run_for(Duration::from_millis(100)).await;
-        counts.step(&mut broker, &ledger).await?;
+        counts.step(broker.as_mut(), &ledger).await?;
         let have = committed
             .iter()
             .filter(|id| counts.arrived.contains(id))

@@ -1,11 +1,9 @@
 //! One module per subcommand.
 
 mod bench;
-mod checker;
 mod demo;
 mod maintain;
 mod migrate;
-mod observer;
 mod relay;
 mod status;
 mod verify;

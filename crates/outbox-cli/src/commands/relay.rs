@@ -2,11 +2,50 @@
 
 use std::process::ExitCode;
 
-use outbox_core::ErrorKind;
-use outbox_relay::Relay;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use outbox_core::{ErrorKind, RouteMatch, Sink};
+use outbox_relay::{Relay, Route};
 use tracing::info;
 
 use crate::config::RelaySettings;
+
+/// The relay's routes: each rule with its sink connected, then the default sink as a catch-all.
+/// Rules naming the same sink URL share one connection.
+async fn connect_routes(s: &RelaySettings) -> anyhow::Result<Vec<Route>> {
+    let mut connected: HashMap<&str, Arc<dyn Sink>> = HashMap::new();
+    let mut routes = Vec::with_capacity(s.routes.len() + 1);
+    let rules = s.routes.iter().map(|r| {
+        (
+            r.name.clone(),
+            r.when.clone(),
+            &r.sink,
+            r.destination.clone(),
+        )
+    });
+    let default = s
+        .sink
+        .as_ref()
+        .map(|url| ("default".to_string(), RouteMatch::default(), url, None));
+    for (name, when, url, destination) in rules.chain(default) {
+        let sink = match connected.get(url.as_str()) {
+            Some(sink) => sink.clone(),
+            None => {
+                let sink = outbox_sinks::connect(url).await?;
+                connected.insert(url, sink.clone());
+                sink
+            }
+        };
+        routes.push(Route {
+            name,
+            when,
+            sink,
+            destination,
+        });
+    }
+    Ok(routes)
+}
 
 pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCode> {
     if print_config {
@@ -14,7 +53,15 @@ pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCod
         let settings = serde_json::json!({
             "database_url": outbox_core::redact::url(&s.db.url),
             "schema": s.db.schema,
-            "sink": outbox_core::redact::url(&s.sink),
+            "sink": s.sink.as_deref().map(outbox_core::redact::url),
+            "routes": s.routes.iter().map(|rt| serde_json::json!({
+                "name": rt.name,
+                "aggregate_type": rt.when.aggregate_type.as_ref().map(|g| g.as_str()),
+                "event_type": rt.when.event_type.as_ref().map(|g| g.as_str()),
+                "topic": rt.when.topic.as_ref().map(|g| g.as_str()),
+                "sink": outbox_core::redact::url(&rt.sink),
+                "destination": rt.destination.as_ref().map(|d| d.as_str()),
+            })).collect::<Vec<_>>(),
             "destination": r.destination.as_str(),
             "allow_destinations": r
                 .destination_rules
@@ -51,10 +98,13 @@ pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCod
         }
         return Err(e.into());
     }
-    let sink = outbox_sinks::connect(&s.sink).await?;
+    let routes = connect_routes(&s).await?;
     info!(database = %outbox_core::redact::url(&s.db.url), outbox = %database.place(),
-          sink = %outbox_core::redact::url(&s.sink), "relay configured");
+          sink = %s.sink.as_deref().map(outbox_core::redact::url).unwrap_or_default(),
+          routes = s.routes.len(), "relay configured");
     let shutdown = crate::shutdown::on_signal();
-    Relay::new(store, sink, s.relay).run(shutdown).await;
+    Relay::with_routes(store, routes, s.relay)?
+        .run(shutdown)
+        .await;
     Ok(ExitCode::SUCCESS)
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used)] // each test binary uses a different subset
 
 use std::collections::{HashMap, HashSet};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,15 +51,9 @@ impl World {
         let js = jetstream::new(client);
         let stream = name.to_uppercase();
         if create_stream {
-            js.create_stream(jetstream::stream::Config {
-                name: stream.clone(),
-                subjects: vec![format!("{name}.>")],
-                storage: jetstream::stream::StorageType::Memory,
-                duplicate_window: Duration::from_secs(120),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+            outbox_sinks::nats::create_stream(&js, &stream, vec![format!("{name}.>")], false)
+                .await
+                .unwrap();
         }
         Self {
             pool,
@@ -286,4 +281,74 @@ pub fn outbox_command(cwd: &std::path::Path) -> std::process::Command {
         .current_dir(cwd)
         .stdin(std::process::Stdio::null());
     c
+}
+
+/// A nats-server of this test's own, on a free port, with its own store: it can be stopped
+/// and started without disturbing anything else on the machine.
+pub struct PrivateNats {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateNats {
+    pub fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::env::temp_dir().join(outbox_testkit::unique_name("nats"));
+        let mut me = Self {
+            port,
+            dir,
+            child: None,
+        };
+        me.up();
+        me
+    }
+
+    pub fn up(&mut self) {
+        let child = Command::new("nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server must be installed");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "private nats-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn down(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        self.down();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

@@ -27,6 +27,8 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(600);
 struct Run {
     keys: usize,
     relay: Drain,
+    /// The relay draining the same backlog into `--sink`, when one other than NATS is given.
+    sink: Option<Drain>,
     naive: Option<Drain>,
     /// Relay events/s over naive events/s.
     speedup: Option<f64>,
@@ -48,8 +50,22 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         a.batch_size,
         ctx.wake_up()
     );
+    if let Some(url) = &ctx.sink_url {
+        println!(
+            "  and the relay into {} (latency stamped per reader poll)",
+            outbox_core::redact::url(url)
+        );
+    }
     let mut runs = Vec::new();
     for &keys in &a.keys {
+        let sink = match &ctx.sink_url {
+            Some(url) => {
+                let d = sink_drain(ctx, url, keys).await?;
+                println!("  keys {keys:>6}  sink:  {}", line(&d));
+                Some(d)
+            }
+            None => None,
+        };
         let relay = relay_drain(ctx, keys).await?;
         println!("  keys {keys:>6}  relay: {}", line(&relay));
         let naive = if a.skip_naive {
@@ -65,6 +81,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         runs.push(Run {
             keys,
             relay,
+            sink,
             naive,
             speedup,
         });
@@ -91,15 +108,19 @@ fn line(d: &Drain) -> String {
 }
 
 fn print_summary(runs: &[Run]) {
-    println!("  keys      relay ev/s   naive ev/s   relay/naive");
+    println!("  keys      relay ev/s   naive ev/s   relay/naive   sink ev/s");
     for r in runs {
         let naive = r
             .naive
             .as_ref()
             .map_or("-".into(), |n| format!("{:.0}", n.events_per_second));
         let ratio = r.speedup.map_or("-".into(), |s| format!("{s:.1}x"));
+        let sink = r
+            .sink
+            .as_ref()
+            .map_or("-".into(), |d| format!("{:.0}", d.events_per_second));
         println!(
-            "  {:>6}  {:>11.0}  {naive:>11}  {ratio:>12}",
+            "  {:>6}  {:>11.0}  {naive:>11}  {ratio:>12}  {sink:>10}",
             r.keys, r.relay.events_per_second
         );
     }
@@ -140,6 +161,65 @@ async fn relay_drain_in(ctx: &Ctx, scratch: &Scratch, keys: usize) -> anyhow::Re
     relay.stop().await;
     drained?;
     finish(scratch, probe, rows as u64, took).await
+}
+
+/// Fills, analyses and drains a backlog of `--rows` with the relay into the sink `url`, in a
+/// scratch schema and a scratch destination of that sink; the sink's own reader checks that
+/// every message arrived.
+async fn sink_drain(ctx: &Ctx, url: &str, keys: usize) -> anyhow::Result<Drain> {
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "sink").await?;
+    let result = sink_drain_in(ctx, url, &scratch, keys).await;
+    scratch.drop().await;
+    result
+}
+
+async fn sink_drain_in(
+    ctx: &Ctx,
+    url: &str,
+    scratch: &Scratch,
+    keys: usize,
+) -> anyhow::Result<Drain> {
+    let rows = ctx.args.rows;
+    let mut options = outbox_sinks::read::ScratchOptions::new("bench");
+    options.durable = ctx.args.storage != "memory";
+    let place = outbox_sinks::read::scratch(url, &options).await?;
+    let probe = Probe::from_reader(place.reader);
+    let took = fill(
+        &scratch.pool,
+        &scratch.schema,
+        rows,
+        keys,
+        &ctx.pad(),
+        &probe.latency(),
+    )
+    .await?;
+    println!(
+        "  keys {keys:>6}  filled {rows} rows in {:.2} s ({:.0} rows/s)",
+        took.as_secs_f64(),
+        rows as f64 / took.as_secs_f64()
+    );
+    if !ctx.args.no_analyze {
+        scratch.analyze().await?;
+    }
+    let sink = outbox_sinks::connect(&place.sink_url).await?;
+    let destination = outbox_core::DestinationTemplate::parse(&place.destination)?;
+    let started = Instant::now();
+    let relay = RelayUnderTest::start_with(ctx, scratch, sink, destination).await?;
+    let drained = wait_published(relay.metrics(), rows as u64, DRAIN_LIMIT).await;
+    let took = started.elapsed();
+    relay.stop().await;
+    drained?;
+    let missing = probe.drain(Duration::from_secs(120)).await;
+    let latency = probe.finish().await;
+    if missing > 0 {
+        anyhow::bail!("the sink's reader misses {missing} of {rows} messages");
+    }
+    Ok(Drain {
+        events: rows as u64,
+        seconds: took.as_secs_f64(),
+        events_per_second: rows as f64 / took.as_secs_f64(),
+        latency,
+    })
 }
 
 /// Fills and drains `rows` with the naive relay, in a scratch schema holding only its table.

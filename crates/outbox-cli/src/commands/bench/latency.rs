@@ -213,6 +213,31 @@ impl Probe {
         })
     }
 
+    /// Feeds the ledger from a sink's own reader (any broker). Receipts are stamped when a poll
+    /// returns, so latency is coarser than the NATS probe's by up to the poll's wait.
+    pub fn from_reader(mut reader: Box<dyn outbox_sinks::read::Reader>) -> Self {
+        let latency = Arc::new(Latency::new());
+        let stop = CancellationToken::new();
+        let (l, s) = (latency.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            while !s.is_cancelled() {
+                let polled = tokio::select! {
+                    p = reader.poll(Duration::from_millis(20)) => p,
+                    _ = s.cancelled() => break,
+                };
+                for d in polled.delivered {
+                    l.received(d.id);
+                }
+            }
+            reader.cleanup().await;
+        });
+        Self {
+            latency,
+            stop,
+            task,
+        }
+    }
+
     /// The ledger producers record commits into.
     pub fn latency(&self) -> Arc<Latency> {
         self.latency.clone()

@@ -42,6 +42,8 @@ pub struct Ctx {
     pub args: BenchArgs,
     pub db: String,
     pub nats_url: String,
+    /// A sink other than NATS to measure, side by side with NATS (backlog mode).
+    pub sink_url: Option<String>,
     pub pool: PgPool,
     pub js: jetstream::Context,
 }
@@ -102,11 +104,22 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .or_else(|| std::env::var("DATABASE_URL").ok())
         .unwrap_or_else(|| DEFAULT_DB.into());
-    let nats_url = args
+    let sink = args
         .sink
         .clone()
-        .or_else(|| std::env::var("OUTBOX_SINK").ok())
-        .unwrap_or_else(|| DEFAULT_NATS.into());
+        .or_else(|| std::env::var("OUTBOX_SINK").ok());
+    let is_nats = |u: &str| u.starts_with("nats://") || u.starts_with("tls://");
+    // `--sink nats://…` names the NATS server itself, as it always did.
+    let (nats_url, sink_url) = match sink {
+        Some(u) if is_nats(&u) => (u, None),
+        other => (
+            args.nats.clone().unwrap_or_else(|| DEFAULT_NATS.into()),
+            other,
+        ),
+    };
+    if sink_url.is_some() && args.mode != BenchMode::Backlog {
+        anyhow::bail!("bench: only backlog mode measures sinks other than NATS; drop --sink or use --mode backlog");
+    }
     let connections = args.producers.max(args.clients).max(4) as u32 + 4;
     let pool = connect_pool(&db, connections).await?;
     // Through the sink's own config: credentials go to the client, never into its log.
@@ -119,6 +132,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         args,
         db,
         nats_url,
+        sink_url,
         pool,
     };
     match ctx.args.mode {

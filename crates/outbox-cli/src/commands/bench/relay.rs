@@ -31,6 +31,19 @@ pub struct RelayUnderTest {
 impl RelayUnderTest {
     /// Starts a relay with the bench's settings (workers, batch, listen, poll interval).
     pub async fn start(ctx: &Ctx, scratch: &Scratch) -> anyhow::Result<Self> {
+        let sink = outbox_sinks::connect(&ctx.nats_url).await?;
+        let destination =
+            DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
+        Self::start_with(ctx, scratch, sink, destination).await
+    }
+
+    /// The relay publishing to `sink` at `destination` instead of the scratch stream.
+    pub async fn start_with(
+        ctx: &Ctx,
+        scratch: &Scratch,
+        sink: Arc<dyn outbox_core::Sink>,
+        destination: DestinationTemplate,
+    ) -> anyhow::Result<Self> {
         let application_name = format!("outbox_bench_relay_{}", scratch.suffix);
         // The relay's own session settings (JIT off, timeouts), as `outbox relay` has them.
         let options =
@@ -40,9 +53,8 @@ impl RelayUnderTest {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
-        let sink = outbox_sinks::connect(&ctx.nats_url).await?;
         let store: Arc<dyn Store> = Arc::new(PgStore::new(pool.clone(), scratch.schema.clone()));
-        let relay = Relay::new(store, sink, config(ctx, scratch)?);
+        let relay = Relay::new(store, sink, config(ctx, destination));
         let metrics = relay.metrics();
         let stop = CancellationToken::new();
         let handle = tokio::spawn(relay.run(stop.clone()));
@@ -92,9 +104,9 @@ impl Drop for RelayUnderTest {
     }
 }
 
-fn config(ctx: &Ctx, scratch: &Scratch) -> anyhow::Result<RelayConfig> {
+fn config(ctx: &Ctx, destination: DestinationTemplate) -> RelayConfig {
     let defaults = RelayConfig::default();
-    Ok(RelayConfig {
+    RelayConfig {
         batch_size: ctx.args.batch_size,
         workers: ctx.args.workers,
         listen: ctx.args.listen,
@@ -102,13 +114,10 @@ fn config(ctx: &Ctx, scratch: &Scratch) -> anyhow::Result<RelayConfig> {
             .args
             .poll_interval
             .map_or(defaults.poll_interval, |d| d.0),
-        destination: DestinationTemplate::parse(&format!(
-            "{}.{{event_type}}",
-            scratch.subject_prefix
-        ))?,
+        destination,
         member_prefix: "bench".into(),
         ..defaults
-    })
+    }
 }
 
 /// The relay's claim counters at one instant.

@@ -1,8 +1,6 @@
 //! A scratch schema and JetStream stream per measured run, dropped at the end, and the few
 //! catalog reads the bench makes about them.
 
-use std::time::Duration;
-
 use anyhow::Context as _;
 use async_nats::jetstream;
 use outbox_postgres::{migrate, Schema};
@@ -36,19 +34,13 @@ impl Scratch {
             .context("creating the scratch schema")?;
         let stream = format!("OUTBOX_BENCH_{}_{suffix}", tag.to_uppercase());
         let subject_prefix = format!("outbox_bench_{tag}_{suffix}");
-        let created = js
-            .create_stream(jetstream::stream::Config {
-                name: stream.clone(),
-                subjects: vec![format!("{subject_prefix}.>")],
-                storage: if storage == "memory" {
-                    jetstream::stream::StorageType::Memory
-                } else {
-                    jetstream::stream::StorageType::File
-                },
-                duplicate_window: Duration::from_secs(120),
-                ..Default::default()
-            })
-            .await;
+        let created = outbox_sinks::nats::create_stream(
+            js,
+            &stream,
+            vec![format!("{subject_prefix}.>")],
+            storage != "memory",
+        )
+        .await;
         let scratch = Self {
             pool: pool.clone(),
             schema,
@@ -59,8 +51,7 @@ impl Scratch {
         };
         if let Err(e) = created {
             scratch.drop().await;
-            return Err(anyhow::Error::from(e)
-                .context("creating the bench stream (is NATS running with JetStream?)"));
+            return Err(e.into());
         }
         Ok(scratch)
     }

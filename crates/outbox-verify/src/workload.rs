@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::commands::checker::{Committed, WriterKind};
+use crate::checker::{Committed, WriterKind};
 
 /// Locked keys that take half of every locked producer's writes, so writers of one key meet.
 const HOT_KEYS: usize = 4;

@@ -1,35 +1,75 @@
-//! `outbox verify`: a workload, real relay processes, faults on a seeded schedule, and a checker
-//! of the guarantees. Anyone can run it against their own database and broker.
-//!
-//! Producers commit business (ledger) rows and their events in one transaction, several of them
-//! on the same keys, rolling some back on purpose (`workload`); relays run as OS processes of
-//! this binary (`relays`); an independent consumer reads the broker. Faults (`faults`):
-//! `kill -9` of a relay, SIGSTOP past the lease then SIGCONT (the fencing case), broker
-//! stop/start, database restart. The checker compares what arrived with the ledger (`report`).
-
-mod faults;
-mod relays;
-mod report;
-mod workload;
+//! One `outbox verify` run: the database and a scratch destination made for it, relays
+//! started, load and faults applied, everything read back, and the verdict.
 
 use std::collections::{BTreeMap, HashSet};
-use std::process::ExitCode;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use outbox_db::{Backend, Database};
+use outbox_sinks::read::{Reader, ScratchOptions};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::checker::{check, Arrival, FaultMark};
-use super::observer::Broker;
-use crate::cli::{Format, Profile, VerifyArgs};
-use faults::{FaultEvent, Schedule};
-use relays::Relays;
-use report::Report;
-use workload::Shape;
+use crate::checker::{check, Arrival, FaultMark};
+use crate::faults::{self, FaultEvent, Schedule};
+use crate::relays::Relays;
+use crate::report::Report;
+use crate::workload::{self, Shape};
+
+/// What one run does. Fault kinds are `kill`, `pause`, `broker` (needs both broker commands)
+/// and `db` (needs `db_restart`); the caller validates them.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where the outbox lives: a fresh schema of its own is made on PostgreSQL; on SQLite the
+    /// file the URL names, or a fresh one when it names none.
+    pub database_url: String,
+    /// The sink the relays publish to; `file:` alone and `stdout:` use a fresh file.
+    pub sink_url: String,
+    /// Length of the load.
+    pub duration: Duration,
+    /// Relay processes.
+    pub relays: usize,
+    /// Producers and keys.
+    pub shape: Shape,
+    /// Seed of the workload and the fault schedule.
+    pub seed: u64,
+    /// Fault kinds to inject.
+    pub faults: Vec<String>,
+    /// Mean pause between faults.
+    pub fault_interval: Duration,
+    /// The relays' lease.
+    pub lease: Duration,
+    /// Shell commands that stop and start the broker, and restart the database.
+    pub broker_stop: Option<String>,
+    /// See `broker_stop`.
+    pub broker_start: Option<String>,
+    /// See `broker_stop`.
+    pub db_restart: Option<String>,
+    /// Keep the schema, the destination and the logs afterwards.
+    pub keep: bool,
+    /// The `outbox` binary the relays run as.
+    pub program: PathBuf,
+    /// Print what is being set up (text output).
+    pub announce: bool,
+}
+
+/// The verdict of a run.
+pub struct Outcome {
+    /// The report (`ok` says whether every guarantee held).
+    pub report: Report,
+    /// Whether every requested fault kind was injected at least once.
+    pub all_faults_injected: bool,
+}
+
+impl Outcome {
+    /// Whether the run passes: every guarantee held and every requested fault happened.
+    pub fn passed(&self) -> bool {
+        self.report.ok && self.all_faults_injected
+    }
+}
 
 /// What the independent consumer has received.
 #[derive(Default)]
@@ -42,12 +82,15 @@ struct Received {
 impl Received {
     /// Reads what arrived since the last call. The broker may be down (a fault): then nothing
     /// is read and the next tick tries again.
-    async fn poll(&mut self, broker: &mut Broker, started: Instant) {
+    async fn poll(&mut self, reader: &mut dyn Reader, started: Instant) {
         let at = started.elapsed().as_secs_f64();
-        let (events, unreadable) = broker.poll().await;
-        self.unreadable += unreadable;
-        for e in events {
-            let payload_key = e.payload["key"].as_str().unwrap_or_default().to_string();
+        let polled = reader.poll(Duration::from_millis(250)).await;
+        self.unreadable += polled.unreadable;
+        for e in polled.delivered {
+            let payload_key = serde_json::from_slice::<serde_json::Value>(&e.payload)
+                .ok()
+                .and_then(|v| v["key"].as_str().map(str::to_string))
+                .unwrap_or_default();
             self.seen.insert(e.id);
             self.arrivals.push(Arrival {
                 id: e.id,
@@ -80,47 +123,34 @@ async fn open_database(
     Ok((outbox_db::open(&url, &schema, pool_size).await?, url))
 }
 
-pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
-    let (d, r, p, rp, k) = match args.profile {
-        Profile::Short => (Duration::from_secs(40), 3, 4, 2, 64),
-        Profile::Long => (Duration::from_secs(600), 3, 8, 4, 500),
-    };
-    let duration = args.duration.map_or(d, |x| x.0);
-    let relay_count = args.relays.unwrap_or(r).max(1);
-    let keys = args.keys.unwrap_or(k).max(1);
-    let shape = Shape {
-        producers: args.producers.unwrap_or(p).max(1),
-        keys,
-        raw_producers: args.raw_producers.unwrap_or(rp),
-        raw_keys: (keys / 4).max(2),
-    };
-    let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
-    let mut kinds: Vec<String> = Vec::new();
-    for f in &args.faults {
-        match f.as_str() {
-            "kill" | "pause" => kinds.push(f.clone()),
-            "broker" if args.broker_stop_cmd.is_some() && args.broker_start_cmd.is_some() => {
-                kinds.push(f.clone())
-            }
-            "db" if args.db_restart_cmd.is_some() => kinds.push(f.clone()),
-            "broker" | "db" => {
-                eprintln!("verify: fault `{f}` skipped: pass its command (--{f}-…-cmd)")
-            }
-            other => anyhow::bail!("verify: unknown fault `{other}` (kill, pause, broker, db)"),
-        }
-    }
-    let db_url = args
-        .database_url
-        .clone()
-        .or_else(|| std::env::var("OUTBOX_DATABASE_URL").ok())
-        .or_else(|| std::env::var("DATABASE_URL").ok())
-        .context("verify needs --database-url (or OUTBOX_DATABASE_URL / DATABASE_URL)")?;
+/// Runs the workload, the relays and the faults of `settings`, reads everything back and
+/// judges it. An error means the run could not be carried out (a database or broker that
+/// cannot be reached at the start, a fault command that failed), never a failed guarantee: that
+/// is in the report.
+pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
+    let Settings {
+        database_url: db_url,
+        sink_url,
+        duration,
+        relays: relay_count,
+        shape,
+        seed,
+        faults: kinds,
+        fault_interval,
+        lease,
+        broker_stop,
+        broker_start,
+        db_restart,
+        keep,
+        program,
+        announce,
+    } = settings;
     let tmp = std::env::temp_dir().join(format!("outbox-verify-{:08x}", fastrand::u32(..)));
     std::fs::create_dir_all(&tmp)?;
-    let sink_url = if args.sink == "file:" {
+    let sink_url = if sink_url == "file:" {
         format!("file:{}", tmp.join("events.jsonl").display())
     } else {
-        args.sink.clone()
+        sink_url
     };
     // A connection per producer, plus the consumer's status reads and the ledger.
     let pool_size = (shape.producers + shape.raw_producers) as u32 + 4;
@@ -131,13 +161,20 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let store = db.store();
     // `stdout:` relays print their messages, all into one file the consumer tails.
     let stdout_path = (sink_url == "stdout:").then(|| tmp.join("stdout.jsonl"));
-    let (mut broker, destination) = if let Some(path) = &stdout_path {
-        Broker::stdout_file(path.clone())
-    } else {
-        let (b, _sink, d) = Broker::open(&sink_url, "verify").await?;
-        (b, d)
-    };
-    if args.format == Format::Text {
+    let (mut reader, sink_url, destination): (Box<dyn Reader>, String, String) =
+        if let Some(path) = &stdout_path {
+            (
+                Box::new(outbox_sinks::file::FileReader::new(path.clone())),
+                sink_url,
+                outbox_core::routing::DEFAULT_DESTINATION.to_string(),
+            )
+        } else {
+            let scratch = outbox_sinks::read::scratch(&sink_url, &ScratchOptions::new("verify"))
+                .await
+                .context("preparing a destination on the broker")?;
+            (scratch.reader, scratch.sink_url, scratch.destination)
+        };
+    if announce {
         println!(
             "outbox verify: seed {seed}, {} relays, {} producers on {} shared keys, {} plain-INSERT \
              producers on {} keys, {:?} of load, faults {:?}",
@@ -151,12 +188,11 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         );
         println!(
             "  outbox {place}; broker {}; relay logs in {}",
-            broker.describe(),
+            reader.describe(),
             tmp.display()
         );
     }
 
-    let lease = args.lease.0;
     // The relays' sink waits for each acknowledgement a quarter of their short lease (NATS
     // waits 5 s by default, longer than the third of the default 3 s lease a publish may take;
     // a quarter leaves the sink room to report its own timeout first); an explicit ack_timeout
@@ -176,7 +212,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         "--schema",
         db.schema(),
         "--destination",
-        destination.as_str(),
+        &destination,
         "--lease",
         &humantime::format_duration(lease).to_string(),
         "--poll-interval",
@@ -196,6 +232,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     .map(|s| s.to_string())
     .collect();
     let mut relays = Relays::new(
+        program,
         relay_args,
         tmp.clone(),
         relay_db_url,
@@ -215,12 +252,12 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let fault_task = faults::spawn(
         Schedule {
             kinds: kinds.clone(),
-            interval: args.fault_interval.0,
+            interval: fault_interval,
             duration,
             lease,
-            broker_stop: args.broker_stop_cmd.clone(),
-            broker_start: args.broker_start_cmd.clone(),
-            db_restart: args.db_restart_cmd.clone(),
+            broker_stop,
+            broker_start,
+            db_restart,
         },
         relays.clone(),
         fault_log.clone(),
@@ -233,7 +270,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let mut got = Received::default();
     while started.elapsed() < duration {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        got.poll(&mut broker, started).await;
+        got.poll(reader.as_mut(), started).await;
     }
     stop.cancel();
     let load_end = started.elapsed().as_secs_f64();
@@ -272,14 +309,14 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-        got.poll(&mut broker, started).await;
+        got.poll(reader.as_mut(), started).await;
         if missing > 0 {
             drained_at = started.elapsed().as_secs_f64();
         }
     }
     // Late duplicates (a resumed relay) get a moment to show up.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    got.poll(&mut broker, started).await;
+    got.poll(reader.as_mut(), started).await;
     {
         let mut r = relays
             .lock()
@@ -340,21 +377,13 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         raw_order: verdict.raw_order,
         producer_errors: tally.errors.load(Ordering::Relaxed),
     };
-    match args.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        Format::Text => report.print_text(),
-    }
-    if !all_kinds {
-        eprintln!("verify: not every requested fault kind was injected; lengthen --duration or shorten --fault-interval");
-    }
-    if !args.keep {
+    if !keep {
         let _ = Database::clone(&db).destroy().await;
-        broker.cleanup().await;
+        reader.cleanup().await;
         let _ = std::fs::remove_dir_all(&tmp);
     }
-    Ok(if report.ok && all_kinds {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    Ok(Outcome {
+        report,
+        all_faults_injected: all_kinds,
     })
 }

@@ -1,5 +1,5 @@
 //! The relay processes `outbox verify` runs, kills, pauses and restarts: real OS processes of
-//! this binary, so a fault hits them as it would in production.
+//! the `outbox` binary, so a fault hits them as it would in production.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -10,6 +10,8 @@ use anyhow::Context as _;
 pub struct Relays {
     /// One slot per relay; a restarted relay takes its predecessor's slot.
     pub children: Vec<Child>,
+    /// The `outbox` binary.
+    program: PathBuf,
     /// Command-line arguments: nothing secret (see the fields below).
     args: Vec<String>,
     /// Folder of the relays' logs (`relay-<i>.log`).
@@ -39,6 +41,7 @@ impl Relays {
     /// Relays run as `outbox <args>` with `OUTBOX_DATABASE_URL` and `OUTBOX_SINK` set; none is
     /// started yet.
     pub fn new(
+        program: PathBuf,
         args: Vec<String>,
         logs: PathBuf,
         database_url: String,
@@ -47,6 +50,7 @@ impl Relays {
     ) -> Self {
         Self {
             children: Vec::new(),
+            program,
             args,
             logs,
             database_url,
@@ -70,7 +74,7 @@ impl Relays {
             ),
             None => Stdio::null(),
         };
-        Command::new(std::env::current_exe()?)
+        Command::new(&self.program)
             .args(&self.args)
             .env("OUTBOX_LOG", "warn")
             .env("OUTBOX_DATABASE_URL", &self.database_url)

@@ -6,19 +6,22 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::faults::FaultEvent;
-use crate::commands::checker::RawOrder;
+use crate::checker::RawOrder;
 
 /// The checker's verdict and the run it judged.
 #[derive(Debug, Serialize)]
 pub struct Report {
     /// Every guarantee held and the outbox drained.
     pub ok: bool,
+    /// The seed: the same seed replays the same workload and fault schedule.
     pub seed: u64,
     /// Where the outbox lived (schema or file).
     pub database: String,
     /// The sink, password masked.
     pub sink: String,
+    /// Length of the load, in seconds.
     pub duration_seconds: f64,
+    /// Relay processes.
     pub relays: usize,
     /// Producers writing through the writer API.
     pub producers: usize,
@@ -26,23 +29,39 @@ pub struct Report {
     pub keys: usize,
     /// Committed messages, all producers.
     pub committed: usize,
+    /// Transactions rolled back on purpose: none of their messages may arrive.
     pub rolled_back: usize,
+    /// Committed messages that arrived (at least once).
     pub delivered: usize,
+    /// Messages the reader received, duplicates included.
     pub received: usize,
+    /// Committed messages that never arrived (must be 0).
     pub lost: usize,
+    /// Arrived messages that no committed transaction wrote (must be 0).
     pub phantoms: usize,
     /// Writer-API keys only (must be 0).
     pub order_violations: usize,
+    /// Arrivals whose key differs from the key their payload names (must be 0).
     pub mismatched: usize,
+    /// Items the reader could not read as messages.
     pub unreadable: usize,
+    /// Messages still pending in the outbox after the drain (must be 0).
     pub pending_after_drain: i64,
+    /// Redeliveries of a message that had already arrived (allowed: at-least-once).
     pub duplicates: usize,
+    /// Duplicates by the fault kind that preceded them.
     pub duplicates_after: BTreeMap<String, usize>,
+    /// Faults injected, by kind.
     pub faults_injected: BTreeMap<String, usize>,
+    /// Every fault, in order.
     pub faults: Vec<FaultEvent>,
+    /// Seconds from the end of the last fault until everything had arrived.
     pub drain_seconds_after_last_fault: f64,
+    /// Messages pending when the load stopped.
     pub pending_at_load_end: i64,
+    /// Seconds from the end of the load until everything had arrived.
     pub drain_seconds_after_load: f64,
+    /// A few lost message ids, to look up.
     pub lost_sample: Vec<String>,
     /// Writer-API keys that two or more producers committed to.
     pub keys_written_by_several_producers: usize,

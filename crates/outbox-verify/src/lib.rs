@@ -1,0 +1,20 @@
+//! The guarantee checker behind `outbox verify`, as a library: a workload of producers, relays
+//! as real OS processes, faults on a seeded schedule, an independent reader of the broker (the
+//! sink's own [`outbox_sinks::read::Reader`]) and a pure checker of what arrived against what
+//! was committed.
+//!
+//! Producers commit business (ledger) rows and their events in one transaction, several of them
+//! on the same keys, rolling some back on purpose ([`workload`]); relays run as processes of the
+//! `outbox` binary ([`relays`]); faults ([`faults`]) are `kill -9` of a relay, SIGSTOP past the
+//! lease then SIGCONT (the fencing case), broker stop/start and database restart. [`checker`]
+//! compares what arrived with the ledger and [`report`] holds the verdict.
+
+pub mod checker;
+pub mod faults;
+pub mod relays;
+pub mod report;
+mod run;
+pub mod workload;
+
+pub use report::Report;
+pub use run::{run, Outcome, Settings};

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# The producer examples of examples/ (TypeScript, Java, PHP, Python), tested: all four write
+# outbox rows concurrently, over the same keys, into one scratch schema, while `outbox relay`
+# publishes them to a scratch JetStream stream; scripts/examples_check.py then reads the stream
+# with its own consumer and checks that every committed row arrived with its headers, that no
+# rolled-back row did, and that each key's events arrived in commit order.
+#
+# Installs what is missing first (idempotent): Debian's php-cli, php-pgsql and
+# libpostgresql-jdbc-java, the npm packages of examples/typescript, and a Python venv with
+# psycopg and nats-py. Exits non-zero on any failure.
+#
+# Environment: DATABASE_URL (default postgres://root@127.0.0.1:5432/test), NATS_URL (default
+# nats://127.0.0.1:4222), TRANSACTIONS per producer (default 200), DATABASE_KIND (postgres),
+# EXAMPLES_VENV (default /var/tmp/outbox-examples-venv), OUTBOX_BIN (default: built with cargo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+started=$(date +%s)
+say() { echo "examples: $* ($(( $(date +%s) - started )) s)"; }
+
+DATABASE_KIND=${DATABASE_KIND:-postgres}
+DATABASE_URL=${DATABASE_URL:-postgres://root@127.0.0.1:5432/test}
+NATS_URL=${NATS_URL:-nats://127.0.0.1:4222}
+TRANSACTIONS=${TRANSACTIONS:-200}
+venv=${EXAMPLES_VENV:-/var/tmp/outbox-examples-venv}
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/outbox-target}"
+
+case "$DATABASE_KIND" in
+  postgres) ;;
+  mysql | mariadb)
+    # The place for the MySQL/MariaDB store, once it exists: start the service, migrate with a
+    # mysql:// URL, create examples/schema.sql's table in MySQL syntax, and run the same four
+    # producers with DATABASE_URL=mysql://... Each example keeps all of its SQL in one function
+    # (write_credit / writeCredit), where a MySQL variant takes GET_LOCK instead of
+    # pg_advisory_xact_lock. The checks of scripts/examples_check.py do not change.
+    echo "examples: DATABASE_KIND=$DATABASE_KIND: there is no MySQL/MariaDB store yet, nothing to run" >&2
+    exit 2 ;;
+  *) echo "examples: DATABASE_KIND must be postgres (or, once its store exists, mysql)" >&2; exit 2 ;;
+esac
+
+# --- toolchains, installed only when missing --------------------------------------------------
+apt_missing=()
+command -v php >/dev/null || apt_missing+=(php-cli)
+{ command -v php >/dev/null && php -r 'exit(extension_loaded("pdo_pgsql") ? 0 : 1);'; } || apt_missing+=(php-pgsql)
+[ -f /usr/share/java/postgresql.jar ] || apt_missing+=(libpostgresql-jdbc-java)
+command -v javac >/dev/null || apt_missing+=(openjdk-17-jdk-headless)
+command -v npm >/dev/null || apt_missing+=(nodejs npm)
+command -v psql >/dev/null || apt_missing+=(postgresql-client)
+if [ ${#apt_missing[@]} -gt 0 ]; then
+  say "installing ${apt_missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_missing[@]}" >/dev/null
+fi
+
+ts=examples/typescript
+if [ ! -d $ts/node_modules ] || [ $ts/package-lock.json -nt $ts/node_modules/.package-lock.json ]; then
+  say "npm ci in $ts"
+  (cd $ts && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+requirements=(examples/python/requirements.txt scripts/examples_requirements.txt)
+stamp=$(cat "${requirements[@]}" | sha256sum | cut -c1-16)
+if [ "$(cat "$venv/.examples-stamp" 2>/dev/null)" != "$stamp" ]; then
+  say "Python venv $venv"
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "${requirements[@]/#/-r}"
+  echo "$stamp" >"$venv/.examples-stamp"
+fi
+python=$venv/bin/python
+
+# --- the relay binary and the services ----------------------------------------------------------
+if [ -z "${OUTBOX_BIN:-}" ]; then
+  cargo build --quiet -p outbox-cli
+  OUTBOX_BIN=$CARGO_TARGET_DIR/debug/outbox
+fi
+scripts/services.sh >/dev/null
+
+# --- one scratch schema, stream and subject prefix per run ----------------------------------------
+suffix=$(head -c 4 /dev/urandom | od -An -tx1 | tr -d ' \n')
+schema=examples_$suffix
+stream=EXAMPLES_$suffix
+prefix=examples_$suffix
+run=$(mktemp -d /var/tmp/outbox-examples.XXXXXX)
+relay_pid='' gate_pid='' stream_added=''
+cleanup() {
+  local rc=$?
+  set +e
+  [ -n "$gate_pid" ] && kill "$gate_pid" 2>/dev/null
+  if [ -n "$relay_pid" ]; then kill -TERM "$relay_pid" 2>/dev/null; wait "$relay_pid"; fi
+  for _ in 1 2 3 4 5; do  # retried: other tests on this machine restart PostgreSQL
+    psql -q "$DATABASE_URL" -c "DROP SCHEMA IF EXISTS $schema CASCADE" 2>/dev/null && break
+    sleep 2
+  done
+  [ -n "$stream_added" ] && "$python" scripts/examples_check.py --nats "$NATS_URL" stream-delete --stream "$stream" >/dev/null
+  if [ "$rc" -eq 0 ]; then rm -rf "$run"; else echo "examples: FAILED; logs in $run" >&2; fi
+  exit "$rc"
+}
+trap cleanup EXIT
+
+say "schema $schema, stream $stream on $prefix.>"
+"$OUTBOX_BIN" migrate --database-url "$DATABASE_URL" --schema "$schema" >/dev/null
+PGOPTIONS="-c search_path=$schema" psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" -f examples/schema.sql
+"$python" scripts/examples_check.py --nats "$NATS_URL" stream-add --stream "$stream" --prefix "$prefix"
+stream_added=1
+
+# Build before the clock starts: tsc type-checks the TypeScript example; javac compiles the Java.
+(cd $ts && npx tsc -p .)
+mkdir -p "$run/java"
+javac -d "$run/java" examples/java/Producer.java
+
+"$OUTBOX_BIN" relay --database-url "$DATABASE_URL" --schema "$schema" --sink "$NATS_URL" \
+  --destination "$prefix.{event_type}" >"$run/relay.log" 2>&1 &
+relay_pid=$!
+
+# The gate holds the business table until every producer waits on it: all four languages then
+# start on the same key at the same moment, however long each takes to start.
+"$python" scripts/examples_check.py gate --database-url "$DATABASE_URL" --schema "$schema" \
+  --producers 4 --ready "$run/gate.ready" >"$run/gate.log" 2>&1 &
+gate_pid=$!
+for _ in $(seq 1 100); do [ -f "$run/gate.ready" ] && break; sleep 0.1; done
+[ -f "$run/gate.ready" ] || { echo "examples: the gate did not lock the ledger" >&2; cat "$run/gate.log" >&2; exit 1; }
+
+export DATABASE_URL OUTBOX_SCHEMA=$schema TRANSACTIONS
+say "running the four producers, $TRANSACTIONS transactions each"
+pids=()
+(cd $ts && exec node dist/producer.js) >"$run/typescript.out" 2>"$run/typescript.err" & pids+=($!)
+java -cp "/usr/share/java/postgresql.jar:$run/java" Producer >"$run/java.out" 2>"$run/java.err" & pids+=($!)
+php examples/php/producer.php >"$run/php.out" 2>"$run/php.err" & pids+=($!)
+"$python" examples/python/producer.py >"$run/python.out" 2>"$run/python.err" & pids+=($!)
+langs=(typescript java php python)
+failed=0
+for i in "${!pids[@]}"; do
+  lang=${langs[$i]}
+  if ! wait "${pids[$i]}"; then
+    failed=1
+    echo "examples: the $lang producer failed:" >&2
+    tail -n 20 "$run/$lang.err" >&2
+  fi
+done
+gate_rc=0
+wait "$gate_pid" || gate_rc=$?
+gate_pid=''
+cat "$run/gate.log"
+[ "$failed" -eq 0 ] && [ "$gate_rc" -eq 0 ] || exit 1
+
+say "checking the stream"
+"$python" scripts/examples_check.py --nats "$NATS_URL" check --database-url "$DATABASE_URL" \
+  --schema "$schema" --stream "$stream" --prefix "$prefix" --records "$run" || {
+  echo "examples: relay log tail:" >&2; tail -n 20 "$run/relay.log" >&2; exit 1; }
+say "done"
