@@ -10,7 +10,12 @@ pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_LINGER: Duration = Duration::from_millis(5);
 
 /// The options `kafka://` accepts, for error messages.
-const KNOWN: &str = "acks, ack_timeout, create_topics, partitions, replication_factor, linger";
+const KNOWN: &str =
+    "acks, ack_timeout, create_topics, partitions, replication_factor, linger, max_in_flight";
+
+/// Default produce requests in flight per broker connection: one (see
+/// [`KafkaConfig::max_in_flight`]).
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 1;
 
 /// Where and how to publish to Kafka.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +37,15 @@ pub struct KafkaConfig {
     pub replication_factor: i32,
     /// How long librdkafka waits to fill a batch (`linger.ms`).
     pub linger: Duration,
+    /// Produce requests in flight per broker connection (`max.in.flight`, 1 to 5 with the
+    /// idempotent producer). One by default: with several, a request that failed in transit
+    /// (the broker died) while a later one succeeded makes librdkafka infer that the first was
+    /// written too (its "implicit ack"), which holds only on a broker that checks idempotent
+    /// sequence numbers strictly, as Apache Kafka does; tansu 0.6 does not after a restart, and
+    /// the first request's messages were lost while the relay recorded them published. The
+    /// relay sends a whole batch per call, which librdkafka packs into one request per broker,
+    /// so one in flight costs little; raise it only against Apache Kafka.
+    pub max_in_flight: u32,
 }
 
 impl KafkaConfig {
@@ -76,6 +90,7 @@ impl KafkaConfig {
             partitions: -1,
             replication_factor: -1,
             linger: DEFAULT_LINGER,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -121,6 +136,13 @@ impl KafkaConfig {
                             bad("a replication factor (1 or more, -1: the broker's default)")
                         })?
                 }
+                "max_in_flight" => {
+                    cfg.max_in_flight = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=5).contains(n))
+                        .ok_or_else(|| bad("1 to 5 (the idempotent producer allows at most 5)"))?
+                }
                 "linger" => {
                     cfg.linger = duration(value)
                         .filter(|d| *d <= Duration::from_secs(60))
@@ -158,7 +180,7 @@ mod tests {
     #[test]
     fn parses_hosts_and_options() {
         let c = KafkaConfig::from_url(
-            "kafka://127.0.0.1:9092,kafka2:9093?acks=all&ack_timeout=250ms&create_topics=true&partitions=6&replication_factor=3&linger=2ms",
+            "kafka://127.0.0.1:9092,kafka2:9093?acks=all&ack_timeout=250ms&create_topics=true&partitions=6&replication_factor=3&linger=2ms&max_in_flight=5",
         )
         .unwrap();
         assert_eq!(c.brokers, "127.0.0.1:9092,kafka2:9093");
@@ -166,10 +188,12 @@ mod tests {
         assert!(c.create_topics);
         assert_eq!((c.partitions, c.replication_factor), (6, 3));
         assert_eq!(c.linger, Duration::from_millis(2));
+        assert_eq!(c.max_in_flight, 5);
         let d = KafkaConfig::from_url("kafka://h:9092").unwrap();
         assert_eq!(d.ack_timeout, DEFAULT_ACK_TIMEOUT);
         assert!(!d.create_topics);
         assert_eq!((d.partitions, d.replication_factor), (-1, -1));
+        assert_eq!(d.max_in_flight, 1);
     }
 
     #[test]
@@ -186,6 +210,7 @@ mod tests {
                 "replication_factor=`x`",
             ),
             ("kafka://h:9092?linger=2h", "linger=`2h`"),
+            ("kafka://h:9092?max_in_flight=6", "max_in_flight=`6`"),
             ("kafka://", "is not a host:port"),
             ("kafka://a,,b", "is not a host:port"),
             ("http://h:9092", "expected kafka://"),

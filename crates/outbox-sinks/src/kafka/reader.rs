@@ -83,7 +83,8 @@ pub async fn delete_topic(brokers: &str, name: &str) -> Result<(), Error> {
 pub struct KafkaReader {
     brokers: String,
     topic: String,
-    consumer: StreamConsumer,
+    /// `None` once [`Reader::cleanup`] closed it.
+    consumer: Option<StreamConsumer>,
 }
 
 impl KafkaReader {
@@ -112,9 +113,12 @@ impl KafkaReader {
             tokio::task::spawn_blocking(move || {
                 let give_up = std::time::Instant::now() + ADMIN_TIMEOUT;
                 loop {
+                    // The whole listing, never a request naming the topic: see
+                    // `KafkaSink::check_topics` (tansu's answer for a missing topic crashes
+                    // librdkafka).
                     let n = consumer_md
                         .client()
-                        .fetch_metadata(Some(&name), ADMIN_TIMEOUT)
+                        .fetch_metadata(None, ADMIN_TIMEOUT)
                         .map(|md| {
                             md.topics()
                                 .iter()
@@ -156,7 +160,7 @@ impl KafkaReader {
         Ok(Self {
             brokers: brokers.to_string(),
             topic: topic.to_string(),
-            consumer,
+            consumer: Some(consumer),
         })
     }
 }
@@ -194,10 +198,13 @@ fn delivered(m: &impl Message) -> Option<Delivered> {
 impl Reader for KafkaReader {
     async fn poll(&mut self, wait: Duration) -> Polled {
         let mut out = Polled::default();
+        let Some(consumer) = &self.consumer else {
+            return out;
+        };
         // Bounded, so a caller polling a busy topic gets control back regularly.
         let until = tokio::time::Instant::now() + wait.max(Duration::from_millis(20));
         while tokio::time::Instant::now() < until {
-            match tokio::time::timeout(Duration::from_millis(20), self.consumer.recv()).await {
+            match tokio::time::timeout(Duration::from_millis(20), consumer.recv()).await {
                 Ok(Ok(m)) => match delivered(&m) {
                     Some(d) => out.delivered.push(d),
                     None => out.unreadable += 1,
@@ -217,6 +224,12 @@ impl Reader for KafkaReader {
     }
 
     async fn cleanup(&mut self) {
+        // Close the consumer before the topic goes: a client that knows a deleted topic asks
+        // tansu about it, and tansu 0.6 answers with a topic entry without a name, which
+        // librdkafka 2.12 dereferences (a crash in its metadata cache). Closing blocks.
+        if let Some(consumer) = self.consumer.take() {
+            let _ = tokio::task::spawn_blocking(move || drop(consumer)).await;
+        }
         if let Err(error) = delete_topic(&self.brokers, &self.topic).await {
             tracing::warn!(topic = %self.topic, %error, "could not delete a scratch topic");
         }

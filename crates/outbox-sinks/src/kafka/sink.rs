@@ -61,6 +61,10 @@ fn producer_config(cfg: &KafkaConfig) -> ClientConfig {
         .set("enable.gapless.guarantee", "true")
         .set("message.timeout.ms", "0")
         .set("linger.ms", cfg.linger.as_millis().to_string())
+        .set(
+            "max.in.flight.requests.per.connection",
+            cfg.max_in_flight.to_string(),
+        )
         .set("queue.buffering.max.messages", MAX_QUEUED_MESSAGES)
         // The Java client's partitioner: a key lands in the same partition whichever client
         // produced it (Kafka Streams, Connect and Java producers co-partition with the relay).
@@ -93,7 +97,8 @@ enum TopicCheck {
     Exists,
     /// The broker said it does not exist (and the sink did not create it): the reason.
     Missing(String),
-    /// The broker did not answer: produce anyway, librdkafka queues until it is back.
+    /// The broker did not answer: not produced (a topic librdkafka has not seen yet makes it
+    /// ask the broker about that topic by name; see `check_topics`), retried as an outage.
     Unknown,
 }
 
@@ -251,40 +256,52 @@ impl KafkaSink {
         if unknown.is_empty() {
             return out;
         }
+        // One request for the whole topic list, never one naming a topic that may not exist:
+        // tansu answers those with a topic entry without a name, which librdkafka 2.12
+        // dereferences (a crash in its metadata cache); a listing holds only existing topics.
         let producer = self.producer();
-        let asked = unknown.clone();
-        let listed = tokio::task::spawn_blocking(move || {
-            asked
+        let listing = tokio::task::spawn_blocking(move || {
+            producer.client().fetch_metadata(None, budget).map(|md| {
+                md.topics()
+                    .iter()
+                    .map(|m| {
+                        let state = match m.error().map(RDKafkaErrorCode::from) {
+                            None if !m.partitions().is_empty() => None,
+                            None => Some(RDKafkaErrorCode::UnknownTopicOrPartition),
+                            Some(code) => Some(code),
+                        };
+                        (m.name().to_string(), state)
+                    })
+                    .collect::<HashMap<String, Option<RDKafkaErrorCode>>>()
+            })
+        })
+        .await;
+        let listed: Vec<(String, TopicCheck)> = match listing {
+            Ok(Ok(listing)) => unknown
                 .into_iter()
                 .map(|t| {
-                    let check = match producer.client().fetch_metadata(Some(&t), budget) {
-                        Ok(md) => match md.topics().iter().find(|m| m.name() == t) {
-                            Some(m) if m.error().is_none() && !m.partitions().is_empty() => {
-                                TopicCheck::Exists
+                    let check = match listing.get(&t) {
+                        Some(None) => TopicCheck::Exists,
+                        None | Some(Some(RDKafkaErrorCode::UnknownTopicOrPartition)) => {
+                            TopicCheck::Missing(missing_topic(&t))
+                        }
+                        Some(Some(code)) => {
+                            let e = classify_code(&t, *code);
+                            if e.kind == SinkErrorKind::Unavailable {
+                                TopicCheck::Unknown
+                            } else {
+                                TopicCheck::Missing(e.message)
                             }
-                            Some(m) => match m.error().map(RDKafkaErrorCode::from) {
-                                Some(RDKafkaErrorCode::UnknownTopicOrPartition) | None => {
-                                    TopicCheck::Missing(missing_topic(&t))
-                                }
-                                Some(code) => {
-                                    let e = classify_code(&t, code);
-                                    if e.kind == SinkErrorKind::Unavailable {
-                                        TopicCheck::Unknown
-                                    } else {
-                                        TopicCheck::Missing(e.message)
-                                    }
-                                }
-                            },
-                            None => TopicCheck::Missing(missing_topic(&t)),
-                        },
-                        Err(_) => TopicCheck::Unknown,
+                        }
                     };
                     (t, check)
                 })
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_default();
+                .collect(),
+            _ => unknown
+                .into_iter()
+                .map(|t| (t, TopicCheck::Unknown))
+                .collect(),
+        };
         for (topic, mut check) in listed {
             if let (TopicCheck::Missing(_), Some(admin)) = (&check, &self.admin) {
                 check = self.create_topic(admin, &topic, budget).await;
@@ -457,6 +474,12 @@ impl Sink for KafkaSink {
                 Slot::Done(Err(err))
             } else if let Some(TopicCheck::Missing(why)) = checked.get(&e.destination) {
                 Slot::Done(Err(SinkError::rejected(why.clone())))
+            } else if let Some(TopicCheck::Unknown) = checked.get(&e.destination) {
+                Slot::Done(Err(SinkError::unavailable(format!(
+                    "kafka: the broker did not say whether topic `{}` exists (is it down?); \
+                     retried",
+                    e.destination
+                ))))
             } else {
                 match earlier.get(&e.id) {
                     // Still queued: wait for that copy.
