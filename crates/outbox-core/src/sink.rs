@@ -149,9 +149,10 @@ impl SinkError {
 /// same [`Envelope::id`]; sinks pass that id to the broker's own dedupe where one exists, and
 /// consumers must tolerate duplicates.
 ///
-/// Order: the relay never gives `publish` two messages of the same key in one call, and calls
-/// it again only after every result of the previous call is in; so a sink need not order
-/// anything itself and should publish the whole slice concurrently.
+/// Order: unless the sink [orders keys itself](Sink::orders_keys), the relay never gives
+/// `publish` two messages of the same key in one call, and calls it again only after every
+/// result of the previous call is in; so such a sink need not order anything itself and should
+/// publish the whole slice concurrently.
 #[async_trait]
 pub trait Sink: Send + Sync {
     /// Short name for logs and metrics, e.g. `nats`.
@@ -165,6 +166,30 @@ pub trait Sink: Send + Sync {
     /// third of the lease.
     fn ack_timeout(&self) -> Option<std::time::Duration> {
         None
+    }
+
+    /// Whether this sink keeps the order of several messages of one key itself, so the relay may
+    /// keep them in flight together (default `false`: one message per key per call, each sent
+    /// only after the previous one was acknowledged, one round trip per message of a hot key).
+    ///
+    /// A sink returning `true` may be given, in one `publish` call, several messages with the
+    /// same [`Envelope::key`] and the same [`Envelope::destination`] (a *run*), in `seq` order;
+    /// messages of one key for different destinations still go one call after another. For
+    /// every run the sink guarantees:
+    ///
+    /// 1. the broker writes its messages in call order (after any copy of them an earlier call
+    ///    left in flight);
+    /// 2. when the sink reports message *j* failed, no later message of the run is written
+    ///    ahead of *j*: either nothing from *j* on was written (the sink stopped the run, or
+    ///    its client failed them together), or *j* is still in flight ahead of them and will be
+    ///    written first (a timeout).
+    ///
+    /// The relay then takes each run's results in order up to its first failure: that message
+    /// is retried (or fails) as usual and parks its key; the later ones of the key get no
+    /// outcome, whatever the sink said, and are published again after it with the same ids. A
+    /// consumer may so see a message twice, but first deliveries stay in `seq` order.
+    fn orders_keys(&self) -> bool {
+        false
     }
 
     /// Publishes `batch` with all acknowledgements in flight at once and returns one result per
@@ -183,6 +208,9 @@ impl<S: Sink + ?Sized> Sink for std::sync::Arc<S> {
     }
     fn ack_timeout(&self) -> Option<std::time::Duration> {
         (**self).ack_timeout()
+    }
+    fn orders_keys(&self) -> bool {
+        (**self).orders_keys()
     }
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         (**self).publish(batch).await

@@ -1,4 +1,4 @@
-//! Turning claimed rows into envelopes and ordering them into waves (one message per key each).
+//! Turning claimed rows into envelopes and ordering them into waves (one call each).
 
 use std::collections::HashMap;
 
@@ -122,19 +122,32 @@ fn shorten(s: &str) -> String {
     }
 }
 
-/// Splits indexes of `batch` (already in sequence order) into waves: wave i holds the i-th
-/// message of every key. Publishing wave i+1 only after wave i is acknowledged keeps at most one
-/// message per key in flight, so a failure can never let a later message overtake it.
-pub(crate) fn waves(batch: &[Message]) -> Vec<Vec<usize>> {
-    let mut depth: HashMap<&str, usize> = HashMap::with_capacity(batch.len());
+/// Splits indexes of `batch` (already in sequence order) into waves, one `publish` call each,
+/// sent one after another.
+///
+/// `same_call(p, i)` says whether message `i` may share a call with `p`, the previous message
+/// of its key: then it joins `p`'s wave, else it goes into the next one. With `|_, _| false`
+/// wave *i* holds the *i*-th message of every key, so at most one message per key is in flight
+/// and a failure can never let a later message overtake it. A sink that orders keys itself
+/// (`Sink::orders_keys`) gets a key's consecutive messages for one destination in one call.
+pub(crate) fn waves(
+    batch: &[Message],
+    mut same_call: impl FnMut(usize, usize) -> bool,
+) -> Vec<Vec<usize>> {
+    // Per key: the wave of its last message, and that message.
+    let mut last: HashMap<&str, (usize, usize)> = HashMap::with_capacity(batch.len());
     let mut waves: Vec<Vec<usize>> = Vec::new();
     for (i, m) in batch.iter().enumerate() {
-        let d = depth.entry(m.aggregate_id.as_str()).or_insert(0);
-        if waves.len() <= *d {
+        let wave = match last.get(m.aggregate_id.as_str()) {
+            None => 0,
+            Some(&(w, p)) if same_call(p, i) => w,
+            Some(&(w, _)) => w + 1,
+        };
+        if waves.len() <= wave {
             waves.push(Vec::new());
         }
-        waves[*d].push(i);
-        *d += 1;
+        waves[wave].push(i);
+        last.insert(m.aggregate_id.as_str(), (wave, i));
     }
     waves
 }
@@ -176,7 +189,28 @@ mod tests {
             msg(4, "a", "{}"),
             msg(5, "c", "{}"),
         ];
-        assert_eq!(waves(&b), vec![vec![0, 1, 4], vec![2], vec![3]]);
+        assert_eq!(
+            waves(&b, |_, _| false),
+            vec![vec![0, 1, 4], vec![2], vec![3]]
+        );
+    }
+
+    #[test]
+    fn a_key_that_changes_destination_starts_a_new_wave_when_the_sink_orders_keys() {
+        let b = vec![
+            msg(1, "a", "{}"),
+            msg(2, "b", "{}"),
+            msg(3, "a", "{}"),
+            msg(4, "a", "{}"),
+            msg(5, "c", "{}"),
+            msg(6, "b", "{}"),
+        ];
+        // Destinations by index: a's messages go x, x, y; b's x, x.
+        let dest = ["x", "x", "x", "y", "x", "x"];
+        let same = |p: usize, i: usize| dest[p] == dest[i];
+        assert_eq!(waves(&b, same), vec![vec![0, 1, 2, 4, 5], vec![3]]);
+        // Everything of one destination: the whole batch is one call, each key in seq order.
+        assert_eq!(waves(&b, |_, _| true), vec![vec![0, 1, 2, 3, 4, 5]]);
     }
 
     #[test]

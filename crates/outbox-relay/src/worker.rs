@@ -78,6 +78,15 @@ struct LaneCall {
     envelopes: Vec<Envelope>,
 }
 
+/// A claimed message routed to its lane, with its envelope built (or why it cannot be), before
+/// the batch is split into waves.
+enum Prepared {
+    /// No route matches it and the relay has no default sink.
+    NoRoute,
+    /// Its lane and its envelope, or why the row cannot be published as stored.
+    Routed(usize, std::result::Result<Envelope, String>),
+}
+
 /// The lease as this worker last saw it.
 struct Lease {
     partitions: Vec<i32>,
@@ -324,13 +333,38 @@ impl Worker {
     /// `permits` are the lanes' breakers' answers for this batch. A lane that must wait, or
     /// whose one probe is already spoken for, gets its messages deferred: they wait with their
     /// keys, spending no attempt, while the other lanes publish.
+    ///
+    /// A lane whose sink orders keys itself gets a key's consecutive messages for one
+    /// destination in one call (usually the whole batch in one wave); its results are taken per
+    /// key in order up to the key's first failure, and the key's later messages in that call
+    /// get no outcome whatever the sink said (see `Sink::orders_keys`).
     async fn publish(&self, batch: &[Message], lease: &mut Lease, permits: &[Permit]) -> Published {
         let lanes = &self.lanes.0;
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut unavailable = HashSet::new();
         let mut stopped: HashSet<&str> = HashSet::new();
         let mut probe_taken = vec![false; lanes.len()];
-        for wave in waves(batch) {
+        // Routed and built up front: grouping a key's messages by lane and destination needs
+        // both.
+        let mut prepared: Vec<Option<Prepared>> = batch
+            .iter()
+            .map(|m| {
+                Some(match self.lanes.pick(m) {
+                    None => Prepared::NoRoute,
+                    Some(l) => Prepared::Routed(
+                        l,
+                        envelope(m, &lanes[l].destination, &self.cfg.destination_rules),
+                    ),
+                })
+            })
+            .collect();
+        let waves = waves(batch, |p, i| match (&prepared[p], &prepared[i]) {
+            (Some(Prepared::Routed(a, Ok(x))), Some(Prepared::Routed(b, Ok(y)))) => {
+                a == b && lanes[*a].sink.orders_keys() && x.destination == y.destination
+            }
+            _ => false,
+        });
+        for wave in waves {
             if !self.lease_holds(lease).await {
                 warn!(member = %self.id, "lease ran short mid-batch; leaving the rest for the next claim");
                 break;
@@ -341,7 +375,7 @@ impl Worker {
                 if stopped.contains(m.aggregate_id.as_str()) {
                     continue;
                 }
-                let Some(l) = self.lanes.pick(m) else {
+                let Some(Prepared::Routed(l, built)) = prepared[i].take() else {
                     let names: Vec<&str> = lanes.iter().map(|l| l.name.as_str()).collect();
                     let why = format!(
                         "no route matches this row (aggregate_type `{}`, event_type `{}`, \
@@ -371,7 +405,7 @@ impl Worker {
                     outcomes.push(self.deferral(m, lane, delay));
                     continue;
                 }
-                match envelope(m, &lane.destination, &self.cfg.destination_rules) {
+                match built {
                     Ok(e) => {
                         let call = calls.entry(l).or_default();
                         call.rows.push(i);
@@ -405,8 +439,15 @@ impl Worker {
                 );
                 let retry_first = outcomes.len();
                 let probing = permits.get(l) == Some(&Permit::Probe) && self.lanes.routed();
+                // Keys that failed earlier in this call (a sink that orders keys gets several
+                // messages of one key per call): their later messages get no outcome and are
+                // published again after the failed one, whatever the sink said.
+                let mut failed_here: HashSet<&str> = HashSet::new();
                 for (k, i) in call.rows.into_iter().enumerate() {
                     let m = &batch[i];
+                    if failed_here.contains(m.aggregate_id.as_str()) {
+                        continue;
+                    }
                     let result = results.get(k).cloned().unwrap_or_else(|| {
                         // A sink bug, not an outage: spend attempts rather than open the circuit.
                         Err(SinkError::rejected(format!(
@@ -419,10 +460,12 @@ impl Worker {
                         // A routed probe that found its broker still down says nothing about
                         // the message: it waits for the next probe without spending an attempt.
                         Err(e) if probing && e.is_unavailable() => {
+                            failed_here.insert(m.aggregate_id.as_str());
                             stopped.insert(m.aggregate_id.as_str());
                             outcomes.push(self.deferral(m, lane, MIN_COOLDOWN));
                         }
                         Err(e) => {
+                            failed_here.insert(m.aggregate_id.as_str());
                             stopped.insert(m.aggregate_id.as_str());
                             if e.is_unavailable() {
                                 unavailable.insert(m.seq);

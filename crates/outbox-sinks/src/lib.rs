@@ -12,6 +12,8 @@ pub mod aws;
 pub mod file;
 #[cfg(any(feature = "file", feature = "stdout"))]
 mod jsonl;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 #[cfg(feature = "nats")]
@@ -35,7 +37,7 @@ use std::time::Duration;
 
 use outbox_core::{Error, Sink};
 
-/// Connects the sink a URL names: `nats://host:4222`, `amqp://host:5672/%2f`, `redis://host:6379`,
+/// Connects the sink a URL names: `nats://host:4222`, `kafka://host:9092`, `amqp://host:5672/%2f`, `redis://host:6379`,
 /// `mqtt://host:1883`, `sqs://?region=…`, `sns://?region=…`, `file:path.jsonl`, `stdout:`.
 /// Unknown schemes and sinks left out of this build are config errors that list what is
 /// available.
@@ -66,6 +68,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
         "sns" => Ok(Arc::new(
             sns::SnsSink::connect(sns::SnsConfig::sns_from_url(url)?).await?,
         )),
+        #[cfg(feature = "kafka")]
+        "kafka" => Ok(Arc::new(kafka::KafkaSink::connect(
+            kafka::KafkaConfig::from_url(url)?,
+        )?)),
         #[cfg(feature = "file")]
         "file" => Ok(Arc::new(file::FileSink::from_url(url)?)),
         #[cfg(feature = "stdout")]
@@ -80,7 +86,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
 
 /// The ack timeout the sink `url` names will use (see `Sink::ack_timeout`), read from the URL
 /// without connecting, so settings can be checked before anything starts: `Some` for sinks that
-/// wait for a broker's acknowledgement (NATS, RabbitMQ, Redis, MQTT, SQS and SNS: `?ack_timeout=`,
+/// wait for a broker's acknowledgement (NATS, Kafka, RabbitMQ, Redis, MQTT, SQS and SNS: `?ack_timeout=`,
 /// 5 s by default), `None` for the
 /// local sinks and for schemes this build does not know (`connect` reports those).
 pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
@@ -98,6 +104,8 @@ pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
         "sqs" => Ok(Some(sqs::SqsConfig::sqs_from_url(url)?.ack_timeout)),
         #[cfg(feature = "sns")]
         "sns" => Ok(Some(sns::SnsConfig::sns_from_url(url)?.ack_timeout)),
+        #[cfg(feature = "kafka")]
+        "kafka" => Ok(Some(kafka::KafkaConfig::from_url(url)?.ack_timeout)),
         _ => Ok(None),
     }
 }
@@ -109,7 +117,7 @@ pub fn with_default_ack_timeout(url: &str, ack_timeout: Duration) -> String {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
     let has_setting = matches!(
         scheme,
-        "nats" | "tls" | "amqp" | "amqps" | "redis" | "mqtt" | "sqs" | "sns"
+        "nats" | "tls" | "kafka" | "amqp" | "amqps" | "redis" | "mqtt" | "sqs" | "sns"
     );
     let (_, query) = url.split_once('?').unwrap_or((url, ""));
     if !has_setting || query.split('&').any(|p| p.starts_with("ack_timeout=")) {
@@ -134,6 +142,8 @@ pub fn available() -> Vec<&'static str> {
         "sqs://",
         #[cfg(feature = "sns")]
         "sns://",
+        #[cfg(feature = "kafka")]
+        "kafka://",
         #[cfg(feature = "file")]
         "file:",
         #[cfg(feature = "stdout")]
@@ -158,6 +168,17 @@ mod tests {
             Some(Duration::from_millis(250))
         );
         assert_eq!(ack_timeout("file:x.jsonl").unwrap(), None);
+        #[cfg(feature = "kafka")]
+        {
+            assert_eq!(
+                ack_timeout("kafka://h:9092?ack_timeout=2s").unwrap(),
+                Some(Duration::from_secs(2))
+            );
+            assert_eq!(
+                with_default_ack_timeout("kafka://h:9092?acks=all", Duration::from_secs(1)),
+                "kafka://h:9092?acks=all&ack_timeout=1000ms"
+            );
+        }
         assert!(ack_timeout("nats://h?ack_timeout=soon").is_err());
         let d = Duration::from_secs(1);
         assert_eq!(

@@ -152,6 +152,8 @@ pub async fn scratch(url: &str, options: &ScratchOptions) -> Result<Scratch, Err
         "sqs" => crate::sqs::scratch(url, options).await,
         #[cfg(feature = "sns")]
         "sns" => crate::sns::scratch(url, options).await,
+        #[cfg(feature = "kafka")]
+        "kafka" => crate::kafka::scratch(url, options).await,
         #[cfg(feature = "file")]
         "file" => crate::file::scratch(url, options),
         _ => Err(Error::config(format!(
@@ -177,6 +179,8 @@ pub fn readable() -> Vec<&'static str> {
         "sqs://",
         #[cfg(feature = "sns")]
         "sns://",
+        #[cfg(feature = "kafka")]
+        "kafka://",
         #[cfg(feature = "file")]
         "file:",
     ];

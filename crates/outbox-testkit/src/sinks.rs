@@ -72,6 +72,10 @@ impl<S: Sink> Sink for FlakySink<S> {
         self.inner.ack_timeout()
     }
 
+    fn orders_keys(&self) -> bool {
+        self.inner.orders_keys()
+    }
+
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         if self.calls.fetch_add(1, Ordering::SeqCst) < self.fail_first {
             let msg = match self.kind {
@@ -117,6 +121,10 @@ impl<S: Sink> Sink for RecordingSink<S> {
 
     fn ack_timeout(&self) -> Option<std::time::Duration> {
         self.inner.ack_timeout()
+    }
+
+    fn orders_keys(&self) -> bool {
+        self.inner.orders_keys()
     }
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
@@ -205,6 +213,10 @@ impl<S: Sink> Sink for PoisonKeySink<S> {
         self.inner.ack_timeout()
     }
 
+    fn orders_keys(&self) -> bool {
+        self.inner.orders_keys()
+    }
+
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         let pass: Vec<Envelope> = batch
             .iter()
@@ -225,6 +237,98 @@ impl<S: Sink> Sink for PoisonKeySink<S> {
                         .next()
                         .unwrap_or_else(|| Err(SinkError::rejected("inner sink gave no result")))
                 }
+            })
+            .collect()
+    }
+}
+
+/// An in-memory sink that orders keys itself ([`Sink::orders_keys`]), so the relay may give it
+/// several messages of one key per call. It keeps what it stores in order and records the size
+/// of each call and the most messages of one key seen in one call.
+///
+/// [`KeyOrderingSink::failing_once_at`] makes it fail one message of a key the first time it
+/// sees it, and answer `Ok` for the later messages of that key in the same call *without
+/// storing them*: a relay that trusted those answers would lose them.
+#[derive(Default)]
+pub struct KeyOrderingSink {
+    stored: Mutex<Vec<Envelope>>,
+    calls: Mutex<Vec<usize>>,
+    most_of_one_key: AtomicU64,
+    fail_once: Mutex<Option<(String, u64)>>,
+}
+
+impl KeyOrderingSink {
+    /// Fails the message of `key` whose payload is `{"n": n}` the first time it is published.
+    pub fn failing_once_at(key: impl Into<String>, n: u64) -> Self {
+        Self {
+            fail_once: Mutex::new(Some((key.into(), n))),
+            ..Self::default()
+        }
+    }
+
+    /// Everything stored, in order.
+    pub fn stored(&self) -> Vec<Envelope> {
+        self.stored.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Sizes of the calls so far.
+    pub fn calls(&self) -> Vec<usize> {
+        self.calls.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// The most messages of one key seen in one call.
+    pub fn most_of_one_key_in_a_call(&self) -> u64 {
+        self.most_of_one_key.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl Sink for KeyOrderingSink {
+    fn name(&self) -> &str {
+        "key-ordering-memory"
+    }
+
+    fn orders_keys(&self) -> bool {
+        true
+    }
+
+    async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
+        if let Ok(mut calls) = self.calls.lock() {
+            calls.push(batch.len());
+        }
+        let mut per_key: HashMap<&str, u64> = HashMap::new();
+        for e in batch {
+            *per_key.entry(e.key.as_str()).or_default() += 1;
+        }
+        let most = per_key.values().copied().max().unwrap_or(0);
+        self.most_of_one_key.fetch_max(most, Ordering::SeqCst);
+        let (Ok(mut stored), Ok(mut fail_once)) = (self.stored.lock(), self.fail_once.lock())
+        else {
+            return batch
+                .iter()
+                .map(|_| Err(SinkError::unavailable("memory sink poisoned")))
+                .collect();
+        };
+        let mut failed_key: Option<String> = None;
+        batch
+            .iter()
+            .map(|e| {
+                if failed_key.as_deref() == Some(e.key.as_str()) {
+                    // Not stored, yet answered Ok: the relay must not trust it.
+                    return Ok(());
+                }
+                let n = serde_json::from_slice::<serde_json::Value>(&e.payload)
+                    .ok()
+                    .and_then(|v| v["n"].as_u64());
+                if let Some((key, at)) = fail_once.as_ref() {
+                    if *key == e.key && Some(*at) == n {
+                        *fail_once = None;
+                        failed_key = Some(e.key.clone());
+                        return Err(SinkError::rejected("injected failure inside a key's run"));
+                    }
+                }
+                stored.push(e.clone());
+                Ok(())
             })
             .collect()
     }

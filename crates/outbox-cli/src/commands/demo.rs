@@ -170,6 +170,9 @@ impl Sink for Gate {
     fn ack_timeout(&self) -> Option<Duration> {
         self.inner.ack_timeout()
     }
+    fn orders_keys(&self) -> bool {
+        self.inner.orders_keys()
+    }
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         if self.open.load(Ordering::SeqCst) {
             self.inner.publish(batch).await
@@ -198,6 +201,9 @@ impl Sink for CrashPoint {
     }
     fn ack_timeout(&self) -> Option<Duration> {
         self.inner.ack_timeout()
+    }
+    fn orders_keys(&self) -> bool {
+        self.inner.orders_keys()
     }
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         let results = self.inner.publish(batch).await;
