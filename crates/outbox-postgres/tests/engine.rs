@@ -317,9 +317,10 @@ async fn outbox_bytes(pool: &PgPool, schema: &Schema) -> i64 {
 async fn draining_leaves_no_dead_tuples_and_purge_returns_the_table_to_its_size() {
     let (pool, schema, store) = setup("eng_bloat").await;
     // Small segments, so that this test can move past one: drop the migration's empty ones
-    // and let maintenance make 100-xid segments from the current id on.
+    // and let maintenance make 1000-xid segments from the current id on (wide enough that the
+    // other tests' transactions on this server cannot use up the two ahead mid-test).
     sqlx::raw_sql(&schema.render(
-        "UPDATE {schema}.outbox_settings SET value = '100' WHERE name = 'segment_xids';
+        "UPDATE {schema}.outbox_settings SET value = '1000' WHERE name = 'segment_xids';
          DO $$ DECLARE s text; BEGIN
            FOR s IN SELECT name FROM {schema}.outbox_segments LOOP
              EXECUTE format('DROP TABLE {schema}.%I', s);
@@ -334,6 +335,7 @@ async fn draining_leaves_no_dead_tuples_and_purge_returns_the_table_to_its_size(
     let empty_size = outbox_bytes(&pool, &schema).await;
     let msgs: Vec<_> = (0..5000).map(|i| msg(&format!("k{}", i % 50), i)).collect();
     for chunk in msgs.chunks(500) {
+        store.maintain(Duration::from_secs(3600)).await.unwrap();
         store.insert(chunk).await.unwrap();
     }
     let m = MemberId::random("m");
@@ -348,7 +350,7 @@ async fn draining_leaves_no_dead_tuples_and_purge_returns_the_table_to_its_size(
     // Move the transaction ids past the segments that hold the rows (each call is one xid),
     // then let every position pass them: an empty claim records idle windows as passed, at
     // most every 5 s.
-    for _ in 0..250 {
+    for _ in 0..2500 {
         sqlx::query("SELECT pg_current_xact_id()")
             .execute(&pool)
             .await
