@@ -47,6 +47,41 @@ pub enum Command {
     /// Drop, now, storage that every relay has passed and that closed longer ago than
     /// --older-than. Never drops a pending or parked message.
     Purge(PurgeArgs),
+    /// List messages that ended `failed`, with their errors.
+    Failed(FailedArgs),
+    /// Give failed messages a fresh budget: they are retried now, in key order, and each one is
+    /// recorded in the `outbox_redrives` audit table.
+    Redrive(RedriveArgs),
+}
+
+/// `outbox failed` options.
+#[derive(Debug, Clone, Args)]
+pub struct FailedArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// At most this many messages, oldest first.
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+/// `outbox redrive` options.
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["all", "id"])))]
+pub struct RedriveArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Every failed message.
+    #[arg(long)]
+    pub all: bool,
+    /// The failed message with this id (repeat the flag, or separate with commas).
+    #[arg(long, value_name = "UUID", num_args = 1.., value_delimiter = ',')]
+    pub id: Vec<uuid::Uuid>,
+    /// Why, for the audit table (default: `outbox redrive` and the user running it).
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
 }
 
 /// `outbox migrate` options.

@@ -23,7 +23,9 @@ fn main() -> ExitCode {
         | cli::Command::Status(_)
         | cli::Command::Migrate(_)
         | cli::Command::Maintain(_)
-        | cli::Command::Purge(_) => "warn,sqlx=error",
+        | cli::Command::Purge(_)
+        | cli::Command::Failed(_)
+        | cli::Command::Redrive(_) => "warn,sqlx=error",
         // sqlx warns about each broken pooled connection during a database restart; the relay
         // reports the outage itself, once per backoff step.
         cli::Command::Relay(_) => "info,sqlx=error",

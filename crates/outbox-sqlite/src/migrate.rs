@@ -18,6 +18,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "deferred",
         include_str!("../migrations/0003_deferred.sql"),
     ),
+    (
+        4,
+        "redrive audit",
+        include_str!("../migrations/0004_redrive_audit.sql"),
+    ),
 ];
 
 /// Applies the migrations the database lacks, all in one transaction, and records them in
@@ -79,7 +84,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let url = format!("sqlite://{}", dir.join("outbox.db").display());
         let pool = crate::connect_pool(&url).await.unwrap();
-        assert_eq!(migrate(&pool).await.unwrap(), vec![1, 2, 3]);
+        assert_eq!(migrate(&pool).await.unwrap(), vec![1, 2, 3, 4]);
         (pool, dir)
     }
 

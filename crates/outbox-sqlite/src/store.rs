@@ -12,8 +12,8 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use futures::TryStreamExt;
 use outbox_core::store::MemberStatus;
 use outbox_core::{
-    BlockedKey, ClaimLimits, Error, ErrorKind, Maintenance, MemberId, Message, NewMessage,
-    OnFailed, Outcome, Result, Stats, Store,
+    BlockedKey, ClaimLimits, Error, ErrorKind, FailedMessage, Maintenance, MemberId, Message,
+    NewMessage, OnFailed, Outcome, RedriveScope, Result, Stats, Store,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -54,6 +54,9 @@ const STATS: &str = include_str!("../queries/stats.sql");
 const MEMBERS: &str = include_str!("../queries/members.sql");
 const BLOCKED: &str = include_str!("../queries/blocked.sql");
 const REPORT_HEALTH: &str = include_str!("../queries/report_health.sql");
+const FAILED: &str = include_str!("../queries/failed.sql");
+const REDRIVE_AUDIT: &str = include_str!("../queries/redrive_audit.sql");
+const REDRIVE: &str = include_str!("../queries/redrive.sql");
 
 /// Connection options for `url`: `sqlite://path`, `sqlite:path`, or `sqlite://` with no path
 /// meaning [`DEFAULT_PATH`]; a query string (`?mode=ro`, …) is kept. The file is created if
@@ -503,6 +506,60 @@ impl Store for SqliteStore {
             .await
             .map_err(|e| map_sqlx_error("recording the circuit state", e))?;
         Ok(())
+    }
+
+    async fn failed(&self, limit: usize) -> Result<Vec<FailedMessage>> {
+        let err = |e| map_sqlx_error("listing failed messages", e);
+        let rows = sqlx::query(FAILED)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err)?;
+        rows.iter()
+            .map(|r| {
+                let m = message_from_row(r)?;
+                Ok(FailedMessage {
+                    id: m.id,
+                    seq: m.seq,
+                    aggregate_type: m.aggregate_type,
+                    aggregate_id: m.aggregate_id,
+                    event_type: m.event_type,
+                    attempts: m.attempts,
+                    last_error: r.try_get("last_error").map_err(err)?,
+                    created_at: m.created_at,
+                })
+            })
+            .collect()
+    }
+
+    async fn redrive(&self, scope: &RedriveScope, reason: &str) -> Result<u64> {
+        let err = |e| map_sqlx_error("redriving failed messages", e);
+        let (all, ids) = match scope {
+            RedriveScope::All => (true, Vec::new()),
+            RedriveScope::Ids(ids) => (false, ids.iter().map(uuid::Uuid::to_string).collect()),
+        };
+        let ids = serde_json::Value::from(ids).to_string();
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(err)?;
+        sqlx::query(REDRIVE_AUDIT)
+            .bind(all)
+            .bind(&ids)
+            .bind(outbox_core::redact::sanitize(reason))
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        let n = sqlx::query(REDRIVE)
+            .bind(all)
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?
+            .rows_affected();
+        tx.commit().await.map_err(err)?;
+        Ok(n)
     }
 
     async fn insert(&self, messages: &[NewMessage]) -> Result<()> {

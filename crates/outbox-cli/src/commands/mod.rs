@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod maintain;
 mod migrate;
+mod redrive;
 mod relay;
 mod status;
 mod verify;
@@ -37,5 +38,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(args) => bench::run(args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Verify(args) => verify::run(args).await,
+        Command::Failed(args) => {
+            redrive::failed(config::db(&loaded, &args.db)?, args.limit, args.format).await
+        }
+        Command::Redrive(args) => {
+            let scope = if args.all {
+                outbox_core::RedriveScope::All
+            } else {
+                outbox_core::RedriveScope::Ids(args.id)
+            };
+            redrive::redrive(config::db(&loaded, &args.db)?, scope, args.reason).await
+        }
     }
 }
