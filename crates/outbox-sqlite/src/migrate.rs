@@ -4,6 +4,7 @@ use outbox_core::Result;
 use sqlx::SqlitePool;
 
 use crate::error::map_sqlx_error;
+use crate::tables::Tables;
 
 /// Every migration, in order: (version, name, SQL).
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[
@@ -31,21 +32,28 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
 /// (up to the busy timeout) and then finds nothing left to do. Returns the versions applied now
 /// (empty when the database was up to date).
 pub async fn migrate(pool: &SqlitePool) -> Result<Vec<i32>> {
-    let ctx = |what: &str| format!("migrating the SQLite outbox: {what}");
+    migrate_tables(pool, &Tables::default()).await
+}
+
+/// [`migrate`] for the table set `tables` (its own `<prefix>_migrations` records the versions),
+/// so several outbox table sets can live in one file.
+pub async fn migrate_tables(pool: &SqlitePool, tables: &Tables) -> Result<Vec<i32>> {
+    let ctx = |what: &str| format!("migrating the SQLite outbox `{}`: {what}", tables.prefix());
     let mut tx = pool
         .begin_with("BEGIN IMMEDIATE")
         .await
         .map_err(|e| map_sqlx_error(&ctx("begin"), e))?;
-    sqlx::raw_sql(
+    sqlx::raw_sql(&tables.render(
         "CREATE TABLE IF NOT EXISTS outbox_migrations (
              version    INTEGER PRIMARY KEY,
              name       TEXT    NOT NULL,
              applied_at TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
-    )
+    ))
     .execute(&mut *tx)
     .await
     .map_err(|e| map_sqlx_error(&ctx("creating outbox_migrations"), e))?;
-    let done: Vec<i32> = sqlx::query_scalar("SELECT version FROM outbox_migrations")
+    let done: Vec<i32> =
+        sqlx::query_scalar(&tables.render("SELECT version FROM outbox_migrations"))
         .fetch_all(&mut *tx)
         .await
         .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
@@ -54,11 +62,13 @@ pub async fn migrate(pool: &SqlitePool) -> Result<Vec<i32>> {
         if done.contains(version) {
             continue;
         }
-        sqlx::raw_sql(sql)
+        sqlx::raw_sql(&tables.render(sql))
             .execute(&mut *tx)
             .await
             .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
-        sqlx::query("INSERT INTO outbox_migrations (version, name) VALUES (?1, ?2)")
+        sqlx::query(&tables.render(
+            "INSERT INTO outbox_migrations (version, name) VALUES (?1, ?2)",
+        ))
             .bind(version)
             .bind(name)
             .execute(&mut *tx)

@@ -22,6 +22,7 @@ use sqlx::{Row, SqlitePool};
 use tokio::sync::watch;
 
 use crate::error::map_sqlx_error;
+use crate::tables::Tables;
 use crate::writer::Writer;
 
 /// Number of relay partitions; fixed by the migration that computes `outbox.partition`.
@@ -57,6 +58,56 @@ const REPORT_HEALTH: &str = include_str!("../queries/report_health.sql");
 const FAILED: &str = include_str!("../queries/failed.sql");
 const REDRIVE_AUDIT: &str = include_str!("../queries/redrive_audit.sql");
 const REDRIVE: &str = include_str!("../queries/redrive.sql");
+
+/// Every statement, rendered for one table set.
+#[derive(Debug)]
+struct Queries {
+    claim: String,
+    complete: String,
+    heartbeat: String,
+    beat: String,
+    reap_members: String,
+    count_members: String,
+    renew: String,
+    give_back: String,
+    acquire: String,
+    release_partitions: String,
+    release_member: String,
+    stats: String,
+    members: String,
+    blocked: String,
+    report_health: String,
+    failed: String,
+    redrive_audit: String,
+    redrive: String,
+    purge: String,
+}
+
+impl Queries {
+    fn new(t: &Tables) -> Self {
+        Self {
+            claim: t.render(CLAIM),
+            complete: t.render(COMPLETE),
+            heartbeat: t.render(HEARTBEAT),
+            beat: t.render(BEAT),
+            reap_members: t.render(REAP_MEMBERS),
+            count_members: t.render(COUNT_MEMBERS),
+            renew: t.render(RENEW),
+            give_back: t.render(GIVE_BACK),
+            acquire: t.render(ACQUIRE),
+            release_partitions: t.render(RELEASE_PARTITIONS),
+            release_member: t.render(RELEASE_MEMBER),
+            stats: t.render(STATS),
+            members: t.render(MEMBERS),
+            blocked: t.render(BLOCKED),
+            report_health: t.render(REPORT_HEALTH),
+            failed: t.render(FAILED),
+            redrive_audit: t.render(REDRIVE_AUDIT),
+            redrive: t.render(REDRIVE),
+            purge: t.render("DELETE FROM outbox WHERE state = 'published' AND published_at < ?1"),
+        }
+    }
+}
 
 /// Connection options for `url`: `sqlite://path`, `sqlite:path`, or `sqlite://` with no path
 /// meaning [`DEFAULT_PATH`]; a query string (`?mode=ro`, …) is kept. The file is created if
@@ -140,6 +191,8 @@ type ClaimedEpochs = std::collections::HashMap<String, std::collections::HashMap
 pub struct SqliteStore {
     pool: SqlitePool,
     writer: Writer,
+    tables: Tables,
+    q: std::sync::Arc<Queries>,
     /// Per member, the epoch each claimed row's partition had at claim time (the fencing token
     /// its outcome is recorded under).
     claimed: std::sync::Arc<std::sync::Mutex<ClaimedEpochs>>,
@@ -152,13 +205,27 @@ impl std::fmt::Debug for SqliteStore {
 }
 
 impl SqliteStore {
-    /// A store over `pool` (whose database `migrate` has prepared).
+    /// A store over `pool` (whose database `migrate` has prepared), serving the `outbox`
+    /// tables.
     pub fn new(pool: SqlitePool) -> Self {
+        Self::with_tables(pool, Tables::default())
+    }
+
+    /// A store over `pool` serving the table set `tables` (which [`crate::migrate_tables`]
+    /// has prepared), e.g. a queue of its own beside the application's outbox in one file.
+    pub fn with_tables(pool: SqlitePool, tables: Tables) -> Self {
         Self {
             pool,
-            writer: Writer::new(),
+            writer: Writer::for_tables(&tables),
+            q: std::sync::Arc::new(Queries::new(&tables)),
+            tables,
             claimed: std::sync::Arc::default(),
         }
+    }
+
+    /// The table set this store serves.
+    pub fn tables(&self) -> &Tables {
+        &self.tables
     }
 
     /// The pool, for callers that also write business rows.
@@ -231,24 +298,24 @@ impl Store for SqliteStore {
         let lease = millis(lease);
         let until = now.saturating_add(lease);
         let cutoff = now.saturating_sub(lease);
-        sqlx::query(HEARTBEAT)
+        sqlx::query(&self.q.heartbeat)
             .bind(member.as_str())
             .bind(now)
             .execute(&mut *tx)
             .await
             .map_err(err("heartbeat"))?;
-        sqlx::query(REAP_MEMBERS)
+        sqlx::query(&self.q.reap_members)
             .bind(cutoff)
             .execute(&mut *tx)
             .await
             .map_err(err("forgetting silent members"))?;
-        let live: i64 = sqlx::query_scalar(COUNT_MEMBERS)
+        let live: i64 = sqlx::query_scalar(&self.q.count_members)
             .bind(cutoff)
             .fetch_one(&mut *tx)
             .await
             .map_err(err("counting members"))?;
         let fair = PARTITIONS.div_ceil(usize::try_from(live).unwrap_or(1).max(1));
-        let mut owned: Vec<i32> = sqlx::query_scalar(RENEW)
+        let mut owned: Vec<i32> = sqlx::query_scalar(&self.q.renew)
             .bind(member.as_str())
             .bind(until)
             .fetch_all(&mut *tx)
@@ -257,7 +324,7 @@ impl Store for SqliteStore {
         owned.sort_unstable();
         if owned.len() > fair {
             let extra = owned.split_off(fair);
-            sqlx::query(GIVE_BACK)
+            sqlx::query(&self.q.give_back)
                 .bind(member.as_str())
                 .bind(partitions_json(&extra))
                 .execute(&mut *tx)
@@ -265,7 +332,7 @@ impl Store for SqliteStore {
                 .map_err(err("giving back partitions"))?;
         } else if owned.len() < fair {
             let want = i64::try_from(fair - owned.len()).unwrap_or(i64::MAX);
-            let got: Vec<i32> = sqlx::query_scalar(ACQUIRE)
+            let got: Vec<i32> = sqlx::query_scalar(&self.q.acquire)
                 .bind(member.as_str())
                 .bind(until)
                 .bind(now)
@@ -284,13 +351,13 @@ impl Store for SqliteStore {
         let err = |e| map_sqlx_error("renewing partition leases", e);
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
         let now = now_ms();
-        sqlx::query(BEAT)
+        sqlx::query(&self.q.beat)
             .bind(member.as_str())
             .bind(now)
             .execute(&mut *tx)
             .await
             .map_err(err)?;
-        let rows: Vec<i32> = sqlx::query_scalar(RENEW)
+        let rows: Vec<i32> = sqlx::query_scalar(&self.q.renew)
             .bind(member.as_str())
             .bind(now.saturating_add(millis(lease)))
             .fetch_all(&mut *tx)
@@ -311,7 +378,7 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         // Row by row: each payload is in memory once, as its message's.
-        let mut rows = sqlx::query(CLAIM)
+        let mut rows = sqlx::query(&self.q.claim)
             .bind(member.as_str())
             .bind(partitions_json(partitions))
             .bind(now_ms())
@@ -378,7 +445,7 @@ impl Store for SqliteStore {
             Error::with_source(ErrorKind::Other, "encoding publish results as JSON", e)
         })?;
         let now = Utc::now();
-        let done = sqlx::query(COMPLETE)
+        let done = sqlx::query(&self.q.complete)
             .bind(member.as_str())
             .bind(rows)
             .bind(now.timestamp_millis())
@@ -396,12 +463,12 @@ impl Store for SqliteStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(member.as_str());
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
-        sqlx::query(RELEASE_MEMBER)
+        sqlx::query(&self.q.release_member)
             .bind(member.as_str())
             .execute(&mut *tx)
             .await
             .map_err(err)?;
-        sqlx::query(RELEASE_PARTITIONS)
+        sqlx::query(&self.q.release_partitions)
             .bind(member.as_str())
             .execute(&mut *tx)
             .await
@@ -417,12 +484,12 @@ impl Store for SqliteStore {
     async fn stats(&self) -> Result<Stats> {
         let err = |e| map_sqlx_error("reading outbox counts", e);
         let now = now_ms();
-        let r = sqlx::query(STATS)
+        let r = sqlx::query(&self.q.stats)
             .bind(now)
             .fetch_one(&self.pool)
             .await
             .map_err(err)?;
-        let members = sqlx::query(MEMBERS)
+        let members = sqlx::query(&self.q.members)
             .bind(now)
             .fetch_all(&self.pool)
             .await
@@ -446,7 +513,7 @@ impl Store for SqliteStore {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let blocked = sqlx::query_as::<_, (String, String, i32, Option<String>)>(BLOCKED)
+        let blocked = sqlx::query_as::<_, (String, String, i32, Option<String>)>(&self.q.blocked)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| map_sqlx_error("reading blocked keys", e))?
@@ -481,7 +548,7 @@ impl Store for SqliteStore {
             .unwrap_or(DateTime::<Utc>::MIN_UTC)
             .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         let done =
-            sqlx::query("DELETE FROM outbox WHERE state = 'published' AND published_at < ?1")
+            sqlx::query(&self.q.purge)
                 .bind(cutoff)
                 .execute(&self.pool)
                 .await
@@ -498,7 +565,7 @@ impl Store for SqliteStore {
         circuit: &str,
         sink_error: Option<&str>,
     ) -> Result<()> {
-        sqlx::query(REPORT_HEALTH)
+        sqlx::query(&self.q.report_health)
             .bind(member.as_str())
             .bind(circuit)
             .bind(sink_error)
@@ -510,7 +577,7 @@ impl Store for SqliteStore {
 
     async fn failed(&self, limit: usize) -> Result<Vec<FailedMessage>> {
         let err = |e| map_sqlx_error("listing failed messages", e);
-        let rows = sqlx::query(FAILED)
+        let rows = sqlx::query(&self.q.failed)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await
@@ -544,14 +611,14 @@ impl Store for SqliteStore {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(err)?;
-        sqlx::query(REDRIVE_AUDIT)
+        sqlx::query(&self.q.redrive_audit)
             .bind(all)
             .bind(&ids)
             .bind(outbox_core::redact::sanitize(reason))
             .execute(&mut *tx)
             .await
             .map_err(err)?;
-        let n = sqlx::query(REDRIVE)
+        let n = sqlx::query(&self.q.redrive)
             .bind(all)
             .bind(&ids)
             .execute(&mut *tx)
