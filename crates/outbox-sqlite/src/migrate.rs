@@ -54,9 +54,9 @@ pub async fn migrate_tables(pool: &SqlitePool, tables: &Tables) -> Result<Vec<i3
     .map_err(|e| map_sqlx_error(&ctx("creating outbox_migrations"), e))?;
     let done: Vec<i32> =
         sqlx::query_scalar(&tables.render("SELECT version FROM outbox_migrations"))
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
     let mut applied = Vec::new();
     for (version, name, sql) in MIGRATIONS {
         if done.contains(version) {
@@ -66,14 +66,14 @@ pub async fn migrate_tables(pool: &SqlitePool, tables: &Tables) -> Result<Vec<i3
             .execute(&mut *tx)
             .await
             .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
-        sqlx::query(&tables.render(
-            "INSERT INTO outbox_migrations (version, name) VALUES (?1, ?2)",
-        ))
-            .bind(version)
-            .bind(name)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx_error(&ctx("recording the version"), e))?;
+        sqlx::query(
+            &tables.render("INSERT INTO outbox_migrations (version, name) VALUES (?1, ?2)"),
+        )
+        .bind(version)
+        .bind(name)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("recording the version"), e))?;
         applied.push(*version);
     }
     tx.commit()

@@ -547,12 +547,11 @@ impl Store for SqliteStore {
         let cutoff = DateTime::from_timestamp_millis(cutoff)
             .unwrap_or(DateTime::<Utc>::MIN_UTC)
             .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        let done =
-            sqlx::query(&self.q.purge)
-                .bind(cutoff)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| map_sqlx_error("deleting published rows past retention", e))?;
+        let done = sqlx::query(&self.q.purge)
+            .bind(cutoff)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("deleting published rows past retention", e))?;
         Ok(Maintenance {
             rows_deleted: done.rows_affected(),
             ..Maintenance::default()
@@ -606,11 +605,7 @@ impl Store for SqliteStore {
             RedriveScope::Ids(ids) => (false, ids.iter().map(uuid::Uuid::to_string).collect()),
         };
         let ids = serde_json::Value::from(ids).to_string();
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(err)?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
         sqlx::query(&self.q.redrive_audit)
             .bind(all)
             .bind(&ids)

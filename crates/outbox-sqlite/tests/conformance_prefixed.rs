@@ -23,7 +23,9 @@ async fn fresh_store() -> Fixture {
         .expect("an outbox row");
     let tables = Tables::new("inbox_queue").expect("a valid prefix");
     assert_eq!(
-        migrate_tables(&pool, &tables).await.expect("migrate the queue"),
+        migrate_tables(&pool, &tables)
+            .await
+            .expect("migrate the queue"),
         vec![1, 2, 3, 4]
     );
     let store: Arc<dyn Store> = Arc::new(SqliteStore::with_tables(pool.clone(), tables));
