@@ -52,6 +52,36 @@ pub enum Command {
     /// Give failed messages a fresh budget: they are retried now, in key order, and each one is
     /// recorded in the `outbox_redrives` audit table.
     Redrive(RedriveArgs),
+    /// Consume a broker into the inbox table until stopped (SIGINT/SIGTERM): batches recorded
+    /// once per message id, the broker acknowledged only after the insert committed.
+    Inbox(InboxArgs),
+}
+
+/// `outbox inbox` options.
+#[derive(Debug, Clone, Args)]
+pub struct InboxArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Source URL: nats://host:4222?stream=S[&durable=D][&subject=F][&ack_wait=30s] or
+    /// redis://host:6379?stream=K[&group=G][&consumer=C][&start=0]. Env: OUTBOX_INBOX_SOURCE.
+    #[arg(long, value_name = "URL")]
+    pub source: Option<String>,
+    /// Messages per batch: one fetch, one transaction, one round of acknowledgements (default
+    /// 500). Env: OUTBOX_INBOX_BATCH_SIZE.
+    #[arg(long, value_name = "N")]
+    pub batch_size: Option<usize>,
+    /// Longest wait between fetches when the source is idle (default 100ms). Env:
+    /// OUTBOX_INBOX_POLL_INTERVAL.
+    #[arg(long, value_name = "DURATION")]
+    pub poll_interval: Option<Dur>,
+    /// How long processed inbox rows and dedupe claims are kept (default 7d); must exceed the
+    /// source's longest redelivery window (a warning says when the source keeps messages
+    /// longer). Env: OUTBOX_INBOX_RETENTION.
+    #[arg(long, value_name = "DURATION")]
+    pub retention: Option<Dur>,
+    /// Print the settings as resolved (passwords masked), then exit.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 /// `outbox failed` options.
@@ -59,6 +89,9 @@ pub enum Command {
 pub struct FailedArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    /// The inbox's messages whose handlers gave up, instead of the outbox's.
+    #[arg(long)]
+    pub inbox: bool,
     /// At most this many messages, oldest first.
     #[arg(long, default_value_t = 100)]
     pub limit: usize,
@@ -73,6 +106,9 @@ pub struct FailedArgs {
 pub struct RedriveArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    /// The inbox's failed messages (their handlers run again), instead of the outbox's.
+    #[arg(long)]
+    pub inbox: bool,
     /// Every failed message.
     #[arg(long)]
     pub all: bool,
@@ -89,6 +125,10 @@ pub struct RedriveArgs {
 pub struct MigrateArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    /// The inbox instead: `inbox_messages`, `processed_messages`, `idempotency_keys` in
+    /// --schema, and the processing queue in `<schema>_inbox` (SQLite: `inbox_queue…`).
+    #[arg(long, conflicts_with_all = ["notify", "no_notify"])]
+    pub inbox: bool,
     /// Install the NOTIFY doorbell (PostgreSQL): relays wake at once on insert, at a price for
     /// writers: notifying commits are serialised (about half the write throughput of 16 busy
     /// clients). For low-write apps that want no idle polling.
@@ -222,6 +262,9 @@ pub enum Format {
 pub struct StatusArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    /// The inbox's processing queue instead (`published` counts handled messages).
+    #[arg(long)]
+    pub inbox: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,

@@ -359,6 +359,33 @@ pub async fn run(
     }
 }
 
+/// Runs [`crate::InboxDatabase::maintain`] now and every `every` until `shutdown`.
+pub async fn housekeeping(
+    db: crate::InboxDatabase,
+    retention: Duration,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        match db.maintain(retention).await {
+            Ok((m, p)) if m.segments_created + m.segments_dropped + p.total() > 0 => {
+                info!(
+                    segments_created = m.segments_created,
+                    segments_dropped = m.segments_dropped,
+                    inbox_rows_deleted = p.total(),
+                    "inbox housekeeping"
+                )
+            }
+            Ok(_) => {}
+            Err(error) => warn!(%error, "inbox housekeeping failed; will try again"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
 impl PgLock {
     /// Whether the connection (and so the lock) is still there.
     async fn alive(&mut self) -> bool {

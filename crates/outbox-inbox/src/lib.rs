@@ -20,6 +20,7 @@
 //! SQLite ([`InboxTx`]).
 
 pub mod daemon;
+mod database;
 pub mod idempotency;
 mod inbox;
 mod message;
@@ -33,6 +34,7 @@ pub mod sqlite;
 mod tables;
 mod tx;
 
+pub use database::InboxDatabase;
 pub use idempotency::{IdempotencyError, Idempotent, Response};
 pub use inbox::{claim, idempotent, ingest, Inbox};
 pub use message::{position_id, InboxMessage, PayloadFormat};

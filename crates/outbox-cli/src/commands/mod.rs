@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod inbox;
 mod maintain;
 mod migrate;
 mod redrive;
@@ -14,6 +15,21 @@ use std::process::ExitCode;
 use crate::cli::{Cli, Command};
 use crate::config;
 
+/// The store `status`, `failed` and `redrive` work on: the outbox, or with `inbox` the
+/// inbox's processing queue; and where it lives, for messages.
+async fn open_store(
+    db: &config::DbSettings,
+    inbox: bool,
+) -> anyhow::Result<(std::sync::Arc<dyn outbox_core::Store>, String)> {
+    if inbox {
+        let d = outbox_inbox::InboxDatabase::open(&db.url, &db.schema, 2).await?;
+        Ok((d.queue(), d.place()))
+    } else {
+        let d = outbox_db::open(&db.url, &db.schema, 2).await?;
+        Ok((d.store(), d.place()))
+    }
+}
+
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let loaded = config::load(cli.config.as_deref())?;
@@ -24,7 +40,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 (_, true) => Some(false),
                 _ => None,
             };
-            migrate::run(config::db(&loaded, &args.db)?, notify).await
+            let db = config::db(&loaded, &args.db)?;
+            if args.inbox {
+                migrate::inbox(db).await
+            } else {
+                migrate::run(db, notify).await
+            }
         }
         Command::Maintain(args) => {
             let retention = config::retention(&loaded, args.retention)?;
@@ -34,12 +55,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             maintain::purge(config::db(&loaded, &args.db)?, args.older_than.0).await
         }
         Command::Relay(args) => relay::run(config::relay(&loaded, &args)?, args.print_config).await,
-        Command::Status(args) => status::run(config::db(&loaded, &args.db)?, args.format).await,
+        Command::Status(args) => {
+            status::run(config::db(&loaded, &args.db)?, args.inbox, args.format).await
+        }
         Command::Bench(args) => bench::run(args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Verify(args) => verify::run(args).await,
         Command::Failed(args) => {
-            redrive::failed(config::db(&loaded, &args.db)?, args.limit, args.format).await
+            redrive::failed(
+                config::db(&loaded, &args.db)?,
+                args.inbox,
+                args.limit,
+                args.format,
+            )
+            .await
         }
         Command::Redrive(args) => {
             let scope = if args.all {
@@ -47,7 +76,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 outbox_core::RedriveScope::Ids(args.id)
             };
-            redrive::redrive(config::db(&loaded, &args.db)?, scope, args.reason).await
+            redrive::redrive(
+                config::db(&loaded, &args.db)?,
+                args.inbox,
+                scope,
+                args.reason,
+            )
+            .await
         }
+        Command::Inbox(args) => inbox::run(config::inbox(&loaded, &args)?, args.print_config).await,
     }
 }

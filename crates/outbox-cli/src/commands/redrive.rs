@@ -8,13 +8,18 @@ use crate::cli::Format;
 use crate::config::DbSettings;
 
 /// Lists up to `limit` failed messages with their errors.
-pub async fn failed(db: DbSettings, limit: usize, format: Format) -> anyhow::Result<ExitCode> {
-    let database = outbox_db::open(&db.url, &db.schema, 2).await?;
-    let failed = database.store().failed(limit).await?;
+pub async fn failed(
+    db: DbSettings,
+    inbox: bool,
+    limit: usize,
+    format: Format,
+) -> anyhow::Result<ExitCode> {
+    let (store, place) = super::open_store(&db, inbox).await?;
+    let failed = store.failed(limit).await?;
     match format {
         Format::Json => println!("{}", serde_json::to_string(&failed)?),
         Format::Text => {
-            println!("failed messages in {}: {}", database.place(), failed.len());
+            println!("failed messages in {place}: {}", failed.len());
             for f in &failed {
                 println!(
                     "  {}  key={}  {}/{}  attempts={}  written {}\n    error: {}",
@@ -28,7 +33,10 @@ pub async fn failed(db: DbSettings, limit: usize, format: Format) -> anyhow::Res
                 );
             }
             if !failed.is_empty() {
-                println!("redrive with `outbox redrive --id <id>` or `outbox redrive --all`");
+                let flag = if inbox { " --inbox" } else { "" };
+                println!(
+                    "redrive with `outbox redrive{flag} --id <id>` or `outbox redrive{flag} --all`"
+                );
             }
         }
     }
@@ -39,19 +47,17 @@ pub async fn failed(db: DbSettings, limit: usize, format: Format) -> anyhow::Res
 /// them was failed.
 pub async fn redrive(
     db: DbSettings,
+    inbox: bool,
     scope: RedriveScope,
     reason: Option<String>,
 ) -> anyhow::Result<ExitCode> {
-    let database = outbox_db::open(&db.url, &db.schema, 2).await?;
+    let (store, place) = super::open_store(&db, inbox).await?;
     let reason = reason.unwrap_or_else(|| {
         let who = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
         format!("outbox redrive by {who}")
     });
-    let n = database.store().redrive(&scope, &reason).await?;
-    println!(
-        "redriven {n} message(s) in {}; recorded in outbox_redrives",
-        database.place()
-    );
+    let n = store.redrive(&scope, &reason).await?;
+    println!("redriven {n} message(s) in {place}; recorded in outbox_redrives");
     match scope {
         RedriveScope::Ids(ids) if n == 0 && !ids.is_empty() => {
             eprintln!("none of the given ids is a failed message (see `outbox failed`)");

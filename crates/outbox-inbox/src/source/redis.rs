@@ -345,7 +345,7 @@ impl Source for RedisSource {
             }
         }
         if claimed > 0 {
-            warn!(source = %self.cfg.name, claimed, "took over the pending entries of other consumers of the group");
+            warn!(source = %self.cfg.name, pending = claimed, "the group had entries delivered and never acknowledged (a dead daemon's, or this consumer's before a restart): they are recorded first");
         }
         self.pending_after = Some("0".to_string());
         Ok(())
