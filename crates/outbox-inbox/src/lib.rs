@@ -5,7 +5,7 @@
 //!   inserted in the consumer's business transaction; `false` means already processed. A Redis
 //!   `SET NX` variant ([`redis_dedupe`], weaker) exists for speed.
 //! - **Layer 2, idempotent effects**: upserts by business key, conditional transitions,
-//!   ledger entries keyed by message id (examples in `docs/consumers.md` and
+//!   ledger entries keyed by message id ([`effects`]; examples in `docs/consumers.md` and
 //!   `tests/effects.rs`).
 //! - **The inbox** ([`ingest`], [`InboxProcessor`]): `inbox_messages` records each message id
 //!   once; ingest queues new ones into a processing queue that is the outbox engine itself, and
@@ -21,6 +21,7 @@
 
 pub mod daemon;
 mod database;
+pub mod effects;
 pub mod idempotency;
 mod inbox;
 mod message;
