@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts the real services the tests need (PostgreSQL, NATS with JetStream) when they are not
+# Starts the real services the tests need (PostgreSQL, NATS with JetStream, Redis) when they are not
 # already answering, then waits until they do. Idempotent; safe on a machine where they run.
 set -euo pipefail
 
@@ -25,5 +25,10 @@ if ! up 4222; then
   start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
     -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server
 fi
+if ! up 6379; then
+  echo "services: starting Redis"
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no
+fi
 wait_port PostgreSQL 5432
 wait_port NATS 4222
+wait_port Redis 6379

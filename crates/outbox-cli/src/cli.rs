@@ -55,6 +55,9 @@ pub enum Command {
     /// Consume a broker into the inbox table until stopped (SIGINT/SIGTERM): batches recorded
     /// once per message id, the broker acknowledged only after the insert committed.
     Inbox(InboxArgs),
+    /// The inbox handler process `outbox verify --through-inbox` starts (not for users).
+    #[command(hide = true)]
+    VerifyInboxHandler(VerifyInboxHandlerArgs),
 }
 
 /// `outbox inbox` options.
@@ -465,4 +468,21 @@ pub struct VerifyArgs {
     /// Keep the schema / file and the stream afterwards for inspection.
     #[arg(long)]
     pub keep: bool,
+    /// Go on through the receiving side (PostgreSQL and a nats:// sink): `outbox inbox`
+    /// daemons consume the broker into an inbox, handler processes apply each message's effect,
+    /// `kill` and `pause` hit them too, and every effect must be applied exactly once and in
+    /// per-key order.
+    #[arg(long)]
+    pub through_inbox: bool,
+}
+
+/// The hidden handler process of `outbox verify --through-inbox`.
+#[derive(Debug, Clone, Args)]
+pub struct VerifyInboxHandlerArgs {
+    /// Schema of the run's inbox. The database URL comes from OUTBOX_DATABASE_URL.
+    #[arg(long, value_name = "NAME")]
+    pub schema: String,
+    /// The processor's partition lease.
+    #[arg(long, default_value = "3s")]
+    pub lease: Dur,
 }

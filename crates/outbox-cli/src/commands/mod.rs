@@ -85,5 +85,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .await
         }
         Command::Inbox(args) => inbox::run(config::inbox(&loaded, &args)?, args.print_config).await,
+        Command::VerifyInboxHandler(args) => verify::inbox_handler(args).await,
     }
 }
