@@ -287,6 +287,9 @@ pub enum BenchMode {
     IdleTx,
     /// No traffic: CPU used by the relay and by PostgreSQL.
     Idle,
+    /// The receiving side: ingest NATS -> PostgreSQL by `outbox inbox`, and handlers by the
+    /// inbox processor, each beside a naive consumer doing one transaction per message.
+    Inbox,
 }
 
 /// `outbox bench` options.
@@ -309,7 +312,8 @@ pub struct BenchArgs {
     /// Backlog size for the relay.
     #[arg(long, default_value_t = 100_000)]
     pub rows: usize,
-    /// Backlog size for the naive relay (it is slow; default min(rows, 20000)).
+    /// Backlog size for the naive relay (it is slow; default min(rows, 20000); inbox mode:
+    /// messages for the naive consumers, default min(rows, 5000)).
     #[arg(long)]
     pub naive_rows: Option<usize>,
     /// Distinct ordering keys. Backlog mode takes a comma list (e.g. 1,10,1000) and runs once

@@ -214,17 +214,55 @@ impl<DB: sqlx::Database> Handlers<DB> {
     }
 }
 
-/// A backend the processor runs on: how it opens a handler's transaction.
+/// What a group's transaction does around one message when it holds several.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Savepoint {
+    /// Before the message: `SAVEPOINT`.
+    Set,
+    /// After it succeeded: `RELEASE SAVEPOINT`.
+    Release,
+    /// After it failed: `ROLLBACK TO SAVEPOINT` and release it, undoing its claim and effects
+    /// and keeping the others'.
+    Undo,
+}
+
+/// A backend the processor runs on: how it opens a handler's transaction and sets savepoints.
 #[async_trait]
 pub trait ProcessorBackend: sqlx::Database {
-    /// Begins a transaction for one handler.
+    /// Begins a transaction for a group of handlers.
     async fn begin_handler(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error>;
+
+    /// The savepoint statement `op` in `tx` (a name of its own, so a handler may use sqlx's
+    /// nested transactions inside).
+    async fn savepoint(
+        tx: &mut Transaction<'static, Self>,
+        op: Savepoint,
+    ) -> Result<(), sqlx::Error>;
 }
+
+const SAVEPOINT_SET: &str = "SAVEPOINT outbox_inbox_message";
+const SAVEPOINT_RELEASE: &str = "RELEASE SAVEPOINT outbox_inbox_message";
+const SAVEPOINT_ROLLBACK: &str = "ROLLBACK TO SAVEPOINT outbox_inbox_message";
 
 #[async_trait]
 impl ProcessorBackend for Postgres {
     async fn begin_handler(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
         pool.begin().await
+    }
+
+    async fn savepoint(
+        tx: &mut Transaction<'static, Self>,
+        op: Savepoint,
+    ) -> Result<(), sqlx::Error> {
+        let statements: &[&str] = match op {
+            Savepoint::Set => &[SAVEPOINT_SET],
+            Savepoint::Release => &[SAVEPOINT_RELEASE],
+            Savepoint::Undo => &[SAVEPOINT_ROLLBACK, SAVEPOINT_RELEASE],
+        };
+        for sql in statements {
+            sqlx::query(sql).execute(&mut **tx).await?;
+        }
+        Ok(())
     }
 }
 
@@ -235,15 +273,34 @@ impl ProcessorBackend for Sqlite {
     async fn begin_handler(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
         pool.begin_with("BEGIN IMMEDIATE").await
     }
+
+    async fn savepoint(
+        tx: &mut Transaction<'static, Self>,
+        op: Savepoint,
+    ) -> Result<(), sqlx::Error> {
+        let statements: &[&str] = match op {
+            Savepoint::Set => &[SAVEPOINT_SET],
+            Savepoint::Release => &[SAVEPOINT_RELEASE],
+            Savepoint::Undo => &[SAVEPOINT_ROLLBACK, SAVEPOINT_RELEASE],
+        };
+        for sql in statements {
+            sqlx::query(sql).execute(&mut **tx).await?;
+        }
+        Ok(())
+    }
 }
 
-/// The relay's sink that runs handlers: one transaction per message, at most `concurrency` at
-/// once (the relay hands it at most one message per key per call, in key order).
+/// The relay's sink that runs handlers. A call's messages (at most one per key, handed over by
+/// the relay) are split into groups of `per_transaction`, each group in one transaction, with
+/// a savepoint around each message when it holds several, and up to `concurrency` groups at
+/// once. A message's claim and effects commit together or not at all, whatever its neighbours
+/// do; a group saves all but one commit per message.
 struct HandlerSink<DB: ProcessorBackend> {
     pool: Pool<DB>,
     schema: InboxSchema,
     handlers: Arc<Handlers<DB>>,
     concurrency: usize,
+    per_transaction: usize,
 }
 
 fn envelope_message(e: &Envelope) -> InboxMessage {
@@ -271,17 +328,18 @@ impl<DB: ProcessorBackend> HandlerSink<DB>
 where
     for<'t> Transaction<'t, DB>: InboxTx,
 {
-    async fn handle(&self, e: &Envelope) -> Result<(), SinkError> {
-        let mut tx = DB::begin_handler(&self.pool)
-            .await
-            .map_err(|err| SinkError::unavailable(format!("inbox: begin: {err}")))?;
+    /// Claims and handles one message in `tx`. `Ok` also for a message handled before (its
+    /// claim exists: the processor died before recording it).
+    async fn handle(
+        &self,
+        tx: &mut Transaction<'static, DB>,
+        e: &Envelope,
+    ) -> Result<(), SinkError> {
         let fresh = tx
             .claim_message(&self.schema, PROCESSOR_CONSUMER, e.id)
             .await
             .map_err(|err| HandlerError::from(err).into_sink_error())?;
         if !fresh {
-            // Handled before (the processor died before recording it): nothing to do.
-            let _ = tx.rollback().await;
             return Ok(());
         }
         // The inbox row has the broker's headers; the queue row only what the engine needs.
@@ -296,16 +354,53 @@ where
                 message.message_type
             )));
         };
-        match handler.handle(&mut tx, &message).await {
-            Ok(()) => tx.commit().await.map_err(|err| {
-                // Whether it committed is unknown: the retry's claim tells.
-                SinkError::unavailable(format!("inbox: commit: {err}"))
-            }),
-            Err(err) => {
-                let _ = tx.rollback().await;
-                Err(err.into_sink_error())
+        handler
+            .handle(tx, &message)
+            .await
+            .map_err(HandlerError::into_sink_error)
+    }
+
+    /// Handles `group` in one transaction; a result per message, final only once committed.
+    async fn handle_group(&self, group: &[Envelope]) -> Vec<Result<(), SinkError>> {
+        let all = |e: SinkError| group.iter().map(|_| Err(e.clone())).collect::<Vec<_>>();
+        let mut tx = match DB::begin_handler(&self.pool).await {
+            Ok(tx) => tx,
+            Err(err) => return all(SinkError::unavailable(format!("inbox: begin: {err}"))),
+        };
+        let savepoints = group.len() > 1;
+        let mut results: Vec<Result<(), SinkError>> = Vec::with_capacity(group.len());
+        for e in group {
+            if savepoints {
+                if let Err(err) = DB::savepoint(&mut tx, Savepoint::Set).await {
+                    return all(SinkError::unavailable(format!("inbox: savepoint: {err}")));
+                }
             }
+            let result = self.handle(&mut tx, e).await;
+            if savepoints {
+                let op = if result.is_ok() {
+                    Savepoint::Release
+                } else {
+                    Savepoint::Undo
+                };
+                if let Err(err) = DB::savepoint(&mut tx, op).await {
+                    // The transaction is unusable: nothing of the group commits.
+                    let _ = tx.rollback().await;
+                    return all(SinkError::unavailable(format!("inbox: savepoint: {err}")));
+                }
+            }
+            results.push(result);
         }
+        if !results.iter().any(Result::is_ok) || (!savepoints && results.iter().any(Result::is_err))
+        {
+            let _ = tx.rollback().await;
+            return results;
+        }
+        if let Err(err) = tx.commit().await {
+            // Whether it committed is unknown: the retry's claims tell.
+            let e = SinkError::unavailable(format!("inbox: commit: {err}"));
+            return results.into_iter().map(|r| r.and(Err(e.clone()))).collect();
+        }
+        results
     }
 }
 
@@ -319,14 +414,17 @@ where
     }
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
-        let calls: Vec<BoxFuture<'_, Result<(), SinkError>>> = batch
-            .iter()
-            .map(|e| Box::pin(self.handle(e)) as _)
+        let groups: Vec<BoxFuture<'_, Vec<Result<(), SinkError>>>> = batch
+            .chunks(self.per_transaction.max(1))
+            .map(|g| Box::pin(self.handle_group(g)) as _)
             .collect();
-        futures::stream::iter(calls)
+        futures::stream::iter(groups)
             .buffered(self.concurrency.max(1))
-            .collect()
+            .collect::<Vec<_>>()
             .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 }
 
@@ -337,8 +435,14 @@ pub struct ProcessorConfig {
     pub workers: usize,
     /// Messages per claim.
     pub batch_size: usize,
-    /// Handlers running at once per member (each holds a connection of the pool).
+    /// Transactions running at once per member (each holds a connection of the pool).
     pub concurrency: usize,
+    /// Messages handled in one transaction, each under a savepoint of its own (1: one
+    /// transaction per message). A failed message is rolled back to its savepoint alone; a
+    /// failed commit retries the whole group (claims absorb the ones that did commit, if the
+    /// commit's fate was unknown). Fewer commits, more throughput; a group's effects become
+    /// visible together.
+    pub messages_per_transaction: usize,
     /// Partition lease: a dead processor's messages are taken over after it. A handler call
     /// (one wave of at most `concurrency` messages) gets a third of it, then counts as failed.
     pub lease: Duration,
@@ -353,6 +457,9 @@ pub struct ProcessorConfig {
     pub member_prefix: String,
 }
 
+/// Default messages per handler transaction.
+pub const DEFAULT_MESSAGES_PER_TRANSACTION: usize = 20;
+
 /// Default retention of processed inbox rows and claims: 7 days.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -362,6 +469,7 @@ impl Default for ProcessorConfig {
             workers: 2,
             batch_size: 100,
             concurrency: 8,
+            messages_per_transaction: DEFAULT_MESSAGES_PER_TRANSACTION,
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_millis(100),
             retry: RetryPolicy::default(),
@@ -420,6 +528,7 @@ impl InboxProcessor {
             schema: schema.clone(),
             handlers: Arc::new(handlers),
             concurrency: config.concurrency,
+            per_transaction: config.messages_per_transaction,
         });
         Self {
             relay: Relay::new(store, sink, config.relay()),
@@ -441,6 +550,7 @@ impl InboxProcessor {
             schema: InboxSchema::default(),
             handlers: Arc::new(handlers),
             concurrency: config.concurrency,
+            per_transaction: config.messages_per_transaction,
         });
         Self {
             relay: Relay::new(store, sink, config.relay()),
