@@ -334,6 +334,7 @@ where
         &self,
         tx: &mut Transaction<'static, DB>,
         e: &Envelope,
+        rows: &mut HashMap<uuid::Uuid, InboxMessage>,
     ) -> Result<(), SinkError> {
         let fresh = tx
             .claim_message(&self.schema, PROCESSOR_CONSUMER, e.id)
@@ -343,11 +344,7 @@ where
             return Ok(());
         }
         // The inbox row has the broker's headers; the queue row only what the engine needs.
-        let message = match tx.load_message(&self.schema, e.id).await {
-            Ok(Some(m)) => m,
-            Ok(None) => envelope_message(e),
-            Err(err) => return Err(HandlerError::from(err).into_sink_error()),
-        };
+        let message = rows.remove(&e.id).unwrap_or_else(|| envelope_message(e));
         let Some(handler) = self.handlers.get(&message.message_type) else {
             return Err(SinkError::invalid(format!(
                 "inbox: no handler for message type `{}`; register one and redrive",
@@ -367,6 +364,14 @@ where
             Ok(tx) => tx,
             Err(err) => return all(SinkError::unavailable(format!("inbox: begin: {err}"))),
         };
+        let ids: Vec<uuid::Uuid> = group.iter().map(|e| e.id).collect();
+        let mut rows = match tx.load_messages(&self.schema, &ids).await {
+            Ok(rows) => rows,
+            Err(err) => {
+                let _ = tx.rollback().await;
+                return all(HandlerError::from(err).into_sink_error());
+            }
+        };
         let savepoints = group.len() > 1;
         let mut results: Vec<Result<(), SinkError>> = Vec::with_capacity(group.len());
         for e in group {
@@ -375,7 +380,7 @@ where
                     return all(SinkError::unavailable(format!("inbox: savepoint: {err}")));
                 }
             }
-            let result = self.handle(&mut tx, e).await;
+            let result = self.handle(&mut tx, e, &mut rows).await;
             if savepoints {
                 let op = if result.is_ok() {
                     Savepoint::Release

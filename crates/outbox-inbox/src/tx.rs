@@ -2,6 +2,8 @@
 //! SQLite. Every function of this crate that takes `&mut tx` takes any `InboxTx`: an
 //! `sqlx::Transaction<Postgres>` or an `sqlx::Transaction<Sqlite>`.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::{Error, ErrorKind, NewMessage, Result};
@@ -16,7 +18,7 @@ const PG_CLAIM: &str = "INSERT INTO {schema}.processed_messages (consumer, messa
 const PG_INGEST: &str = include_str!("../queries/postgres/ingest.sql");
 const PG_LOAD: &str = "SELECT id, source, type, key, payload::text AS payload, payload_format, \
                        headers::text AS headers, source_position, received_at \
-                       FROM {schema}.inbox_messages WHERE id = $1";
+                       FROM {schema}.inbox_messages WHERE id = ANY($1)";
 const PG_IDEM_LOCK: &str =
     "SELECT pg_try_advisory_xact_lock(hashtextextended('outbox-idempotency:' || $1 || ':' || $2, 0))";
 const PG_IDEM_GET: &str =
@@ -29,7 +31,8 @@ const SQLITE_CLAIM: &str = "INSERT INTO processed_messages (consumer, message_id
                             VALUES (?1, ?2) ON CONFLICT DO NOTHING";
 const SQLITE_INGEST: &str = include_str!("../queries/sqlite/ingest.sql");
 const SQLITE_LOAD: &str = "SELECT id, source, type, key, payload, payload_format, headers, \
-                           source_position, received_at FROM inbox_messages WHERE id = ?1";
+                           source_position, received_at FROM inbox_messages \
+                           WHERE id IN (SELECT value FROM json_each(?1))";
 const SQLITE_IDEM_GET: &str =
     "SELECT fingerprint, result, events FROM idempotency_keys WHERE key = ?1";
 const SQLITE_IDEM_PUT: &str =
@@ -70,12 +73,12 @@ pub trait InboxTx: Send {
         messages: &[InboxMessage],
     ) -> Result<Vec<bool>>;
 
-    /// The inbox row of `id`.
-    async fn load_message(
+    /// The inbox rows of `ids` (one statement), by id; ids without a row are left out.
+    async fn load_messages(
         &mut self,
         schema: &InboxSchema,
-        id: Uuid,
-    ) -> Result<Option<InboxMessage>>;
+        ids: &[Uuid],
+    ) -> Result<HashMap<Uuid, InboxMessage>>;
 
     /// Tries to take the transaction-level lock of idempotency key `key` without waiting;
     /// false when another transaction holds it (a request under that key is in progress).
@@ -222,36 +225,41 @@ impl InboxTx for Transaction<'_, Postgres> {
         Ok(flags)
     }
 
-    async fn load_message(
+    async fn load_messages(
         &mut self,
         schema: &InboxSchema,
-        id: Uuid,
-    ) -> Result<Option<InboxMessage>> {
-        let err = pg_err("reading an inbox message");
-        let Some(r) = sqlx::query(&schema.render(PG_LOAD))
-            .bind(id)
-            .fetch_optional(&mut **self)
+        ids: &[Uuid],
+    ) -> Result<HashMap<Uuid, InboxMessage>> {
+        let err = pg_err("reading inbox messages");
+        let rows = sqlx::query(&schema.render(PG_LOAD))
+            .bind(ids)
+            .fetch_all(&mut **self)
             .await
-            .map_err(&err)?
-        else {
-            return Ok(None);
-        };
-        let payload: String = r.try_get("payload").map_err(&err)?;
-        let headers: String = r.try_get("headers").map_err(&err)?;
-        Ok(Some(InboxMessage {
-            id: r.try_get("id").map_err(&err)?,
-            source: r.try_get("source").map_err(&err)?,
-            message_type: r.try_get("type").map_err(&err)?,
-            key: r.try_get("key").map_err(&err)?,
-            payload: serde_json::from_str(&payload)
-                .map_err(|e| malformed(format!("inbox message {id}: payload: {e}")))?,
-            payload_format: PayloadFormat::parse(
-                &r.try_get::<String, _>("payload_format").map_err(&err)?,
-            ),
-            headers: headers_map(&headers),
-            source_position: r.try_get("source_position").map_err(&err)?,
-            received_at: Some(r.try_get("received_at").map_err(&err)?),
-        }))
+            .map_err(&err)?;
+        let mut out = HashMap::with_capacity(rows.len());
+        for r in rows {
+            let id: Uuid = r.try_get("id").map_err(&err)?;
+            let payload: String = r.try_get("payload").map_err(&err)?;
+            let headers: String = r.try_get("headers").map_err(&err)?;
+            out.insert(
+                id,
+                InboxMessage {
+                    id,
+                    source: r.try_get("source").map_err(&err)?,
+                    message_type: r.try_get("type").map_err(&err)?,
+                    key: r.try_get("key").map_err(&err)?,
+                    payload: serde_json::from_str(&payload)
+                        .map_err(|e| malformed(format!("inbox message {id}: payload: {e}")))?,
+                    payload_format: PayloadFormat::parse(
+                        &r.try_get::<String, _>("payload_format").map_err(&err)?,
+                    ),
+                    headers: headers_map(&headers),
+                    source_position: r.try_get("source_position").map_err(&err)?,
+                    received_at: Some(r.try_get("received_at").map_err(&err)?),
+                },
+            );
+        }
+        Ok(out)
     }
 
     async fn lock_key(&mut self, schema: &InboxSchema, key: &str) -> Result<bool> {
@@ -372,37 +380,46 @@ impl InboxTx for Transaction<'_, Sqlite> {
         Ok(flags)
     }
 
-    async fn load_message(
+    async fn load_messages(
         &mut self,
         _schema: &InboxSchema,
-        id: Uuid,
-    ) -> Result<Option<InboxMessage>> {
-        let err = sqlite_err("reading an inbox message");
-        let Some(r) = sqlx::query(SQLITE_LOAD)
-            .bind(id.to_string())
-            .fetch_optional(&mut **self)
+        ids: &[Uuid],
+    ) -> Result<HashMap<Uuid, InboxMessage>> {
+        let err = sqlite_err("reading inbox messages");
+        let list: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+        let rows = sqlx::query(SQLITE_LOAD)
+            .bind(serde_json::Value::from(list).to_string())
+            .fetch_all(&mut **self)
             .await
-            .map_err(&err)?
-        else {
-            return Ok(None);
-        };
-        let payload: String = r.try_get("payload").map_err(&err)?;
-        let headers: String = r.try_get("headers").map_err(&err)?;
-        let received: String = r.try_get("received_at").map_err(&err)?;
-        Ok(Some(InboxMessage {
-            id,
-            source: r.try_get("source").map_err(&err)?,
-            message_type: r.try_get("type").map_err(&err)?,
-            key: r.try_get("key").map_err(&err)?,
-            payload: serde_json::from_str(&payload)
-                .map_err(|e| malformed(format!("inbox message {id}: payload: {e}")))?,
-            payload_format: PayloadFormat::parse(
-                &r.try_get::<String, _>("payload_format").map_err(&err)?,
-            ),
-            headers: headers_map(&headers),
-            source_position: r.try_get("source_position").map_err(&err)?,
-            received_at: Some(sqlite_time(&received)?),
-        }))
+            .map_err(&err)?;
+        let mut out = HashMap::with_capacity(rows.len());
+        for r in rows {
+            let text: String = r.try_get("id").map_err(&err)?;
+            let id: Uuid = text
+                .parse()
+                .map_err(|e| malformed(format!("inbox message id `{text}`: {e}")))?;
+            let payload: String = r.try_get("payload").map_err(&err)?;
+            let headers: String = r.try_get("headers").map_err(&err)?;
+            let received: String = r.try_get("received_at").map_err(&err)?;
+            out.insert(
+                id,
+                InboxMessage {
+                    id,
+                    source: r.try_get("source").map_err(&err)?,
+                    message_type: r.try_get("type").map_err(&err)?,
+                    key: r.try_get("key").map_err(&err)?,
+                    payload: serde_json::from_str(&payload)
+                        .map_err(|e| malformed(format!("inbox message {id}: payload: {e}")))?,
+                    payload_format: PayloadFormat::parse(
+                        &r.try_get::<String, _>("payload_format").map_err(&err)?,
+                    ),
+                    headers: headers_map(&headers),
+                    source_position: r.try_get("source_position").map_err(&err)?,
+                    received_at: Some(sqlite_time(&received)?),
+                },
+            );
+        }
+        Ok(out)
     }
 
     /// SQLite runs one writing transaction at a time, and the caller's began `IMMEDIATE` (it
