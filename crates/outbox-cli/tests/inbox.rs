@@ -622,3 +622,93 @@ async fn failed_inbox_messages_are_listed_and_redriven_from_the_command_line() {
     task.await.unwrap();
     inbox.drop_all().await;
 }
+
+/// The daemon on SQLite: `outbox migrate --inbox` and `outbox inbox` on one file, from Redis,
+/// killed mid-stream and restarted; every message once, each key in order, in the inbox and in
+/// its `inbox_queue` table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_ingests_into_sqlite_too_and_survives_sigkill() {
+    let dir = std::env::temp_dir().join(outbox_testkit::unique_name("ibx_sqlite"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}", dir.join("inbox.db").display());
+    let o = outbox()
+        .args(["migrate", "--inbox", "--database-url", &url])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut redis = Redis::new().await;
+    let msgs = workload(20, 150);
+    redis.publish(&msgs).await;
+    let daemon = || {
+        outbox()
+            .args([
+                "inbox",
+                "--database-url",
+                &url,
+                "--batch-size",
+                "50",
+                "--poll-interval",
+                "20ms",
+            ])
+            .env("OUTBOX_INBOX_SOURCE", redis.source())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap()
+    };
+    let pool = outbox_sqlite::connect_pool(&url).await.unwrap();
+    let count = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inbox_messages")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let mut a = daemon();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count().await < 300 {
+        assert!(Instant::now() < deadline, "nothing ingested");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a.kill().unwrap();
+    a.wait().unwrap();
+    assert!(
+        count().await < msgs.len() as i64,
+        "the daemon finished before it was killed: nothing tested"
+    );
+    let mut b = daemon();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count().await < msgs.len() as i64 {
+        assert!(
+            Instant::now() < deadline,
+            "not everything ingested after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rows: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT id, key, payload FROM inbox_messages ORDER BY seq")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), msgs.len());
+    let mut last: HashMap<String, i64> = HashMap::new();
+    for (_, key, payload) in &rows {
+        let n = serde_json::from_str::<serde_json::Value>(payload).unwrap()["n"]
+            .as_i64()
+            .unwrap();
+        let prev = last.insert(key.clone(), n);
+        assert!(prev.is_none_or(|p| p < n), "key {key}: {n} after {prev:?}");
+    }
+    let (queued, distinct): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT id) FROM inbox_queue")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((queued, distinct), (msgs.len() as i64, msgs.len() as i64));
+    assert_eq!(redis.pending().await, 0);
+    sigterm(&b);
+    assert!(wait_exit(&mut b, Duration::from_secs(15)).success());
+    pool.close().await;
+    redis.drop_all().await;
+    std::fs::remove_dir_all(&dir).ok();
+}
