@@ -320,8 +320,8 @@ async fn messages_a_dead_daemon_fetched_from_nats_are_recorded_before_anything_n
     let info = nats.consumer_info().await;
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 0));
     assert_eq!(
-        info.config.max_ack_pending, 100,
-        "the limit is restored after the catch-up"
+        info.config.max_ack_pending, 200,
+        "two batches again after the catch-up"
     );
     sigterm(&d);
     assert!(wait_exit(&mut d, Duration::from_secs(15)).success());

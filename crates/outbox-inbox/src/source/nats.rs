@@ -4,10 +4,12 @@
 //! **Order across crashes.** JetStream redelivers an unacknowledged message only when its ack
 //! wait runs out, and meanwhile hands newer messages to whoever pulls: a daemon restarted after
 //! `kill -9` would ingest them before the messages its predecessor had fetched, and the handlers
-//! of a key would see them out of order. So the consumer's `max_ack_pending` is the batch size
-//! (one batch out at a time), and when the daemon starts (or a fetch broke off half-way) with
-//! messages still unacknowledged, it lowers `max_ack_pending` to exactly that number: the server
-//! can then deliver nothing but those messages. It waits for their redelivery (at most the ack
+//! of a key would see them out of order. So when the daemon starts (or a fetch broke off
+//! half-way) with messages still unacknowledged, it lowers the consumer's `max_ack_pending` to
+//! exactly that number: the server can then deliver nothing but those messages. Nothing is
+//! fetched until that count was read and the limit set. Normally `max_ack_pending` is two
+//! batches: the daemon has at most one batch out, and acknowledgements still in flight when it
+//! fetches the next do not hold it up. It waits for their redelivery (at most the ack
 //! wait), ingests them in stream order, acknowledges them, and only then restores the limit.
 
 use std::time::Duration;
@@ -102,6 +104,9 @@ pub struct NatsSource {
     /// Messages a predecessor (or a broken fetch) left unacknowledged that must come back
     /// before anything newer; `None` outside recovery.
     recovering: Option<usize>,
+    /// The pending count must be read (and the limit set) before the next fetch: a check
+    /// that failed is not a licence to fetch.
+    must_check: bool,
 }
 
 fn nats_error(what: &str, e: impl std::fmt::Display) -> Error {
@@ -110,7 +115,7 @@ fn nats_error(what: &str, e: impl std::fmt::Display) -> Error {
 
 impl NatsSource {
     /// Connects, and creates the durable consumer when it does not exist (explicit acks,
-    /// unlimited deliveries, `max_ack_pending` = `batch`). The server may be down: the client
+    /// unlimited deliveries, `max_ack_pending` = two batches). The server may be down: the client
     /// keeps reconnecting, and fails after a few seconds only when it never answered.
     pub async fn connect(cfg: NatsSourceConfig, batch: usize) -> Result<Self> {
         let client = cfg
@@ -141,7 +146,7 @@ impl NatsSource {
                     ack_policy: consumer::AckPolicy::Explicit,
                     ack_wait: cfg.ack_wait,
                     max_deliver: -1,
-                    max_ack_pending: i64::try_from(batch).unwrap_or(i64::MAX),
+                    max_ack_pending: i64::try_from(batch * 2).unwrap_or(i64::MAX),
                     filter_subject: cfg.subject.clone().unwrap_or_default(),
                     ..Default::default()
                 },
@@ -155,6 +160,7 @@ impl NatsSource {
             consumer,
             batch,
             recovering: None,
+            must_check: true,
         })
     }
 
@@ -191,6 +197,7 @@ impl NatsSource {
     /// Enters recovery when the consumer has unacknowledged messages (none of them ours: the
     /// daemon acknowledges every batch before it fetches the next).
     async fn check_pending(&mut self) -> Result<()> {
+        self.must_check = true;
         let pending = self
             .consumer
             .info()
@@ -199,7 +206,9 @@ impl NatsSource {
             .num_ack_pending;
         if pending == 0 {
             self.recovering = None;
-            return self.set_max_ack_pending(self.batch).await;
+            self.set_max_ack_pending(self.batch * 2).await?;
+            self.must_check = false;
+            return Ok(());
         }
         warn!(
             source = %self.cfg.name, pending,
@@ -209,6 +218,7 @@ impl NatsSource {
         );
         self.set_max_ack_pending(pending).await?;
         self.recovering = Some(pending);
+        self.must_check = false;
         Ok(())
     }
 
@@ -297,6 +307,11 @@ impl Source for NatsSource {
     }
 
     async fn fetch(&mut self, max: usize) -> Result<Vec<Delivery>> {
+        if self.must_check {
+            // Nothing is fetched until the consumer's unacknowledged messages are known and
+            // only they can be delivered.
+            self.check_pending().await?;
+        }
         let result = match self.recovering {
             // Only the unacknowledged messages can be delivered now; they come once their ack
             // wait runs out, all within one ack wait of when the daemon started.
@@ -321,11 +336,8 @@ impl Source for NatsSource {
             }
             Err(e) => {
                 // Part of the request may have been delivered to us and lost: make sure it
-                // comes back before anything newer.
-                if let Err(again) = self.check_pending().await {
-                    warn!(source = %self.cfg.name, error = %again, "could not check pending messages");
-                    self.recovering = Some(self.batch);
-                }
+                // comes back before anything newer (the next fetch checks first).
+                self.must_check = true;
                 Err(e)
             }
         }
@@ -349,8 +361,8 @@ impl Source for NatsSource {
         let failed = results.iter().filter(|r| r.is_err()).count();
         if self.recovering.is_some() {
             // The recovered messages are acknowledged: back to one batch at a time, unless
-            // some are still out.
-            self.check_pending().await?;
+            // some are still out (checked before the next fetch).
+            self.must_check = true;
         }
         if failed > 0 {
             return Err(nats_error(
