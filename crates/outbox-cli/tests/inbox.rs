@@ -156,7 +156,7 @@ impl Inbox {
 
     async fn drop_all(self) {
         let _ = sqlx::raw_sql(&format!(
-            "DROP SCHEMA {0} CASCADE; DROP SCHEMA {0}_inbox CASCADE",
+            "DROP SCHEMA IF EXISTS {0} CASCADE; DROP SCHEMA IF EXISTS {0}_inbox CASCADE",
             self.schema
         ))
         .execute(&self.pool)
