@@ -47,6 +47,80 @@ pub enum Command {
     /// Drop, now, storage that every relay has passed and that closed longer ago than
     /// --older-than. Never drops a pending or parked message.
     Purge(PurgeArgs),
+    /// List messages that ended `failed`, with their errors.
+    Failed(FailedArgs),
+    /// Give failed messages a fresh budget: they are retried now, in key order, and each one is
+    /// recorded in the `outbox_redrives` audit table.
+    Redrive(RedriveArgs),
+    /// Consume a broker into the inbox table until stopped (SIGINT/SIGTERM): batches recorded
+    /// once per message id, the broker acknowledged only after the insert committed.
+    Inbox(InboxArgs),
+    /// The inbox handler process `outbox verify --through-inbox` starts (not for users).
+    #[command(hide = true)]
+    VerifyInboxHandler(VerifyInboxHandlerArgs),
+}
+
+/// `outbox inbox` options.
+#[derive(Debug, Clone, Args)]
+pub struct InboxArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Source URL: nats://host:4222?stream=S[&durable=D][&subject=F][&ack_wait=30s] or
+    /// redis://host:6379?stream=K[&group=G][&consumer=C][&start=0]. Env: OUTBOX_INBOX_SOURCE.
+    #[arg(long, value_name = "URL")]
+    pub source: Option<String>,
+    /// Messages per batch: one fetch, one transaction, one round of acknowledgements (default
+    /// 500). Env: OUTBOX_INBOX_BATCH_SIZE.
+    #[arg(long, value_name = "N")]
+    pub batch_size: Option<usize>,
+    /// Longest wait between fetches when the source is idle (default 100ms). Env:
+    /// OUTBOX_INBOX_POLL_INTERVAL.
+    #[arg(long, value_name = "DURATION")]
+    pub poll_interval: Option<Dur>,
+    /// How long processed inbox rows and dedupe claims are kept (default 7d); must exceed the
+    /// source's longest redelivery window (a warning says when the source keeps messages
+    /// longer). Env: OUTBOX_INBOX_RETENTION.
+    #[arg(long, value_name = "DURATION")]
+    pub retention: Option<Dur>,
+    /// Print the settings as resolved (passwords masked), then exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+/// `outbox failed` options.
+#[derive(Debug, Clone, Args)]
+pub struct FailedArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// The inbox's messages whose handlers gave up, instead of the outbox's.
+    #[arg(long)]
+    pub inbox: bool,
+    /// At most this many messages, oldest first.
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+/// `outbox redrive` options.
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["all", "id"])))]
+pub struct RedriveArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// The inbox's failed messages (their handlers run again), instead of the outbox's.
+    #[arg(long)]
+    pub inbox: bool,
+    /// Every failed message.
+    #[arg(long)]
+    pub all: bool,
+    /// The failed message with this id (repeat the flag, or separate with commas).
+    #[arg(long, value_name = "UUID", num_args = 1.., value_delimiter = ',')]
+    pub id: Vec<uuid::Uuid>,
+    /// Why, for the audit table (default: `outbox redrive` and the user running it).
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
 }
 
 /// `outbox migrate` options.
@@ -54,6 +128,10 @@ pub enum Command {
 pub struct MigrateArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    /// The inbox instead: `inbox_messages`, `processed_messages`, `idempotency_keys` in
+    /// --schema, and the processing queue in `<schema>_inbox` (SQLite: `inbox_queue…`).
+    #[arg(long, conflicts_with_all = ["notify", "no_notify"])]
+    pub inbox: bool,
     /// Install the NOTIFY doorbell (PostgreSQL): relays wake at once on insert, at a price for
     /// writers: notifying commits are serialised (about half the write throughput of 16 busy
     /// clients). For low-write apps that want no idle polling.
@@ -187,6 +265,9 @@ pub enum Format {
 pub struct StatusArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    /// The inbox's processing queue instead (`published` counts handled messages).
+    #[arg(long)]
+    pub inbox: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
@@ -206,6 +287,9 @@ pub enum BenchMode {
     IdleTx,
     /// No traffic: CPU used by the relay and by PostgreSQL.
     Idle,
+    /// The receiving side: ingest NATS -> PostgreSQL by `outbox inbox`, and handlers by the
+    /// inbox processor, each beside a naive consumer doing one transaction per message.
+    Inbox,
 }
 
 /// `outbox bench` options.
@@ -228,7 +312,8 @@ pub struct BenchArgs {
     /// Backlog size for the relay.
     #[arg(long, default_value_t = 100_000)]
     pub rows: usize,
-    /// Backlog size for the naive relay (it is slow; default min(rows, 20000)).
+    /// Backlog size for the naive relay (it is slow; default min(rows, 20000); inbox mode:
+    /// messages for the naive consumers, default min(rows, 5000)).
     #[arg(long)]
     pub naive_rows: Option<usize>,
     /// Distinct ordering keys. Backlog mode takes a comma list (e.g. 1,10,1000) and runs once
@@ -389,4 +474,21 @@ pub struct VerifyArgs {
     /// Keep the schema / file and the stream afterwards for inspection.
     #[arg(long)]
     pub keep: bool,
+    /// Go on through the receiving side (PostgreSQL and a nats:// sink): `outbox inbox`
+    /// daemons consume the broker into an inbox, handler processes apply each message's effect,
+    /// `kill` and `pause` hit them too, and every effect must be applied exactly once and in
+    /// per-key order.
+    #[arg(long)]
+    pub through_inbox: bool,
+}
+
+/// The hidden handler process of `outbox verify --through-inbox`.
+#[derive(Debug, Clone, Args)]
+pub struct VerifyInboxHandlerArgs {
+    /// Schema of the run's inbox. The database URL comes from OUTBOX_DATABASE_URL.
+    #[arg(long, value_name = "NAME")]
+    pub schema: String,
+    /// The processor's partition lease.
+    #[arg(long, default_value = "3s")]
+    pub lease: Dur,
 }

@@ -104,6 +104,23 @@ pub struct FileConfig {
     /// `[relay]` section.
     #[serde(default)]
     pub relay: RelaySection,
+    /// `[inbox]` section.
+    #[serde(default)]
+    pub inbox: InboxSection,
+}
+
+/// `[inbox]` in `outbox.toml`; see `outbox inbox --help` for each key's meaning.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InboxSection {
+    /// Source URL.
+    pub source: Option<String>,
+    /// Messages per batch.
+    pub batch_size: Option<usize>,
+    /// Longest idle wait between fetches.
+    pub poll_interval: Option<Dur>,
+    /// How long processed inbox rows and claims are kept.
+    pub retention: Option<Dur>,
 }
 
 /// `[relay]` in `outbox.toml`; see `outbox relay --help` for each key's meaning.
@@ -304,6 +321,61 @@ pub struct RelaySettings {
     pub routes: Vec<RouteSpec>,
     /// Engine settings.
     pub relay: RelayConfig,
+}
+
+/// Everything `outbox inbox` needs.
+#[derive(Debug, Clone)]
+pub struct InboxSettings {
+    /// Database.
+    pub db: DbSettings,
+    /// Source URL (may contain a password).
+    pub source: String,
+    /// Daemon settings.
+    pub daemon: outbox_inbox::daemon::DaemonConfig,
+}
+
+/// Resolves `outbox inbox` settings.
+pub fn inbox(loaded: &Loaded, args: &crate::cli::InboxArgs) -> Result<InboxSettings> {
+    let f = &loaded.file.inbox;
+    let db = db(loaded, &args.db)?;
+    let source = pick(
+        args.source.clone(),
+        &["OUTBOX_INBOX_SOURCE"],
+        f.source.clone(),
+    )?
+    .ok_or_else(|| {
+        ConfigError(
+            "no source: pass --source (e.g. nats://127.0.0.1:4222?stream=ORDERS), set \
+                 OUTBOX_INBOX_SOURCE, or write source in [inbox] of outbox.toml"
+                .into(),
+        )
+    })?;
+    let defaults = outbox_inbox::daemon::DaemonConfig::default();
+    let batch = pick(args.batch_size, &["OUTBOX_INBOX_BATCH_SIZE"], f.batch_size)?
+        .unwrap_or(defaults.batch);
+    if batch == 0 || batch > 10_000 {
+        return Err(ConfigError(format!(
+            "inbox batch size {batch}: use 1 to 10000 ({})",
+            loaded.file_key("inbox.batch_size")
+        )));
+    }
+    let poll = pick(
+        args.poll_interval,
+        &["OUTBOX_INBOX_POLL_INTERVAL"],
+        f.poll_interval,
+    )?
+    .map_or(defaults.poll_interval, |d| d.0);
+    let retention = pick(args.retention, &["OUTBOX_INBOX_RETENTION"], f.retention)?
+        .map_or(defaults.retention, |d| d.0);
+    Ok(InboxSettings {
+        db,
+        source,
+        daemon: outbox_inbox::daemon::DaemonConfig {
+            batch,
+            poll_interval: poll,
+            retention,
+        },
+    })
 }
 
 /// Resolves the retention for `outbox maintain`: flag, then `OUTBOX_RETENTION`, then

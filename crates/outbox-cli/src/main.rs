@@ -23,10 +23,14 @@ fn main() -> ExitCode {
         | cli::Command::Status(_)
         | cli::Command::Migrate(_)
         | cli::Command::Maintain(_)
-        | cli::Command::Purge(_) => "warn,sqlx=error",
+        | cli::Command::Purge(_)
+        | cli::Command::Failed(_)
+        | cli::Command::Redrive(_) => "warn,sqlx=error",
         // sqlx warns about each broken pooled connection during a database restart; the relay
         // reports the outage itself, once per backoff step.
-        cli::Command::Relay(_) => "info,sqlx=error",
+        cli::Command::Relay(_) | cli::Command::Inbox(_) | cli::Command::VerifyInboxHandler(_) => {
+            "info,sqlx=error"
+        }
     };
     init_tracing(&cli.log_format, default_filter);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -605,3 +605,95 @@ fn verify_dirs() -> Vec<PathBuf> {
         .map(|e| e.path())
         .collect()
 }
+
+#[test]
+fn inbox_commands_never_show_secrets() {
+    let cwd = tmp("sec-inbox");
+    let schema = Schema::new(&cwd);
+    let (o, text) = run_clean(
+        "migrate --inbox",
+        outbox(&cwd).args([
+            "migrate",
+            "--inbox",
+            "--database-url",
+            &pg_url(),
+            "--schema",
+            &schema.0,
+        ]),
+    );
+    assert!(o.status.success(), "{text}");
+    let source = format!(
+        "{}?stream=NO_SUCH_STREAM_{}",
+        nats_token_url(),
+        schema.0.to_uppercase()
+    );
+    let (o, text) = run_clean(
+        "inbox --print-config",
+        outbox(&cwd)
+            .args([
+                "inbox",
+                "--print-config",
+                "--database-url",
+                &pg_url(),
+                "--schema",
+                &schema.0,
+            ])
+            .env("OUTBOX_INBOX_SOURCE", &source),
+    );
+    assert!(o.status.success() && text.contains("***"), "{text}");
+    for (what, args) in [
+        ("status --inbox", vec!["status", "--inbox"]),
+        ("failed --inbox", vec!["failed", "--inbox"]),
+        ("redrive --inbox --all", vec!["redrive", "--inbox", "--all"]),
+    ] {
+        let (o, text) = run_clean(
+            what,
+            outbox(&cwd)
+                .args(&args)
+                .args(["--database-url", &pg_url(), "--schema", &schema.0]),
+        );
+        assert!(o.status.success(), "{what}: {text}");
+    }
+    // Error paths: a stream that does not exist, brokers that do not answer, no inbox tables.
+    let dead_nats = format!("nats://{NATS_TOKEN}@{CLOSED}?stream=S");
+    let dead_redis = format!("redis://:{NATS_PASSWORD}@{CLOSED}?stream=s");
+    for (what, db_schema, src) in [
+        ("inbox, missing stream", schema.0.as_str(), source.as_str()),
+        (
+            "inbox, NATS unreachable",
+            schema.0.as_str(),
+            dead_nats.as_str(),
+        ),
+        (
+            "inbox, Redis unreachable",
+            schema.0.as_str(),
+            dead_redis.as_str(),
+        ),
+        (
+            "inbox, no inbox tables",
+            "public_no_inbox_here",
+            source.as_str(),
+        ),
+    ] {
+        let mut c = outbox(&cwd);
+        c.args(["inbox", "--database-url", &pg_url(), "--schema", db_schema])
+            .env("OUTBOX_INBOX_SOURCE", src);
+        let (mut child, out, err) = spawn_logged(&mut c);
+        let status = wait_or_stop(&mut child, Duration::from_secs(40));
+        let text = logged_clean(what, &out, &err);
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{what}: expected a failure:\n{text}"
+        );
+    }
+    let _ = Command::new("psql")
+        .args([
+            &common::database_url(),
+            "-qc",
+            &format!("DROP SCHEMA IF EXISTS {}_inbox CASCADE", schema.0),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    std::fs::remove_dir_all(&cwd).ok();
+}

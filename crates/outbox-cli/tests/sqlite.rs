@@ -206,6 +206,14 @@ fn demo_runs_with_no_server_and_loses_nothing() {
         .expect("a `lost` line");
     assert_eq!(lost.split_whitespace().nth(1), Some("0"), "{stdout}");
     assert!(stdout.contains("events published for them: 0"), "{stdout}");
+    let ledger = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("ledger") && l.contains("applied"))
+        .expect("a `ledger` summary line");
+    assert!(
+        ledger.contains("inbox processor") && ledger.contains("= committed total"),
+        "{stdout}"
+    );
     assert!(dir.join("demo/events.jsonl").exists() && dir.join("demo/payments.db").exists());
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -22,4 +22,7 @@ pub use route::{Glob, RouteMatch, RouteSpec};
 pub use routing::{DestinationPattern, DestinationRules, DestinationTemplate};
 pub use secret::Secret;
 pub use sink::{Envelope, Sink, SinkError, SinkErrorKind};
-pub use store::{BlockedKey, ClaimLimits, Maintenance, MemberId, OnFailed, Outcome, Stats, Store};
+pub use store::{
+    BlockedKey, ClaimLimits, FailedMessage, Maintenance, MemberId, OnFailed, Outcome, RedriveScope,
+    Stats, Store,
+};

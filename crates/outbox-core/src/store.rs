@@ -207,6 +207,37 @@ pub struct MemberStatus {
     pub sink_error: Option<String>,
 }
 
+/// A message that ended `failed`: its budget spent, or invalid. Listed by `outbox failed`,
+/// released by [`Store::redrive`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FailedMessage {
+    /// Message id.
+    pub id: uuid::Uuid,
+    /// Store sequence.
+    pub seq: i64,
+    /// Kind of aggregate.
+    pub aggregate_type: String,
+    /// Ordering key.
+    pub aggregate_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// The last error (sanitised).
+    pub last_error: Option<String>,
+    /// When the row was written.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Which failed messages [`Store::redrive`] releases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedriveScope {
+    /// Every failed message.
+    All,
+    /// The failed messages with these ids (ids of messages that are not failed are ignored).
+    Ids(Vec<uuid::Uuid>),
+}
+
 /// What [`Store::maintain`] and [`Store::purge`] did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Maintenance {
@@ -294,6 +325,17 @@ pub trait Store: Send + Sync {
         let _ = retention;
         Ok(Maintenance::default())
     }
+
+    /// Up to `limit` messages that ended `failed`, oldest first, with their errors.
+    async fn failed(&self, limit: usize) -> Result<Vec<FailedMessage>>;
+
+    /// Gives failed messages a fresh budget: each goes back to waiting for its next attempt,
+    /// due now, with its attempts at zero, and its key flows again behind it, in order (a
+    /// message redriven under `--on-failed skip` arrives after the later messages of its key
+    /// that flowed meanwhile). Every redriven message is recorded in the store's audit table
+    /// (`outbox_redrives`: when, which message, its attempts and last error, and `reason`).
+    /// Returns how many messages were redriven.
+    async fn redrive(&self, scope: &RedriveScope, reason: &str) -> Result<u64>;
 
     /// Inserts `messages` in one transaction of the store's own. Applications should use the
     /// backend's transactional `enqueue` instead, inside their business transaction.

@@ -19,6 +19,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "insert-only engine",
         include_str!("../migrations/0003_engine_v2.sql"),
     ),
+    (
+        4,
+        "redrive audit",
+        include_str!("../migrations/0004_redrive_audit.sql"),
+    ),
 ];
 
 /// Creates `schema` if needed and applies the migrations it lacks, in one transaction per run.

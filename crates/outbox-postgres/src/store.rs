@@ -13,8 +13,8 @@ use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
 use outbox_core::store::MemberStatus;
 use outbox_core::{
-    BlockedKey, ClaimLimits, Maintenance, MemberId, Message, NewMessage, OnFailed, Outcome, Result,
-    Stats, Store,
+    BlockedKey, ClaimLimits, FailedMessage, Maintenance, MemberId, Message, NewMessage, OnFailed,
+    Outcome, RedriveScope, Result, Stats, Store,
 };
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Row};
@@ -66,6 +66,8 @@ struct Queries {
     members: String,
     blocked: String,
     report_health: String,
+    failed: String,
+    redrive: String,
 }
 
 impl Queries {
@@ -85,6 +87,8 @@ impl Queries {
             members: schema.render(include_str!("../queries/members.sql")),
             blocked: schema.render(include_str!("../queries/blocked.sql")),
             report_health: schema.render(include_str!("../queries/report_health.sql")),
+            failed: schema.render(include_str!("../queries/failed.sql")),
+            redrive: schema.render(include_str!("../queries/redrive.sql")),
         }
     }
 }
@@ -866,6 +870,44 @@ impl Store for PgStore {
 
     async fn maintain(&self, retention: Duration) -> Result<Maintenance> {
         crate::retention::run(&self.pool, &self.schema, retention).await
+    }
+
+    async fn failed(&self, limit: usize) -> Result<Vec<FailedMessage>> {
+        let err = |e| map_sqlx_error("listing failed messages", e);
+        sqlx::query(&self.q.failed)
+            .bind(int8(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err)?
+            .iter()
+            .map(|r| {
+                Ok(FailedMessage {
+                    id: r.try_get("id").map_err(err)?,
+                    seq: r.try_get("seq").map_err(err)?,
+                    aggregate_type: r.try_get("aggregate_type").map_err(err)?,
+                    aggregate_id: r.try_get("aggregate_id").map_err(err)?,
+                    event_type: r.try_get("event_type").map_err(err)?,
+                    attempts: r.try_get("attempts").map_err(err)?,
+                    last_error: r.try_get("last_error").map_err(err)?,
+                    created_at: r.try_get("created_at").map_err(err)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn redrive(&self, scope: &RedriveScope, reason: &str) -> Result<u64> {
+        let (all, ids) = match scope {
+            RedriveScope::All => (true, Vec::new()),
+            RedriveScope::Ids(ids) => (false, ids.clone()),
+        };
+        let released: Vec<uuid::Uuid> = sqlx::query_scalar(&self.q.redrive)
+            .bind(all)
+            .bind(&ids)
+            .bind(outbox_core::redact::sanitize(reason))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("redriving failed messages", e))?;
+        Ok(released.len() as u64)
     }
 
     async fn insert(&self, messages: &[NewMessage]) -> Result<()> {

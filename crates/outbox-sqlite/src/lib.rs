@@ -1,20 +1,24 @@
 //! SQLite backend of the outbox (the embedded default): migrations, the transactional writer
 //! (`enqueue`) and the [`SqliteStore`] the relay claims, leases and completes rows through.
 //!
-//! SQL lives in `migrations/*.sql` and `queries/*.sql`. SQLite has no schemas, so the table
-//! names (`outbox`, `outbox_partitions`, `outbox_members`, `outbox_migrations`) are fixed and
-//! nothing is ever spliced into the SQL. Requires SQLite 3.35 or later (generated columns,
+//! SQL lives in `migrations/*.sql` and `queries/*.sql`. SQLite has no schemas: the table names
+//! (`outbox`, `outbox_partitions`, `outbox_members`, `outbox_migrations`, `outbox_redrives`)
+//! are fixed, except that another table set can live beside them under a prefix of its own
+//! ([`Tables`]; the inbox's processing queue is `inbox_queue`), the only text ever spliced into
+//! the SQL. Requires SQLite 3.35 or later (generated columns,
 //! `RETURNING`, `UPDATE … FROM`); the bundled library is newer.
 
 mod error;
 mod migrate;
 mod store;
+mod tables;
 mod writer;
 
 pub use error::map_sqlx_error;
-pub use migrate::{migrate, MIGRATIONS};
+pub use migrate::{migrate, migrate_tables, MIGRATIONS};
 pub use store::{
     connect_options, connect_pool, database_path, remove_database, SqliteStore, BUSY_TIMEOUT,
     DEFAULT_PATH, PARTITIONS,
 };
+pub use tables::{Tables, DEFAULT_PREFIX};
 pub use writer::{enqueue, enqueue_many, Writer};

@@ -4,6 +4,7 @@ use outbox_core::Result;
 use sqlx::SqlitePool;
 
 use crate::error::map_sqlx_error;
+use crate::tables::Tables;
 
 /// Every migration, in order: (version, name, SQL).
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[
@@ -18,6 +19,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "deferred",
         include_str!("../migrations/0003_deferred.sql"),
     ),
+    (
+        4,
+        "redrive audit",
+        include_str!("../migrations/0004_redrive_audit.sql"),
+    ),
 ];
 
 /// Applies the migrations the database lacks, all in one transaction, and records them in
@@ -26,39 +32,48 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
 /// (up to the busy timeout) and then finds nothing left to do. Returns the versions applied now
 /// (empty when the database was up to date).
 pub async fn migrate(pool: &SqlitePool) -> Result<Vec<i32>> {
-    let ctx = |what: &str| format!("migrating the SQLite outbox: {what}");
+    migrate_tables(pool, &Tables::default()).await
+}
+
+/// [`migrate`] for the table set `tables` (its own `<prefix>_migrations` records the versions),
+/// so several outbox table sets can live in one file.
+pub async fn migrate_tables(pool: &SqlitePool, tables: &Tables) -> Result<Vec<i32>> {
+    let ctx = |what: &str| format!("migrating the SQLite outbox `{}`: {what}", tables.prefix());
     let mut tx = pool
         .begin_with("BEGIN IMMEDIATE")
         .await
         .map_err(|e| map_sqlx_error(&ctx("begin"), e))?;
-    sqlx::raw_sql(
+    sqlx::raw_sql(&tables.render(
         "CREATE TABLE IF NOT EXISTS outbox_migrations (
              version    INTEGER PRIMARY KEY,
              name       TEXT    NOT NULL,
              applied_at TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
-    )
+    ))
     .execute(&mut *tx)
     .await
     .map_err(|e| map_sqlx_error(&ctx("creating outbox_migrations"), e))?;
-    let done: Vec<i32> = sqlx::query_scalar("SELECT version FROM outbox_migrations")
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
+    let done: Vec<i32> =
+        sqlx::query_scalar(&tables.render("SELECT version FROM outbox_migrations"))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
     let mut applied = Vec::new();
     for (version, name, sql) in MIGRATIONS {
         if done.contains(version) {
             continue;
         }
-        sqlx::raw_sql(sql)
+        sqlx::raw_sql(&tables.render(sql))
             .execute(&mut *tx)
             .await
             .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
-        sqlx::query("INSERT INTO outbox_migrations (version, name) VALUES (?1, ?2)")
-            .bind(version)
-            .bind(name)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx_error(&ctx("recording the version"), e))?;
+        sqlx::query(
+            &tables.render("INSERT INTO outbox_migrations (version, name) VALUES (?1, ?2)"),
+        )
+        .bind(version)
+        .bind(name)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("recording the version"), e))?;
         applied.push(*version);
     }
     tx.commit()
@@ -79,7 +94,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let url = format!("sqlite://{}", dir.join("outbox.db").display());
         let pool = crate::connect_pool(&url).await.unwrap();
-        assert_eq!(migrate(&pool).await.unwrap(), vec![1, 2, 3]);
+        assert_eq!(migrate(&pool).await.unwrap(), vec![1, 2, 3, 4]);
         (pool, dir)
     }
 

@@ -12,8 +12,8 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use futures::TryStreamExt;
 use outbox_core::store::MemberStatus;
 use outbox_core::{
-    BlockedKey, ClaimLimits, Error, ErrorKind, Maintenance, MemberId, Message, NewMessage,
-    OnFailed, Outcome, Result, Stats, Store,
+    BlockedKey, ClaimLimits, Error, ErrorKind, FailedMessage, Maintenance, MemberId, Message,
+    NewMessage, OnFailed, Outcome, RedriveScope, Result, Stats, Store,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -22,6 +22,7 @@ use sqlx::{Row, SqlitePool};
 use tokio::sync::watch;
 
 use crate::error::map_sqlx_error;
+use crate::tables::Tables;
 use crate::writer::Writer;
 
 /// Number of relay partitions; fixed by the migration that computes `outbox.partition`.
@@ -54,6 +55,59 @@ const STATS: &str = include_str!("../queries/stats.sql");
 const MEMBERS: &str = include_str!("../queries/members.sql");
 const BLOCKED: &str = include_str!("../queries/blocked.sql");
 const REPORT_HEALTH: &str = include_str!("../queries/report_health.sql");
+const FAILED: &str = include_str!("../queries/failed.sql");
+const REDRIVE_AUDIT: &str = include_str!("../queries/redrive_audit.sql");
+const REDRIVE: &str = include_str!("../queries/redrive.sql");
+
+/// Every statement, rendered for one table set.
+#[derive(Debug)]
+struct Queries {
+    claim: String,
+    complete: String,
+    heartbeat: String,
+    beat: String,
+    reap_members: String,
+    count_members: String,
+    renew: String,
+    give_back: String,
+    acquire: String,
+    release_partitions: String,
+    release_member: String,
+    stats: String,
+    members: String,
+    blocked: String,
+    report_health: String,
+    failed: String,
+    redrive_audit: String,
+    redrive: String,
+    purge: String,
+}
+
+impl Queries {
+    fn new(t: &Tables) -> Self {
+        Self {
+            claim: t.render(CLAIM),
+            complete: t.render(COMPLETE),
+            heartbeat: t.render(HEARTBEAT),
+            beat: t.render(BEAT),
+            reap_members: t.render(REAP_MEMBERS),
+            count_members: t.render(COUNT_MEMBERS),
+            renew: t.render(RENEW),
+            give_back: t.render(GIVE_BACK),
+            acquire: t.render(ACQUIRE),
+            release_partitions: t.render(RELEASE_PARTITIONS),
+            release_member: t.render(RELEASE_MEMBER),
+            stats: t.render(STATS),
+            members: t.render(MEMBERS),
+            blocked: t.render(BLOCKED),
+            report_health: t.render(REPORT_HEALTH),
+            failed: t.render(FAILED),
+            redrive_audit: t.render(REDRIVE_AUDIT),
+            redrive: t.render(REDRIVE),
+            purge: t.render("DELETE FROM outbox WHERE state = 'published' AND published_at < ?1"),
+        }
+    }
+}
 
 /// Connection options for `url`: `sqlite://path`, `sqlite:path`, or `sqlite://` with no path
 /// meaning [`DEFAULT_PATH`]; a query string (`?mode=ro`, …) is kept. The file is created if
@@ -137,6 +191,8 @@ type ClaimedEpochs = std::collections::HashMap<String, std::collections::HashMap
 pub struct SqliteStore {
     pool: SqlitePool,
     writer: Writer,
+    tables: Tables,
+    q: std::sync::Arc<Queries>,
     /// Per member, the epoch each claimed row's partition had at claim time (the fencing token
     /// its outcome is recorded under).
     claimed: std::sync::Arc<std::sync::Mutex<ClaimedEpochs>>,
@@ -149,13 +205,27 @@ impl std::fmt::Debug for SqliteStore {
 }
 
 impl SqliteStore {
-    /// A store over `pool` (whose database `migrate` has prepared).
+    /// A store over `pool` (whose database `migrate` has prepared), serving the `outbox`
+    /// tables.
     pub fn new(pool: SqlitePool) -> Self {
+        Self::with_tables(pool, Tables::default())
+    }
+
+    /// A store over `pool` serving the table set `tables` (which [`crate::migrate_tables`]
+    /// has prepared), e.g. a queue of its own beside the application's outbox in one file.
+    pub fn with_tables(pool: SqlitePool, tables: Tables) -> Self {
         Self {
             pool,
-            writer: Writer::new(),
+            writer: Writer::for_tables(&tables),
+            q: std::sync::Arc::new(Queries::new(&tables)),
+            tables,
             claimed: std::sync::Arc::default(),
         }
+    }
+
+    /// The table set this store serves.
+    pub fn tables(&self) -> &Tables {
+        &self.tables
     }
 
     /// The pool, for callers that also write business rows.
@@ -228,24 +298,24 @@ impl Store for SqliteStore {
         let lease = millis(lease);
         let until = now.saturating_add(lease);
         let cutoff = now.saturating_sub(lease);
-        sqlx::query(HEARTBEAT)
+        sqlx::query(&self.q.heartbeat)
             .bind(member.as_str())
             .bind(now)
             .execute(&mut *tx)
             .await
             .map_err(err("heartbeat"))?;
-        sqlx::query(REAP_MEMBERS)
+        sqlx::query(&self.q.reap_members)
             .bind(cutoff)
             .execute(&mut *tx)
             .await
             .map_err(err("forgetting silent members"))?;
-        let live: i64 = sqlx::query_scalar(COUNT_MEMBERS)
+        let live: i64 = sqlx::query_scalar(&self.q.count_members)
             .bind(cutoff)
             .fetch_one(&mut *tx)
             .await
             .map_err(err("counting members"))?;
         let fair = PARTITIONS.div_ceil(usize::try_from(live).unwrap_or(1).max(1));
-        let mut owned: Vec<i32> = sqlx::query_scalar(RENEW)
+        let mut owned: Vec<i32> = sqlx::query_scalar(&self.q.renew)
             .bind(member.as_str())
             .bind(until)
             .fetch_all(&mut *tx)
@@ -254,7 +324,7 @@ impl Store for SqliteStore {
         owned.sort_unstable();
         if owned.len() > fair {
             let extra = owned.split_off(fair);
-            sqlx::query(GIVE_BACK)
+            sqlx::query(&self.q.give_back)
                 .bind(member.as_str())
                 .bind(partitions_json(&extra))
                 .execute(&mut *tx)
@@ -262,7 +332,7 @@ impl Store for SqliteStore {
                 .map_err(err("giving back partitions"))?;
         } else if owned.len() < fair {
             let want = i64::try_from(fair - owned.len()).unwrap_or(i64::MAX);
-            let got: Vec<i32> = sqlx::query_scalar(ACQUIRE)
+            let got: Vec<i32> = sqlx::query_scalar(&self.q.acquire)
                 .bind(member.as_str())
                 .bind(until)
                 .bind(now)
@@ -281,13 +351,13 @@ impl Store for SqliteStore {
         let err = |e| map_sqlx_error("renewing partition leases", e);
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
         let now = now_ms();
-        sqlx::query(BEAT)
+        sqlx::query(&self.q.beat)
             .bind(member.as_str())
             .bind(now)
             .execute(&mut *tx)
             .await
             .map_err(err)?;
-        let rows: Vec<i32> = sqlx::query_scalar(RENEW)
+        let rows: Vec<i32> = sqlx::query_scalar(&self.q.renew)
             .bind(member.as_str())
             .bind(now.saturating_add(millis(lease)))
             .fetch_all(&mut *tx)
@@ -308,7 +378,7 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         // Row by row: each payload is in memory once, as its message's.
-        let mut rows = sqlx::query(CLAIM)
+        let mut rows = sqlx::query(&self.q.claim)
             .bind(member.as_str())
             .bind(partitions_json(partitions))
             .bind(now_ms())
@@ -375,7 +445,7 @@ impl Store for SqliteStore {
             Error::with_source(ErrorKind::Other, "encoding publish results as JSON", e)
         })?;
         let now = Utc::now();
-        let done = sqlx::query(COMPLETE)
+        let done = sqlx::query(&self.q.complete)
             .bind(member.as_str())
             .bind(rows)
             .bind(now.timestamp_millis())
@@ -393,12 +463,12 @@ impl Store for SqliteStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(member.as_str());
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
-        sqlx::query(RELEASE_MEMBER)
+        sqlx::query(&self.q.release_member)
             .bind(member.as_str())
             .execute(&mut *tx)
             .await
             .map_err(err)?;
-        sqlx::query(RELEASE_PARTITIONS)
+        sqlx::query(&self.q.release_partitions)
             .bind(member.as_str())
             .execute(&mut *tx)
             .await
@@ -414,12 +484,12 @@ impl Store for SqliteStore {
     async fn stats(&self) -> Result<Stats> {
         let err = |e| map_sqlx_error("reading outbox counts", e);
         let now = now_ms();
-        let r = sqlx::query(STATS)
+        let r = sqlx::query(&self.q.stats)
             .bind(now)
             .fetch_one(&self.pool)
             .await
             .map_err(err)?;
-        let members = sqlx::query(MEMBERS)
+        let members = sqlx::query(&self.q.members)
             .bind(now)
             .fetch_all(&self.pool)
             .await
@@ -443,7 +513,7 @@ impl Store for SqliteStore {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let blocked = sqlx::query_as::<_, (String, String, i32, Option<String>)>(BLOCKED)
+        let blocked = sqlx::query_as::<_, (String, String, i32, Option<String>)>(&self.q.blocked)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| map_sqlx_error("reading blocked keys", e))?
@@ -477,12 +547,11 @@ impl Store for SqliteStore {
         let cutoff = DateTime::from_timestamp_millis(cutoff)
             .unwrap_or(DateTime::<Utc>::MIN_UTC)
             .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        let done =
-            sqlx::query("DELETE FROM outbox WHERE state = 'published' AND published_at < ?1")
-                .bind(cutoff)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| map_sqlx_error("deleting published rows past retention", e))?;
+        let done = sqlx::query(&self.q.purge)
+            .bind(cutoff)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("deleting published rows past retention", e))?;
         Ok(Maintenance {
             rows_deleted: done.rows_affected(),
             ..Maintenance::default()
@@ -495,7 +564,7 @@ impl Store for SqliteStore {
         circuit: &str,
         sink_error: Option<&str>,
     ) -> Result<()> {
-        sqlx::query(REPORT_HEALTH)
+        sqlx::query(&self.q.report_health)
             .bind(member.as_str())
             .bind(circuit)
             .bind(sink_error)
@@ -503,6 +572,56 @@ impl Store for SqliteStore {
             .await
             .map_err(|e| map_sqlx_error("recording the circuit state", e))?;
         Ok(())
+    }
+
+    async fn failed(&self, limit: usize) -> Result<Vec<FailedMessage>> {
+        let err = |e| map_sqlx_error("listing failed messages", e);
+        let rows = sqlx::query(&self.q.failed)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err)?;
+        rows.iter()
+            .map(|r| {
+                let m = message_from_row(r)?;
+                Ok(FailedMessage {
+                    id: m.id,
+                    seq: m.seq,
+                    aggregate_type: m.aggregate_type,
+                    aggregate_id: m.aggregate_id,
+                    event_type: m.event_type,
+                    attempts: m.attempts,
+                    last_error: r.try_get("last_error").map_err(err)?,
+                    created_at: m.created_at,
+                })
+            })
+            .collect()
+    }
+
+    async fn redrive(&self, scope: &RedriveScope, reason: &str) -> Result<u64> {
+        let err = |e| map_sqlx_error("redriving failed messages", e);
+        let (all, ids) = match scope {
+            RedriveScope::All => (true, Vec::new()),
+            RedriveScope::Ids(ids) => (false, ids.iter().map(uuid::Uuid::to_string).collect()),
+        };
+        let ids = serde_json::Value::from(ids).to_string();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+        sqlx::query(&self.q.redrive_audit)
+            .bind(all)
+            .bind(&ids)
+            .bind(outbox_core::redact::sanitize(reason))
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        let n = sqlx::query(&self.q.redrive)
+            .bind(all)
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?
+            .rows_affected();
+        tx.commit().await.map_err(err)?;
+        Ok(n)
     }
 
     async fn insert(&self, messages: &[NewMessage]) -> Result<()> {

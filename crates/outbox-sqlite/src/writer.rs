@@ -8,21 +8,36 @@ use sqlx::{Sqlite, Transaction};
 use uuid::Uuid;
 
 use crate::error::map_sqlx_error;
+use crate::tables::Tables;
 
 const ENQUEUE_SQL: &str = include_str!("../queries/enqueue.sql");
 
-/// Writes outbox rows into the database's `outbox` table.
-///
-/// SQLite has no schemas, so unlike the PostgreSQL writer this one needs no configuration.
-#[derive(Debug, Clone, Default)]
+/// Writes outbox rows into the database's `outbox` table (or another table set's, see
+/// [`Writer::for_tables`]).
+#[derive(Debug, Clone)]
 pub struct Writer {
-    _private: (),
+    sql: std::borrow::Cow<'static, str>,
+}
+
+impl Default for Writer {
+    fn default() -> Self {
+        Self {
+            sql: std::borrow::Cow::Borrowed(ENQUEUE_SQL),
+        }
+    }
 }
 
 impl Writer {
     /// A writer for the `outbox` table.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A writer for the message table of `tables`.
+    pub fn for_tables(tables: &Tables) -> Self {
+        Self {
+            sql: std::borrow::Cow::Owned(tables.render(ENQUEUE_SQL)),
+        }
     }
 
     /// Adds `message` to the outbox inside `tx`. See [`Writer::enqueue_many`].
@@ -73,7 +88,7 @@ impl Writer {
         let rows = serde_json::to_string(&rows).map_err(|e| {
             Error::with_source(ErrorKind::Other, "encoding outbox messages as JSON", e)
         })?;
-        sqlx::query(ENQUEUE_SQL)
+        sqlx::query(&self.sql)
             .bind(rows)
             .execute(&mut **tx)
             .await

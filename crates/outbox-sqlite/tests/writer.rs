@@ -24,7 +24,7 @@ fn fresh_url() -> (String, PathBuf) {
 async fn setup() -> (SqlitePool, PathBuf) {
     let (url, dir) = fresh_url();
     let pool = connect_pool(&url).await.unwrap();
-    assert_eq!(migrate(&pool).await.unwrap(), vec![1, 2, 3]);
+    assert_eq!(migrate(&pool).await.unwrap(), vec![1, 2, 3, 4]);
     (pool, dir)
 }
 
@@ -289,7 +289,7 @@ async fn migrate_is_idempotent() {
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(versions, vec![1, 2, 3]);
+    assert_eq!(versions, vec![1, 2, 3, 4]);
     teardown(pool, dir).await;
 }
 
@@ -304,7 +304,7 @@ async fn concurrent_migrators_apply_each_version_once() {
     let (ra, rb) = tokio::join!(migrate(&a), migrate(&b));
     let mut applied = [ra.unwrap(), rb.unwrap()];
     applied.sort();
-    assert_eq!(applied, [vec![], vec![1, 2, 3]]);
+    assert_eq!(applied, [vec![], vec![1, 2, 3, 4]]);
     b.close().await;
     teardown(a, dir).await;
 }

@@ -49,7 +49,8 @@ macro_rules! store_conformance_suite {
             stale_record_after_retaking_ones_own_partition_changes_nothing,
             parked_key_is_released_in_order_behind_its_head,
             claim_respects_the_byte_bound_but_passes_one_oversized_row,
-            a_complete_dropped_mid_way_records_when_called_again
+            a_complete_dropped_mid_way_records_when_called_again,
+            redrive_releases_a_failed_head_and_its_key_flows_in_order
         );
     };
 }
@@ -330,6 +331,67 @@ pub async fn failed_row_blocks_its_key_and_is_counted(store: Arc<dyn Store>) {
     assert_eq!(now, vec![b1.id]);
     let s = store.stats().await.unwrap();
     assert_eq!((s.failed, s.pending, s.blocked_keys), (1, 2, 1));
+}
+
+/// A failed head is listed with its error; a redrive gives it a fresh budget (zero attempts, due
+/// now), records it in the audit table, and releases its key: the head first, then the messages
+/// that waited behind it, in order. Redriving what is not failed changes nothing.
+pub async fn redrive_releases_a_failed_head_and_its_key_flows_in_order(store: Arc<dyn Store>) {
+    let a: Vec<_> = (0..3).map(|i| msg("a", i)).collect();
+    store.insert(&a).await.unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    assert_eq!(got.len(), 3);
+    let head = got[0].seq;
+    store
+        .complete(
+            &m,
+            &[Outcome::Failed {
+                seq: head,
+                error: "handler said no".into(),
+            }],
+        )
+        .await
+        .unwrap();
+    // Written after the failure: it waits behind the head too.
+    let later = msg("a", 3);
+    store.insert(std::slice::from_ref(&later)).await.unwrap();
+    assert!(claim_all(&store, &m, &parts).await.is_empty());
+    let failed = store.failed(10).await.unwrap();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].id, a[0].id);
+    assert_eq!(failed[0].aggregate_id, "a");
+    assert_eq!(failed[0].attempts, 1);
+    assert_eq!(failed[0].last_error.as_deref(), Some("handler said no"));
+    // Ids that are not failed are ignored.
+    let other = outbox_core::RedriveScope::Ids(vec![a[1].id, uuid::Uuid::now_v7()]);
+    assert_eq!(store.redrive(&other, "test").await.unwrap(), 0);
+    let scope = outbox_core::RedriveScope::Ids(vec![a[0].id]);
+    assert_eq!(store.redrive(&scope, "fixed the handler").await.unwrap(), 1);
+    assert_eq!(store.redrive(&scope, "again").await.unwrap(), 0);
+    assert!(store.failed(10).await.unwrap().is_empty());
+    let s = store.stats().await.unwrap();
+    assert_eq!(s.failed, 0);
+    let released = claim_all(&store, &m, &parts).await;
+    let want: Vec<_> = a.iter().chain([&later]).map(|x| x.id).collect();
+    assert_eq!(released.iter().map(|r| r.id).collect::<Vec<_>>(), want);
+    assert_eq!(released[0].attempts, 0, "a fresh budget");
+    let outcomes: Vec<_> = released
+        .iter()
+        .map(|r| Outcome::Published { seq: r.seq })
+        .collect();
+    assert_eq!(store.complete(&m, &outcomes).await.unwrap(), 4);
+    assert!(claim_all(&store, &m, &parts).await.is_empty());
+    let s = store.stats().await.unwrap();
+    assert_eq!((s.pending, s.failed, s.published), (0, 0, 4));
+    // `All` redrives whatever is failed: nothing now.
+    assert_eq!(
+        store
+            .redrive(&outbox_core::RedriveScope::All, "sweep")
+            .await
+            .unwrap(),
+        0
+    );
 }
 
 /// A member that lost its partitions cannot record results for them.

@@ -41,12 +41,30 @@ pub struct Schedule {
     pub db_restart: Option<String>,
 }
 
-/// Starts injecting faults into `relays` (and the broker and database, through the commands);
-/// every fault is appended to `log` once it ends. The task ends after the load (`stop`) once
-/// every kind was injected, or at the first fault command that fails.
+/// Picks a process among `groups` (every process equally likely): (group, index).
+fn victim(groups: &[Arc<Mutex<Relays>>], rng: &mut fastrand::Rng) -> (usize, usize) {
+    let sizes: Vec<usize> = groups
+        .iter()
+        .map(|g| g.lock().map(|r| r.children.len()).unwrap_or(0))
+        .collect();
+    let total: usize = sizes.iter().sum();
+    let mut pick = rng.usize(..total.max(1));
+    for (g, n) in sizes.iter().enumerate() {
+        if pick < *n {
+            return (g, pick);
+        }
+        pick -= n;
+    }
+    (0, 0)
+}
+
+/// Starts injecting faults into the processes of `groups` (relays, and with `--through-inbox`
+/// inbox daemons and handlers) and the broker and database, through the commands; every fault
+/// is appended to `log` once it ends. The task ends after the load (`stop`) once every kind was
+/// injected, or at the first fault command that fails.
 pub fn spawn(
     schedule: Schedule,
-    relays: Arc<Mutex<Relays>>,
+    groups: Vec<Arc<Mutex<Relays>>>,
     log: Arc<Mutex<Vec<FaultEvent>>>,
     seed: u64,
     started: Instant,
@@ -78,31 +96,33 @@ pub fn spawn(
             let at = started.elapsed().as_secs_f64();
             let detail = match kind.as_str() {
                 "kill" => {
-                    let n = relays.lock().map(|r| r.children.len()).unwrap_or(1);
-                    let victim = rng.usize(..n);
-                    if let Ok(mut r) = relays.lock() {
+                    let (g, victim) = victim(&groups, &mut rng);
+                    let mut role = String::new();
+                    if let Ok(mut r) = groups[g].lock() {
+                        role = r.role().to_string();
                         let _ = r.children[victim].kill();
                         let _ = r.children[victim].wait();
                     }
                     tokio::time::sleep(Duration::from_millis(300 + rng.u64(..1000))).await;
-                    if let Ok(mut r) = relays.lock() {
+                    if let Ok(mut r) = groups[g].lock() {
                         let c = r.spawn_one(victim)?;
                         r.children[victim] = c;
                     }
-                    format!("kill -9 relay {victim}, restarted")
+                    format!("kill -9 {role} {victim}, restarted")
                 }
                 "pause" => {
-                    let n = relays.lock().map(|r| r.children.len()).unwrap_or(1);
-                    let victim = rng.usize(..n);
+                    let (g, victim) = victim(&groups, &mut rng);
                     let paused = s.lease + Duration::from_secs(1);
-                    if let Ok(mut r) = relays.lock() {
+                    let mut role = String::new();
+                    if let Ok(mut r) = groups[g].lock() {
+                        role = r.role().to_string();
                         r.signal(victim, "-STOP");
                     }
                     tokio::time::sleep(paused).await;
-                    if let Ok(mut r) = relays.lock() {
+                    if let Ok(mut r) = groups[g].lock() {
                         r.signal(victim, "-CONT");
                     }
-                    format!("SIGSTOP relay {victim} for {paused:?} (past its lease), SIGCONT")
+                    format!("SIGSTOP {role} {victim} for {paused:?} (past its lease), SIGCONT")
                 }
                 "broker" => {
                     if let (Some(a), Some(b)) = (&s.broker_stop, &s.broker_start) {

@@ -8,9 +8,15 @@
 //! `outbox` binary ([`relays`]); faults ([`faults`]) are `kill -9` of a relay, SIGSTOP past the
 //! lease then SIGCONT (the fencing case), broker stop/start and database restart. [`checker`]
 //! compares what arrived with the ledger and [`report`] holds the verdict.
+//!
+//! With `--through-inbox` the run goes on to the receiving side: `outbox inbox` daemons consume
+//! the broker into an inbox, handler processes apply each message's effect, the faults hit them
+//! too, and [`effects`] judges every effect applied exactly once and in per-key order.
 
 pub mod checker;
+pub mod effects;
 pub mod faults;
+pub mod inbox;
 pub mod relays;
 pub mod report;
 mod run;

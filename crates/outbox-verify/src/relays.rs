@@ -1,5 +1,6 @@
-//! The relay processes `outbox verify` runs, kills, pauses and restarts: real OS processes of
-//! the `outbox` binary, so a fault hits them as it would in production.
+//! The processes `outbox verify` runs, kills, pauses and restarts: real OS processes of the
+//! `outbox` binary (relays; with `--through-inbox` also `outbox inbox` daemons and inbox
+//! handlers), so a fault hits them as it would in production.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -22,6 +23,11 @@ pub struct Relays {
     sink_url: String,
     /// Where every relay's standard output goes (the `stdout:` sink), appended.
     stdout: Option<PathBuf>,
+    /// What these processes are, for logs and fault reports (`relay`, `inbox`, `handler`).
+    role: String,
+    /// The environment variable the second URL goes in (`OUTBOX_SINK` for relays,
+    /// `OUTBOX_INBOX_SOURCE` for inbox daemons); `None`: only the database URL.
+    url_env: Option<&'static str>,
 }
 
 impl Drop for Relays {
@@ -56,15 +62,29 @@ impl Relays {
             database_url,
             sink_url,
             stdout,
+            role: "relay".into(),
+            url_env: Some("OUTBOX_SINK"),
         }
     }
 
-    /// Starts relay `i` (its log appended to `relay-<i>.log`).
+    /// The same for processes of another `role`, whose second URL (if any) goes in `url_env`.
+    pub fn with_role(mut self, role: &str, url_env: Option<&'static str>) -> Self {
+        self.role = role.to_string();
+        self.url_env = url_env;
+        self
+    }
+
+    /// What these processes are (`relay`, `inbox`, `handler`).
+    pub fn role(&self) -> &str {
+        &self.role
+    }
+
+    /// Starts process `i` (its log appended to `<role>-<i>.log`).
     pub fn spawn_one(&mut self, i: usize) -> anyhow::Result<Child> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.logs.join(format!("relay-{i}.log")))?;
+            .open(self.logs.join(format!("{}-{i}.log", self.role)))?;
         let stdout = match &self.stdout {
             Some(path) => Stdio::from(
                 std::fs::OpenOptions::new()
@@ -74,16 +94,18 @@ impl Relays {
             ),
             None => Stdio::null(),
         };
-        Command::new(&self.program)
-            .args(&self.args)
+        let mut c = Command::new(&self.program);
+        c.args(&self.args)
             .env("OUTBOX_LOG", "warn")
-            .env("OUTBOX_DATABASE_URL", &self.database_url)
-            .env("OUTBOX_SINK", &self.sink_url)
-            .stdin(Stdio::null())
+            .env("OUTBOX_DATABASE_URL", &self.database_url);
+        if let Some(name) = self.url_env {
+            c.env(name, &self.sink_url);
+        }
+        c.stdin(Stdio::null())
             .stdout(stdout)
             .stderr(log)
             .spawn()
-            .context("starting a relay process")
+            .with_context(|| format!("starting a {} process", self.role))
     }
 
     /// Sends `sig` (`-STOP`, `-CONT`, `-TERM`) to relay `i` if it still runs (once a child

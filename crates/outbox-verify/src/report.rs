@@ -7,6 +7,24 @@ use serde::Serialize;
 
 use super::faults::FaultEvent;
 use crate::checker::RawOrder;
+use crate::effects::EffectsVerdict;
+
+/// The receiving side of a `--through-inbox` run.
+#[derive(Debug, Serialize)]
+pub struct InboxReport {
+    /// `outbox inbox` daemon processes (one ingests, the others stand by).
+    pub daemons: usize,
+    /// Handler processes (inbox processors).
+    pub handlers: usize,
+    /// Messages recorded in the inbox (once each).
+    pub ingested: i64,
+    /// The effects against the ledger: applied, missing, duplicated, phantoms, mismatched,
+    /// handler order violations (all but `effects_applied` must be 0).
+    #[serde(flatten)]
+    pub effects: EffectsVerdict,
+    /// Seconds from the end of the load until every committed message's effect was applied.
+    pub effects_drain_seconds_after_load: f64,
+}
 
 /// The checker's verdict and the run it judged.
 #[derive(Debug, Serialize)]
@@ -71,6 +89,9 @@ pub struct Report {
     pub raw_order: RawOrder,
     /// Producer transactions that failed (faults); the ledger says which committed.
     pub producer_errors: usize,
+    /// With `--through-inbox`: the effects the inbox handlers applied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inbox: Option<InboxReport>,
 }
 
 impl Report {
@@ -125,6 +146,26 @@ impl Report {
             self.drain_seconds_after_load,
             self.drain_seconds_after_last_fault
         );
+        if let Some(i) = &self.inbox {
+            let e = &i.effects;
+            println!(
+                "  through the inbox: {} daemons, {} handler processes; {} messages ingested",
+                i.daemons, i.handlers, i.ingested
+            );
+            println!(
+                "  effects applied {}   missing {}   duplicated {}   phantoms {}   mismatched {}   \
+                 handler order violations {}   (raw keys, information: {} pairs out of commit order); \
+                 all applied {:.1} s after the load",
+                e.effects_applied,
+                e.effects_missing,
+                e.effects_duplicated,
+                e.effects_phantoms,
+                e.effects_mismatched,
+                e.handler_order_violations,
+                e.raw_handler_pairs_out_of_order,
+                i.effects_drain_seconds_after_load
+            );
+        }
         println!(
             "  verdict: {}",
             if self.ok {

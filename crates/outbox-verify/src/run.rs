@@ -14,9 +14,10 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::checker::{check, Arrival, FaultMark};
+use crate::effects::check_effects;
 use crate::faults::{self, FaultEvent, Schedule};
 use crate::relays::Relays;
-use crate::report::Report;
+use crate::report::{InboxReport, Report};
 use crate::workload::{self, Shape};
 
 /// What one run does. Fault kinds are `kill`, `pause`, `broker` (needs both broker commands)
@@ -54,7 +55,16 @@ pub struct Settings {
     pub program: PathBuf,
     /// Print what is being set up (text output).
     pub announce: bool,
+    /// Go on through the receiving side: `outbox inbox` daemons consume the broker into an
+    /// inbox beside the outbox, handler processes apply each message's effect, the faults hit
+    /// them too, and every effect must be applied once, in per-key order (PostgreSQL and NATS).
+    pub through_inbox: bool,
 }
+
+/// `outbox inbox` daemons of a `--through-inbox` run: one ingests, one stands by.
+const INBOX_DAEMONS: usize = 2;
+/// Handler processes of a `--through-inbox` run, sharing the queue's partitions.
+const INBOX_HANDLERS: usize = 2;
 
 /// The verdict of a run.
 pub struct Outcome {
@@ -144,6 +154,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         keep,
         program,
         announce,
+        through_inbox,
     } = settings;
     let tmp = std::env::temp_dir().join(format!("outbox-verify-{:08x}", fastrand::u32(..)));
     std::fs::create_dir_all(&tmp)?;
@@ -191,7 +202,39 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             reader.describe(),
             tmp.display()
         );
+        if through_inbox {
+            println!(
+                "  through the inbox: {INBOX_DAEMONS} `outbox inbox` daemons and {INBOX_HANDLERS} \
+                 handler processes, faults included"
+            );
+        }
     }
+
+    // The receiving side: the inbox beside the outbox, fed from the scratch stream.
+    let inbox_setup = if through_inbox {
+        let pool = db
+            .postgres()
+            .map(|s| s.pool().clone())
+            .context("--through-inbox runs on PostgreSQL only")?;
+        anyhow::ensure!(
+            sink_url.starts_with("nats://") || sink_url.starts_with("tls://"),
+            "--through-inbox reads the broker with `outbox inbox`, whose sources in this build are \
+             NATS JetStream and Redis Streams: pass a nats:// sink"
+        );
+        crate::inbox::prepare(&pool, db.schema()).await?;
+        // The NATS scratch stream is the destination's first token, upper-cased
+        // (outbox-sinks `nats/reader.rs`).
+        let prefix = destination.split('.').next().unwrap_or_default();
+        let base = sink_url.split('?').next().unwrap_or(&sink_url);
+        let source = format!(
+            "{base}?stream={}&ack_wait={}ms",
+            prefix.to_ascii_uppercase(),
+            (lease * 2 / 3).as_millis().max(500)
+        );
+        Some((pool, source))
+    } else {
+        None
+    };
 
     // The relays' sink waits for each acknowledgement a quarter of their short lease (NATS
     // waits 5 s by default, longer than the third of the default 3 s lease a publish may take;
@@ -232,10 +275,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     .map(|s| s.to_string())
     .collect();
     let mut relays = Relays::new(
-        program,
+        program.clone(),
         relay_args,
         tmp.clone(),
-        relay_db_url,
+        relay_db_url.clone(),
         relay_sink,
         stdout_path.clone(),
     );
@@ -244,6 +287,56 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         relays.children.push(c);
     }
     let relays = Arc::new(Mutex::new(relays));
+    let mut groups = vec![relays.clone()];
+    if let Some((_, source)) = &inbox_setup {
+        let lease_arg = humantime::format_duration(lease).to_string();
+        let daemon_args: Vec<String> = [
+            "inbox",
+            "--schema",
+            db.schema(),
+            "--batch-size",
+            "200",
+            "--poll-interval",
+            "20ms",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let handler_args: Vec<String> = [
+            "verify-inbox-handler",
+            "--schema",
+            db.schema(),
+            "--lease",
+            &lease_arg,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for (role, args, env, count) in [
+            (
+                "inbox",
+                daemon_args,
+                Some("OUTBOX_INBOX_SOURCE"),
+                INBOX_DAEMONS,
+            ),
+            ("handler", handler_args, None, INBOX_HANDLERS),
+        ] {
+            let mut group = Relays::new(
+                program.clone(),
+                args,
+                tmp.clone(),
+                relay_db_url.clone(),
+                source.clone(),
+                None,
+            )
+            .with_role(role, env);
+            for i in 0..count {
+                let c = group.spawn_one(i)?;
+                group.children.push(c);
+            }
+            groups.push(Arc::new(Mutex::new(group)));
+        }
+    }
     let started = Instant::now();
 
     let stop = CancellationToken::new();
@@ -259,7 +352,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             broker_start,
             db_restart,
         },
-        relays.clone(),
+        groups.clone(),
         fault_log.clone(),
         seed,
         started,
@@ -317,10 +410,41 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     // Late duplicates (a resumed relay) get a moment to show up.
     tokio::time::sleep(Duration::from_secs(1)).await;
     got.poll(reader.as_mut(), started).await;
-    {
-        let mut r = relays
+    // Through the inbox: every committed message's effect, once.
+    let mut inbox_effects = None;
+    if let Some((pool, _)) = &inbox_setup {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let mut applied_at = started.elapsed().as_secs_f64();
+        loop {
+            let effects = crate::inbox::effects(pool, db.schema()).await?;
+            let have: HashSet<Uuid> = effects.iter().map(|e| e.id).collect();
+            let missing = ledger.keys().filter(|id| !have.contains(id)).count();
+            if missing == 0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                eprintln!("verify: {missing} effects missing after the drain timeout");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            applied_at = started.elapsed().as_secs_f64();
+        }
+        // Late doubles (a resumed handler) get a moment to show up.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let effects = crate::inbox::effects(pool, db.schema()).await?;
+        let ingested = crate::inbox::ingested(pool, db.schema()).await?;
+        inbox_effects = Some(InboxReport {
+            daemons: INBOX_DAEMONS,
+            handlers: INBOX_HANDLERS,
+            ingested,
+            effects: check_effects(&ledger, &effects),
+            effects_drain_seconds_after_load: (applied_at - load_end).max(0.0),
+        });
+    }
+    for group in &groups {
+        let mut r = group
             .lock()
-            .map_err(|_| anyhow::anyhow!("relay list poisoned"))?;
+            .map_err(|_| anyhow::anyhow!("process list poisoned"))?;
         for i in 0..r.children.len() {
             r.signal(i, "-CONT");
             r.signal(i, "-TERM");
@@ -345,8 +469,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         *faults_injected.entry(f.kind.clone()).or_default() += 1;
     }
     let all_kinds = kinds.iter().all(|k| faults_injected.contains_key(k));
+    let inbox_ok = inbox_effects.as_ref().is_none_or(|i| i.effects.ok());
     let report = Report {
-        ok: verdict.ok() && pending == 0,
+        ok: verdict.ok() && pending == 0 && inbox_ok,
         seed,
         database: place,
         sink: outbox_core::redact::url(&sink_url),
@@ -376,8 +501,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         raw_producers: shape.raw_producers,
         raw_order: verdict.raw_order,
         producer_errors: tally.errors.load(Ordering::Relaxed),
+        inbox: inbox_effects,
     };
     if !keep {
+        if through_inbox {
+            let _ = db
+                .execute_script(&format!(
+                    "DROP SCHEMA IF EXISTS {}_inbox CASCADE",
+                    db.schema()
+                ))
+                .await;
+        }
         let _ = Database::clone(&db).destroy().await;
         reader.cleanup().await;
         let _ = std::fs::remove_dir_all(&tmp);

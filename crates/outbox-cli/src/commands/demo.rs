@@ -3,7 +3,8 @@
 //!
 //! Scenes: payments commit atomically with their events (rollbacks leave nothing); the broker
 //! goes away and events wait, visibly; a relay crashes mid-batch and another takes over when the
-//! lease expires; a ledger consumer applies every payment exactly once by deduping message ids.
+//! lease expires; a ledger consumer records every event in its inbox (a redelivery is absorbed
+//! by message id) and applies every payment exactly once with the inbox processor.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -16,6 +17,7 @@ use anyhow::Context as _;
 use async_trait::async_trait;
 use outbox_core::{DestinationTemplate, Envelope, NewMessage, RetryPolicy, Sink, SinkError, Stats};
 use outbox_db::{Backend, Database};
+use outbox_inbox::{HandlerError, Handlers, InboxMessage, InboxProcessor, ProcessorConfig};
 use outbox_relay::{Relay, RelayConfig, RelayMetrics};
 use sqlx::SqlitePool;
 use tokio::sync::Notify;
@@ -75,9 +77,10 @@ async fn pay(db: &Database, amount_cents: i64, fraud: bool) -> anyhow::Result<Uu
     Ok(event.id)
 }
 
-/// The downstream ledger: its own SQLite database, applying each payment once. The message id
-/// is recorded in the same transaction as the balance change, so a redelivered event changes
-/// nothing (the idempotent-consumer pattern; the full inbox is `outbox inbox`'s job).
+/// The downstream ledger: its own SQLite database, with an inbox. Every event read from the
+/// broker is recorded in `inbox_messages` (a redelivery is absorbed there, by message id), and
+/// an [`InboxProcessor`] applies each payment to the balance once: its handler runs in a
+/// transaction that also claims the message in `processed_messages` (see `docs/consumers.md`).
 struct Ledger {
     pool: SqlitePool,
 }
@@ -86,9 +89,9 @@ impl Ledger {
     async fn open(path: &Path) -> anyhow::Result<Self> {
         outbox_sqlite::remove_database(path);
         let pool = outbox_sqlite::connect_pool(&format!("sqlite://{}", path.display())).await?;
+        outbox_inbox::migrate_sqlite(&pool).await?;
         sqlx::raw_sql(
-            "CREATE TABLE processed (message_id TEXT PRIMARY KEY);
-             CREATE TABLE balance (payments INTEGER NOT NULL, total_cents INTEGER NOT NULL);
+            "CREATE TABLE balance (payments INTEGER NOT NULL, total_cents INTEGER NOT NULL);
              INSERT INTO balance VALUES (0, 0);",
         )
         .execute(&pool)
@@ -96,35 +99,56 @@ impl Ledger {
         Ok(Self { pool })
     }
 
-    /// Applies `events`; returns (applied, duplicates ignored).
-    async fn apply(&self, events: &[Delivered]) -> anyhow::Result<(u64, u64)> {
-        let mut tx = self.pool.begin().await?;
-        let (mut applied, mut dup) = (0, 0);
-        for e in events {
-            let fresh = sqlx::query("INSERT OR IGNORE INTO processed (message_id) VALUES (?)")
-                .bind(e.id.to_string())
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if fresh == 1 {
+    /// The processor applying payments to the balance, once each.
+    fn processor(&self) -> InboxProcessor {
+        let handlers = Handlers::new().on_fn("payment.created", |tx, m| {
+            Box::pin(async move {
+                let cents = m.payload["amount_cents"]
+                    .as_i64()
+                    .ok_or_else(|| HandlerError::permanent("payment without amount_cents"))?;
                 sqlx::query(
                     "UPDATE balance SET payments = payments + 1, total_cents = total_cents + ?",
                 )
-                .bind(
-                    serde_json::from_slice::<serde_json::Value>(&e.payload)
-                        .ok()
-                        .and_then(|v| v["amount_cents"].as_i64())
-                        .unwrap_or(0),
-                )
-                .execute(&mut *tx)
+                .bind(cents)
+                .execute(&mut **tx)
                 .await?;
-                applied += 1;
-            } else {
-                dup += 1;
-            }
-        }
+                Ok(())
+            })
+        });
+        InboxProcessor::sqlite(
+            self.pool.clone(),
+            handlers,
+            ProcessorConfig {
+                workers: 1,
+                poll_interval: Duration::from_millis(50),
+                member_prefix: "ledger".into(),
+                ..ProcessorConfig::default()
+            },
+        )
+    }
+
+    /// Records `events` in the inbox, in one transaction; returns (recorded, duplicates).
+    async fn ingest(&self, events: &[Delivered]) -> anyhow::Result<(u64, u64)> {
+        let messages: Vec<InboxMessage> = events
+            .iter()
+            .map(|e| {
+                InboxMessage::from_broker(
+                    "demo",
+                    &e.payload,
+                    e.headers.clone(),
+                    e.id,
+                    &e.destination,
+                    Some(&e.key),
+                )
+            })
+            .collect();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let flags = outbox_inbox::Inbox::default()
+            .ingest_many(&mut tx, &messages)
+            .await?;
         tx.commit().await?;
-        Ok((applied, dup))
+        let recorded = flags.iter().filter(|f| **f).count() as u64;
+        Ok((recorded, flags.len() as u64 - recorded))
     }
 
     async fn totals(&self) -> anyhow::Result<(i64, i64)> {
@@ -138,19 +162,19 @@ impl Ledger {
 #[derive(Default)]
 struct Consumed {
     received: u64,
-    applied: u64,
+    recorded: u64,
     duplicates: u64,
     arrived: HashSet<Uuid>,
 }
 
 impl Consumed {
-    /// Reads what reached the broker since the last call and applies it to the ledger.
+    /// Reads what reached the broker since the last call and records it in the ledger's inbox.
     async fn step(&mut self, broker: &mut dyn Reader, ledger: &Ledger) -> anyhow::Result<()> {
         let events = broker.poll(Duration::from_millis(250)).await.delivered;
         self.received += events.len() as u64;
         self.arrived.extend(events.iter().map(|e| e.id));
-        let (ok, dup) = ledger.apply(&events).await?;
-        self.applied += ok;
+        let (ok, dup) = ledger.ingest(&events).await?;
+        self.recorded += ok;
         self.duplicates += dup;
         Ok(())
     }
@@ -279,6 +303,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let destination = DestinationTemplate::parse(&scratch.destination)?;
     let ledger_path = args.dir.join("ledger.db");
     let ledger = Ledger::open(&ledger_path).await?;
+    let stop_ledger = CancellationToken::new();
+    let ledger_task = tokio::spawn(ledger.processor().run(stop_ledger.clone()));
     let store = db.store();
 
     println!(
@@ -351,9 +377,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .map(|p| (p.committed.len(), p.rolled_back.len()))
         .unwrap_or_default();
     println!(
-        "   so far: {c} committed, {r} rolled back; {} events published; ledger applied {}",
+        "   so far: {c} committed, {r} rolled back; {} events published; ledger inbox recorded {}",
         RelayMetrics::get(&metrics_a.published),
-        counts.applied
+        counts.recorded
     );
     println!();
 
@@ -467,6 +493,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     }
     stop_b.cancel();
     relay_b_task.await?;
+    // The ledger's processor applies what its inbox recorded.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ledger.totals().await?.0 < committed.len() as i64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop_ledger.cancel();
+    ledger_task.await?;
     let arrived = &counts.arrived;
     let delivered = committed.iter().filter(|id| arrived.contains(id)).count();
     let lost = committed.len() - delivered;
@@ -497,12 +530,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         delivered, counts.received
     );
     println!(
-        "  duplicates absorbed       {:>6}   (redeliveries after the crash, ignored by message id)",
+        "  duplicates absorbed       {:>6}   (redeliveries after the crash, absorbed by the ledger's inbox)",
         counts.duplicates
     );
     println!("  lost                      {:>6}", lost);
     println!(
-        "  ledger                    {:>6}   payments applied once, total {}{}",
+        "  ledger                    {:>6}   payments applied once by the inbox processor, total {}{}",
         ledger_payments,
         money(ledger_total),
         if ledger_total == committed_total {

@@ -25,3 +25,16 @@ pub async fn run(db: DbSettings, notify: Option<bool>) -> anyhow::Result<ExitCod
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// Creates or upgrades the inbox tables and its processing queue.
+pub async fn inbox(db: DbSettings) -> anyhow::Result<ExitCode> {
+    let inbox = outbox_inbox::InboxDatabase::open(&db.url, &db.schema, 2).await?;
+    let applied = inbox.migrate().await?;
+    let place = inbox.place();
+    if applied.is_empty() {
+        println!("{place} is up to date");
+    } else {
+        println!("{place}: applied migrations {applied:?}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -2,8 +2,10 @@
 
 mod bench;
 mod demo;
+mod inbox;
 mod maintain;
 mod migrate;
+mod redrive;
 mod relay;
 mod status;
 mod verify;
@@ -12,6 +14,21 @@ use std::process::ExitCode;
 
 use crate::cli::{Cli, Command};
 use crate::config;
+
+/// The store `status`, `failed` and `redrive` work on: the outbox, or with `inbox` the
+/// inbox's processing queue; and where it lives, for messages.
+async fn open_store(
+    db: &config::DbSettings,
+    inbox: bool,
+) -> anyhow::Result<(std::sync::Arc<dyn outbox_core::Store>, String)> {
+    if inbox {
+        let d = outbox_inbox::InboxDatabase::open(&db.url, &db.schema, 2).await?;
+        Ok((d.queue(), d.place()))
+    } else {
+        let d = outbox_db::open(&db.url, &db.schema, 2).await?;
+        Ok((d.store(), d.place()))
+    }
+}
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -23,7 +40,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 (_, true) => Some(false),
                 _ => None,
             };
-            migrate::run(config::db(&loaded, &args.db)?, notify).await
+            let db = config::db(&loaded, &args.db)?;
+            if args.inbox {
+                migrate::inbox(db).await
+            } else {
+                migrate::run(db, notify).await
+            }
         }
         Command::Maintain(args) => {
             let retention = config::retention(&loaded, args.retention)?;
@@ -33,9 +55,36 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             maintain::purge(config::db(&loaded, &args.db)?, args.older_than.0).await
         }
         Command::Relay(args) => relay::run(config::relay(&loaded, &args)?, args.print_config).await,
-        Command::Status(args) => status::run(config::db(&loaded, &args.db)?, args.format).await,
+        Command::Status(args) => {
+            status::run(config::db(&loaded, &args.db)?, args.inbox, args.format).await
+        }
         Command::Bench(args) => bench::run(args).await,
         Command::Demo(args) => demo::run(args).await,
         Command::Verify(args) => verify::run(args).await,
+        Command::Failed(args) => {
+            redrive::failed(
+                config::db(&loaded, &args.db)?,
+                args.inbox,
+                args.limit,
+                args.format,
+            )
+            .await
+        }
+        Command::Redrive(args) => {
+            let scope = if args.all {
+                outbox_core::RedriveScope::All
+            } else {
+                outbox_core::RedriveScope::Ids(args.id)
+            };
+            redrive::redrive(
+                config::db(&loaded, &args.db)?,
+                args.inbox,
+                scope,
+                args.reason,
+            )
+            .await
+        }
+        Command::Inbox(args) => inbox::run(config::inbox(&loaded, &args)?, args.print_config).await,
+        Command::VerifyInboxHandler(args) => verify::inbox_handler(args).await,
     }
 }

@@ -5,16 +5,16 @@ use std::process::ExitCode;
 use crate::cli::Format;
 use crate::config::DbSettings;
 
-pub async fn run(db: DbSettings, format: Format) -> anyhow::Result<ExitCode> {
-    let database = outbox_db::open(&db.url, &db.schema, 2).await?;
-    let s = database.store().stats().await?;
+pub async fn run(db: DbSettings, inbox: bool, format: Format) -> anyhow::Result<ExitCode> {
+    let (store, place) = super::open_store(&db, inbox).await?;
+    let s = store.stats().await?;
     match format {
         Format::Json => println!("{}", serde_json::to_string(&s)?),
         Format::Text => {
             let age = s
                 .oldest_pending_age_seconds
                 .map_or_else(|| "-".to_string(), |a| format!("{a:.1}s"));
-            println!("outbox              {}", database.place());
+            println!("{:<20}{place}", if inbox { "inbox" } else { "outbox" });
             println!("pending             {}", s.pending);
             println!("oldest pending age  {age}");
             println!("retrying            {}", s.retrying);
@@ -27,7 +27,11 @@ pub async fn run(db: DbSettings, format: Format) -> anyhow::Result<ExitCode> {
                 );
             }
             println!("failed              {}", s.failed);
-            println!("published           {}", s.published);
+            if inbox {
+                println!("handled             {}", s.published);
+            } else {
+                println!("published           {}", s.published);
+            }
             println!("relay members       {}", s.members.len());
             for m in &s.members {
                 let err = m

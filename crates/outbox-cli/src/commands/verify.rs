@@ -58,6 +58,7 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
         keep: args.keep,
         program: std::env::current_exe().context("locating the outbox binary")?,
         announce: args.format == Format::Text,
+        through_inbox: args.through_inbox,
     })
     .await?;
     match args.format {
@@ -72,4 +73,14 @@ pub async fn run(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The handler process of `--through-inbox`: the inbox processor with the verify handler, until
+/// SIGINT/SIGTERM.
+pub async fn inbox_handler(args: crate::cli::VerifyInboxHandlerArgs) -> anyhow::Result<ExitCode> {
+    let url = std::env::var("OUTBOX_DATABASE_URL")
+        .context("verify-inbox-handler reads the database URL from OUTBOX_DATABASE_URL")?;
+    let shutdown = crate::shutdown::on_signal();
+    outbox_verify::inbox::run_handlers(&url, &args.schema, args.lease.0, shutdown).await?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -274,6 +274,10 @@ pub fn outbox_command(cwd: &std::path::Path) -> std::process::Command {
         "OUTBOX_ALLOW_DESTINATIONS",
         "OUTBOX_BATCH_BYTES",
         "OUTBOX_STORE_TIMEOUT",
+        "OUTBOX_INBOX_SOURCE",
+        "OUTBOX_INBOX_BATCH_SIZE",
+        "OUTBOX_INBOX_POLL_INTERVAL",
+        "OUTBOX_INBOX_RETENTION",
     ] {
         c.env_remove(var);
     }

@@ -6,6 +6,8 @@
 //! - `writers`: what the outbox costs a business transaction (writer API, raw SQL, naive table).
 //! - `idle-tx`: the steady load without, then with, a REPEATABLE READ snapshot held open.
 //! - `idle`: CPU of the relay and of PostgreSQL with no traffic.
+//! - `inbox`: the receiving side, ingest and handlers, each beside a naive consumer that does one
+//!   transaction per message.
 //!
 //! Latency is measured at the broker (see [`latency`]); published counts come from the relay's
 //! metrics and the stream. Nothing reads the engine's tables or columns, so the modes keep
@@ -14,6 +16,7 @@
 mod backlog;
 mod idle;
 mod idle_tx;
+mod inbox;
 mod latency;
 mod load;
 mod naive;
@@ -141,6 +144,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchMode::Writers => writers::run(&ctx).await,
         BenchMode::IdleTx => idle_tx::run(&ctx).await,
         BenchMode::Idle => idle::run(&ctx).await,
+        BenchMode::Inbox => inbox::run(&ctx).await,
     }
 }
 

@@ -1,0 +1,423 @@
+//! The ingest daemon behind `outbox inbox --database-url URL --source URL`: takes messages from
+//! a broker into `inbox_messages` (and the processing queue) and acknowledges the broker only
+//! after the insert committed.
+//!
+//! Loop: fetch a batch (up to `batch` messages, in the broker's order) → record it in **one**
+//! transaction (`ingest_many`: `ON CONFLICT DO NOTHING`, new ones queued in the same
+//! transaction) → commit → acknowledge the batch → fetch the next. Nothing is fetched before the
+//! previous batch committed, so the database sets the pace (backpressure): a slow or restarting
+//! database slows fetching, never piles messages up in memory. A batch whose commit fails is
+//! retried as it is (same messages, same order) until it commits; a batch that cannot be
+//! committed (shutdown, the daemon killed) is never acknowledged, so the broker delivers it
+//! again, and the inbox's primary key absorbs whatever part of it had been recorded.
+//!
+//! **One daemon per source at a time** (PostgreSQL): a daemon holds a session-level advisory
+//! lock on (schema, source) on the connection it ingests through, and others wait as standbys.
+//! A killed daemon's connection closes and the lock goes with it; a standby takes over at once
+//! and first brings back what the dead one fetched and never acknowledged
+//! ([`crate::source::Source::recover`]), so a key's messages are ingested in the broker's order
+//! across crashes. On SQLite run one daemon per file.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_core::{Error, ErrorKind, Result};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection, SqlitePool};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::message::InboxMessage;
+use crate::source::{AckToken, Source, SourceRetention};
+use crate::tables::InboxSchema;
+use crate::tx::InboxTx;
+
+/// Default messages per batch (one transaction and one acknowledgement round per batch).
+pub const DEFAULT_BATCH: usize = 500;
+
+/// How the daemon fetches and waits.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// Messages per fetch and per transaction.
+    pub batch: usize,
+    /// Longest wait between fetches when the source is idle (it polls adaptively: at once
+    /// after a full batch, 1 ms after a partial one, doubling while empty).
+    pub poll_interval: Duration,
+    /// The inbox retention (`processed_messages` and processed `inbox_messages`), to warn at
+    /// start-up when the source keeps messages longer.
+    pub retention: Duration,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        Self {
+            batch: DEFAULT_BATCH,
+            poll_interval: Duration::from_millis(100),
+            retention: crate::processor::DEFAULT_RETENTION,
+        }
+    }
+}
+
+/// Counters of a running daemon.
+#[derive(Debug, Default)]
+pub struct IngestMetrics {
+    /// Messages fetched from the source (redeliveries included).
+    pub fetched: AtomicU64,
+    /// Messages recorded in the inbox for the first time.
+    pub recorded: AtomicU64,
+    /// Messages already in the inbox (redeliveries absorbed).
+    pub duplicates: AtomicU64,
+    /// Batches committed.
+    pub batches: AtomicU64,
+    /// Acknowledgement rounds that failed (their messages come again and are absorbed).
+    pub ack_failures: AtomicU64,
+}
+
+impl IngestMetrics {
+    /// A counter's value.
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// The database the daemon writes to.
+#[derive(Debug, Clone)]
+pub enum InboxDb {
+    /// A PostgreSQL inbox: connection options (one connection of its own) and its schemas.
+    Postgres {
+        /// How to connect.
+        options: Box<PgConnectOptions>,
+        /// Where the inbox lives.
+        schema: InboxSchema,
+    },
+    /// A SQLite inbox in the file this pool opened.
+    Sqlite(SqlitePool),
+}
+
+/// The connection a PostgreSQL daemon ingests through, holding the source's lock.
+struct PgLock {
+    conn: PgConnection,
+}
+
+/// The message `retention` of the inbox against what the source keeps, as a warning, if any.
+pub fn retention_warning(
+    source: &str,
+    kept: SourceRetention,
+    retention: Duration,
+) -> Option<String> {
+    let show = |d: Duration| humanize(d);
+    match kept {
+        SourceRetention::For(d) if d > retention => Some(format!(
+            "source {source} keeps messages for {} but the inbox forgets processed messages \
+             after {}: a message the broker delivers again after that would be processed \
+             again; raise --retention above the source's longest redelivery window",
+            show(d),
+            show(retention)
+        )),
+        SourceRetention::Unlimited => Some(format!(
+            "source {source} keeps messages without a time limit and the inbox forgets \
+             processed messages after {}: acknowledged messages are not delivered again, but \
+             a consumer reset to an earlier position would have messages older than that \
+             processed again; set the stream's max_age, or raise --retention",
+            show(retention)
+        )),
+        _ => None,
+    }
+}
+
+fn humanize(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 86_400 && s % 86_400 == 0 {
+        format!("{}d", s / 86_400)
+    } else if s >= 3600 && s % 3600 == 0 {
+        format!("{}h", s / 3600)
+    } else if s >= 60 && s % 60 == 0 {
+        format!("{}m", s / 60)
+    } else {
+        format!("{:?}", d)
+    }
+}
+
+impl InboxDb {
+    /// Records `messages` in one transaction; returns (recorded now, duplicates).
+    async fn ingest(
+        &self,
+        pg: Option<&mut PgLock>,
+        messages: &[InboxMessage],
+    ) -> Result<(u64, u64)> {
+        let flags = match (self, pg) {
+            (InboxDb::Postgres { schema, .. }, Some(lock)) => {
+                let mut tx = lock
+                    .conn
+                    .begin()
+                    .await
+                    .map_err(|e| outbox_postgres::map_sqlx_error("inbox: begin", e))?;
+                let flags = tx.ingest_messages(schema, messages).await?;
+                tx.commit()
+                    .await
+                    .map_err(|e| outbox_postgres::map_sqlx_error("inbox: commit", e))?;
+                flags
+            }
+            (InboxDb::Sqlite(pool), _) => {
+                let mut tx = pool
+                    .begin_with("BEGIN IMMEDIATE")
+                    .await
+                    .map_err(|e| outbox_sqlite::map_sqlx_error("inbox: begin", e))?;
+                let flags = tx
+                    .ingest_messages(&InboxSchema::default(), messages)
+                    .await?;
+                tx.commit()
+                    .await
+                    .map_err(|e| outbox_sqlite::map_sqlx_error("inbox: commit", e))?;
+                flags
+            }
+            (InboxDb::Postgres { .. }, None) => {
+                return Err(Error::new(ErrorKind::Connection, "inbox: no connection"))
+            }
+        };
+        let recorded = flags.iter().filter(|f| **f).count() as u64;
+        Ok((recorded, flags.len() as u64 - recorded))
+    }
+
+    /// Connects and takes the source's lock, waiting as a standby while another daemon holds
+    /// it. `None` when shut down first.
+    async fn lock(&self, source: &str, shutdown: &CancellationToken) -> Result<Option<PgLock>> {
+        let InboxDb::Postgres { options, schema } = self else {
+            return Ok(None);
+        };
+        let mut standby_logged = false;
+        let mut delay = Duration::from_millis(200);
+        loop {
+            if shutdown.is_cancelled() {
+                return Ok(None);
+            }
+            let attempt = async {
+                let mut conn = PgConnection::connect_with(options.as_ref())
+                    .await
+                    .map_err(|e| outbox_postgres::map_sqlx_error("inbox: connecting", e))?;
+                let got: bool = sqlx::query_scalar(
+                    "SELECT pg_try_advisory_lock(hashtextextended('outbox-inbox-source:' || $1 || ':' || $2, 0))",
+                )
+                .bind(schema.tables().as_str())
+                .bind(source)
+                .fetch_one(&mut conn)
+                .await
+                .map_err(|e| outbox_postgres::map_sqlx_error("inbox: taking the source lock", e))?;
+                Ok::<_, Error>((conn, got))
+            };
+            match attempt.await {
+                Ok((conn, true)) => {
+                    if standby_logged {
+                        info!(source, "took over the source: this daemon ingests now");
+                    }
+                    return Ok(Some(PgLock { conn }));
+                }
+                Ok((conn, false)) => {
+                    drop(conn);
+                    if !standby_logged {
+                        info!(source, "another daemon ingests this source; standing by");
+                        standby_logged = true;
+                    }
+                    delay = Duration::from_secs(1);
+                }
+                Err(e) if e.kind() == ErrorKind::Config || e.kind() == ErrorKind::Schema => {
+                    return Err(e)
+                }
+                Err(e) => {
+                    warn!(source, error = %e, retry_in = ?delay, "database unreachable");
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.cancelled() => return Ok(None),
+            }
+        }
+    }
+}
+
+/// Runs the daemon until `shutdown`: see the module documentation. Returns an error only for
+/// what no retry can fix (configuration, a missing schema); outages are waited out.
+pub async fn run(
+    db: InboxDb,
+    mut source: Box<dyn Source>,
+    config: DaemonConfig,
+    metrics: Arc<IngestMetrics>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let name = source.name().to_string();
+    info!(source = %source.describe(), batch = config.batch, "inbox ingest starting");
+    match source.retention().await {
+        Ok(kept) => {
+            if let Some(w) = retention_warning(&name, kept, config.retention) {
+                warn!("{w}");
+            }
+        }
+        Err(e) => debug!(error = %e, "the source's retention is unknown"),
+    }
+    'session: loop {
+        let mut lock = match &db {
+            InboxDb::Postgres { .. } => match db.lock(&name, &shutdown).await? {
+                Some(l) => Some(l),
+                None => return Ok(()),
+            },
+            InboxDb::Sqlite(_) => None,
+        };
+        // What a dead predecessor (or this daemon, before it lost its connection) fetched and
+        // never acknowledged comes first.
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match source.recover().await {
+                Ok(()) => break,
+                Err(e) => {
+                    warn!(source = %name, error = %e, retry_in = ?backoff, "source recovery failed");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shutdown.cancelled() => return Ok(()),
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+        let mut poll = Duration::ZERO;
+        let mut fetch_backoff = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            if !poll.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(poll) => {}
+                    _ = shutdown.cancelled() => break,
+                }
+            }
+            let batch = match source.fetch(config.batch).await {
+                Ok(b) => {
+                    fetch_backoff = Duration::from_millis(100);
+                    b
+                }
+                Err(e) => {
+                    warn!(source = %name, error = %e, retry_in = ?fetch_backoff, "fetch failed");
+                    poll = fetch_backoff;
+                    fetch_backoff = (fetch_backoff * 2).min(Duration::from_secs(10));
+                    continue;
+                }
+            };
+            if batch.is_empty() {
+                poll = (poll * 2)
+                    .max(Duration::from_millis(1))
+                    .min(config.poll_interval);
+                continue;
+            }
+            poll = if batch.len() >= config.batch {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(1)
+            };
+            let n = batch.len() as u64;
+            IngestMetrics::add(&metrics.fetched, n);
+            let (messages, acks): (Vec<InboxMessage>, Vec<AckToken>) =
+                batch.into_iter().map(|d| (d.message, d.ack)).unzip();
+            // Commit before anything is acknowledged; retry the batch as it is while the
+            // connection (and with it the source lock) holds.
+            let mut retry = Duration::from_millis(100);
+            let (recorded, duplicates) = loop {
+                match db.ingest(lock.as_mut(), &messages).await {
+                    Ok(r) => break r,
+                    Err(e) if e.kind() == ErrorKind::Config || e.kind() == ErrorKind::Schema => {
+                        return Err(e)
+                    }
+                    Err(e) => {
+                        warn!(source = %name, error = %e, messages = n, retry_in = ?retry,
+                              "recording the batch failed; it is not acknowledged until it commits");
+                        tokio::select! {
+                            _ = tokio::time::sleep(retry) => {}
+                            // Unacknowledged: the broker delivers the batch again.
+                            _ = shutdown.cancelled() => return Ok(()),
+                        }
+                        retry = (retry * 2).min(Duration::from_secs(10));
+                        if let Some(l) = lock.as_mut() {
+                            if !l.alive().await {
+                                // The source lock went with the connection; another daemon may
+                                // hold the source by now. Leave the batch unacknowledged and
+                                // start over: lock (or stand by), recover, fetch.
+                                warn!(source = %name, "lost the database connection and the source lock with it; the batch in hand is left to the broker");
+                                continue 'session;
+                            }
+                        }
+                    }
+                }
+            };
+            IngestMetrics::add(&metrics.recorded, recorded);
+            IngestMetrics::add(&metrics.duplicates, duplicates);
+            IngestMetrics::add(&metrics.batches, 1);
+            if let Err(e) = source.ack(acks).await {
+                IngestMetrics::add(&metrics.ack_failures, 1);
+                warn!(source = %name, error = %e, "acknowledging failed; those messages come again and are absorbed");
+            }
+            debug!(source = %name, fetched = n, recorded, duplicates, "batch ingested");
+        }
+        return Ok(());
+    }
+}
+
+/// Runs [`crate::InboxDatabase::maintain`] now and every `every` until `shutdown`.
+pub async fn housekeeping(
+    db: crate::InboxDatabase,
+    retention: Duration,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        match db.maintain(retention).await {
+            Ok((m, p)) if m.segments_created + m.segments_dropped + p.total() > 0 => {
+                info!(
+                    segments_created = m.segments_created,
+                    segments_dropped = m.segments_dropped,
+                    inbox_rows_deleted = p.total(),
+                    "inbox housekeeping"
+                )
+            }
+            Ok(_) => {}
+            Err(error) => warn!(%error, "inbox housekeeping failed; will try again"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
+impl PgLock {
+    /// Whether the connection (and so the lock) is still there.
+    async fn alive(&mut self) -> bool {
+        matches!(
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                sqlx::query("SELECT 1").execute(&mut self.conn)
+            )
+            .await,
+            Ok(Ok(_))
+        )
+    }
+}
+
+impl IngestMetrics {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_shorter_than_the_source_warns() {
+        let day = Duration::from_secs(86_400);
+        let w = retention_warning("nats:S", SourceRetention::For(day * 14), day * 7)
+            .unwrap_or_default();
+        assert!(w.contains("14d") && w.contains("7d"), "{w}");
+        assert!(retention_warning("nats:S", SourceRetention::For(day), day * 7).is_none());
+        assert!(retention_warning("nats:S", SourceRetention::Unlimited, day).is_some());
+        assert!(retention_warning("redis:s", SourceRetention::Unknown, day).is_none());
+    }
+}

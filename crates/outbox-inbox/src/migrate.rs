@@ -1,0 +1,128 @@
+//! Creating and upgrading the inbox tables and its processing queue, idempotently.
+
+use outbox_core::Result;
+use outbox_postgres::map_sqlx_error;
+use sqlx::{PgPool, SqlitePool};
+
+use crate::tables::InboxSchema;
+
+/// PostgreSQL inbox migrations, in order: (version, name, SQL with `{schema}` and `{queue}`).
+pub const POSTGRES_MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "inbox",
+    include_str!("../migrations/postgres/0001_inbox.sql"),
+)];
+
+/// SQLite inbox migrations, in order: (version, name, SQL).
+pub const SQLITE_MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "inbox",
+    include_str!("../migrations/sqlite/0001_inbox.sql"),
+)];
+
+/// Creates or upgrades a PostgreSQL inbox: first the processing queue (the outbox migrations
+/// in `schema.queue()`), then the inbox tables in `schema.tables()`, in one transaction
+/// serialised by an advisory lock. Safe to run concurrently and repeatedly. Returns the inbox
+/// versions applied now.
+pub async fn migrate_postgres(pool: &PgPool, schema: &InboxSchema) -> Result<Vec<i32>> {
+    outbox_postgres::migrate(pool, schema.queue()).await?;
+    let ctx = |what: &str| {
+        format!(
+            "migrating the inbox in schema `{}`: {what}",
+            schema.tables().as_str()
+        )
+    };
+    let mut tx = pool
+        .begin()
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("begin"), e))?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(format!("outbox-inbox-migrate:{}", schema.tables().as_str()))
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("lock"), e))?;
+    sqlx::raw_sql(&schema.render(
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+         CREATE TABLE IF NOT EXISTS {schema}.inbox_migrations (
+             version    integer     PRIMARY KEY,
+             name       text        NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now());",
+    ))
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx("creating the schema"), e))?;
+    let done: Vec<i32> =
+        sqlx::query_scalar(&schema.render("SELECT version FROM {schema}.inbox_migrations"))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
+    let mut applied = Vec::new();
+    for (version, name, sql) in POSTGRES_MIGRATIONS {
+        if done.contains(version) {
+            continue;
+        }
+        sqlx::raw_sql(&schema.render(sql))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
+        sqlx::query(
+            &schema.render("INSERT INTO {schema}.inbox_migrations (version, name) VALUES ($1, $2)"),
+        )
+        .bind(version)
+        .bind(name)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("recording the version"), e))?;
+        applied.push(*version);
+    }
+    tx.commit()
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("commit"), e))?;
+    Ok(applied)
+}
+
+/// Creates or upgrades a SQLite inbox in the file `pool` opened: the processing queue (the
+/// outbox tables under the `inbox_queue` prefix) and the inbox tables, in one `BEGIN IMMEDIATE`
+/// transaction each. Safe to run concurrently and repeatedly. Returns the inbox versions
+/// applied now.
+pub async fn migrate_sqlite(pool: &SqlitePool) -> Result<Vec<i32>> {
+    outbox_sqlite::migrate_tables(pool, &crate::sqlite::queue_tables()).await?;
+    let ctx = |what: &str| format!("migrating the SQLite inbox: {what}");
+    let err = |what: &str, e| outbox_sqlite::map_sqlx_error(&ctx(what), e);
+    let mut tx = pool
+        .begin_with("BEGIN IMMEDIATE")
+        .await
+        .map_err(|e| err("begin", e))?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS inbox_migrations (
+             version    INTEGER PRIMARY KEY,
+             name       TEXT    NOT NULL,
+             applied_at TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| err("creating inbox_migrations", e))?;
+    let done: Vec<i32> = sqlx::query_scalar("SELECT version FROM inbox_migrations")
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| err("reading applied versions", e))?;
+    let mut applied = Vec::new();
+    for (version, name, sql) in SQLITE_MIGRATIONS {
+        if done.contains(version) {
+            continue;
+        }
+        sqlx::raw_sql(sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| err(&format!("applying {version} {name}"), e))?;
+        sqlx::query("INSERT INTO inbox_migrations (version, name) VALUES (?1, ?2)")
+            .bind(version)
+            .bind(name)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| err("recording the version", e))?;
+        applied.push(*version);
+    }
+    tx.commit().await.map_err(|e| err("commit", e))?;
+    Ok(applied)
+}

@@ -1,0 +1,194 @@
+//! Sources of the ingest daemon: brokers `outbox inbox --source URL` consumes from, one file and
+//! one cargo feature per broker (like the sinks).
+//!
+//! Every source acknowledges only what it is told to, after the daemon's insert committed, and
+//! hands out messages in the broker's order. Because the inbox queues messages for processing in
+//! the order they are ingested, a source must also bring back, **before anything newer**,
+//! what a dead predecessor fetched and never acknowledged ([`Source::recover`]): otherwise a
+//! message redelivered late would be handled after later messages of its key.
+
+#[cfg(feature = "nats")]
+mod nats;
+#[cfg(feature = "redis")]
+mod redis;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_core::{Error, Result};
+
+use crate::message::InboxMessage;
+
+#[cfg(feature = "nats")]
+pub use self::nats::{NatsSource, NatsSourceConfig};
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisSource, RedisSourceConfig};
+
+/// One message a source delivered, and what acknowledging it takes.
+pub struct Delivery {
+    /// The message as the inbox records it.
+    pub message: InboxMessage,
+    /// What [`Source::ack`] needs for it.
+    pub ack: AckToken,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("id", &self.message.id)
+            .field("position", &self.message.source_position)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a source needs to acknowledge one delivery (opaque).
+pub struct AckToken(pub(crate) AckInner);
+
+pub(crate) enum AckInner {
+    #[cfg(feature = "nats")]
+    Nats(Box<async_nats::jetstream::Message>),
+    #[cfg(feature = "redis")]
+    Redis(String),
+}
+
+/// How long a source may redeliver a message, as far as it can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceRetention {
+    /// It keeps messages this long (NATS stream `max_age`).
+    For(Duration),
+    /// It keeps messages without a time limit.
+    Unlimited,
+    /// It cannot tell (Redis streams are trimmed by length).
+    Unknown,
+}
+
+/// A broker the ingest daemon consumes from.
+#[async_trait]
+pub trait Source: Send {
+    /// The `source` column of the messages it delivers, e.g. `nats:ORDERS`.
+    fn name(&self) -> &str;
+
+    /// What it reads, for logs (no credentials).
+    fn describe(&self) -> String;
+
+    /// Called once before the first fetch: makes sure what a dead predecessor fetched and never
+    /// acknowledged is delivered again before anything newer.
+    async fn recover(&mut self) -> Result<()>;
+
+    /// Up to `max` messages in the broker's order; an empty batch when none is there now.
+    async fn fetch(&mut self, max: usize) -> Result<Vec<Delivery>>;
+
+    /// Acknowledges the deliveries of `acks`, whose insert committed. An acknowledgement that
+    /// is lost makes the broker deliver the message again: the inbox absorbs it.
+    async fn ack(&mut self, acks: Vec<AckToken>) -> Result<()>;
+
+    /// How long the broker may redeliver a message, to compare with the inbox retention.
+    async fn retention(&mut self) -> Result<SourceRetention>;
+}
+
+/// Options every source takes from the daemon.
+#[derive(Debug, Clone)]
+pub struct SourceOptions {
+    /// Messages per fetch (the daemon's batch).
+    pub batch: usize,
+}
+
+/// Opens the source `url` names: `nats://host:4222?stream=S[&durable=D][&subject=F]
+/// [&ack_wait=30s][&name=N]` or `redis://host:6379?stream=K[&group=G][&consumer=C][&start=0]
+/// [&name=N]`. Unknown schemes and sources left out of this build are config errors.
+pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>> {
+    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
+    let _ = options;
+    match scheme {
+        #[cfg(feature = "nats")]
+        "nats" | "tls" => Ok(Box::new(
+            NatsSource::connect(NatsSourceConfig::from_url(url)?, options.batch).await?,
+        )),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => Ok(Box::new(
+            RedisSource::connect(RedisSourceConfig::from_url(url)?).await?,
+        )),
+        _ => Err(Error::config(format!(
+            "source `{}`: unknown or disabled source scheme `{scheme}`; this build reads: {}",
+            outbox_core::redact::url(url),
+            available().join(", ")
+        ))),
+    }
+}
+
+/// Source URL schemes this build can consume from.
+pub fn available() -> Vec<&'static str> {
+    let all: &[&str] = &[
+        #[cfg(feature = "nats")]
+        "nats://",
+        #[cfg(feature = "redis")]
+        "redis://",
+    ];
+    all.to_vec()
+}
+
+/// Splits `url` into its base and its `name=value` options.
+pub(crate) fn split_options(url: &str) -> (&str, Vec<(&str, &str)>) {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let options = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').unwrap_or((p, "")))
+        .collect();
+    (base, options)
+}
+
+/// A duration option (`500ms`, `30s`, `2m`).
+pub(crate) fn duration_option(name: &str, value: &str) -> Result<Duration> {
+    let (num, unit) = value
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| value.split_at(i))
+        .unwrap_or((value, "s"));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| Error::config(format!("source option {name}=`{value}`: not a duration")))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(Error::config(format!(
+            "source option {name}=`{value}`: write e.g. 500ms, 30s or 2m"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn options_and_durations_parse() {
+        let (base, opts) = split_options("nats://h:4222?stream=S&ack_wait=5s&flag");
+        assert_eq!(base, "nats://h:4222");
+        assert_eq!(
+            opts,
+            vec![("stream", "S"), ("ack_wait", "5s"), ("flag", "")]
+        );
+        assert_eq!(
+            duration_option("x", "250ms").unwrap(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            duration_option("x", "2m").unwrap(),
+            Duration::from_secs(120)
+        );
+        assert!(duration_option("x", "soon").is_err());
+    }
+
+    #[tokio::test]
+    async fn an_unknown_scheme_names_what_this_build_reads() {
+        let e = open("kafka://u:pw@h:9092", &SourceOptions { batch: 10 })
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e.kind(), outbox_core::ErrorKind::Config);
+        assert!(e.to_string().contains("nats://"), "{e}");
+        assert!(!e.to_string().contains("pw"), "{e}");
+    }
+}
