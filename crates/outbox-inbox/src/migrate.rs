@@ -41,40 +41,15 @@ pub async fn migrate_postgres(pool: &PgPool, schema: &InboxSchema) -> Result<Vec
         .execute(&mut *tx)
         .await
         .map_err(|e| map_sqlx_error(&ctx("lock"), e))?;
-    sqlx::raw_sql(&schema.render(
-        "CREATE SCHEMA IF NOT EXISTS {schema};
-         CREATE TABLE IF NOT EXISTS {schema}.inbox_migrations (
-             version    integer     PRIMARY KEY,
-             name       text        NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now());",
-    ))
-    .execute(&mut *tx)
-    .await
-    .map_err(|e| map_sqlx_error(&ctx("creating the schema"), e))?;
-    let done: Vec<i32> =
-        sqlx::query_scalar(&schema.render("SELECT version FROM {schema}.inbox_migrations"))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
-    let mut applied = Vec::new();
-    for (version, name, sql) in POSTGRES_MIGRATIONS {
-        if done.contains(version) {
-            continue;
-        }
-        sqlx::raw_sql(&schema.render(sql))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
-        sqlx::query(
-            &schema.render("INSERT INTO {schema}.inbox_migrations (version, name) VALUES ($1, $2)"),
-        )
-        .bind(version)
-        .bind(name)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("recording the version"), e))?;
-        applied.push(*version);
-    }
+    let applied = outbox_postgres::apply_pending(
+        &mut tx,
+        schema.tables(),
+        "inbox_migrations",
+        POSTGRES_MIGRATIONS,
+        |sql| schema.render(sql),
+        &ctx,
+    )
+    .await?;
     tx.commit()
         .await
         .map_err(|e| map_sqlx_error(&ctx("commit"), e))?;

@@ -13,7 +13,7 @@ mod ticket;
 mod writer;
 
 pub use error::map_sqlx_error;
-pub use migrate::{migrate, notify_installed, set_notify, MIGRATIONS};
+pub use migrate::{apply_pending, migrate, notify_installed, set_notify, MIGRATIONS};
 pub use retention::LOOKAHEAD_SEGMENTS;
 pub use schema::Schema;
 pub use store::{connect_options, connect_pool, PgStore, PARTITIONS, PENDING_COUNT_CAP};

@@ -1,7 +1,7 @@
 //! Idempotent, versioned migrations of one schema, serialised by an advisory lock.
 
 use outbox_core::Result;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::error::map_sqlx_error;
 use crate::schema::Schema;
@@ -45,34 +45,62 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<Vec<i32>> {
         .execute(&mut *tx)
         .await
         .map_err(|e| map_sqlx_error(&ctx("lock"), e))?;
-    sqlx::raw_sql(&schema.render(
-        "CREATE SCHEMA IF NOT EXISTS {schema};
-         CREATE TABLE IF NOT EXISTS {schema}.outbox_migrations (
+    let applied = apply_pending(
+        &mut tx,
+        schema,
+        "outbox_migrations",
+        MIGRATIONS,
+        |sql| schema.render(sql),
+        &ctx,
+    )
+    .await?;
+    tx.commit()
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("commit"), e))?;
+    Ok(applied)
+}
+
+/// Applies, in `tx`, the `migrations` that `{schema}.{ledger}` has not recorded yet, in order,
+/// recording each as it goes; creates the schema and the ledger table first. The caller holds
+/// the lock that serialises migrators and commits. `render` fills the SQL's placeholders;
+/// `ledger` is a fixed table name of the caller's, never user input. Shared by the outbox's
+/// migrations and those of other table sets kept in a schema (the inbox's).
+pub async fn apply_pending(
+    tx: &mut PgConnection,
+    schema: &Schema,
+    ledger: &str,
+    migrations: &[(i32, &str, &str)],
+    render: impl Fn(&str) -> String,
+    ctx: &dyn Fn(&str) -> String,
+) -> Result<Vec<i32>> {
+    let table = format!("{{schema}}.{ledger}");
+    sqlx::raw_sql(&schema.render(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {{schema}};
+         CREATE TABLE IF NOT EXISTS {table} (
              version    integer     PRIMARY KEY,
              name       text        NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now());",
-    ))
+             applied_at timestamptz NOT NULL DEFAULT now());"
+    )))
     .execute(&mut *tx)
     .await
     .map_err(|e| map_sqlx_error(&ctx("creating the schema"), e))?;
     let done: Vec<i32> =
-        sqlx::query_scalar(&schema.render("SELECT version FROM {schema}.outbox_migrations"))
+        sqlx::query_scalar(&schema.render(&format!("SELECT version FROM {table}")))
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
     let mut applied = Vec::new();
-    for (version, name, sql) in MIGRATIONS {
+    for (version, name, sql) in migrations {
         if done.contains(version) {
             continue;
         }
-        sqlx::raw_sql(&schema.render(sql))
+        sqlx::raw_sql(&render(sql))
             .execute(&mut *tx)
             .await
             .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
-        sqlx::query(
-            &schema
-                .render("INSERT INTO {schema}.outbox_migrations (version, name) VALUES ($1, $2)"),
-        )
+        sqlx::query(&schema.render(&format!(
+            "INSERT INTO {table} (version, name) VALUES ($1, $2)"
+        )))
         .bind(version)
         .bind(name)
         .execute(&mut *tx)
@@ -80,9 +108,6 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<Vec<i32>> {
         .map_err(|e| map_sqlx_error(&ctx("recording the version"), e))?;
         applied.push(*version);
     }
-    tx.commit()
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("commit"), e))?;
     Ok(applied)
 }
 

@@ -167,6 +167,17 @@ pub(crate) fn group_id<'a>(service: &str, e: &'a Envelope) -> Result<&'a str, Si
     }
 }
 
+/// Whether `name` can name an SQS queue or an SNS topic: 1 to `max` characters of
+/// `A-Z a-z 0-9 _ -`, with `.fifo` at the end of a FIFO one's (counted in `max`).
+pub(crate) fn valid_name(name: &str, max: usize) -> bool {
+    let stem = name.strip_suffix(".fifo").unwrap_or(name);
+    !stem.is_empty()
+        && name.len() <= max
+        && stem
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// Whether a queue or topic (name, URL or ARN) is FIFO: its name ends with `.fifo`.
 pub(crate) fn is_fifo(destination: &str) -> bool {
     destination.ends_with(".fifo")

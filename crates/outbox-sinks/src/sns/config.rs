@@ -3,7 +3,7 @@
 
 use outbox_core::SinkError;
 
-use crate::aws::attributes::{is_fifo, shorten};
+use crate::aws::attributes::{is_fifo, shorten, valid_name};
 
 /// Options of an `sns://` URL; see [`crate::aws::AwsConfig`].
 pub type SnsConfig = crate::aws::AwsConfig;
@@ -33,7 +33,7 @@ impl TopicRef {
                 && !parts[1].is_empty()
                 && !parts[3].is_empty()
                 && !parts[4].is_empty()
-                && valid_name(parts[5]);
+                && valid_name(parts[5], MAX_TOPIC_NAME);
             return if ok {
                 Ok(Self::Arn(destination.to_string()))
             } else {
@@ -43,7 +43,7 @@ impl TopicRef {
                 )))
             };
         }
-        if valid_name(destination) {
+        if valid_name(destination, MAX_TOPIC_NAME) {
             Ok(Self::Name(destination.to_string()))
         } else {
             Err(SinkError::invalid(format!(
@@ -66,15 +66,6 @@ impl TopicRef {
     pub fn is_fifo(&self) -> bool {
         is_fifo(self.name())
     }
-}
-
-fn valid_name(name: &str) -> bool {
-    let stem = name.strip_suffix(".fifo").unwrap_or(name);
-    !stem.is_empty()
-        && name.len() <= MAX_TOPIC_NAME
-        && stem
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 #[cfg(test)]

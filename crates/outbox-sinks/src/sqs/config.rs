@@ -3,7 +3,7 @@
 
 use outbox_core::SinkError;
 
-use crate::aws::attributes::{is_fifo, shorten};
+use crate::aws::attributes::{is_fifo, shorten, valid_name};
 
 /// Options of an `sqs://` URL; see [`crate::aws::AwsConfig`].
 pub type SqsConfig = crate::aws::AwsConfig;
@@ -28,7 +28,7 @@ impl QueueRef {
     pub fn parse(destination: &str) -> Result<Self, SinkError> {
         if destination.starts_with("https://") || destination.starts_with("http://") {
             let name = destination.rsplit('/').next().unwrap_or_default();
-            return match valid_name(name) {
+            return match valid_name(name, MAX_QUEUE_NAME) {
                 true => Ok(Self::Url(destination.to_string())),
                 false => Err(SinkError::invalid(format!(
                     "sqs: `{}` is not a queue URL (…/ACCOUNT/QUEUE_NAME)",
@@ -36,7 +36,7 @@ impl QueueRef {
                 ))),
             };
         }
-        if valid_name(destination) {
+        if valid_name(destination, MAX_QUEUE_NAME) {
             Ok(Self::Name(destination.to_string()))
         } else {
             Err(SinkError::invalid(format!(
@@ -59,15 +59,6 @@ impl QueueRef {
     pub fn is_fifo(&self) -> bool {
         is_fifo(self.name())
     }
-}
-
-fn valid_name(name: &str) -> bool {
-    let stem = name.strip_suffix(".fifo").unwrap_or(name);
-    !stem.is_empty()
-        && name.len() <= MAX_QUEUE_NAME
-        && stem
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 #[cfg(test)]
