@@ -130,7 +130,9 @@ for s in "${sinks[@]}"; do
   b=${server[$s]}
   broker "$b" start "$dir"
   # shellcheck disable=SC2086 # the load is a list of flags
-  OUTBOX_SINK="${url[$s]}" "$CARGO_TARGET_DIR/debug/outbox" verify --profile short --format json \
+  # A run normally takes 1–3 minutes; one that hangs must fail this script, not eat CI's budget.
+  OUTBOX_SINK="${url[$s]}" timeout --kill-after=30 600 \
+    "$CARGO_TARGET_DIR/debug/outbox" verify --profile short --format json \
     --database-url "$db_url" ${load[$s]:-} \
     --broker-stop-cmd "$self --broker $b stop $dir" \
     --broker-start-cmd "$self --broker $b start $dir" \

@@ -176,6 +176,7 @@ fn workload(keys: usize, per_key: usize) -> Vec<(Uuid, String, i64)> {
 }
 
 struct Nats {
+    url: String,
     js: jetstream::Context,
     stream: String,
     subject: String,
@@ -183,14 +184,20 @@ struct Nats {
 
 impl Nats {
     async fn new() -> Self {
-        let client = async_nats::connect(common::nats_url()).await.unwrap();
+        Self::at(common::nats_url(), false).await
+    }
+
+    /// A stream on the server at `url`, on disk when `durable` (it survives a restart).
+    async fn at(url: String, durable: bool) -> Self {
+        let client = async_nats::connect(&url).await.unwrap();
         let js = jetstream::new(client);
         let name = outbox_testkit::unique_name("ibx");
         let stream = name.to_uppercase();
-        outbox_sinks::nats::create_stream(&js, &stream, vec![format!("{name}.>")], false)
+        outbox_sinks::nats::create_stream(&js, &stream, vec![format!("{name}.>")], durable)
             .await
             .unwrap();
         Self {
+            url,
             js,
             stream,
             subject: format!("{name}.order.paid"),
@@ -198,7 +205,7 @@ impl Nats {
     }
 
     fn source(&self) -> String {
-        format!("{}?stream={}&ack_wait=2s", common::nats_url(), self.stream)
+        format!("{}?stream={}&ack_wait=2s", self.url, self.stream)
     }
 
     /// Publishes like `outbox relay` does: message id, type and key headers.
@@ -278,6 +285,54 @@ async fn inbox_killed_with_sigkill_mid_stream_from_nats_loses_nothing_and_record
     sigterm(&b);
     assert!(wait_exit(&mut b, Duration::from_secs(15)).success());
     nats.drop_all().await;
+    inbox.drop_all().await;
+}
+
+/// A pull request the server took and died before answering is never answered: the client
+/// keeps no timer for a no-wait fetch. Freezing the server (SIGSTOP) strands the daemon's next
+/// fetch in its socket; killing it then loses the request. The daemon must count such a fetch
+/// as broken off, not wait for it forever holding the source lock, and must obey SIGTERM while
+/// a fetch is stranded. This hung a CI run for an hour before the fetch was bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_request_lost_with_the_server_does_not_hang_the_daemon() {
+    let inbox = Inbox::new().await;
+    let mut server = common::PrivateNats::start();
+    let nats = Nats::at(server.url(), true).await;
+    let first = workload(5, 20);
+    nats.publish(&first).await;
+    let mut a = inbox.daemon(&nats.source(), &[]);
+    inbox
+        .wait_count(first.len() as i64, Duration::from_secs(60))
+        .await;
+    // The daemon polls every 20 ms: within half a second its next fetch is in the frozen
+    // server's socket. Then the server dies with it and comes back on the same port and store.
+    server.signal("-STOP");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.down(); // SIGKILL, which a stopped process takes without running again
+    server.up();
+    let nats = Nats {
+        url: server.url(),
+        js: jetstream::new(async_nats::connect(server.url()).await.unwrap()),
+        stream: nats.stream.clone(),
+        subject: nats.subject.clone(),
+    };
+    let second = workload(5, 20)
+        .into_iter()
+        .map(|(id, k, n)| (id, k, n + 20))
+        .collect::<Vec<_>>();
+    nats.publish(&second).await;
+    let all: Vec<_> = first.iter().chain(&second).cloned().collect();
+    inbox
+        .wait_count(all.len() as i64, Duration::from_secs(60))
+        .await;
+    inbox.check(&all).await;
+    // And a daemon whose fetch is stranded in a frozen server still stops when asked.
+    server.signal("-STOP");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sigterm(&a);
+    let status = wait_exit(&mut a, Duration::from_secs(15));
+    server.signal("-CONT");
+    assert!(status.success(), "{status}");
     inbox.drop_all().await;
 }
 

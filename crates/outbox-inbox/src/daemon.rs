@@ -289,7 +289,13 @@ pub async fn run(
                     _ = shutdown.cancelled() => break,
                 }
             }
-            let batch = match source.fetch(config.batch).await {
+            // Nothing fetched is acknowledged before it commits, so a fetch may be dropped
+            // half-way when asked to stop: the broker delivers it again.
+            let fetched = tokio::select! {
+                r = source.fetch(config.batch) => r,
+                _ = shutdown.cancelled() => break,
+            };
+            let batch = match fetched {
                 Ok(b) => {
                     fetch_backoff = Duration::from_millis(100);
                     b

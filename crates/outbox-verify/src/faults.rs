@@ -126,15 +126,15 @@ pub fn spawn(
                 }
                 "broker" => {
                     if let (Some(a), Some(b)) = (&s.broker_stop, &s.broker_start) {
-                        shell(a)?;
+                        shell(a).await?;
                         tokio::time::sleep(Duration::from_secs(2)).await;
-                        shell(b)?;
+                        shell(b).await?;
                     }
                     "broker stopped for 2 s, started".to_string()
                 }
                 "db" => {
                     if let Some(c) = &s.db_restart {
-                        shell(c)?;
+                        shell(c).await?;
                     }
                     "database restarted".to_string()
                 }

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
@@ -121,13 +122,73 @@ impl Relays {
     }
 }
 
+impl Relays {
+    /// Stops every process gracefully: SIGCONT (a paused one must be able to hear it), SIGTERM,
+    /// then waits up to `grace` for all of them. A process still running then has ignored its
+    /// SIGTERM, which is a defect of its own (an operator's `systemctl stop` would hang too): it
+    /// is killed with SIGKILL and named in the returned list, with the end of its log.
+    pub fn stop_all(&mut self, grace: Duration) -> Vec<String> {
+        for i in 0..self.children.len() {
+            self.signal(i, "-CONT");
+            self.signal(i, "-TERM");
+        }
+        let deadline = Instant::now() + grace;
+        let mut stuck = Vec::new();
+        for i in 0..self.children.len() {
+            loop {
+                match self.children[i].try_wait() {
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    Ok(None) => {
+                        let pid = self.children[i].id();
+                        let _ = self.children[i].kill();
+                        let _ = self.children[i].wait();
+                        stuck.push(format!(
+                            "{} {i} (pid {pid}) still ran {grace:?} after SIGTERM and was killed; \
+                             the end of its log: {}",
+                            self.role,
+                            self.log_tail(i, 5)
+                        ));
+                        break;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        stuck
+    }
+
+    /// The last `lines` lines of process `i`'s log, on one line.
+    fn log_tail(&self, i: usize, lines: usize) -> String {
+        let path = self.logs.join(format!("{}-{i}.log", self.role));
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+}
+
+/// How long a fault command (`--broker-stop-cmd`, …) may run before the run gives up on it.
+const SHELL_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Runs a fault command of the user's (`--broker-stop-cmd`, …) through `sh -c`.
-pub fn shell(cmd: &str) -> anyhow::Result<()> {
-    let st = Command::new("sh")
+/// A command that runs longer than two minutes is killed and is an error: a fault that
+/// cannot end must fail the run, not hang it.
+pub async fn shell(cmd: &str) -> anyhow::Result<()> {
+    let mut child = tokio::process::Command::new("sh")
         .args(["-c", cmd])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .status()?;
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting fault command `{cmd}`"))?;
+    let st = match tokio::time::timeout(SHELL_TIMEOUT, child.wait()).await {
+        Ok(st) => st?,
+        Err(_) => {
+            let _ = child.kill().await;
+            anyhow::bail!("fault command `{cmd}` still ran after {SHELL_TIMEOUT:?}; killed");
+        }
+    };
     anyhow::ensure!(st.success(), "fault command `{cmd}` exited with {st}");
     Ok(())
 }

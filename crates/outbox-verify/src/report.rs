@@ -92,6 +92,9 @@ pub struct Report {
     /// With `--through-inbox`: the effects the inbox handlers applied.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inbox: Option<InboxReport>,
+    /// Processes or steps that did not stop when asked (a process that ignored SIGTERM and
+    /// had to be killed, a producer that hung): each is a defect, so it fails the run.
+    pub stuck: Vec<String>,
 }
 
 impl Report {
@@ -165,6 +168,9 @@ impl Report {
                 e.raw_handler_pairs_out_of_order,
                 i.effects_drain_seconds_after_load
             );
+        }
+        for s in &self.stuck {
+            println!("  did not stop: {s}");
         }
         println!(
             "  verdict: {}",

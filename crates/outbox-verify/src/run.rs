@@ -367,14 +367,35 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     }
     stop.cancel();
     let load_end = started.elapsed().as_secs_f64();
-    for p in producers {
-        let _ = p.await;
+    progress(
+        started,
+        "load over; waiting for the producers and the last fault",
+    );
+    // Every wait below is bounded: a run that cannot finish must fail with a reason, never
+    // hang its caller (a CI job has a budget).
+    let mut stuck = Vec::new();
+    for (i, p) in producers.into_iter().enumerate() {
+        let abort = p.abort_handle();
+        if tokio::time::timeout(PHASE_LIMIT, p).await.is_err() {
+            abort.abort();
+            stuck.push(format!(
+                "producer {i} had not stopped {PHASE_LIMIT:?} after the load"
+            ));
+        }
     }
-    let pending_at_load_end = store.stats().await.map(|s| s.pending).unwrap_or(-1);
-    fault_task
+    let pending_at_load_end = bounded(store.stats())
         .await
-        .context("fault task")?
-        .context("injecting a fault")?;
+        .map(|s| s.pending)
+        .unwrap_or(-1);
+    let fault_abort = fault_task.abort_handle();
+    match tokio::time::timeout(PHASE_LIMIT + Duration::from_secs(120), fault_task).await {
+        Ok(done) => done.context("fault task")?.context("injecting a fault")?,
+        Err(_) => {
+            fault_abort.abort();
+            anyhow::bail!("the fault schedule did not finish within {PHASE_LIMIT:?} of the load");
+        }
+    }
+    progress(started, "draining: every committed message must arrive");
     let last_fault_end = fault_log
         .lock()
         .ok()
@@ -383,14 +404,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
 
     // Drain: everything committed must arrive, and the outbox must empty (a message whose
     // acknowledgement was lost in a fault arrives before the relay records it).
-    let ledger = workload::ledger(&db).await?;
+    let ledger = bounded(workload::ledger(&db)).await?;
     let deadline = Instant::now() + Duration::from_secs(180);
     let mut drained_at = started.elapsed().as_secs_f64();
     let mut pending = -1;
     loop {
         let missing = ledger.keys().filter(|id| !got.seen.contains(id)).count();
         if missing == 0 {
-            pending = store.stats().await.map(|s| s.pending).unwrap_or(-1);
+            pending = bounded(store.stats())
+                .await
+                .map(|s| s.pending)
+                .unwrap_or(-1);
             if pending == 0 {
                 break;
             }
@@ -413,10 +437,14 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     // Through the inbox: every committed message's effect, once.
     let mut inbox_effects = None;
     if let Some((pool, _)) = &inbox_setup {
+        progress(
+            started,
+            "through the inbox: every committed message's effect must apply",
+        );
         let deadline = Instant::now() + Duration::from_secs(180);
         let mut applied_at = started.elapsed().as_secs_f64();
         loop {
-            let effects = crate::inbox::effects(pool, db.schema()).await?;
+            let effects = bounded(crate::inbox::effects(pool, db.schema())).await?;
             let have: HashSet<Uuid> = effects.iter().map(|e| e.id).collect();
             let missing = ledger.keys().filter(|id| !have.contains(id)).count();
             if missing == 0 {
@@ -431,8 +459,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         }
         // Late doubles (a resumed handler) get a moment to show up.
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let effects = crate::inbox::effects(pool, db.schema()).await?;
-        let ingested = crate::inbox::ingested(pool, db.schema()).await?;
+        let effects = bounded(crate::inbox::effects(pool, db.schema())).await?;
+        let ingested = bounded(crate::inbox::ingested(pool, db.schema())).await?;
         inbox_effects = Some(InboxReport {
             daemons: INBOX_DAEMONS,
             handlers: INBOX_HANDLERS,
@@ -441,17 +469,21 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             effects_drain_seconds_after_load: (applied_at - load_end).max(0.0),
         });
     }
+    progress(started, "stopping the processes (SIGTERM)");
     for group in &groups {
-        let mut r = group
-            .lock()
-            .map_err(|_| anyhow::anyhow!("process list poisoned"))?;
-        for i in 0..r.children.len() {
-            r.signal(i, "-CONT");
-            r.signal(i, "-TERM");
+        let group = group.clone();
+        let stopped = tokio::task::spawn_blocking(move || {
+            group
+                .lock()
+                .map(|mut r| r.stop_all(STOP_GRACE))
+                .map_err(|_| anyhow::anyhow!("process list poisoned"))
+        })
+        .await
+        .context("stopping processes")??;
+        for s in &stopped {
+            eprintln!("verify: {s}");
         }
-        for c in r.children.iter_mut() {
-            let _ = c.wait();
-        }
+        stuck.extend(stopped);
     }
 
     // The checker.
@@ -471,7 +503,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     let all_kinds = kinds.iter().all(|k| faults_injected.contains_key(k));
     let inbox_ok = inbox_effects.as_ref().is_none_or(|i| i.effects.ok());
     let report = Report {
-        ok: verdict.ok() && pending == 0 && inbox_ok,
+        ok: verdict.ok() && pending == 0 && inbox_ok && stuck.is_empty(),
         seed,
         database: place,
         sink: outbox_core::redact::url(&sink_url),
@@ -502,22 +534,48 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         raw_order: verdict.raw_order,
         producer_errors: tally.errors.load(Ordering::Relaxed),
         inbox: inbox_effects,
+        stuck,
     };
+    progress(started, "checked; cleaning up");
     if !keep {
         if through_inbox {
-            let _ = db
-                .execute_script(&format!(
-                    "DROP SCHEMA IF EXISTS {}_inbox CASCADE",
-                    db.schema()
-                ))
-                .await;
+            let _ = bounded(db.execute_script(&format!(
+                "DROP SCHEMA IF EXISTS {}_inbox CASCADE",
+                db.schema()
+            )))
+            .await;
         }
-        let _ = Database::clone(&db).destroy().await;
-        reader.cleanup().await;
+        let _ = bounded(Database::clone(&db).destroy()).await;
+        let _ = tokio::time::timeout(PHASE_LIMIT, reader.cleanup()).await;
         let _ = std::fs::remove_dir_all(&tmp);
     }
     Ok(Outcome {
         report,
         all_faults_injected: all_kinds,
     })
+}
+
+/// The longest any one step after the load may take (a query, the producers' stop, the
+/// clean-up) before the run gives up on it.
+const PHASE_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long the processes get to stop after SIGTERM: long enough for a relay to finish a
+/// batch whose acknowledgement times out, short enough to keep a hang out of CI.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// `fut` within [`PHASE_LIMIT`]; past it, an error that says so.
+async fn bounded<T, E>(fut: impl std::future::Future<Output = Result<T, E>>) -> anyhow::Result<T>
+where
+    E: Into<anyhow::Error>,
+{
+    match tokio::time::timeout(PHASE_LIMIT, fut).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(_) => anyhow::bail!("a database call of the checker took over {PHASE_LIMIT:?}"),
+    }
+}
+
+/// One line on standard error per phase, whatever the report's format: where a run that
+/// takes too long stands.
+fn progress(started: Instant, what: &str) {
+    eprintln!("verify: {:>6.1} s: {what}", started.elapsed().as_secs_f64());
 }

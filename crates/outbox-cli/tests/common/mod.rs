@@ -348,6 +348,17 @@ impl PrivateNats {
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
+
+    /// Sends `sig` (`-STOP`, `-CONT`) to the server while it runs.
+    pub fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let ok = Command::new("kill")
+                .args([sig, &c.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(ok.success());
+        }
+    }
 }
 
 impl Drop for PrivateNats {

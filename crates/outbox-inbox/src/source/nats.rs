@@ -28,6 +28,10 @@ use crate::message::{position_id, InboxMessage};
 
 /// Default durable consumer name.
 pub const DEFAULT_DURABLE: &str = "outbox-inbox";
+
+/// How long past its own expiry (none for a no-wait fetch) a pull request may stay unanswered
+/// before it counts as lost: the server answers a healthy one within milliseconds.
+const PULL_MARGIN: Duration = Duration::from_secs(10);
 /// Default ack wait of a consumer the source creates.
 pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 
@@ -260,7 +264,27 @@ impl NatsSource {
 
     /// Reads one pull request to its end (a request left half-read would keep receiving
     /// messages nobody ingests: they would come back late, out of order).
+    ///
+    /// Bounded in time: a pull request sent just before the server restarts is never answered
+    /// (the client keeps no timer for a no-wait fetch), and a daemon waiting on it forever would
+    /// hold the source lock, so no standby could take over. Past the bound the request counts
+    /// as broken off: an error, after which the next fetch first checks what is unacknowledged.
     async fn pull(&self, max: usize, expires: Option<Duration>) -> Result<Vec<(u64, Delivery)>> {
+        let limit = expires.unwrap_or(Duration::ZERO) + PULL_MARGIN;
+        match tokio::time::timeout(limit, self.pull_unbounded(max, expires)).await {
+            Ok(r) => r,
+            Err(_) => Err(nats_error(
+                "fetch",
+                format!("no answer to the pull request within {limit:?}"),
+            )),
+        }
+    }
+
+    async fn pull_unbounded(
+        &self,
+        max: usize,
+        expires: Option<Duration>,
+    ) -> Result<Vec<(u64, Delivery)>> {
         let mut out = Vec::new();
         let mut messages = match expires {
             None => self
