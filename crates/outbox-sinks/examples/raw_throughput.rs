@@ -1,12 +1,13 @@
-//! Raw throughput of the broker clients behind the RabbitMQ, Redis and MQTT sinks, and of the
-//! sinks themselves, with 200-byte messages on this machine: what the sink can hope for at best.
+//! Raw throughput of the broker clients behind the NATS, RabbitMQ, Redis and MQTT sinks, and of
+//! the sinks themselves, with 200-byte messages on this machine: what the sink can hope for at
+//! best.
 //!
 //! ```sh
-//! cargo run --release -p outbox-sinks --example raw_throughput -- [amqp|redis|mqtt|all] [N]
+//! cargo run --release -p outbox-sinks --example raw_throughput -- [nats|amqp|redis|mqtt|all] [N]
 //! ```
 //!
-//! Uses the servers of `../shared/services.md` (override with `AMQP_URL`, `REDIS_URL`,
-//! `MQTT_URL`), and names of its own with a random suffix, deleted afterwards.
+//! Uses the servers of `../shared/services.md` (override with `NATS_URL`, `AMQP_URL`,
+//! `REDIS_URL`, `MQTT_URL`), and names of its own with a random suffix, deleted afterwards.
 
 #![allow(clippy::unwrap_used)]
 
@@ -63,6 +64,53 @@ async fn through_sink(what: &str, sink: &dyn Sink, destination: &str, n: usize) 
         );
     }
     rate(what, n, started.elapsed());
+}
+
+/// JetStream into a file-storage stream with a duplicate window, as `outbox bench` drains into:
+/// the async-nats client alone (every message's ack awaited, 1,000 in flight), then `NatsSink`.
+async fn nats(n: usize) {
+    let url = env("NATS_URL", "nats://127.0.0.1:4222");
+    let js = async_nats::jetstream::new(async_nats::connect(&url).await.unwrap());
+    let name = format!("outbox_raw_{}", suffix());
+    let stream = name.to_uppercase();
+    outbox_sinks::nats::create_stream(&js, &stream, vec![format!("{name}.>")], true)
+        .await
+        .unwrap();
+    let payload = bytes::Bytes::from(vec![b'x'; PAYLOAD]);
+    let started = Instant::now();
+    for _ in 0..n / BATCH {
+        let mut acks = Vec::with_capacity(BATCH);
+        for _ in 0..BATCH {
+            let mut h = async_nats::HeaderMap::new();
+            h.insert("Nats-Msg-Id", uuid::Uuid::now_v7().to_string().as_str());
+            acks.push(
+                js.publish_with_headers(format!("{name}.k"), h, payload.clone())
+                    .await
+                    .unwrap(),
+            );
+        }
+        for a in acks {
+            a.await.unwrap();
+        }
+    }
+    rate(
+        "nats: JetStream publish, Nats-Msg-Id, 1000 acks in flight",
+        n / BATCH * BATCH,
+        started.elapsed(),
+    );
+    let sink = outbox_sinks::nats::NatsSink::connect(
+        outbox_sinks::nats::NatsConfig::from_url(&url).unwrap(),
+    )
+    .await
+    .unwrap();
+    through_sink(
+        "NatsSink::publish, calls of 1000",
+        &sink,
+        &format!("{name}.sink"),
+        n,
+    )
+    .await;
+    let _ = js.delete_stream(&stream).await;
 }
 
 async fn amqp(n: usize) {
@@ -247,6 +295,9 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let which = args.get(1).map(String::as_str).unwrap_or("all");
     let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    if matches!(which, "nats" | "all") {
+        nats(n).await;
+    }
     if matches!(which, "amqp" | "all") {
         amqp(n).await;
     }
