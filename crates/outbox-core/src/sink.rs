@@ -103,6 +103,9 @@ pub struct SinkError {
     pub kind: SinkErrorKind,
     /// What failed; never contains the payload or a password.
     pub message: String,
+    /// The broker asked not to be sent this message again before this long (an HTTP
+    /// `Retry-After`): the relay waits at least that long, never less than its own backoff.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl SinkError {
@@ -111,7 +114,15 @@ impl SinkError {
         Self {
             kind,
             message: crate::redact::sanitize(&message.into()),
+            retry_after: None,
         }
+    }
+
+    /// The same error, with the broker's own wait before the next attempt (capped at an hour:
+    /// a far-off date must not park a message for days).
+    pub fn with_retry_after(mut self, wait: std::time::Duration) -> Self {
+        self.retry_after = Some(wait.min(std::time::Duration::from_secs(3600)));
+        self
     }
 
     /// The broker is unreachable or did not answer in time.

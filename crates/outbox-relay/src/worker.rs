@@ -581,6 +581,8 @@ impl Worker {
         let attempts = u32::try_from(m.attempts).unwrap_or(0).saturating_add(1);
         match self.cfg.retry.decide(attempts, e.retriable()) {
             RetryDecision::RetryAfter(delay) => {
+                // The broker's own `Retry-After`, when it gave one, is a floor.
+                let delay = e.retry_after.map_or(delay, |wait| delay.max(wait));
                 RelayMetrics::add(&self.metrics.retried, 1);
                 debug!(member = %self.id, id = %m.id, key = %m.aggregate_id, attempts, error = %e.message,
                        kind = %e.kind, retry_in = ?delay, "publish failed; will retry");

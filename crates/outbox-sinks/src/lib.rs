@@ -10,6 +10,8 @@ pub mod amqp;
 pub mod aws;
 #[cfg(feature = "file")]
 pub mod file;
+#[cfg(feature = "http")]
+pub mod http;
 #[cfg(any(feature = "file", feature = "stdout"))]
 mod jsonl;
 #[cfg(feature = "kafka")]
@@ -18,7 +20,12 @@ pub mod kafka;
 pub mod mqtt;
 #[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(any(feature = "amqp", feature = "redis", feature = "mqtt"))]
+#[cfg(any(
+    feature = "amqp",
+    feature = "redis",
+    feature = "mqtt",
+    feature = "http"
+))]
 mod options;
 pub mod read;
 #[cfg(feature = "redis")]
@@ -38,7 +45,8 @@ use std::time::Duration;
 use outbox_core::{Error, Sink};
 
 /// Connects the sink a URL names: `nats://host:4222`, `kafka://host:9092`, `amqp://host:5672/%2f`, `redis://host:6379`,
-/// `mqtt://host:1883`, `sqs://?region=…`, `sns://?region=…`, `file:path.jsonl`, `stdout:`.
+/// `mqtt://host:1883`, `sqs://?region=…`, `sns://?region=…`, `https://host/hook#secret=…`,
+/// `file:path.jsonl`, `stdout:`.
 /// Unknown schemes and sinks left out of this build are config errors that list what is
 /// available.
 pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
@@ -71,6 +79,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
         #[cfg(feature = "kafka")]
         "kafka" => Ok(Arc::new(kafka::KafkaSink::connect(
             kafka::KafkaConfig::from_url(url)?,
+        )?)),
+        #[cfg(feature = "http")]
+        "http" | "https" => Ok(Arc::new(http::HttpSink::connect(
+            http::HttpConfig::from_url(url)?,
         )?)),
         #[cfg(feature = "file")]
         "file" => Ok(Arc::new(file::FileSink::from_url(url)?)),
@@ -106,6 +118,8 @@ pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
         "sns" => Ok(Some(sns::SnsConfig::sns_from_url(url)?.ack_timeout)),
         #[cfg(feature = "kafka")]
         "kafka" => Ok(Some(kafka::KafkaConfig::from_url(url)?.ack_timeout)),
+        #[cfg(feature = "http")]
+        "http" | "https" => Ok(Some(http::HttpConfig::from_url(url)?.ack_timeout)),
         _ => Ok(None),
     }
 }
@@ -119,11 +133,17 @@ pub fn with_default_ack_timeout(url: &str, ack_timeout: Duration) -> String {
         scheme,
         "nats" | "tls" | "kafka" | "amqp" | "amqps" | "redis" | "mqtt" | "sqs" | "sns"
     );
-    let (_, query) = url.split_once('?').unwrap_or((url, ""));
-    if !has_setting || query.split('&').any(|p| p.starts_with("ack_timeout=")) {
+    // A webhook's options are in the fragment: its query belongs to the endpoint.
+    let webhook = matches!(scheme, "http" | "https");
+    let (mark, (_, options)) = if webhook {
+        ('#', url.split_once('#').unwrap_or((url, "")))
+    } else {
+        ('?', url.split_once('?').unwrap_or((url, "")))
+    };
+    if !(has_setting || webhook) || options.split('&').any(|p| p.starts_with("ack_timeout=")) {
         return url.to_string();
     }
-    let sep = if url.contains('?') { '&' } else { '?' };
+    let sep = if url.contains(mark) { '&' } else { mark };
     format!("{url}{sep}ack_timeout={}ms", ack_timeout.as_millis().max(1))
 }
 
@@ -144,6 +164,10 @@ pub fn available() -> Vec<&'static str> {
         "sns://",
         #[cfg(feature = "kafka")]
         "kafka://",
+        #[cfg(feature = "http")]
+        "http://",
+        #[cfg(feature = "http")]
+        "https://",
         #[cfg(feature = "file")]
         "file:",
         #[cfg(feature = "stdout")]
@@ -190,6 +214,21 @@ mod tests {
             "nats://h:4222?ack_timeout=2s"
         );
         assert_eq!(with_default_ack_timeout("stdout:", d), "stdout:");
+        #[cfg(feature = "http")]
+        {
+            assert_eq!(
+                with_default_ack_timeout("http://h/in?tenant=7", d),
+                "http://h/in?tenant=7#ack_timeout=1000ms"
+            );
+            assert_eq!(
+                with_default_ack_timeout("http://h/in#mode=batch", d),
+                "http://h/in#mode=batch&ack_timeout=1000ms"
+            );
+            assert_eq!(
+                ack_timeout("https://h/in?ack_timeout=9s#ack_timeout=2s").unwrap(),
+                Some(Duration::from_secs(2))
+            );
+        }
         #[cfg(feature = "sqs")]
         {
             assert_eq!(

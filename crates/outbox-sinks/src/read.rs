@@ -154,6 +154,8 @@ pub async fn scratch(url: &str, options: &ScratchOptions) -> Result<Scratch, Err
         "sns" => crate::sns::scratch(url, options).await,
         #[cfg(feature = "kafka")]
         "kafka" => crate::kafka::scratch(url, options).await,
+        #[cfg(feature = "http")]
+        "http" | "https" => crate::http::scratch(url, options).await,
         #[cfg(feature = "file")]
         "file" => crate::file::scratch(url, options),
         _ => Err(Error::config(format!(
@@ -181,6 +183,8 @@ pub fn readable() -> Vec<&'static str> {
         "sns://",
         #[cfg(feature = "kafka")]
         "kafka://",
+        #[cfg(feature = "http")]
+        "http://",
         #[cfg(feature = "file")]
         "file:",
     ];

@@ -1,0 +1,321 @@
+//! [`HttpSink`]: POSTs messages to a webhook endpoint, one per request or a batch per request,
+//! signed per Standard Webhooks; a 2xx response is the acknowledgement.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use base64::Engine as _;
+use bytes::Bytes;
+use futures::StreamExt as _;
+use outbox_core::sink::HEADER_MESSAGE_ID;
+use outbox_core::{Envelope, Error, Sink, SinkError};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::config::{HttpConfig, Mode, DESTINATION_PLACEHOLDER};
+use super::error::{response_error, transport_error};
+use super::sign;
+
+/// The header naming the rendered destination, in `mode=single`.
+pub const HEADER_DESTINATION: &str = "outbox-destination";
+
+/// Webhook sink. Per request: a 2xx is success; 408, 429, 5xx, timeouts and connection errors
+/// are `unavailable` (the relay retries, no sooner than a `Retry-After` says); 413 is `invalid`;
+/// any other answer is `rejected`. Redirects are not followed (a POST must not turn into a GET
+/// somewhere else): they are `rejected`, naming where they point.
+pub struct HttpSink {
+    cfg: Arc<HttpConfig>,
+    client: reqwest::Client,
+    /// The signing key's raw bytes.
+    key: Option<Vec<u8>>,
+}
+
+impl HttpSink {
+    /// A sink for `cfg`; connects lazily, so an endpoint that is down at start is an outage.
+    pub fn connect(cfg: HttpConfig) -> Result<Self, Error> {
+        let client = reqwest::Client::builder()
+            .timeout(cfg.ack_timeout)
+            .connect_timeout(cfg.ack_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_max_idle_per_host(cfg.max_in_flight)
+            .user_agent(concat!("outbox/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| Error::config(format!("http sink: cannot build the client: {e}")))?;
+        let key = match &cfg.signing_key {
+            Some(k) => Some(
+                base64::engine::general_purpose::STANDARD
+                    .decode(k.expose())
+                    .map_err(|_| Error::config("http sink: the signing key is not base64"))?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            cfg: Arc::new(cfg),
+            client,
+            key,
+        })
+    }
+
+    /// The endpoint for `destination`: its `{destination}` replaced by the destination,
+    /// percent-encoded (a `/` in it stays a path separator).
+    fn url(&self, destination: &str) -> String {
+        if !self.cfg.endpoint.contains(DESTINATION_PLACEHOLDER) {
+            return self.cfg.endpoint.clone();
+        }
+        let encoded: Vec<String> = destination
+            .split('/')
+            .map(|seg| percent_encoding::utf8_percent_encode(seg, SEGMENT).to_string())
+            .collect();
+        self.cfg
+            .endpoint
+            .replace(DESTINATION_PLACEHOLDER, &encoded.join("/"))
+    }
+
+    /// One POST: `headers` and the signature over `body` as `id`; `Ok` on a 2xx.
+    async fn post(
+        &self,
+        url: String,
+        id: &str,
+        mut headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<(), SinkError> {
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(key) = &self.key {
+            let now = chrono::Utc::now().timestamp();
+            let sig = sign::signature(key, id, now, &body);
+            headers.insert(sign::HEADER_ID, value(id)?);
+            headers.insert(sign::HEADER_TIMESTAMP, value(&now.to_string())?);
+            headers.insert(sign::HEADER_SIGNATURE, value(&sig)?);
+        } else {
+            headers.insert(sign::HEADER_ID, value(id)?);
+        }
+        let mut req = self.client.post(&url).headers(headers).body(body);
+        if let Some((user, pass)) = &self.cfg.basic_auth {
+            req = req.basic_auth(user, Some(pass.expose()));
+        }
+        let shown = outbox_core::redact::url(&url);
+        let resp = req.send().await.map_err(|e| transport_error(&shown, &e))?;
+        let status = resp.status();
+        if status.is_success() {
+            // Read the body so the connection goes back to the pool.
+            let _ = resp.bytes().await;
+            return Ok(());
+        }
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
+        let location = resp
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = resp.bytes().await.unwrap_or_default();
+        Err(response_error(
+            &shown,
+            status,
+            retry_after,
+            location.as_deref(),
+            &body,
+        ))
+    }
+
+    /// `mode=single`: the payload as the body, the message's headers as HTTP headers.
+    async fn post_one(&self, e: &Envelope) -> Result<(), SinkError> {
+        let mut headers = HeaderMap::new();
+        for (k, v) in &e.headers {
+            let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
+                SinkError::invalid(format!("header `{k}` is not a valid HTTP header name"))
+            })?;
+            let v = HeaderValue::from_str(v).map_err(|_| {
+                SinkError::invalid(format!("the value of header `{k}` is not valid in HTTP"))
+            })?;
+            headers.append(name, v);
+        }
+        if !e.headers.iter().any(|(k, _)| k == HEADER_MESSAGE_ID) {
+            headers.insert(HEADER_MESSAGE_ID, value(&e.id.to_string())?);
+        }
+        headers.insert(HEADER_DESTINATION, value(&e.destination)?);
+        self.post(
+            self.url(&e.destination),
+            &e.id.to_string(),
+            headers,
+            e.payload.clone(),
+        )
+        .await
+    }
+}
+
+/// Characters of a destination path segment that are percent-encoded.
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+fn value(v: &str) -> Result<HeaderValue, SinkError> {
+    HeaderValue::from_str(v)
+        .map_err(|_| SinkError::invalid(format!("`{v}` cannot be an HTTP header value")))
+}
+
+/// A `Retry-After` value: seconds, or an HTTP date.
+pub(crate) fn parse_retry_after(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = chrono::DateTime::parse_from_rfc2822(v).ok()?;
+    let wait = at.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    Some(wait.to_std().unwrap_or(Duration::ZERO))
+}
+
+/// One message of a `mode=batch` body.
+#[derive(Serialize)]
+struct Item<'a> {
+    id: String,
+    destination: &'a str,
+    key: &'a str,
+    headers: serde_json::Map<String, serde_json::Value>,
+    payload: &'a RawValue,
+}
+
+#[async_trait]
+impl Sink for HttpSink {
+    fn name(&self) -> &str {
+        "http"
+    }
+
+    fn ack_timeout(&self) -> Option<Duration> {
+        Some(self.cfg.ack_timeout)
+    }
+
+    async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
+        match self.cfg.mode {
+            Mode::Single => {
+                // The futures are made first: a closure inside the stream trips the compiler's
+                // higher-ranked lifetime check under `async_trait`.
+                let calls: Vec<_> = batch
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| async move { (i, self.post_one(e).await) })
+                    .collect();
+                let mut out: Vec<(usize, Result<(), SinkError>)> = futures::stream::iter(calls)
+                    .buffer_unordered(self.cfg.max_in_flight)
+                    .collect()
+                    .await;
+                out.sort_by_key(|(i, _)| *i);
+                out.into_iter().map(|(_, r)| r).collect()
+            }
+            Mode::Batch => self.publish_batches(batch).await,
+        }
+    }
+}
+
+impl HttpSink {
+    /// `mode=batch`: one JSON array per endpoint and `max_batch` messages; every message of a
+    /// request shares its outcome. A message whose payload is not JSON is `invalid` on its own.
+    async fn publish_batches(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
+        let mut results: Vec<Option<Result<(), SinkError>>> = vec![None; batch.len()];
+        // Requests: (url, indexes), in the order of the call.
+        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
+        let mut items: Vec<Option<Box<RawValue>>> = Vec::with_capacity(batch.len());
+        for (i, e) in batch.iter().enumerate() {
+            let raw = std::str::from_utf8(&e.payload)
+                .ok()
+                .and_then(|s| RawValue::from_string(s.to_string()).ok());
+            if raw.is_none() {
+                results[i] = Some(Err(SinkError::invalid(
+                    "mode=batch carries payloads as JSON, and this payload is not JSON",
+                )));
+            }
+            items.push(raw);
+            if results[i].is_some() {
+                continue;
+            }
+            let url = self.url(&e.destination);
+            match groups
+                .iter_mut()
+                .rev()
+                .find(|(u, idx)| *u == url && idx.len() < self.cfg.max_batch)
+            {
+                Some((_, idx)) => idx.push(i),
+                None => groups.push((url, vec![i])),
+            }
+        }
+        let requests: Vec<_> = groups
+            .into_iter()
+            .map(|(url, idx)| {
+                let body: Result<Vec<u8>, SinkError> = idx
+                    .iter()
+                    .map(|&i| {
+                        let e = &batch[i];
+                        Ok(Item {
+                            id: e.id.to_string(),
+                            destination: &e.destination,
+                            key: &e.key,
+                            headers: e
+                                .headers
+                                .iter()
+                                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                                .collect(),
+                            payload: items[i]
+                                .as_deref()
+                                .ok_or_else(|| SinkError::invalid("payload is not JSON"))?,
+                        })
+                    })
+                    .collect::<Result<Vec<Item>, SinkError>>()
+                    .and_then(|v| {
+                        serde_json::to_vec(&v).map_err(|e| {
+                            SinkError::invalid(format!("cannot encode the batch as JSON: {e}"))
+                        })
+                    });
+                // The batch's id is its first message's: each item carries its own id to dedupe on.
+                let id = batch[idx[0]].id.to_string();
+                async move {
+                    let r = match body {
+                        Ok(body) => self.post(url, &id, HeaderMap::new(), body.into()).await,
+                        Err(e) => Err(e),
+                    };
+                    (idx, r)
+                }
+            })
+            .collect();
+        let done: Vec<(Vec<usize>, Result<(), SinkError>)> = futures::stream::iter(requests)
+            .buffer_unordered(self.cfg.max_in_flight)
+            .collect()
+            .await;
+        for (idx, r) in done {
+            for i in idx {
+                results[i] = Some(r.clone());
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(SinkError::unavailable("no request was made"))))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_takes_seconds_and_dates() {
+        assert_eq!(parse_retry_after("7"), Some(Duration::from_secs(7)));
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Some(Duration::ZERO)
+        );
+        let later = (chrono::Utc::now() + chrono::Duration::seconds(90)).to_rfc2822();
+        let d = parse_retry_after(&later).expect("a date");
+        assert!(
+            d > Duration::from_secs(80) && d <= Duration::from_secs(90),
+            "{d:?}"
+        );
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+}
