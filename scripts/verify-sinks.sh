@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `outbox verify --profile short` for the RabbitMQ, Redis, MQTT, SQS and SNS sinks, every fault
+# `outbox verify --profile short` for the Kafka, RabbitMQ, Redis, MQTT, SQS, SNS and HTTP sinks, every fault
 # kind.
 # Each broker is a private instance of this script's own (own port and data directory), so the
 # `broker` fault stops and starts it without touching the shared servers:
@@ -8,7 +8,9 @@
 #   Mosquitto on 31883 with persistence (SIGTERM to stop: it saves its sessions on the way out)
 #   moto      on 34566 for SQS and SNS (frozen with SIGSTOP, thawed with SIGCONT; see below)
 #   tansu     on 39092 for Kafka (frozen and thawed like moto)
-# Usage: scripts/verify-sinks.sh [kafka] [amqp] [redis] [mqtt] [sqs] [sns]   (default: all but sns)
+#   http      verify's own webhook receiver (signed requests), answering 503 + Retry-After while
+#             the "down" file exists
+# Usage: scripts/verify-sinks.sh [kafka] [amqp] [redis] [mqtt] [sqs] [sns] [http]   (default: all but sns)
 # Env: DATABASE_URL (default the shared PostgreSQL), DB_RESTART_CMD (default: restart it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +87,9 @@ broker() {
       fi ;;
     kafka:stop)
       [ -f "$d/tansu/pid" ] && kill -STOP "$(cat "$d/tansu/pid")" 2>/dev/null || true ;;
+    # The webhook receiver lives inside verify; it reads this file's presence as "down".
+    http:start) rm -f "$d/http-down" ;;
+    http:stop) touch "$d/http-down" ;;
     kafka:end|aws:end)
       local name_dir=moto
       [ "$name" = kafka ] && name_dir=tansu
@@ -108,9 +113,11 @@ declare -A url=(
   [kafka]="kafka://127.0.0.1:39092"
   [sqs]="sqs://?region=us-east-1&endpoint=http://127.0.0.1:34566"
   [sns]="sns://?region=us-east-1&endpoint=http://127.0.0.1:34566"
+  # verify posts to a receiver of its own on 127.0.0.1; the secret is a test value.
+  [http]="http://127.0.0.1:0#secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 )
 # Which private broker serves each sink.
-declare -A server=([kafka]=kafka [amqp]=amqp [redis]=redis [mqtt]=mqtt [sqs]=aws [sns]=aws)
+declare -A server=([kafka]=kafka [amqp]=amqp [redis]=redis [mqtt]=mqtt [sqs]=aws [sns]=aws [http]=http)
 # moto recomputes a queue's counters over the whole queue on every call: at the short
 # profile's full load it falls behind for good, so the AWS sinks run a lighter load.
 declare -A load=(
@@ -122,7 +129,7 @@ export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-test}" AWS_SECRET_ACCESS_KEY="${A
 export AWS_EC2_METADATA_DISABLED=true
 dir=$(mktemp -d /var/tmp/outbox-verify-sinks.XXXXXX)
 sinks=("$@")
-[ ${#sinks[@]} -eq 0 ] && sinks=(kafka amqp redis mqtt sqs)
+[ ${#sinks[@]} -eq 0 ] && sinks=(kafka amqp redis mqtt sqs http)
 cargo build --quiet -p outbox-cli
 rc=0
 for s in "${sinks[@]}"; do
@@ -131,7 +138,7 @@ for s in "${sinks[@]}"; do
   broker "$b" start "$dir"
   # shellcheck disable=SC2086 # the load is a list of flags
   # A run normally takes 1–3 minutes; one that hangs must fail this script, not eat CI's budget.
-  OUTBOX_SINK="${url[$s]}" timeout --kill-after=30 600 \
+  OUTBOX_SINK="${url[$s]}" OUTBOX_HTTP_RECEIVER_DOWN_FILE="$dir/http-down" timeout --kill-after=30 600 \
     "$CARGO_TARGET_DIR/debug/outbox" verify --profile short --format json \
     --database-url "$db_url" ${load[$s]:-} \
     --broker-stop-cmd "$self --broker $b stop $dir" \
