@@ -203,8 +203,9 @@ fn check_endpoint(value: &str) -> Result<String, Error> {
     }
 }
 
-/// Decodes `%XX` escapes (and `+` as a space, as in a form-encoded query).
-fn percent_decode(s: &str) -> Option<String> {
+/// Decodes `%XX` escapes (and `+` as a space, as in a form-encoded query); `None` when the
+/// result is not UTF-8 or an escape is broken.
+pub fn percent_decode(s: &str) -> Option<String> {
     let mut out = Vec::with_capacity(s.len());
     let b = s.as_bytes();
     let mut i = 0;
