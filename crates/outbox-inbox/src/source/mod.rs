@@ -11,6 +11,8 @@
 mod nats;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "sqs")]
+mod sqs;
 
 use std::time::Duration;
 
@@ -23,6 +25,8 @@ use crate::message::InboxMessage;
 pub use self::nats::{NatsSource, NatsSourceConfig};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisSource, RedisSourceConfig};
+#[cfg(feature = "sqs")]
+pub use self::sqs::{SqsSource, SqsSourceConfig};
 
 /// One message a source delivered, and what acknowledging it takes.
 pub struct Delivery {
@@ -49,12 +53,15 @@ pub(crate) enum AckInner {
     Nats(Box<async_nats::jetstream::Message>),
     #[cfg(feature = "redis")]
     Redis(String),
+    /// An SQS receipt handle.
+    #[cfg(feature = "sqs")]
+    Sqs(String),
 }
 
 /// How long a source may redeliver a message, as far as it can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceRetention {
-    /// It keeps messages this long (NATS stream `max_age`).
+    /// It keeps messages this long (NATS stream `max_age`, SQS `MessageRetentionPeriod`).
     For(Duration),
     /// It keeps messages without a time limit.
     Unlimited,
@@ -95,7 +102,8 @@ pub struct SourceOptions {
 
 /// Opens the source `url` names: `nats://host:4222?stream=S[&durable=D][&subject=F]
 /// [&ack_wait=30s][&name=N]` or `redis://host:6379?stream=K[&group=G][&consumer=C][&start=0]
-/// [&name=N]`. Unknown schemes and sources left out of this build are config errors.
+/// [&name=N]` or `sqs://?queue=NAME_OR_URL[&region=R][&endpoint=URL][&visibility_timeout=60s]
+/// [&wait=1s][&name=N]`. Unknown schemes and sources left out of this build are config errors.
 pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
     let _ = options;
@@ -107,6 +115,10 @@ pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>>
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Ok(Box::new(
             RedisSource::connect(RedisSourceConfig::from_url(url)?).await?,
+        )),
+        #[cfg(feature = "sqs")]
+        "sqs" => Ok(Box::new(
+            SqsSource::connect(SqsSourceConfig::from_url(url)?).await?,
         )),
         _ => Err(Error::config(format!(
             "source `{}`: unknown or disabled source scheme `{scheme}`; this build reads: {}",
@@ -123,6 +135,8 @@ pub fn available() -> Vec<&'static str> {
         "nats://",
         #[cfg(feature = "redis")]
         "redis://",
+        #[cfg(feature = "sqs")]
+        "sqs://",
     ];
     all.to_vec()
 }
