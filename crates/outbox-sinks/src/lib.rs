@@ -20,6 +20,7 @@ pub mod mqtt;
 pub mod nats;
 #[cfg(any(feature = "amqp", feature = "redis", feature = "mqtt"))]
 mod options;
+pub use options::percent_decode;
 pub mod read;
 #[cfg(feature = "redis")]
 pub mod redis;
