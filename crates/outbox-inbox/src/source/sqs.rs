@@ -23,7 +23,8 @@ use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
 };
 use outbox_core::{Error, ErrorKind, Result};
-use outbox_sinks::aws::{percent_decode, AwsConfig};
+use outbox_sinks::aws::AwsConfig;
+use outbox_sinks::percent_decode;
 use outbox_sinks::sqs::{call_error, message_headers, queue_url, QueueRef};
 use tracing::warn;
 
