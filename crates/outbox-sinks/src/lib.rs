@@ -20,7 +20,8 @@ pub mod mqtt;
 pub mod nats;
 #[cfg(any(feature = "amqp", feature = "redis", feature = "mqtt"))]
 mod options;
-pub use options::percent_decode;
+mod percent;
+pub use percent::percent_decode;
 pub mod read;
 #[cfg(feature = "redis")]
 pub mod redis;

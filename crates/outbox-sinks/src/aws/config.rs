@@ -9,7 +9,7 @@ use std::time::Duration;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use outbox_core::Error;
 
-use crate::options::percent_decode;
+use crate::percent_decode;
 
 /// Default bound on one publish call (lookups, batch calls and the SDK's retries included):
 /// the sink's ack timeout.
