@@ -27,6 +27,8 @@ pub mod nats;
     feature = "http"
 ))]
 mod options;
+mod percent;
+pub use percent::percent_decode;
 pub mod read;
 #[cfg(feature = "redis")]
 pub mod redis;

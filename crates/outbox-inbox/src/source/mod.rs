@@ -7,10 +7,14 @@
 //! what a dead predecessor fetched and never acknowledged ([`Source::recover`]): otherwise a
 //! message redelivered late would be handled after later messages of its key.
 
+#[cfg(feature = "mqtt")]
+mod mqtt;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "sqs")]
+mod sqs;
 
 use std::time::Duration;
 
@@ -19,10 +23,14 @@ use outbox_core::{Error, Result};
 
 use crate::message::InboxMessage;
 
+#[cfg(feature = "mqtt")]
+pub use self::mqtt::{MqttSource, MqttSourceConfig};
 #[cfg(feature = "nats")]
 pub use self::nats::{NatsSource, NatsSourceConfig};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisSource, RedisSourceConfig};
+#[cfg(feature = "sqs")]
+pub use self::sqs::{SqsSource, SqsSourceConfig};
 
 /// One message a source delivered, and what acknowledging it takes.
 pub struct Delivery {
@@ -49,12 +57,18 @@ pub(crate) enum AckInner {
     Nats(Box<async_nats::jetstream::Message>),
     #[cfg(feature = "redis")]
     Redis(String),
+    /// An SQS receipt handle.
+    #[cfg(feature = "sqs")]
+    Sqs(String),
+    /// The connection (its CONNACK count) an MQTT message came on, and the message.
+    #[cfg(feature = "mqtt")]
+    Mqtt(u64, Box<rumqttc::v5::mqttbytes::v5::Publish>),
 }
 
 /// How long a source may redeliver a message, as far as it can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceRetention {
-    /// It keeps messages this long (NATS stream `max_age`).
+    /// It keeps messages this long (NATS stream `max_age`, SQS `MessageRetentionPeriod`).
     For(Duration),
     /// It keeps messages without a time limit.
     Unlimited,
@@ -95,7 +109,9 @@ pub struct SourceOptions {
 
 /// Opens the source `url` names: `nats://host:4222?stream=S[&durable=D][&subject=F]
 /// [&ack_wait=30s][&name=N]` or `redis://host:6379?stream=K[&group=G][&consumer=C][&start=0]
-/// [&name=N]`. Unknown schemes and sources left out of this build are config errors.
+/// [&name=N]` or `sqs://?queue=NAME_OR_URL[&region=R][&endpoint=URL][&visibility_timeout=60s]
+/// [&wait=1s][&name=N]` or `mqtt://[user:pass@]host[:port]?topic=FILTER[&client_id=outbox-inbox]
+/// [&session_expiry=7d][&keep_alive=30s][&ack_timeout=5s][&name=N]`. Unknown schemes and sources left out of this build are config errors.
 pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
     let _ = options;
@@ -107,6 +123,15 @@ pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>>
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Ok(Box::new(
             RedisSource::connect(RedisSourceConfig::from_url(url)?).await?,
+        )),
+        #[cfg(feature = "mqtt")]
+        "mqtt" => Ok(Box::new(MqttSource::new(
+            MqttSourceConfig::from_url(url)?,
+            options.batch,
+        ))),
+        #[cfg(feature = "sqs")]
+        "sqs" => Ok(Box::new(
+            SqsSource::connect(SqsSourceConfig::from_url(url)?).await?,
         )),
         _ => Err(Error::config(format!(
             "source `{}`: unknown or disabled source scheme `{scheme}`; this build reads: {}",
@@ -123,6 +148,10 @@ pub fn available() -> Vec<&'static str> {
         "nats://",
         #[cfg(feature = "redis")]
         "redis://",
+        #[cfg(feature = "sqs")]
+        "sqs://",
+        #[cfg(feature = "mqtt")]
+        "mqtt://",
     ];
     all.to_vec()
 }
@@ -150,9 +179,11 @@ pub(crate) fn duration_option(name: &str, value: &str) -> Result<Duration> {
     match unit {
         "ms" => Ok(Duration::from_millis(n)),
         "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
+        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
+        "h" => Ok(Duration::from_secs(n.saturating_mul(3600))),
+        "d" => Ok(Duration::from_secs(n.saturating_mul(86_400))),
         _ => Err(Error::config(format!(
-            "source option {name}=`{value}`: write e.g. 500ms, 30s or 2m"
+            "source option {name}=`{value}`: write e.g. 500ms, 30s, 2m, 12h or 7d"
         ))),
     }
 }

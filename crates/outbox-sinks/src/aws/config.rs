@@ -9,6 +9,8 @@ use std::time::Duration;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use outbox_core::Error;
 
+use crate::percent_decode;
+
 /// Default bound on one publish call (lookups, batch calls and the SDK's retries included):
 /// the sink's ack timeout.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -201,31 +203,6 @@ fn check_endpoint(value: &str) -> Result<String, Error> {
             outbox_core::redact::url(value)
         ))),
     }
-}
-
-/// Decodes `%XX` escapes (and `+` as a space, as in a form-encoded query).
-fn percent_decode(s: &str) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = s.get(i + 1..i + 3)?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// Parses `500ms`, `5s` or `2m` (a bare number is seconds).

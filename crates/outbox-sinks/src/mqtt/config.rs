@@ -108,7 +108,7 @@ impl MqttConfig {
 
     /// Client options for `client_id`: MQTT v5, the credentials, the keep-alive, a connect
     /// timeout of at least a second, and `max_packet` as the largest packet accepted.
-    pub(crate) fn options(&self, client_id: String, max_packet: u32) -> rumqttc::v5::MqttOptions {
+    pub fn options(&self, client_id: String, max_packet: u32) -> rumqttc::v5::MqttOptions {
         let mut o = rumqttc::v5::MqttOptions::new(client_id, self.host.clone(), self.port);
         o.set_keep_alive(self.keep_alive)
             .set_connection_timeout(self.ack_timeout.as_secs().max(1))

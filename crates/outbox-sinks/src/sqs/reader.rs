@@ -11,7 +11,7 @@ use outbox_core::sink::{HEADER_AGGREGATE_ID, HEADER_MESSAGE_ID};
 use outbox_core::{Error, ErrorKind};
 
 use super::config::SqsConfig;
-use crate::aws::attributes::unpack;
+use super::consumer::message_headers;
 use crate::read::{Delivered, Polled, Reader, Scratch, ScratchOptions};
 
 /// Longest wait of one `ReceiveMessage` long poll (SQS's own maximum).
@@ -142,16 +142,7 @@ impl SqsReader {
     /// the `outbox-aggregate-id` attribute on a standard queue), the attributes with
     /// `outbox-headers` unpacked, sorted by name. `None` without an id.
     fn delivered(&self, m: &Message) -> Option<Delivered> {
-        let mut attrs: Vec<(String, String)> = m
-            .message_attributes()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|(k, v)| Some((k.clone(), v.string_value()?.to_string())))
-                    .collect()
-            })
-            .unwrap_or_default();
-        attrs.sort();
-        let headers = unpack(attrs);
+        let headers = message_headers(m);
         let find = |name: &str| {
             headers
                 .iter()
