@@ -7,6 +7,8 @@
 //! what a dead predecessor fetched and never acknowledged ([`Source::recover`]): otherwise a
 //! message redelivered late would be handled after later messages of its key.
 
+#[cfg(feature = "kafka")]
+mod kafka;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "redis")]
@@ -19,6 +21,8 @@ use outbox_core::{Error, Result};
 
 use crate::message::InboxMessage;
 
+#[cfg(feature = "kafka")]
+pub use self::kafka::{KafkaSource, KafkaSourceConfig, KafkaStart};
 #[cfg(feature = "nats")]
 pub use self::nats::{NatsSource, NatsSourceConfig};
 #[cfg(feature = "redis")]
@@ -49,6 +53,10 @@ pub(crate) enum AckInner {
     Nats(Box<async_nats::jetstream::Message>),
     #[cfg(feature = "redis")]
     Redis(String),
+    /// The record's partition and offset (committing offset + 1 acknowledges it and every
+    /// earlier record of its partition).
+    #[cfg(feature = "kafka")]
+    Kafka { partition: i32, offset: i64 },
 }
 
 /// How long a source may redeliver a message, as far as it can tell.
@@ -95,6 +103,7 @@ pub struct SourceOptions {
 
 /// Opens the source `url` names: `nats://host:4222?stream=S[&durable=D][&subject=F]
 /// [&ack_wait=30s][&name=N]` or `redis://host:6379?stream=K[&group=G][&consumer=C][&start=0]
+/// [&name=N]` or `kafka://host:9092[,host:9092]?topic=T[&group=G][&start=earliest|latest]
 /// [&name=N]`. Unknown schemes and sources left out of this build are config errors.
 pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
@@ -107,6 +116,10 @@ pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>>
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Ok(Box::new(
             RedisSource::connect(RedisSourceConfig::from_url(url)?).await?,
+        )),
+        #[cfg(feature = "kafka")]
+        "kafka" => Ok(Box::new(
+            KafkaSource::connect(KafkaSourceConfig::from_url(url)?).await?,
         )),
         _ => Err(Error::config(format!(
             "source `{}`: unknown or disabled source scheme `{scheme}`; this build reads: {}",
@@ -123,6 +136,8 @@ pub fn available() -> Vec<&'static str> {
         "nats://",
         #[cfg(feature = "redis")]
         "redis://",
+        #[cfg(feature = "kafka")]
+        "kafka://",
     ];
     all.to_vec()
 }
@@ -183,7 +198,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unknown_scheme_names_what_this_build_reads() {
-        let e = open("kafka://u:pw@h:9092", &SourceOptions { batch: 10 })
+        let e = open("mqtt://u:pw@h:1883", &SourceOptions { batch: 10 })
             .await
             .err()
             .unwrap();
