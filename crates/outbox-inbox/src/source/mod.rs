@@ -7,6 +7,8 @@
 //! what a dead predecessor fetched and never acknowledged ([`Source::recover`]): otherwise a
 //! message redelivered late would be handled after later messages of its key.
 
+#[cfg(feature = "amqp")]
+mod amqp;
 #[cfg(feature = "kafka")]
 mod kafka;
 #[cfg(feature = "nats")]
@@ -21,6 +23,8 @@ use outbox_core::{Error, Result};
 
 use crate::message::InboxMessage;
 
+#[cfg(feature = "amqp")]
+pub use self::amqp::{AmqpSource, AmqpSourceConfig};
 #[cfg(feature = "kafka")]
 pub use self::kafka::{KafkaSource, KafkaSourceConfig, KafkaStart};
 #[cfg(feature = "nats")]
@@ -57,6 +61,9 @@ pub(crate) enum AckInner {
     /// earlier record of its partition).
     #[cfg(feature = "kafka")]
     Kafka { partition: i32, offset: i64 },
+    /// The channel the delivery came on (counted by the source) and its delivery tag there.
+    #[cfg(feature = "amqp")]
+    Amqp { generation: u64, tag: u64 },
 }
 
 /// How long a source may redeliver a message, as far as it can tell.
@@ -104,7 +111,8 @@ pub struct SourceOptions {
 /// Opens the source `url` names: `nats://host:4222?stream=S[&durable=D][&subject=F]
 /// [&ack_wait=30s][&name=N]` or `redis://host:6379?stream=K[&group=G][&consumer=C][&start=0]
 /// [&name=N]` or `kafka://host:9092[,host:9092]?topic=T[&group=G][&start=earliest|latest]
-/// [&name=N]`. Unknown schemes and sources left out of this build are config errors.
+/// [&name=N]` or `amqp[s]://[user:pass@]host[:port][/vhost]?queue=Q[&name=N][&ack_timeout=5s]
+/// [&heartbeat=…]`. Unknown schemes and sources left out of this build are config errors.
 pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
     let _ = options;
@@ -116,6 +124,10 @@ pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>>
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Ok(Box::new(
             RedisSource::connect(RedisSourceConfig::from_url(url)?).await?,
+        )),
+        #[cfg(feature = "amqp")]
+        "amqp" | "amqps" => Ok(Box::new(
+            AmqpSource::connect(AmqpSourceConfig::from_url(url)?, options.batch).await?,
         )),
         #[cfg(feature = "kafka")]
         "kafka" => Ok(Box::new(
@@ -138,6 +150,8 @@ pub fn available() -> Vec<&'static str> {
         "redis://",
         #[cfg(feature = "kafka")]
         "kafka://",
+        #[cfg(feature = "amqp")]
+        "amqp://",
     ];
     all.to_vec()
 }
