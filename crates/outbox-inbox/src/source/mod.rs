@@ -7,6 +7,10 @@
 //! what a dead predecessor fetched and never acknowledged ([`Source::recover`]): otherwise a
 //! message redelivered late would be handled after later messages of its key.
 
+#[cfg(feature = "amqp")]
+mod amqp;
+#[cfg(feature = "kafka")]
+mod kafka;
 #[cfg(feature = "mqtt")]
 mod mqtt;
 #[cfg(feature = "nats")]
@@ -23,6 +27,10 @@ use outbox_core::{Error, Result};
 
 use crate::message::InboxMessage;
 
+#[cfg(feature = "amqp")]
+pub use self::amqp::{AmqpSource, AmqpSourceConfig};
+#[cfg(feature = "kafka")]
+pub use self::kafka::{KafkaSource, KafkaSourceConfig, KafkaStart};
 #[cfg(feature = "mqtt")]
 pub use self::mqtt::{MqttSource, MqttSourceConfig};
 #[cfg(feature = "nats")]
@@ -57,6 +65,13 @@ pub(crate) enum AckInner {
     Nats(Box<async_nats::jetstream::Message>),
     #[cfg(feature = "redis")]
     Redis(String),
+    /// The record's partition and offset (committing offset + 1 acknowledges it and every
+    /// earlier record of its partition).
+    #[cfg(feature = "kafka")]
+    Kafka { partition: i32, offset: i64 },
+    /// The channel the delivery came on (counted by the source) and its delivery tag there.
+    #[cfg(feature = "amqp")]
+    Amqp { generation: u64, tag: u64 },
     /// An SQS receipt handle.
     #[cfg(feature = "sqs")]
     Sqs(String),
@@ -109,9 +124,12 @@ pub struct SourceOptions {
 
 /// Opens the source `url` names: `nats://host:4222?stream=S[&durable=D][&subject=F]
 /// [&ack_wait=30s][&name=N]` or `redis://host:6379?stream=K[&group=G][&consumer=C][&start=0]
-/// [&name=N]` or `sqs://?queue=NAME_OR_URL[&region=R][&endpoint=URL][&visibility_timeout=60s]
+/// [&name=N]` or `kafka://host:9092[,host:9092]?topic=T[&group=G][&start=earliest|latest]
+/// [&name=N]` or `amqp[s]://[user:pass@]host[:port][/vhost]?queue=Q[&name=N][&ack_timeout=5s]
+/// [&heartbeat=…]` or `sqs://?queue=NAME_OR_URL[&region=R][&endpoint=URL][&visibility_timeout=60s]
 /// [&wait=1s][&name=N]` or `mqtt://[user:pass@]host[:port]?topic=FILTER[&client_id=outbox-inbox]
-/// [&session_expiry=7d][&keep_alive=30s][&ack_timeout=5s][&name=N]`. Unknown schemes and sources left out of this build are config errors.
+/// [&session_expiry=7d][&keep_alive=30s][&ack_timeout=5s][&name=N]`. Unknown schemes and
+/// sources left out of this build are config errors.
 pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
     let _ = options;
@@ -123,6 +141,14 @@ pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>>
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Ok(Box::new(
             RedisSource::connect(RedisSourceConfig::from_url(url)?).await?,
+        )),
+        #[cfg(feature = "amqp")]
+        "amqp" | "amqps" => Ok(Box::new(
+            AmqpSource::connect(AmqpSourceConfig::from_url(url)?, options.batch).await?,
+        )),
+        #[cfg(feature = "kafka")]
+        "kafka" => Ok(Box::new(
+            KafkaSource::connect(KafkaSourceConfig::from_url(url)?).await?,
         )),
         #[cfg(feature = "mqtt")]
         "mqtt" => Ok(Box::new(MqttSource::new(
@@ -148,6 +174,10 @@ pub fn available() -> Vec<&'static str> {
         "nats://",
         #[cfg(feature = "redis")]
         "redis://",
+        #[cfg(feature = "kafka")]
+        "kafka://",
+        #[cfg(feature = "amqp")]
+        "amqp://",
         #[cfg(feature = "sqs")]
         "sqs://",
         #[cfg(feature = "mqtt")]
@@ -214,7 +244,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unknown_scheme_names_what_this_build_reads() {
-        let e = open("kafka://u:pw@h:9092", &SourceOptions { batch: 10 })
+        let e = open("pulsar://u:pw@h:6650", &SourceOptions { batch: 10 })
             .await
             .err()
             .unwrap();

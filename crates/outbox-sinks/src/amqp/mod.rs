@@ -8,5 +8,5 @@ mod sink;
 
 pub use config::{AmqpConfig, DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_MESSAGE_SIZE};
 pub(crate) use reader::scratch;
-pub use reader::{declare_scratch, AmqpReader};
+pub use reader::{connect, declare_scratch, delivery_headers, AmqpReader};
 pub use sink::AmqpSink;

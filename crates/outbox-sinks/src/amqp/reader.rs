@@ -53,20 +53,12 @@ impl AmqpReader {
     }
 
     async fn connect(cfg: &AmqpConfig) -> Result<Connection, Error> {
-        let props = ConnectionProperties::default()
-            .with_connection_name(format!("{} reader", cfg.connection_name).into());
-        tokio::time::timeout(
+        connect(
+            cfg,
+            &format!("{} reader", cfg.connection_name),
             Duration::from_secs(5),
-            Connection::connect(cfg.uri(), props),
         )
         .await
-        .map_err(|_| {
-            Error::new(
-                ErrorKind::Connection,
-                format!("rabbitmq: connecting to {} timed out", cfg.display),
-            )
-        })?
-        .map_err(|e| connection_error("connecting", cfg, e))
     }
 
     async fn reopen(&mut self) -> Result<(), Error> {
@@ -93,6 +85,36 @@ impl AmqpReader {
     }
 }
 
+/// A connection of its own to the broker `cfg` names, shown as `name`, within `limit` (a
+/// broker that never answers is an error): the readers' and the inbox source's way in, with the
+/// sink's URL, TLS and credentials handling.
+pub async fn connect(cfg: &AmqpConfig, name: &str, limit: Duration) -> Result<Connection, Error> {
+    let props = ConnectionProperties::default().with_connection_name(name.to_string().into());
+    tokio::time::timeout(limit, Connection::connect(cfg.uri(), props))
+        .await
+        .map_err(|_| {
+            Error::new(
+                ErrorKind::Connection,
+                format!("rabbitmq: connecting to {} timed out", cfg.display),
+            )
+        })?
+        .map_err(|e| connection_error("connecting", cfg, e))
+}
+
+/// The headers of a delivery as (name, value) strings: what the sink wrote, read back.
+pub fn delivery_headers(d: &lapin::message::Delivery) -> Vec<(String, String)> {
+    d.properties
+        .headers()
+        .as_ref()
+        .map(|h| {
+            h.inner()
+                .iter()
+                .map(|(k, v)| (k.as_str().to_string(), header_text(v)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn short(name: &str) -> Result<ShortString, Error> {
     ShortString::try_new(name).map_err(|e| Error::config(format!("rabbitmq: `{name}`: {e}")))
 }
@@ -109,17 +131,7 @@ fn header_text(v: &AMQPValue) -> String {
 /// A delivery as the checker sees it: the id from `message_id` (the broker's dedupe field),
 /// else the `outbox-message-id` header; the destination as the sink's template names it.
 fn delivered(d: &lapin::message::Delivery) -> Option<Delivered> {
-    let headers: Vec<(String, String)> = d
-        .properties
-        .headers()
-        .as_ref()
-        .map(|h| {
-            h.inner()
-                .iter()
-                .map(|(k, v)| (k.as_str().to_string(), header_text(v)))
-                .collect()
-        })
-        .unwrap_or_default();
+    let headers = delivery_headers(d);
     let destination = if d.exchange.as_str().is_empty() {
         d.routing_key.as_str().to_string()
     } else {

@@ -55,36 +55,10 @@ impl KafkaConfig {
     /// across retries and drops its own retried duplicates, requires it. Credentials in the URL
     /// are refused rather than ignored: this build speaks plaintext only.
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        let shown = outbox_core::redact::url(url);
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let Some(hosts) = base.strip_prefix("kafka://") else {
-            return Err(Error::config(format!(
-                "sink `{shown}`: expected kafka://host:port[,host:port]"
-            )));
-        };
-        if hosts.contains('@') {
-            return Err(Error::config(format!(
-                "sink `{shown}`: credentials in a kafka:// URL are not supported (this build \
-                 speaks PLAINTEXT only); remove them"
-            )));
-        }
-        let hosts = hosts.trim_end_matches('/');
-        let mut brokers = Vec::new();
-        for host in hosts.split(',') {
-            let ok = !host.is_empty()
-                && host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || ".-_:[]".contains(c));
-            if !ok {
-                return Err(Error::config(format!(
-                    "sink `{shown}`: `{host}` is not a host:port; expected \
-                     kafka://host:port[,host:port]"
-                )));
-            }
-            brokers.push(host);
-        }
+        let (_, query) = url.split_once('?').unwrap_or((url, ""));
+        let brokers = parse_brokers(url)?;
         let mut cfg = Self {
-            brokers: brokers.join(","),
+            brokers,
             ack_timeout: DEFAULT_ACK_TIMEOUT,
             create_topics: false,
             partitions: -1,
@@ -157,6 +131,42 @@ impl KafkaConfig {
         }
         Ok(cfg)
     }
+}
+
+/// The bootstrap servers of a `kafka://host:port[,host:port…][?…]` URL (its options are left to
+/// the caller): the one parser of Kafka addresses, shared by the sink and the inbox's source.
+///
+/// Credentials in the URL are refused rather than ignored (this build speaks PLAINTEXT only),
+/// and the error never echoes them.
+pub fn parse_brokers(url: &str) -> Result<String, Error> {
+    let shown = outbox_core::redact::url(url);
+    let base = url.split_once('?').map_or(url, |(b, _)| b);
+    let Some(hosts) = base.strip_prefix("kafka://") else {
+        return Err(Error::config(format!(
+            "`{shown}`: expected kafka://host:port[,host:port]"
+        )));
+    };
+    if hosts.contains('@') {
+        return Err(Error::config(format!(
+            "`{shown}`: credentials in a kafka:// URL are not supported (this build speaks \
+             PLAINTEXT only); remove them"
+        )));
+    }
+    let hosts = hosts.trim_end_matches('/');
+    let mut brokers = Vec::new();
+    for host in hosts.split(',') {
+        let ok = !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".-_:[]".contains(c));
+        if !ok {
+            return Err(Error::config(format!(
+                "`{shown}`: `{host}` is not a host:port; expected kafka://host:port[,host:port]"
+            )));
+        }
+        brokers.push(host);
+    }
+    Ok(brokers.join(","))
 }
 
 /// Parses `500ms`, `5s` or `2m`.

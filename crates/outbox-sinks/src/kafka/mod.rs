@@ -5,7 +5,7 @@ mod error;
 mod reader;
 mod sink;
 
-pub use config::KafkaConfig;
+pub use config::{parse_brokers, KafkaConfig};
 pub(crate) use reader::scratch;
-pub use reader::{create_topic, delete_topic, KafkaReader};
-pub use sink::KafkaSink;
+pub use reader::{create_topic, delete_topic, record_headers, topic_partitions, KafkaReader};
+pub use sink::{client_config, KafkaSink};

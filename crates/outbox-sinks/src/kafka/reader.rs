@@ -78,6 +78,51 @@ pub async fn delete_topic(brokers: &str, name: &str) -> Result<(), Error> {
     }
 }
 
+/// The number of partitions of `topic` (0: no such topic), waiting up to 10 s for a topic just
+/// created to show its partitions.
+///
+/// It reads the whole topic listing, never a metadata request naming the topic: tansu 0.6
+/// answers one for a missing topic with a topic entry without a name, which librdkafka 2.12
+/// dereferences (a crash in its metadata cache). Every Kafka client of this workspace (the sink,
+/// the reader, the inbox's source) checks a topic this way before using it.
+pub async fn topic_partitions(brokers: &str, topic: &str) -> Result<usize, Error> {
+    let name = topic.to_string();
+    let client = client_config(brokers)
+        .create::<rdkafka::producer::BaseProducer>()
+        .map_err(|e| {
+            Error::with_source(ErrorKind::Config, format!("kafka: metadata client: {e}"), e)
+        })?;
+    // librdkafka's metadata call blocks (bounded by its timeout): off the runtime's threads.
+    tokio::task::spawn_blocking(move || {
+        let give_up = std::time::Instant::now() + ADMIN_TIMEOUT;
+        loop {
+            let n = client
+                .client()
+                .fetch_metadata(None, ADMIN_TIMEOUT)
+                .map(|md| {
+                    md.topics()
+                        .iter()
+                        .find(|t| t.name() == name && t.error().is_none())
+                        .map(|t| t.partitions().len())
+                        .unwrap_or(0)
+                });
+            if !matches!(n, Ok(0)) || std::time::Instant::now() >= give_up {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await
+    .map_err(|e| Error::new(ErrorKind::Connection, format!("kafka: metadata: {e}")))?
+    .map_err(|e| {
+        Error::with_source(
+            ErrorKind::Connection,
+            format!("kafka: metadata of topic {topic} (is the broker at {brokers} running?): {e}"),
+            e,
+        )
+    })
+}
+
 /// A consumer of every partition of one topic from its first offset, in no group (partitions
 /// assigned, nothing committed): every message once, each partition in log order.
 pub struct KafkaReader {
@@ -102,46 +147,7 @@ impl KafkaReader {
             .map_err(|e| {
                 Error::with_source(ErrorKind::Config, format!("kafka: consumer: {e}"), e)
             })?;
-        let partitions = {
-            let name = topic.to_string();
-            let consumer_md = client_config(brokers)
-                .create::<rdkafka::producer::BaseProducer>()
-                .map_err(|e| {
-                    Error::with_source(ErrorKind::Config, format!("kafka: metadata client: {e}"), e)
-                })?;
-            // A topic just created may take a moment to show its partitions.
-            tokio::task::spawn_blocking(move || {
-                let give_up = std::time::Instant::now() + ADMIN_TIMEOUT;
-                loop {
-                    // The whole listing, never a request naming the topic: see
-                    // `KafkaSink::check_topics` (tansu's answer for a missing topic crashes
-                    // librdkafka).
-                    let n = consumer_md
-                        .client()
-                        .fetch_metadata(None, ADMIN_TIMEOUT)
-                        .map(|md| {
-                            md.topics()
-                                .iter()
-                                .find(|t| t.name() == name && t.error().is_none())
-                                .map(|t| t.partitions().len())
-                                .unwrap_or(0)
-                        });
-                    if !matches!(n, Ok(0)) || std::time::Instant::now() >= give_up {
-                        return n;
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            })
-            .await
-            .map_err(|e| Error::new(ErrorKind::Connection, format!("kafka: metadata: {e}")))?
-            .map_err(|e| {
-                Error::with_source(
-                    ErrorKind::Connection,
-                    format!("kafka: metadata of topic {topic}: {e}"),
-                    e,
-                )
-            })?
-        };
+        let partitions = topic_partitions(brokers, topic).await?;
         if partitions == 0 {
             return Err(Error::config(format!(
                 "kafka: no topic {topic} on {brokers}"
@@ -165,11 +171,10 @@ impl KafkaReader {
     }
 }
 
-/// The delivery a consumed record stands for: key from the record key, id from the
-/// `outbox-message-id` header. `None` without a readable id.
-fn delivered(m: &impl Message) -> Option<Delivered> {
-    let headers: Vec<(String, String)> = m
-        .headers()
+/// The headers of a consumed record as (name, value) strings, in record order (a value that is
+/// not UTF-8 is read lossily, a null value as empty): what the sink wrote, read back.
+pub fn record_headers(m: &impl Message) -> Vec<(String, String)> {
+    m.headers()
         .map(|h| {
             h.iter()
                 .map(|h| {
@@ -180,7 +185,13 @@ fn delivered(m: &impl Message) -> Option<Delivered> {
                 })
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// The delivery a consumed record stands for: key from the record key, id from the
+/// `outbox-message-id` header. `None` without a readable id.
+fn delivered(m: &impl Message) -> Option<Delivered> {
+    let headers = record_headers(m);
     let id = headers
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case(HEADER_MESSAGE_ID))

@@ -30,8 +30,9 @@ const MAX_QUEUED_MESSAGES: &str = "1000000";
 /// copy is still queued in librdkafka waits for that copy instead of producing a second one.
 type Waiting = Shared<BoxFuture<'static, Result<(), SinkError>>>;
 
-/// The producer settings every Kafka client of this crate starts from.
-pub(crate) fn client_config(brokers: &str) -> ClientConfig {
+/// The settings every Kafka client of the workspace starts from (the inbox's consumer too):
+/// bootstrap servers, and never creating a topic by asking about it.
+pub fn client_config(brokers: &str) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", brokers)
         .set("client.id", "outbox-relay")
