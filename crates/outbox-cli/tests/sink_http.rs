@@ -19,6 +19,9 @@ use outbox_sinks::http::{Behaviour, HttpConfig, HttpReader, HttpReceiver, HttpSi
 use outbox_sinks::read::{read_until, Delivered, Reader};
 use tokio_util::sync::CancellationToken;
 
+/// A request as the receiver saw it: the destination and the headers.
+type Request = (String, Vec<(String, String)>);
+
 /// A Standard Webhooks secret (16 random bytes, base64).
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -99,7 +102,7 @@ async fn wait_failed(w: &World, n: i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_is_posted_signed_with_its_headers_destination_and_payload() {
     let w = World::with_stream(false).await;
-    let seen: Arc<Mutex<Vec<(String, Vec<(String, String)>)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Request>>> = Arc::default();
     let log = seen.clone();
     let r = receiver(Some(Arc::new(move |req| {
         log.lock()

@@ -1,9 +1,9 @@
-//! Raw throughput of the broker clients behind the NATS, RabbitMQ, Redis and MQTT sinks, and of
-//! the sinks themselves, with 200-byte messages on this machine: what the sink can hope for at
-//! best.
+//! Raw throughput of the broker clients behind the NATS, RabbitMQ, Redis, MQTT and HTTP sinks,
+//! and of the sinks themselves, with 200-byte messages on this machine: what the sink can hope
+//! for at best.
 //!
 //! ```sh
-//! cargo run --release -p outbox-sinks --example raw_throughput -- [nats|amqp|redis|mqtt|all] [N]
+//! cargo run --release -p outbox-sinks --example raw_throughput -- [nats|amqp|redis|mqtt|http|all] [N]
 //! ```
 //!
 //! Uses the servers of `../shared/services.md` (override with `NATS_URL`, `AMQP_URL`,
@@ -111,6 +111,77 @@ async fn nats(n: usize) {
     )
     .await;
     let _ = js.delete_stream(&stream).await;
+}
+
+/// Webhooks into an in-process receiver on 127.0.0.1 (signed, checked): reqwest alone with 32
+/// requests in flight, then `HttpSink` one message per request and in batches of 100.
+async fn http(n: usize) {
+    use futures::StreamExt as _;
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let key = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(secret.trim_start_matches("whsec_"))
+            .unwrap()
+    };
+    let receiver = outbox_sinks::http::HttpReceiver::start(
+        &format!("raw_{}", suffix()),
+        Some(key.clone()),
+        None,
+    )
+    .await
+    .unwrap();
+    let url = receiver.url().replace("{destination}", "raw");
+    let client = reqwest::Client::new();
+    let payload = bytes::Bytes::from(vec![b'x'; PAYLOAD]);
+    let started = Instant::now();
+    let posts: Vec<_> = (0..n)
+        .map(|_| {
+            let (client, url, payload, key) = (&client, &url, payload.clone(), &key);
+            async move {
+                let id = uuid::Uuid::now_v7().to_string();
+                let ts = chrono::Utc::now().timestamp();
+                let sig = outbox_sinks::http::sign::signature(key, &id, ts, &payload);
+                let r = client
+                    .post(url)
+                    .header("outbox-message-id", &id)
+                    .header("webhook-id", &id)
+                    .header("webhook-timestamp", ts.to_string())
+                    .header("webhook-signature", sig)
+                    .body(payload)
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(r.status().is_success());
+            }
+        })
+        .collect();
+    futures::stream::iter(posts)
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+    rate(
+        "http: reqwest POST, signed, 32 in flight",
+        n,
+        started.elapsed(),
+    );
+    for (what, options) in [
+        ("HttpSink::publish, calls of 1000, mode=single", ""),
+        (
+            "HttpSink::publish, calls of 1000, mode=batch",
+            "&mode=batch",
+        ),
+    ] {
+        let sink = outbox_sinks::http::HttpSink::connect(
+            outbox_sinks::http::HttpConfig::from_url(&format!(
+                "{}#secret={secret}{options}",
+                receiver.url()
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        through_sink(what, &sink, "raw", n).await;
+    }
 }
 
 async fn amqp(n: usize) {
@@ -306,5 +377,8 @@ async fn main() {
     }
     if matches!(which, "mqtt" | "all") {
         mqtt(n).await;
+    }
+    if matches!(which, "http" | "all") {
+        http(n).await;
     }
 }

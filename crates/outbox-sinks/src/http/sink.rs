@@ -2,7 +2,7 @@
 //! signed per Standard Webhooks; a 2xx response is the acknowledgement.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use base64::Engine as _;
@@ -74,13 +74,25 @@ impl HttpSink {
     }
 
     /// One POST: `headers` and the signature over `body` as `id`; `Ok` on a 2xx.
+    ///
+    /// It must end by `deadline` (the call's): a request not yet sent by then is not sent (no
+    /// duplicate), one in flight gets only the time left.
     async fn post(
         &self,
         url: String,
         id: &str,
         mut headers: HeaderMap,
         body: Bytes,
+        deadline: Instant,
     ) -> Result<(), SinkError> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(SinkError::unavailable(format!(
+                "http: not sent: the call's ack_timeout ({:?}) ran out before its turn (raise \
+                 max_in_flight or ack_timeout for a slow endpoint)",
+                self.cfg.ack_timeout
+            )));
+        }
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(key) = &self.key {
             let now = chrono::Utc::now().timestamp();
@@ -91,7 +103,12 @@ impl HttpSink {
         } else {
             headers.insert(sign::HEADER_ID, value(id)?);
         }
-        let mut req = self.client.post(&url).headers(headers).body(body);
+        let mut req = self
+            .client
+            .post(&url)
+            .headers(headers)
+            .body(body)
+            .timeout(left);
         if let Some((user, pass)) = &self.cfg.basic_auth {
             req = req.basic_auth(user, Some(pass.expose()));
         }
@@ -124,7 +141,7 @@ impl HttpSink {
     }
 
     /// `mode=single`: the payload as the body, the message's headers as HTTP headers.
-    async fn post_one(&self, e: &Envelope) -> Result<(), SinkError> {
+    async fn post_one(&self, e: &Envelope, deadline: Instant) -> Result<(), SinkError> {
         let mut headers = HeaderMap::new();
         for (k, v) in &e.headers {
             let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
@@ -144,6 +161,7 @@ impl HttpSink {
             &e.id.to_string(),
             headers,
             e.payload.clone(),
+            deadline,
         )
         .await
     }
@@ -192,7 +210,9 @@ impl Sink for HttpSink {
         Some(self.cfg.ack_timeout)
     }
 
+    /// The whole call ends within `ack_timeout` (see `post`).
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
+        let deadline = Instant::now() + self.cfg.ack_timeout;
         match self.cfg.mode {
             Mode::Single => {
                 // The futures are made first: a closure inside the stream trips the compiler's
@@ -200,7 +220,7 @@ impl Sink for HttpSink {
                 let calls: Vec<_> = batch
                     .iter()
                     .enumerate()
-                    .map(|(i, e)| async move { (i, self.post_one(e).await) })
+                    .map(|(i, e)| async move { (i, self.post_one(e, deadline).await) })
                     .collect();
                 let mut out: Vec<(usize, Result<(), SinkError>)> = futures::stream::iter(calls)
                     .buffer_unordered(self.cfg.max_in_flight)
@@ -209,7 +229,7 @@ impl Sink for HttpSink {
                 out.sort_by_key(|(i, _)| *i);
                 out.into_iter().map(|(_, r)| r).collect()
             }
-            Mode::Batch => self.publish_batches(batch).await,
+            Mode::Batch => self.publish_batches(batch, deadline).await,
         }
     }
 }
@@ -217,7 +237,11 @@ impl Sink for HttpSink {
 impl HttpSink {
     /// `mode=batch`: one JSON array per endpoint and `max_batch` messages; every message of a
     /// request shares its outcome. A message whose payload is not JSON is `invalid` on its own.
-    async fn publish_batches(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
+    async fn publish_batches(
+        &self,
+        batch: &[Envelope],
+        deadline: Instant,
+    ) -> Vec<Result<(), SinkError>> {
         let mut results: Vec<Option<Result<(), SinkError>>> = vec![None; batch.len()];
         // Requests: (url, indexes), in the order of the call.
         let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
@@ -276,7 +300,10 @@ impl HttpSink {
                 let id = batch[idx[0]].id.to_string();
                 async move {
                     let r = match body {
-                        Ok(body) => self.post(url, &id, HeaderMap::new(), body.into()).await,
+                        Ok(body) => {
+                            self.post(url, &id, HeaderMap::new(), body.into(), deadline)
+                                .await
+                        }
                         Err(e) => Err(e),
                     };
                     (idx, r)
