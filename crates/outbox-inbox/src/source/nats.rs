@@ -108,6 +108,9 @@ pub struct NatsSource {
     /// Messages a predecessor (or a broken fetch) left unacknowledged that must come back
     /// before anything newer; `None` outside recovery.
     recovering: Option<usize>,
+    /// In recovery: the last stream sequence the consumer had delivered when the pending count
+    /// was read. Anything above it is new, not a redelivery, and must wait.
+    recovery_ceiling: u64,
     /// The pending count must be read (and the limit set) before the next fetch: a check
     /// that failed is not a licence to fetch.
     must_check: bool,
@@ -164,6 +167,7 @@ impl NatsSource {
             consumer,
             batch,
             recovering: None,
+            recovery_ceiling: 0,
             must_check: true,
         })
     }
@@ -202,12 +206,12 @@ impl NatsSource {
     /// daemon acknowledges every batch before it fetches the next).
     async fn check_pending(&mut self) -> Result<()> {
         self.must_check = true;
-        let pending = self
+        let info = self
             .consumer
             .info()
             .await
-            .map_err(|e| nats_error("consumer info", e))?
-            .num_ack_pending;
+            .map_err(|e| nats_error("consumer info", e))?;
+        let (pending, delivered) = (info.num_ack_pending, info.delivered.stream_sequence);
         if pending == 0 {
             self.recovering = None;
             self.set_max_ack_pending(self.batch * 2).await?;
@@ -222,6 +226,7 @@ impl NatsSource {
         );
         self.set_max_ack_pending(pending).await?;
         self.recovering = Some(pending);
+        self.recovery_ceiling = delivered;
         self.must_check = false;
         Ok(())
     }
@@ -349,6 +354,20 @@ impl Source for NatsSource {
             Ok(mut got) => {
                 got.sort_by_key(|(seq, _)| *seq);
                 if let Some(pending) = self.recovering {
+                    // The pending count may include acknowledgements still on their way to the
+                    // server (the previous batch's); once they land, the limit leaves room for
+                    // new messages, which would then be ingested before the lost ones come
+                    // back. Only redeliveries (at or below the delivered sequence read with the
+                    // count) are taken; newer ones are left unacknowledged, so they come again
+                    // after the ack wait, and the count is read again first.
+                    let ceiling = self.recovery_ceiling;
+                    let newer = got.iter().filter(|(seq, _)| *seq > ceiling).count();
+                    if newer > 0 {
+                        got.retain(|(seq, _)| *seq <= ceiling);
+                        info!(source = %self.cfg.name, newer, ceiling,
+                              "new messages came during recovery; left for redelivery, in order");
+                        self.must_check = true;
+                    }
                     info!(source = %self.cfg.name, pending, redelivered = got.len(),
                           "unacknowledged messages delivered again");
                     if got.is_empty() {
