@@ -7,15 +7,17 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "common/inbox.rs"]
+mod inboxkit;
 
+use inboxkit::{workload, Inbox};
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer};
 use common::{sigterm, wait_exit};
 use futures::StreamExt;
-use sqlx::PgPool;
 use uuid::Uuid;
 
 fn redis_url() -> String {
@@ -24,155 +26,6 @@ fn redis_url() -> String {
 
 fn outbox() -> Command {
     common::outbox_command(&std::env::temp_dir())
-}
-
-/// A migrated inbox (through `outbox migrate --inbox`) in a schema of its own.
-struct Inbox {
-    pool: PgPool,
-    schema: String,
-}
-
-impl Inbox {
-    async fn new() -> Self {
-        let schema = outbox_testkit::unique_name("ibx");
-        let o = outbox()
-            .args([
-                "migrate",
-                "--inbox",
-                "--database-url",
-                &common::database_url(),
-                "--schema",
-                &schema,
-            ])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        assert!(String::from_utf8_lossy(&o.stdout).contains("applied migrations [1]"));
-        let pool = outbox_postgres::connect_pool(&common::database_url(), 4)
-            .await
-            .unwrap();
-        Self { pool, schema }
-    }
-
-    fn daemon(&self, source: &str, extra: &[&str]) -> Child {
-        outbox()
-            .args([
-                "inbox",
-                "--database-url",
-                &common::database_url(),
-                "--schema",
-                &self.schema,
-            ])
-            .args(["--batch-size", "100", "--poll-interval", "20ms"])
-            .args(extra)
-            .env("OUTBOX_INBOX_SOURCE", source)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap()
-    }
-
-    async fn count(&self) -> i64 {
-        sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {}.inbox_messages",
-            self.schema
-        ))
-        .fetch_one(&self.pool)
-        .await
-        .unwrap()
-    }
-
-    async fn wait_count(&self, n: i64, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
-            let got = self.count().await;
-            if got >= n {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{got} of {n} messages in the inbox after {limit:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Every published message exactly once in the inbox and once in its queue, and each
-    /// key's values in the order they were published, in both.
-    async fn check(&self, published: &[(Uuid, String, i64)]) {
-        let rows: Vec<(Uuid, String, serde_json::Value)> = sqlx::query_as(&format!(
-            "SELECT id, key, payload FROM {}.inbox_messages ORDER BY seq",
-            self.schema
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .unwrap();
-        assert_eq!(rows.len(), published.len());
-        let want: HashMap<Uuid, (&String, i64)> =
-            published.iter().map(|(id, k, n)| (*id, (k, *n))).collect();
-        let mut last: HashMap<String, i64> = HashMap::new();
-        for (id, key, payload) in &rows {
-            let (k, n) = want
-                .get(id)
-                .copied()
-                .unwrap_or_else(|| panic!("unknown id {id}"));
-            assert_eq!(k, key);
-            assert_eq!(payload["n"].as_i64(), Some(n));
-            let prev = last.insert(key.clone(), n);
-            assert!(
-                prev.is_none_or(|p| p < n),
-                "key {key}: {n} recorded after {prev:?}"
-            );
-        }
-        let (queued, distinct): (i64, i64) = sqlx::query_as(&format!(
-            "SELECT count(*), count(DISTINCT id) FROM {}_inbox.outbox",
-            self.schema
-        ))
-        .fetch_one(&self.pool)
-        .await
-        .unwrap();
-        assert_eq!(
-            (queued, distinct),
-            (published.len() as i64, published.len() as i64),
-            "queued once each"
-        );
-        let queue_order: Vec<(String, serde_json::Value)> = sqlx::query_as(&format!(
-            "SELECT aggregate_id, payload FROM {}_inbox.outbox ORDER BY seq",
-            self.schema
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .unwrap();
-        let mut last: HashMap<String, i64> = HashMap::new();
-        for (key, payload) in queue_order {
-            let n = payload["n"].as_i64().unwrap();
-            let prev = last.insert(key.clone(), n);
-            assert!(
-                prev.is_none_or(|p| p < n),
-                "queue: key {key}: {n} after {prev:?}"
-            );
-        }
-    }
-
-    async fn drop_all(self) {
-        let _ = sqlx::raw_sql(&format!(
-            "DROP SCHEMA IF EXISTS {0} CASCADE; DROP SCHEMA IF EXISTS {0}_inbox CASCADE",
-            self.schema
-        ))
-        .execute(&self.pool)
-        .await;
-    }
-}
-
-/// `per_key` messages for each of `keys` keys, interleaved; payload `{"n": n}`.
-fn workload(keys: usize, per_key: usize) -> Vec<(Uuid, String, i64)> {
-    let mut out = Vec::new();
-    for n in 0..per_key {
-        for k in 0..keys {
-            out.push((Uuid::now_v7(), format!("k{k}"), n as i64));
-        }
-    }
-    out
 }
 
 struct Nats {
@@ -252,9 +105,9 @@ impl Nats {
 async fn inbox_killed_with_sigkill_mid_stream_from_nats_loses_nothing_and_records_nothing_twice() {
     let inbox = Inbox::new().await;
     let nats = Nats::new().await;
-    let msgs = workload(20, 150);
+    let msgs = workload(20, 150, 0);
     nats.publish(&msgs).await;
-    let mut a = inbox.daemon(&nats.source(), &[]);
+    let mut a = inbox.daemon(&nats.source(), 100);
     inbox.wait_count(600, Duration::from_secs(60)).await;
     a.kill().unwrap(); // SIGKILL: the batch in hand is neither committed nor acknowledged
     a.wait().unwrap();
@@ -264,13 +117,10 @@ async fn inbox_killed_with_sigkill_mid_stream_from_nats_loses_nothing_and_record
         "the daemon finished before it was killed: nothing tested"
     );
     // More arrive while no daemon runs.
-    let more = workload(20, 10)
-        .into_iter()
-        .map(|(id, k, n)| (id, k, n + 150))
-        .collect::<Vec<_>>();
+    let more = workload(20, 10, 150);
     nats.publish(&more).await;
     let all: Vec<_> = msgs.iter().chain(&more).cloned().collect();
-    let mut b = inbox.daemon(&nats.source(), &[]);
+    let mut b = inbox.daemon(&nats.source(), 100);
     inbox
         .wait_count(all.len() as i64, Duration::from_secs(60))
         .await;
@@ -298,9 +148,9 @@ async fn a_pull_request_lost_with_the_server_does_not_hang_the_daemon() {
     let inbox = Inbox::new().await;
     let mut server = common::PrivateNats::start();
     let nats = Nats::at(server.url(), true).await;
-    let first = workload(5, 20);
+    let first = workload(5, 20, 0);
     nats.publish(&first).await;
-    let mut a = inbox.daemon(&nats.source(), &[]);
+    let mut a = inbox.daemon(&nats.source(), 100);
     inbox
         .wait_count(first.len() as i64, Duration::from_secs(60))
         .await;
@@ -316,10 +166,7 @@ async fn a_pull_request_lost_with_the_server_does_not_hang_the_daemon() {
         stream: nats.stream.clone(),
         subject: nats.subject.clone(),
     };
-    let second = workload(5, 20)
-        .into_iter()
-        .map(|(id, k, n)| (id, k, n + 20))
-        .collect::<Vec<_>>();
+    let second = workload(5, 20, 20);
     nats.publish(&second).await;
     let all: Vec<_> = first.iter().chain(&second).cloned().collect();
     inbox
@@ -344,7 +191,7 @@ async fn a_pull_request_lost_with_the_server_does_not_hang_the_daemon() {
 async fn messages_a_dead_daemon_fetched_from_nats_are_recorded_before_anything_newer() {
     let inbox = Inbox::new().await;
     let nats = Nats::new().await;
-    let msgs = workload(5, 40);
+    let msgs = workload(5, 40, 0);
     nats.publish(&msgs).await;
     // The daemon creates its consumer; stop it before it reads (a source URL it accepts, then
     // SIGTERM before any message: simplest is to create the consumer the same way here).
@@ -367,7 +214,7 @@ async fn messages_a_dead_daemon_fetched_from_nats_are_recorded_before_anything_n
         n += 1;
     }
     assert_eq!(n, 30, "the dead daemon's batch");
-    let mut d = inbox.daemon(&nats.source(), &[]);
+    let mut d = inbox.daemon(&nats.source(), 100);
     inbox
         .wait_count(msgs.len() as i64, Duration::from_secs(60))
         .await;
@@ -457,9 +304,9 @@ impl Redis {
 async fn inbox_killed_with_sigkill_mid_stream_from_redis_loses_nothing_and_records_nothing_twice() {
     let inbox = Inbox::new().await;
     let mut redis = Redis::new().await;
-    let msgs = workload(20, 150);
+    let msgs = workload(20, 150, 0);
     redis.publish(&msgs).await;
-    let mut a = inbox.daemon(&redis.source(), &[]);
+    let mut a = inbox.daemon(&redis.source(), 100);
     inbox.wait_count(600, Duration::from_secs(60)).await;
     a.kill().unwrap();
     a.wait().unwrap();
@@ -467,13 +314,10 @@ async fn inbox_killed_with_sigkill_mid_stream_from_redis_loses_nothing_and_recor
         inbox.count().await < msgs.len() as i64,
         "finished before the kill: nothing tested"
     );
-    let more = workload(20, 10)
-        .into_iter()
-        .map(|(id, k, n)| (id, k, n + 150))
-        .collect::<Vec<_>>();
+    let more = workload(20, 10, 150);
     redis.publish(&more).await;
     let all: Vec<_> = msgs.iter().chain(&more).cloned().collect();
-    let mut b = inbox.daemon(&redis.source(), &[]);
+    let mut b = inbox.daemon(&redis.source(), 100);
     inbox
         .wait_count(all.len() as i64, Duration::from_secs(60))
         .await;
@@ -496,7 +340,7 @@ async fn inbox_killed_with_sigkill_mid_stream_from_redis_loses_nothing_and_recor
 async fn entries_a_dead_consumer_read_from_redis_are_recorded_before_anything_newer() {
     let inbox = Inbox::new().await;
     let mut redis = Redis::new().await;
-    let msgs = workload(5, 40);
+    let msgs = workload(5, 40, 0);
     redis.publish(&msgs).await;
     let _: redis::Value = redis::cmd("XGROUP")
         .arg("CREATE")
@@ -519,7 +363,7 @@ async fn entries_a_dead_consumer_read_from_redis_are_recorded_before_anything_ne
         .await
         .unwrap();
     assert_eq!(redis.pending().await, 30);
-    let mut d = inbox.daemon(&redis.source(), &[]);
+    let mut d = inbox.daemon(&redis.source(), 100);
     inbox
         .wait_count(msgs.len() as i64, Duration::from_secs(60))
         .await;
@@ -536,11 +380,11 @@ async fn entries_a_dead_consumer_read_from_redis_are_recorded_before_anything_ne
 async fn a_second_daemon_stands_by_and_takes_over_when_the_first_is_killed() {
     let inbox = Inbox::new().await;
     let mut redis = Redis::new().await;
-    let msgs = workload(10, 100);
+    let msgs = workload(10, 100, 0);
     redis.publish(&msgs[..500]).await;
-    let mut a = inbox.daemon(&redis.source(), &[]);
+    let mut a = inbox.daemon(&redis.source(), 100);
     inbox.wait_count(500, Duration::from_secs(60)).await;
-    let mut b = inbox.daemon(&redis.source(), &[]);
+    let mut b = inbox.daemon(&redis.source(), 100);
     tokio::time::sleep(Duration::from_millis(800)).await;
     a.kill().unwrap();
     a.wait().unwrap();
@@ -692,7 +536,7 @@ async fn the_daemon_ingests_into_sqlite_too_and_survives_sigkill() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let mut redis = Redis::new().await;
-    let msgs = workload(20, 150);
+    let msgs = workload(20, 150, 0);
     redis.publish(&msgs).await;
     let daemon = || {
         outbox()

@@ -8,10 +8,12 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "common/inbox.rs"]
+mod inboxkit;
 
-use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use inboxkit::{workload, Inbox};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::{sigterm, wait_exit};
 use futures::StreamExt;
@@ -25,7 +27,6 @@ use outbox_core::sink::{
 };
 use outbox_core::{Envelope, Sink};
 use outbox_sinks::amqp::{AmqpConfig, AmqpSink};
-use sqlx::PgPool;
 use uuid::Uuid;
 
 fn amqp_url() -> String {
@@ -35,154 +36,6 @@ fn amqp_url() -> String {
 
 fn outbox() -> Command {
     common::outbox_command(&std::env::temp_dir())
-}
-
-/// A migrated inbox (through `outbox migrate --inbox`) in a schema of its own.
-struct Inbox {
-    pool: PgPool,
-    schema: String,
-}
-
-impl Inbox {
-    async fn new() -> Self {
-        let schema = outbox_testkit::unique_name("ibx");
-        let o = outbox()
-            .args([
-                "migrate",
-                "--inbox",
-                "--database-url",
-                &common::database_url(),
-                "--schema",
-                &schema,
-            ])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let pool = outbox_postgres::connect_pool(&common::database_url(), 4)
-            .await
-            .unwrap();
-        Self { pool, schema }
-    }
-
-    fn daemon(&self, source: &str) -> Child {
-        outbox()
-            .args([
-                "inbox",
-                "--database-url",
-                &common::database_url(),
-                "--schema",
-                &self.schema,
-            ])
-            .args(["--batch-size", "100", "--poll-interval", "20ms"])
-            .env("OUTBOX_INBOX_SOURCE", source)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap()
-    }
-
-    async fn count(&self) -> i64 {
-        sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {}.inbox_messages",
-            self.schema
-        ))
-        .fetch_one(&self.pool)
-        .await
-        .unwrap()
-    }
-
-    async fn wait_count(&self, n: i64, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
-            let got = self.count().await;
-            if got >= n {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{got} of {n} messages in the inbox after {limit:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Every published message exactly once in the inbox and once in its queue, each key's
-    /// values in publish order in both, and the message type and key from the relay's headers.
-    async fn check(&self, published: &[(Uuid, String, i64)]) {
-        let rows: Vec<(Uuid, String, String, serde_json::Value)> = sqlx::query_as(&format!(
-            "SELECT id, type, key, payload FROM {}.inbox_messages ORDER BY seq",
-            self.schema
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .unwrap();
-        assert_eq!(rows.len(), published.len());
-        let want: HashMap<Uuid, (&String, i64)> =
-            published.iter().map(|(id, k, n)| (*id, (k, *n))).collect();
-        let mut last: HashMap<String, i64> = HashMap::new();
-        for (id, ty, key, payload) in &rows {
-            let (k, n) = want
-                .get(id)
-                .copied()
-                .unwrap_or_else(|| panic!("unknown id {id}"));
-            assert_eq!(ty, "order.paid");
-            assert_eq!(k, key);
-            assert_eq!(payload["n"].as_i64(), Some(n));
-            let prev = last.insert(key.clone(), n);
-            assert!(
-                prev.is_none_or(|p| p < n),
-                "key {key}: {n} recorded after {prev:?}"
-            );
-        }
-        let (queued, distinct): (i64, i64) = sqlx::query_as(&format!(
-            "SELECT count(*), count(DISTINCT id) FROM {}_inbox.outbox",
-            self.schema
-        ))
-        .fetch_one(&self.pool)
-        .await
-        .unwrap();
-        assert_eq!(
-            (queued, distinct),
-            (published.len() as i64, published.len() as i64),
-            "queued once each"
-        );
-        let queue_order: Vec<(String, serde_json::Value)> = sqlx::query_as(&format!(
-            "SELECT aggregate_id, payload FROM {}_inbox.outbox ORDER BY seq",
-            self.schema
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .unwrap();
-        let mut last: HashMap<String, i64> = HashMap::new();
-        for (key, payload) in queue_order {
-            let n = payload["n"].as_i64().unwrap();
-            let prev = last.insert(key.clone(), n);
-            assert!(
-                prev.is_none_or(|p| p < n),
-                "queue: key {key}: {n} after {prev:?}"
-            );
-        }
-    }
-
-    async fn drop_all(self) {
-        let _ = sqlx::raw_sql(&format!(
-            "DROP SCHEMA IF EXISTS {0} CASCADE; DROP SCHEMA IF EXISTS {0}_inbox CASCADE",
-            self.schema
-        ))
-        .execute(&self.pool)
-        .await;
-    }
-}
-
-/// `per_key` messages for each of `keys` keys, interleaved; payload `{"n": first + i}`.
-fn workload(keys: usize, per_key: usize, first: i64) -> Vec<(Uuid, String, i64)> {
-    let mut out = Vec::new();
-    for n in 0..per_key {
-        for k in 0..keys {
-            out.push((Uuid::now_v7(), format!("k{k}"), first + n as i64));
-        }
-    }
-    out
 }
 
 /// A durable queue of its own, written by the relay's RabbitMQ sink through the default
@@ -279,7 +132,7 @@ async fn inbox_killed_with_sigkill_mid_stream_from_rabbitmq_loses_nothing_and_re
     let queue = Queue::new().await;
     let msgs = workload(20, 150, 0);
     queue.publish(&msgs).await;
-    let mut a = inbox.daemon(&queue.source());
+    let mut a = inbox.daemon(&queue.source(), 100);
     inbox.wait_count(600, Duration::from_secs(60)).await;
     a.kill().unwrap(); // SIGKILL: the batch in hand is neither committed nor acknowledged
     a.wait().unwrap();
@@ -290,7 +143,7 @@ async fn inbox_killed_with_sigkill_mid_stream_from_rabbitmq_loses_nothing_and_re
     let more = workload(20, 10, 150);
     queue.publish(&more).await;
     let all: Vec<_> = msgs.iter().chain(&more).cloned().collect();
-    let mut b = inbox.daemon(&queue.source());
+    let mut b = inbox.daemon(&queue.source(), 100);
     inbox
         .wait_count(all.len() as i64, Duration::from_secs(60))
         .await;
@@ -337,7 +190,7 @@ async fn messages_a_dead_consumer_held_in_rabbitmq_are_recorded_before_anything_
     assert_eq!(queue.counts().await.0, 170, "30 held by the dead consumer");
     drop(consumer);
     let _ = dead.close(320, "killed".into()).await;
-    let mut d = inbox.daemon(&queue.source());
+    let mut d = inbox.daemon(&queue.source(), 100);
     inbox
         .wait_count(msgs.len() as i64, Duration::from_secs(60))
         .await;

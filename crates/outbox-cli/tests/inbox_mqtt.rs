@@ -11,9 +11,11 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "common/inbox.rs"]
+mod inboxkit;
 
-use std::collections::{HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
+use inboxkit::{calls, workload, Inbox};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{sigterm, wait_exit};
@@ -22,181 +24,10 @@ use outbox_sinks::mqtt::{MqttConfig, MqttSink};
 use rumqttc::v5::mqttbytes::v5::{Filter, Packet, Publish};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
-use sqlx::PgPool;
 use uuid::Uuid;
 
 fn mqtt_url() -> String {
     std::env::var("OUTBOX_TEST_MQTT_URL").unwrap_or_else(|_| "mqtt://127.0.0.1:1883".into())
-}
-
-fn outbox() -> Command {
-    common::outbox_command(&std::env::temp_dir())
-}
-
-/// A migrated inbox (through `outbox migrate --inbox`) in a schema of its own.
-struct Inbox {
-    pool: PgPool,
-    schema: String,
-}
-
-impl Inbox {
-    async fn new() -> Self {
-        let schema = outbox_testkit::unique_name("ibx");
-        let o = outbox()
-            .args([
-                "migrate",
-                "--inbox",
-                "--database-url",
-                &common::database_url(),
-                "--schema",
-                &schema,
-            ])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let pool = outbox_postgres::connect_pool(&common::database_url(), 4)
-            .await
-            .unwrap();
-        Self { pool, schema }
-    }
-
-    fn command(&self, source: &str) -> Command {
-        let mut c = outbox();
-        c.args([
-            "inbox",
-            "--database-url",
-            &common::database_url(),
-            "--schema",
-            &self.schema,
-            "--batch-size",
-            "20",
-            "--poll-interval",
-            "20ms",
-        ])
-        .env("OUTBOX_INBOX_SOURCE", source)
-        .stdout(Stdio::null());
-        c
-    }
-
-    fn daemon(&self, source: &str) -> Child {
-        self.command(source)
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap()
-    }
-
-    async fn count(&self) -> i64 {
-        sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {}.inbox_messages",
-            self.schema
-        ))
-        .fetch_one(&self.pool)
-        .await
-        .unwrap()
-    }
-
-    async fn wait_count(&self, n: i64, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
-            let got = self.count().await;
-            if got >= n {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{got} of {n} messages in the inbox after {limit:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Every published message exactly once in the inbox and once in its queue, each key's
-    /// values in publish order in both.
-    async fn check(&self, published: &[(Uuid, String, i64)]) {
-        let rows: Vec<(Uuid, String, serde_json::Value, String)> = sqlx::query_as(&format!(
-            "SELECT id, key, payload, type FROM {}.inbox_messages ORDER BY seq",
-            self.schema
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .unwrap();
-        assert_eq!(rows.len(), published.len());
-        let want: HashMap<Uuid, (&String, i64)> =
-            published.iter().map(|(id, k, n)| (*id, (k, *n))).collect();
-        let mut last: HashMap<String, i64> = HashMap::new();
-        let mut seen = HashSet::new();
-        for (id, key, payload, message_type) in &rows {
-            assert!(seen.insert(*id), "{id} twice");
-            let (k, n) = want
-                .get(id)
-                .copied()
-                .unwrap_or_else(|| panic!("unknown id {id}"));
-            assert_eq!(k, key);
-            assert_eq!(message_type, "order.paid");
-            assert_eq!(payload["n"].as_i64(), Some(n));
-            let prev = last.insert(key.clone(), n);
-            assert!(
-                prev.is_none_or(|p| p < n),
-                "key {key}: {n} recorded after {prev:?}"
-            );
-        }
-        let queue_order: Vec<(String, serde_json::Value)> = sqlx::query_as(&format!(
-            "SELECT aggregate_id, payload FROM {}_inbox.outbox ORDER BY seq",
-            self.schema
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .unwrap();
-        assert_eq!(queue_order.len(), published.len(), "queued once each");
-        let mut last: HashMap<String, i64> = HashMap::new();
-        for (key, payload) in queue_order {
-            let n = payload["n"].as_i64().unwrap();
-            let prev = last.insert(key.clone(), n);
-            assert!(
-                prev.is_none_or(|p| p < n),
-                "queue: key {key}: {n} after {prev:?}"
-            );
-        }
-    }
-
-    async fn drop_all(self) {
-        let _ = sqlx::raw_sql(&format!(
-            "DROP SCHEMA IF EXISTS {0} CASCADE; DROP SCHEMA IF EXISTS {0}_inbox CASCADE",
-            self.schema
-        ))
-        .execute(&self.pool)
-        .await;
-    }
-}
-
-/// `msgs` cut, in order, into publish calls holding each key at most once (and at most ten
-/// messages): like the relay, which has one message of a key in flight at a time. (A sink
-/// sends a call's messages concurrently, so two of one key in one call could swap.)
-fn calls(msgs: &[(Uuid, String, i64)]) -> Vec<&[(Uuid, String, i64)]> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    for i in 0..msgs.len() {
-        let repeats = msgs[start..i].iter().any(|m| m.1 == msgs[i].1);
-        if repeats || i - start == 10 {
-            out.push(&msgs[start..i]);
-            start = i;
-        }
-    }
-    if start < msgs.len() {
-        out.push(&msgs[start..]);
-    }
-    out
-}
-
-/// `per_key` messages for each of `keys` keys, interleaved; payload `{"n": n + from}`.
-fn workload(keys: usize, per_key: usize, from: i64) -> Vec<(Uuid, String, i64)> {
-    let mut out = Vec::new();
-    for n in 0..per_key {
-        for k in 0..keys {
-            out.push((Uuid::now_v7(), format!("k{k}"), n as i64 + from));
-        }
-    }
-    out
 }
 
 /// A topic and a session id of the test's own, published to by the relay's MQTT sink.
@@ -343,7 +174,7 @@ fn id_of(p: &Publish) -> Uuid {
 /// Runs the daemon once, briefly, so its session and subscription exist: MQTT keeps no
 /// history, and the broker queues for the session only what is published after that.
 async fn create_session(inbox: &Inbox, topic: &Topic) {
-    let mut d = inbox.daemon(&topic.source());
+    let mut d = inbox.daemon(&topic.source(), 20);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     sigterm(&d);
     assert!(wait_exit(&mut d, Duration::from_secs(15)).success());
@@ -357,7 +188,7 @@ async fn inbox_killed_with_sigkill_mid_stream_from_mqtt_loses_nothing_and_keeps_
     // Queued in the session while no daemon runs, so the next one is mid-stream when killed.
     let msgs = workload(10, 40, 0);
     topic.publish(&msgs).await;
-    let mut a = inbox.daemon(&topic.source());
+    let mut a = inbox.daemon(&topic.source(), 20);
     inbox.wait_count(100, Duration::from_secs(60)).await;
     a.kill().unwrap(); // SIGKILL: the batch in hand is neither committed nor acknowledged
     a.wait().unwrap();
@@ -369,7 +200,7 @@ async fn inbox_killed_with_sigkill_mid_stream_from_mqtt_loses_nothing_and_keeps_
     let more = workload(10, 5, 40);
     topic.publish(&more).await;
     let all: Vec<_> = msgs.iter().chain(&more).cloned().collect();
-    let mut b = inbox.daemon(&topic.source());
+    let mut b = inbox.daemon(&topic.source(), 20);
     inbox
         .wait_count(all.len() as i64, Duration::from_secs(60))
         .await;
@@ -427,7 +258,7 @@ async fn messages_a_dead_consumer_received_from_mqtt_are_recorded_before_anythin
     assert_eq!(stolen.len(), 15, "the dead consumer's messages");
     drop((c, events));
     topic.publish(&msgs[50..]).await;
-    let mut d = inbox.daemon(&topic.source());
+    let mut d = inbox.daemon(&topic.source(), 20);
     inbox
         .wait_count(msgs.len() as i64, Duration::from_secs(60))
         .await;
@@ -449,7 +280,7 @@ async fn mqtt_source_url_mistakes_are_clear_errors_without_the_password() {
         ("mqtt://app:s3cret@127.0.0.1:port?topic=t", "mqtt://"),
     ] {
         let o = inbox
-            .command(source)
+            .command(source, 20)
             .stderr(Stdio::piped())
             .output()
             .unwrap();

@@ -21,9 +21,11 @@
 #[path = "common/aws.rs"]
 mod aws;
 mod common;
+#[path = "common/inbox.rs"]
+mod inboxkit;
 
-use std::collections::{HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
+use inboxkit::{calls, workload, Inbox};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use aws::{moto_endpoint, run};
@@ -31,197 +33,10 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use common::{sigterm, wait_exit};
 use outbox_core::{Envelope, Sink};
 use outbox_sinks::sqs::{create_queue, reader_client, SqsConfig, SqsSink};
-use sqlx::PgPool;
 use uuid::Uuid;
-
-fn outbox() -> Command {
-    common::outbox_command(&std::env::temp_dir())
-}
 
 fn aws_url() -> String {
     format!("sqs://?region=us-east-1&endpoint={}", moto_endpoint())
-}
-
-/// A migrated inbox (through `outbox migrate --inbox`) in a schema of its own.
-struct Inbox {
-    pool: PgPool,
-    schema: String,
-}
-
-impl Inbox {
-    async fn new() -> Self {
-        let schema = outbox_testkit::unique_name("ibx");
-        let o = outbox()
-            .args([
-                "migrate",
-                "--inbox",
-                "--database-url",
-                &common::database_url(),
-                "--schema",
-                &schema,
-            ])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let pool = outbox_postgres::connect_pool(&common::database_url(), 4)
-            .await
-            .unwrap();
-        Self { pool, schema }
-    }
-
-    fn command(&self, source: &str, batch: usize) -> Command {
-        let mut c = outbox();
-        c.args([
-            "inbox",
-            "--database-url",
-            &common::database_url(),
-            "--schema",
-            &self.schema,
-            "--batch-size",
-            &batch.to_string(),
-            "--poll-interval",
-            "20ms",
-        ])
-        .env("OUTBOX_INBOX_SOURCE", source)
-        .stdout(Stdio::null());
-        c
-    }
-
-    fn daemon(&self, source: &str, batch: usize) -> Child {
-        self.command(source, batch)
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap()
-    }
-
-    async fn count(&self) -> i64 {
-        sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {}.inbox_messages",
-            self.schema
-        ))
-        .fetch_one(&self.pool)
-        .await
-        .unwrap()
-    }
-
-    async fn wait_count(&self, n: i64, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
-            let got = self.count().await;
-            if got >= n {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{got} of {n} messages in the inbox after {limit:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Every published message exactly once in the inbox and once in its queue, with its key
-    /// and payload; when `ordered`, each key's values in publish order, in both.
-    async fn check(&self, published: &[(Uuid, String, i64)], ordered: bool) {
-        let rows: Vec<(Uuid, String, serde_json::Value, String)> = sqlx::query_as(&format!(
-            "SELECT id, key, payload, type FROM {}.inbox_messages ORDER BY seq",
-            self.schema
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .unwrap();
-        assert_eq!(rows.len(), published.len());
-        let want: HashMap<Uuid, (&String, i64)> =
-            published.iter().map(|(id, k, n)| (*id, (k, *n))).collect();
-        let mut last: HashMap<String, i64> = HashMap::new();
-        let mut seen = HashSet::new();
-        for (id, key, payload, message_type) in &rows {
-            assert!(seen.insert(*id), "{id} twice");
-            let (k, n) = want
-                .get(id)
-                .copied()
-                .unwrap_or_else(|| panic!("unknown id {id}"));
-            assert_eq!(k, key);
-            assert_eq!(message_type, "order.paid");
-            assert_eq!(payload["n"].as_i64(), Some(n));
-            let prev = last.insert(key.clone(), n);
-            if ordered {
-                assert!(
-                    prev.is_none_or(|p| p < n),
-                    "key {key}: {n} recorded after {prev:?}"
-                );
-            }
-        }
-        let (queued, distinct): (i64, i64) = sqlx::query_as(&format!(
-            "SELECT count(*), count(DISTINCT id) FROM {}_inbox.outbox",
-            self.schema
-        ))
-        .fetch_one(&self.pool)
-        .await
-        .unwrap();
-        assert_eq!(
-            (queued, distinct),
-            (published.len() as i64, published.len() as i64),
-            "queued once each"
-        );
-        if !ordered {
-            return;
-        }
-        let queue_order: Vec<(String, serde_json::Value)> = sqlx::query_as(&format!(
-            "SELECT aggregate_id, payload FROM {}_inbox.outbox ORDER BY seq",
-            self.schema
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .unwrap();
-        let mut last: HashMap<String, i64> = HashMap::new();
-        for (key, payload) in queue_order {
-            let n = payload["n"].as_i64().unwrap();
-            let prev = last.insert(key.clone(), n);
-            assert!(
-                prev.is_none_or(|p| p < n),
-                "queue: key {key}: {n} after {prev:?}"
-            );
-        }
-    }
-
-    async fn drop_all(self) {
-        let _ = sqlx::raw_sql(&format!(
-            "DROP SCHEMA IF EXISTS {0} CASCADE; DROP SCHEMA IF EXISTS {0}_inbox CASCADE",
-            self.schema
-        ))
-        .execute(&self.pool)
-        .await;
-    }
-}
-
-/// `msgs` cut, in order, into publish calls holding each key at most once (and at most ten
-/// messages): like the relay, which has one message of a key in flight at a time. (A sink
-/// sends a call's messages concurrently, so two of one key in one call could swap.)
-fn calls(msgs: &[(Uuid, String, i64)]) -> Vec<&[(Uuid, String, i64)]> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    for i in 0..msgs.len() {
-        let repeats = msgs[start..i].iter().any(|m| m.1 == msgs[i].1);
-        if repeats || i - start == 10 {
-            out.push(&msgs[start..i]);
-            start = i;
-        }
-    }
-    if start < msgs.len() {
-        out.push(&msgs[start..]);
-    }
-    out
-}
-
-/// `per_key` messages for each of `keys` keys, interleaved; payload `{"n": n + from}`.
-fn workload(keys: usize, per_key: usize, from: i64) -> Vec<(Uuid, String, i64)> {
-    let mut out = Vec::new();
-    for n in 0..per_key {
-        for k in 0..keys {
-            out.push((Uuid::now_v7(), format!("k{k}"), n as i64 + from));
-        }
-    }
-    out
 }
 
 /// A queue of its own, published to by the relay's SQS sink.
@@ -337,7 +152,11 @@ async fn survives_sigkill(fifo: bool) {
         .await;
     // Long enough for a duplicate to show: a visibility timeout and a little more.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    inbox.check(&all, fifo).await;
+    if fifo {
+        inbox.check(&all).await;
+    } else {
+        inbox.check_unordered(&all).await;
+    }
     assert_eq!(queue.depth().await, (0, 0), "the queue is empty");
     sigterm(&b);
     assert!(wait_exit(&mut b, Duration::from_secs(15)).success());
@@ -393,7 +212,7 @@ fn messages_a_dead_consumer_received_from_an_sqs_fifo_queue_are_recorded_before_
             stolen_at.elapsed() >= Duration::from_secs(3),
             "the stolen groups came back before their visibility timeout ran out"
         );
-        inbox.check(&all, true).await;
+        inbox.check(&all).await;
         assert_eq!(queue.depth().await, (0, 0));
         sigterm(&d);
         assert!(wait_exit(&mut d, Duration::from_secs(15)).success());
