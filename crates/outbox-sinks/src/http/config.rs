@@ -27,6 +27,23 @@ const OPTIONS: &[&str] = &[
     "secret_file",
 ];
 
+/// The raw bytes of a signing key; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SigningKey(Vec<u8>);
+
+impl SigningKey {
+    /// The key itself.
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SigningKey(***)")
+    }
+}
+
 /// One message per request, or a JSON array of messages per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -52,7 +69,7 @@ pub struct HttpConfig {
     /// Requests in flight at once.
     pub max_in_flight: usize,
     /// The Standard Webhooks signing key (the bytes behind `whsec_…`); `None`: unsigned.
-    pub signing_key: Option<Secret>,
+    pub signing_key: Option<SigningKey>,
 }
 
 impl std::fmt::Debug for HttpConfig {
@@ -190,7 +207,7 @@ fn whole(name: &str, value: &str) -> Result<usize, Error> {
 
 /// The key of a Standard Webhooks secret: `whsec_` (optional) and the key in base64. The
 /// error names where the secret came from, never the secret.
-fn signing_key(secret: &str, from: &str) -> Result<Secret, Error> {
+fn signing_key(secret: &str, from: &str) -> Result<SigningKey, Error> {
     let b64 = secret.strip_prefix("whsec_").unwrap_or(secret);
     let key = base64::engine::general_purpose::STANDARD
         .decode(b64)
@@ -202,10 +219,7 @@ fn signing_key(secret: &str, from: &str) -> Result<Secret, Error> {
                  in base64 (the Standard Webhooks form)"
             ))
         })?;
-    // The key bytes are kept base64-encoded in the `Secret` (a `String`).
-    Ok(Secret::new(
-        base64::engine::general_purpose::STANDARD.encode(key),
-    ))
+    Ok(SigningKey(key))
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ pub mod sign;
 mod sink;
 
 pub use config::{
-    HttpConfig, Mode, DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT,
+    HttpConfig, Mode, SigningKey, DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_MAX_IN_FLIGHT,
     DESTINATION_PLACEHOLDER,
 };
 pub(crate) use reader::scratch;

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
@@ -309,14 +308,7 @@ impl Reader for HttpReader {
 /// the same secret.
 pub(crate) async fn scratch(url: &str, options: &ScratchOptions) -> Result<Scratch, Error> {
     let cfg = HttpConfig::from_url(url)?;
-    let key = match &cfg.signing_key {
-        Some(k) => Some(
-            base64::engine::general_purpose::STANDARD
-                .decode(k.expose())
-                .map_err(|_| Error::config("http sink: the signing key is not base64"))?,
-        ),
-        None => None,
-    };
+    let key = cfg.signing_key.as_ref().map(|k| k.bytes().to_vec());
     let prefix = options.unique_name();
     let receiver = HttpReceiver::start(&prefix, key, None).await?;
     let fragment = url.split_once('#').map(|(_, f)| f).unwrap_or("");

@@ -13,14 +13,20 @@ pub const HEADER_TIMESTAMP: &str = "webhook-timestamp";
 /// The header carrying the signature(s).
 pub const HEADER_SIGNATURE: &str = "webhook-signature";
 
-/// The `webhook-signature` value for `body` sent as `id` at `timestamp`, with `key` (raw bytes).
-pub fn signature(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
+/// The MAC over `"{id}.{timestamp}.{body}"`, before finalisation.
+fn mac(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> Hmac<Sha256> {
     let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
     mac.update(id.as_bytes());
     mac.update(b".");
     mac.update(timestamp.to_string().as_bytes());
     mac.update(b".");
     mac.update(body);
+    mac
+}
+
+/// The `webhook-signature` value for `body` sent as `id` at `timestamp`, with `key` (raw bytes).
+pub fn signature(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
+    let mac = mac(key, id, timestamp, body);
     format!(
         "v1,{}",
         base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
@@ -37,13 +43,7 @@ pub fn verify(key: &[u8], id: &str, timestamp: i64, body: &[u8], header: &str) -
         let Ok(given) = base64::engine::general_purpose::STANDARD.decode(b64) else {
             return false;
         };
-        let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
-        mac.update(id.as_bytes());
-        mac.update(b".");
-        mac.update(timestamp.to_string().as_bytes());
-        mac.update(b".");
-        mac.update(body);
-        mac.verify_slice(&given).is_ok()
+        mac(key, id, timestamp, body).verify_slice(&given).is_ok()
     })
 }
 

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use base64::Engine as _;
 use bytes::Bytes;
 use futures::StreamExt as _;
 use outbox_core::sink::HEADER_MESSAGE_ID;
@@ -28,8 +27,6 @@ pub const HEADER_DESTINATION: &str = "outbox-destination";
 pub struct HttpSink {
     cfg: Arc<HttpConfig>,
     client: reqwest::Client,
-    /// The signing key's raw bytes.
-    key: Option<Vec<u8>>,
 }
 
 impl HttpSink {
@@ -43,18 +40,9 @@ impl HttpSink {
             .user_agent(concat!("outbox/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| Error::config(format!("http sink: cannot build the client: {e}")))?;
-        let key = match &cfg.signing_key {
-            Some(k) => Some(
-                base64::engine::general_purpose::STANDARD
-                    .decode(k.expose())
-                    .map_err(|_| Error::config("http sink: the signing key is not base64"))?,
-            ),
-            None => None,
-        };
         Ok(Self {
             cfg: Arc::new(cfg),
             client,
-            key,
         })
     }
 
@@ -94,9 +82,9 @@ impl HttpSink {
             )));
         }
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let Some(key) = &self.key {
+        if let Some(key) = &self.cfg.signing_key {
             let now = chrono::Utc::now().timestamp();
-            let sig = sign::signature(key, id, now, &body);
+            let sig = sign::signature(key.bytes(), id, now, &body);
             headers.insert(sign::HEADER_ID, value(id)?);
             headers.insert(sign::HEADER_TIMESTAMP, value(&now.to_string())?);
             headers.insert(sign::HEADER_SIGNATURE, value(&sig)?);
