@@ -316,7 +316,69 @@ impl HttpSink {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+
+    fn envelope(n: usize) -> Envelope {
+        Envelope {
+            id: uuid::Uuid::now_v7(),
+            destination: "d".into(),
+            key: format!("k{n}"),
+            headers: vec![],
+            payload: Bytes::from_static(b"{}"),
+            created_at: chrono::Utc::now(),
+        }
+    }
+
+    /// An endpoint that takes connections and never answers: the call ends at its ack timeout,
+    /// the request in flight is `unavailable` (no response in time), and those whose turn never
+    /// came are not sent at all.
+    #[tokio::test]
+    async fn a_call_ends_within_its_ack_timeout_and_sends_nothing_after_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                open.push(conn); // kept open, never answered
+            }
+        });
+        let sink = HttpSink::connect(
+            HttpConfig::from_url(&format!(
+                "http://{addr}/hook#ack_timeout=300ms&max_in_flight=1"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        let started = Instant::now();
+        let results = sink.publish(&[envelope(0), envelope(1), envelope(2)]).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        let errors: Vec<SinkError> = results.into_iter().map(|r| r.unwrap_err()).collect();
+        assert!(errors
+            .iter()
+            .all(|e| e.kind == outbox_core::SinkErrorKind::Unavailable));
+        assert!(
+            errors[0].message.contains("no response in time"),
+            "{}",
+            errors[0].message
+        );
+        for e in &errors[1..] {
+            assert!(e.message.contains("not sent"), "{}", e.message);
+        }
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "one request sent"
+        );
+        held.abort();
+    }
 
     #[test]
     fn retry_after_takes_seconds_and_dates() {
