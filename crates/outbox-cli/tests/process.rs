@@ -61,7 +61,10 @@ async fn relay_killed_with_sigkill_mid_batch_loses_nothing_and_its_leases_are_ta
     for chunk in msgs.chunks(2000) {
         w.store().insert(chunk).await.unwrap();
     }
-    let flags = ["--lease", "2s", "--batch-size", "50", "--workers", "1"];
+    // The lease is renewed every third of it, so at the kill between 2/3 and all of it is left:
+    // 6 s leaves the checks below at least 4 s before the second relay must have started, on
+    // a loaded CI machine too (2 s once left too little).
+    let flags = ["--lease", "6s", "--batch-size", "50", "--workers", "1"];
     let mut a = relay(&w, &flags);
     let deadline = Instant::now() + Duration::from_secs(60);
     while w.stream_count().await < 1500 {
