@@ -176,7 +176,10 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // While open, the relay does not burn the messages' attempts.
+    // While open, the relay does not burn the messages' attempts. A call another worker began
+    // before the circuit opened still ends with its failures recorded (after the 500 ms ack
+    // timeout, and its deadline); let those land first, or they count against the open circuit.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let attempts_open: i64 = sqlx::query_scalar(
         &w.schema
             .render("SELECT coalesce(sum(attempts), 0)::int8 FROM {schema}.outbox_parked"),
