@@ -289,6 +289,18 @@ pub async fn run(
                     _ = shutdown.cancelled() => break,
                 }
             }
+            // Only the holder of the source lock may take messages from the broker. A database
+            // restart ends the lock with its connection, and a standby may take over at once;
+            // a daemon that fetched after that would take messages from under the new holder,
+            // which goes on with newer ones while these wait for redelivery (seen: five
+            // messages fetched by a daemon whose pull had hung through the restart came back
+            // 2 s late, after 800 newer ones). One `SELECT 1` per batch rules that out.
+            if let Some(l) = lock.as_mut() {
+                if !l.alive().await {
+                    warn!(source = %name, "lost the database connection and the source lock with it; fetching nothing until it is taken again");
+                    continue 'session;
+                }
+            }
             // Nothing fetched is acknowledged before it commits, so a fetch may be dropped
             // half-way when asked to stop: the broker delivers it again.
             let fetched = tokio::select! {
