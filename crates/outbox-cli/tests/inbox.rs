@@ -399,6 +399,48 @@ async fn a_second_daemon_stands_by_and_takes_over_when_the_first_is_killed() {
     inbox.drop_all().await;
 }
 
+/// A daemon whose source lock ended (its connection terminated, as a database restart does)
+/// fetches nothing until it holds the lock again. Had it fetched, the messages it took could
+/// not be recorded on the dead connection and would wait for redelivery (the ack wait, 30 s
+/// here) while the lock's next holder went on with newer ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_that_lost_its_lock_fetches_nothing_until_it_holds_it_again() {
+    let inbox = Inbox::new().await;
+    let nats = Nats::new().await;
+    let source = format!("{}?stream={}&ack_wait=30s", nats.url, nats.stream);
+    let msgs = workload(10, 20, 0);
+    let mut a = inbox.daemon(&source, 50);
+    nats.publish(&msgs[..100]).await;
+    inbox.wait_count(100, Duration::from_secs(30)).await;
+    // The backend holding this daemon's advisory lock (keyed as `outbox inbox` keys it).
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(l.pid) FROM pg_locks AS l
+         WHERE l.locktype = 'advisory' AND l.granted
+           AND ((l.classid::int8 << 32) | l.objid::int8)
+               = hashtextextended('outbox-inbox-source:' || $1 || ':nats:' || $2, 0)",
+    )
+    .bind(&inbox.schema)
+    .bind(&nats.stream)
+    .fetch_all(&inbox.pool)
+    .await
+    .unwrap();
+    assert_eq!(ended, [true], "one backend held the source lock");
+    nats.publish(&msgs[100..]).await;
+    inbox
+        .wait_count(msgs.len() as i64, Duration::from_secs(15))
+        .await;
+    inbox.check(&msgs).await;
+    assert_eq!(
+        nats.consumer_info().await.num_redelivered,
+        0,
+        "nothing was fetched and left to the broker"
+    );
+    sigterm(&a);
+    assert!(wait_exit(&mut a, Duration::from_secs(15)).success());
+    nats.drop_all().await;
+    inbox.drop_all().await;
+}
+
 /// A handler gives up on a message: `outbox status --inbox` and `outbox failed --inbox` show it
 /// with its error, `outbox redrive --inbox --id` gives it a fresh budget (audited), and its key
 /// drains in order once the handler is fixed.
