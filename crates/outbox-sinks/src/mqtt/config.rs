@@ -113,9 +113,11 @@ impl MqttConfig {
         o.set_keep_alive(self.keep_alive)
             .set_connection_timeout(self.ack_timeout.as_secs().max(1))
             .set_max_packet_size(Some(max_packet));
-        // Every call waits for the PUBACK of its last publish: with Nagle's algorithm on (the
-        // client's default) that last small packet waits for the broker's delayed ACK, about
-        // 40 ms per call, which made a call of 1,000 several times slower than the client.
+        // Every call waits for the PUBACK of its last publish, so no small packet may sit in a
+        // socket buffer waiting for a delayed ACK (about 40 ms each time). Nagle's algorithm is
+        // the client's default; off here. The broker's side is the broker's setting: Mosquitto
+        // leaves it on unless `set_tcp_nodelay true`, which measured as the larger stall
+        // (docs/sinks.md).
         let mut net = rumqttc::NetworkOptions::new();
         net.set_tcp_nodelay(true);
         o.set_network_options(net);
