@@ -295,6 +295,36 @@ pub trait Store: Send + Sync {
         on_failed: OnFailed,
     ) -> Result<Vec<Message>>;
 
+    /// Reads the batch that follows the one `member` claimed last and has not recorded yet,
+    /// while that batch is still being published: the rows `claim` would return once every
+    /// message of the pending batch is recorded as published. It writes nothing and hands
+    /// nothing out yet: the messages may be published only after [`Store::adopt_ahead`]
+    /// answers `true`, and are dropped otherwise. A store returns nothing when it cannot tell
+    /// what follows (the default: such stores simply never read ahead).
+    ///
+    /// This hides the claim's round trips behind the publish of a hot backlog; it changes no
+    /// guarantee, because adoption is refused unless the pending batch was recorded exactly as
+    /// the read ahead assumed.
+    async fn claim_ahead(
+        &self,
+        member: &MemberId,
+        partitions: &[i32],
+        limits: ClaimLimits,
+        on_failed: OnFailed,
+    ) -> Result<Vec<Message>> {
+        let _ = (member, partitions, limits, on_failed);
+        Ok(Vec::new())
+    }
+
+    /// Makes the last [`Store::claim_ahead`] of `member` its current claim, to publish and
+    /// `complete` like any claim, if the batch it followed was recorded in full, every message
+    /// published, on partitions still owned at the same epoch, with no claim since. Returns
+    /// whether it did; on `false` the messages read ahead must be dropped and `claim` called.
+    async fn adopt_ahead(&self, member: &MemberId) -> bool {
+        let _ = member;
+        false
+    }
+
     /// Records `outcomes` in one statement. Rows in partitions `member` no longer owns are left
     /// untouched (their new owner will deliver them again). Returns how many rows changed.
     async fn complete(&self, member: &MemberId, outcomes: &[Outcome]) -> Result<u64>;

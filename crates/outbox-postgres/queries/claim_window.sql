@@ -47,23 +47,39 @@
 -- the batch is recorded, not here: a claim writes nothing), $2 rows per partition, $3 rows in
 -- all, $4 floor hint, $5 failed rows block their key, $7 parked rows per partition at which the
 -- partition's window stops advancing (its parked keys still drain; the relay warns), $8 payload
--- bytes to hand out, $9 the first row to hand out gets its payload whatever its size
+-- bytes to hand out, $9 the first row to hand out gets its payload whatever its size.
+--
+-- A claim ahead (read while the previous batch is still being published, see `claim_ahead` in
+-- store.rs) continues an open window from where that batch will leave it: $10 cursor, $11 cur,
+-- $12 cur_floor and $13 cur_at per partition of $1 replace the recorded window (NULL, or arrays
+-- shorter than $1, where there is nothing to continue). `done` is still read from the table:
+-- recording a batch that keeps its window open never changes it.
 WITH pos AS MATERIALIZED (
     SELECT p.partition, p.epoch, lp.done, lp.done_bound, lp.done_floor, lp.done_at, lp.published,
-           COALESCE(lp.cur, pg_current_snapshot()) AS cur,
+           lp.cur,
            lp.cur_bound,
-           CASE WHEN lp.cur IS NULL THEN GREATEST(lp.done_floor, $4::bigint) ELSE lp.cur_floor END AS cur_floor,
-           COALESCE(lp.cur_at, now()) AS cur_at,
-           CASE WHEN lp.cur IS NULL THEN 0 ELSE lp.cursor END AS cursor,
+           CASE WHEN p.at_cur IS NOT NULL THEN p.at_cur_floor
+                WHEN lp.opens THEN GREATEST(lp.done_floor, $4::bigint)
+                ELSE lp.cur_floor END AS cur_floor,
+           COALESCE(p.at_cur_at, lp.cur_at, now()) AS cur_at,
+           CASE WHEN p.at_cur IS NOT NULL THEN p.at_cursor
+                WHEN lp.opens THEN 0
+                ELSE lp.cursor END AS cursor,
            (SELECT count(*) FROM (SELECT 1 FROM {schema}.outbox_parked AS k
                                   WHERE k.partition = p.partition LIMIT $7) AS c) >= $7
              AS parked_full,
            -- "txid >= done_bound", as a snapshot no index can serve (see A2).
-           (lp.done_bound::text || ':' || lp.done_bound::text || ':')::pg_snapshot AS bound_snap
-    FROM unnest($1::int2[], $6::int8[]) AS p(partition, epoch)
+           (lp.done_bound::text || ':' || lp.done_bound::text || ':')::pg_snapshot AS bound_snap,
+           -- Rendered once per partition here, not once per row below.
+           lp.done::text AS done_text, lp.done_bound::text AS done_bound_text,
+           lp.cur::text AS cur_text, lp.cur_bound::text AS cur_bound_text
+    FROM unnest($1::int2[], $6::int8[], $10::int8[], $11::text[], $12::int8[], $13::timestamptz[])
+         AS p(partition, epoch, at_cursor, at_cur, at_cur_floor, at_cur_at)
     CROSS JOIN LATERAL (
-        SELECT x.done, x.done_bound, x.done_floor, x.done_at, x.cur, x.cur_bound, x.cur_floor,
-               x.cur_at, x.cursor, x.published
+        SELECT x.done, x.done_bound, x.done_floor, x.done_at,
+               COALESCE(p.at_cur::pg_snapshot, x.cur, pg_current_snapshot()) AS cur,
+               (x.cur IS NULL AND p.at_cur IS NULL) AS opens,
+               x.cur_bound, x.cur_floor, x.cur_at, x.cursor, x.published
         FROM {schema}.outbox_positions AS x
         WHERE x.partition = p.partition
         ORDER BY x.id DESC
@@ -77,9 +93,12 @@ WITH pos AS MATERIALIZED (
 ), win AS (
     SELECT pos.*, w.seq, w.txid, w.id, w.aggregate_type, w.aggregate_id, w.event_type,
            w.payload, w.headers, w.topic, w.created_at,
-           count(w.seq) OVER (PARTITION BY pos.partition) AS window_rows
+           COALESCE(w.window_rows, 0) AS window_rows
     FROM pos
     LEFT JOIN LATERAL (
+        -- Counted here, per partition and after its LIMIT, so that no sort of every row by
+        -- partition is needed to count them.
+        SELECT lim.*, count(*) OVER () AS window_rows FROM (
         SELECT u.* FROM (
             (SELECT a.seq, a.txid, a.id, a.aggregate_type, a.aggregate_id, a.event_type,
                     a.payload, a.headers, a.topic, a.created_at
@@ -136,6 +155,7 @@ WITH pos AS MATERIALIZED (
         WHERE u.seq > pos.cursor
         ORDER BY u.seq
         LIMIT $2
+        ) AS lim
     ) AS w ON true
 ), flagged AS (
     SELECT win.*, (h.aggregate_id IS NOT NULL) AS held
@@ -151,9 +171,9 @@ WITH pos AS MATERIALIZED (
     ORDER BY f.seq NULLS FIRST
     LIMIT $3
 )
-SELECT m.partition, m.epoch, m.parked_full, m.done::text AS done,
-       m.done_bound::text AS done_bound, m.done_floor, m.done_at,
-       m.published, m.cur::text AS cur, m.cur_bound::text AS cur_bound, m.cur_floor,
+SELECT m.partition, m.epoch, m.parked_full, m.done_text AS done,
+       m.done_bound_text AS done_bound, m.done_floor, m.done_at,
+       m.published, m.cur_text AS cur, m.cur_bound_text AS cur_bound, m.cur_floor,
        m.cur_at, m.cursor, m.window_rows, m.seq, m.txid::text AS txid, m.id,
        m.aggregate_type, m.aggregate_id, m.event_type,
        CASE WHEN m.seq IS NOT NULL AND NOT m.held

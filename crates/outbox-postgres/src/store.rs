@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use crate::error::map_sqlx_error;
 use crate::schema::Schema;
-use crate::ticket::{ParkedRow, Plan, Ticket, Window, WindowRow};
+use crate::ticket::{NewPosition, ParkedRow, Plan, Ticket, Window, WindowRow};
 use crate::writer::Writer;
 
 /// Number of relay partitions; fixed by the migration that computes `outbox.partition`.
@@ -141,6 +141,27 @@ struct MemberState {
     /// Mean payload size (bytes) of the rows the last claim measured, to size the next claim's
     /// reads to its byte bound.
     mean_payload: Option<usize>,
+    /// The batch read ahead of the pending one, until adopted or dropped.
+    ahead: Option<Ahead>,
+    /// Whether the pending batch was recorded exactly as `ahead` assumed (set by `complete`).
+    ahead_valid: bool,
+}
+
+/// A batch read ahead ([`Store::claim_ahead`]): its ticket, and the positions the batch before
+/// it must record for it to follow on (every message published, no window closed).
+struct Ahead {
+    ticket: Ticket,
+    expected: Vec<NewPosition>,
+}
+
+/// What one claim read, before it becomes the member's claim.
+struct ClaimRead {
+    messages: Vec<Message>,
+    ticket: Ticket,
+    seq_high: i64,
+    active_now: usize,
+    mean_now: Option<usize>,
+    idle_due: bool,
 }
 
 /// What one window read asks for.
@@ -154,6 +175,9 @@ struct WindowRead<'a> {
     bytes: usize,
     /// Whether its first row may go alone whatever its size (nothing else was handed out).
     first_alone: bool,
+    /// For a read ahead: per partition, the open window to continue and where (the position
+    /// the pending batch will record) instead of the recorded one.
+    follow: Option<&'a HashMap<i16, NewPosition>>,
 }
 
 /// What a claim's reads measured: rows to hand out and the text length of their payloads.
@@ -266,6 +290,134 @@ impl PgStore {
         crate::retention::run(&self.pool, &self.schema, older_than).await
     }
 
+    /// One claim's reads, in one read-only transaction: the due parked messages, then the
+    /// windows (continuing those in `follow`, for a read ahead). Changes no member state but
+    /// the warning clock.
+    async fn read_claim(
+        &self,
+        member: &MemberId,
+        partitions: &[i32],
+        limits: ClaimLimits,
+        on_failed: OnFailed,
+        follow: Option<&HashMap<i16, NewPosition>>,
+    ) -> Result<Option<ClaimRead>> {
+        let wanted = partitions_param(partitions);
+        let (epochs, floor_hint, active, idle_due, mean) = self.state(member, |s| {
+            let e: Vec<(i16, i64)> = wanted
+                .iter()
+                .filter_map(|p| s.epochs.get(p).map(|e| (*p, *e)))
+                .collect();
+            let idle_due = s
+                .last_idle_advance
+                .is_none_or(|t| t.elapsed() >= IDLE_ADVANCE_EVERY);
+            (e, s.floor_hint, s.active, idle_due, s.mean_payload)
+        });
+        if epochs.is_empty() || limits.rows == 0 {
+            return Ok(None);
+        }
+        let rows = rows_to_read(limits, mean);
+        // A batch is shared among the partitions that had rows last time: one hot key gets the
+        // whole batch, a thousand keys a slice each.
+        let per_partition = (rows / active.clamp(1, epochs.len())).clamp(1, rows) as i64;
+        let block = on_failed == OnFailed::Block;
+        let err = |e| map_sqlx_error("claiming pending messages", e);
+        // Reads only: the transaction exists to scope the planner settings. READ COMMITTED
+        // whatever the server's default: the floor read by the first statement must come from
+        // before the window statement's own snapshot. Part A of the
+        // window claim must walk the (partition, seq) index in order; never let a bitmap scan
+        // or a sequential scan of the backlog look cheaper. JIT is off here too, whatever pool
+        // the store was given: the disabled scans inflate the plan's cost past any JIT
+        // threshold, and compiling a claim costs a second (measured).
+        let mut tx = self
+            .pool
+            .begin_with(
+                "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY; SET LOCAL jit = off; \
+                 SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off",
+            )
+            .await
+            .map_err(err)?;
+        let mut ticket = Ticket::default();
+        let parts: Vec<i16> = epochs.iter().map(|(p, _)| *p).collect();
+        // Parked messages first (retries are older work), then the windows with the bytes
+        // left: together they stay within the bound, or are one oversized message.
+        let (parked, mut measured, fresh_floor) = self
+            .read_parked(&mut tx, &parts, rows, limits.bytes, block, &mut ticket)
+            .await?;
+        // A fresh floor for the snapshot the window claim takes next: read by the statement
+        // above, so every seq drawn after that snapshot is larger. Without it a member's first
+        // window would start from the floor of the last one, and once that window closed each
+        // empty poll would walk every row since (measured: 740 ms per claim after a 1M drain).
+        let floor_hint = floor_hint.max(fresh_floor);
+        let parked_bytes: usize = parked.iter().map(|m| m.payload.len()).sum();
+        let (mut messages, seq_high, window_measured) = self
+            .read_windows(
+                &mut tx,
+                WindowRead {
+                    epochs: &epochs,
+                    per_partition,
+                    rows,
+                    floor_hint,
+                    block,
+                    bytes: limits.bytes.saturating_sub(parked_bytes),
+                    first_alone: parked.is_empty(),
+                    follow,
+                },
+                &mut ticket,
+            )
+            .await?;
+        tx.commit().await.map_err(err)?;
+        measured.add(
+            i64::try_from(window_measured.rows).unwrap_or(0),
+            i64::try_from(window_measured.bytes).unwrap_or(0),
+        );
+        messages.extend(parked);
+        messages.sort_by_key(|m| m.seq);
+        let keep = limits.fit(messages.iter().map(|m| m.payload.len()));
+        if messages.len() > keep {
+            // Cut the highest seqs: their window rows count as not tried.
+            let cut: std::collections::HashSet<i64> =
+                messages.drain(keep..).map(|m| m.seq).collect();
+            for r in &mut ticket.rows {
+                if cut.contains(&r.seq) {
+                    r.handed_out = false;
+                }
+            }
+            ticket.parked.retain(|seq, _| !cut.contains(seq));
+        }
+        if !ticket.full_partitions.is_empty() {
+            let warn_now = self.state(member, |s| {
+                let due = s
+                    .last_cap_warning
+                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
+                if due {
+                    s.last_cap_warning = Some(Instant::now());
+                }
+                due
+            });
+            if warn_now {
+                tracing::warn!(
+                    %member,
+                    partitions = ?ticket.full_partitions,
+                    cap = self.parked_cap,
+                    "partitions hold the parking cap and stopped advancing: a key is stuck \
+                     behind a failing message with a long backlog; see `outbox status`"
+                );
+            }
+        }
+        let mean_now = (measured.rows > 0)
+            .then(|| usize::try_from(measured.bytes / measured.rows).unwrap_or(usize::MAX));
+        let active_now = ticket.windows.values().filter(|w| w.found > 0).count();
+        ticket.rows.sort_by_key(|r| r.seq);
+        Ok(Some(ClaimRead {
+            messages,
+            ticket,
+            seq_high,
+            active_now,
+            mean_now,
+            idle_due,
+        }))
+    }
+
     /// Reads the window claim's rows into a ticket and the messages to hand out, one row at a
     /// time (a row's payload is in memory once, as the message's). Returns the messages, the
     /// seq high-water mark, and what was measured.
@@ -277,6 +429,14 @@ impl PgStore {
     ) -> Result<(Vec<Message>, i64, Measured)> {
         let err = |e| map_sqlx_error("claiming from the outbox windows", e);
         let (parts, eps): (Vec<i16>, Vec<i64>) = read.epochs.iter().copied().unzip();
+        let follow: Vec<Option<&NewPosition>> = parts
+            .iter()
+            .map(|p| {
+                read.follow
+                    .and_then(|f| f.get(p))
+                    .filter(|n| n.cur.is_some())
+            })
+            .collect();
         let mut rows = sqlx::query(&self.q.claim_window)
             .bind(&parts)
             .bind(read.per_partition)
@@ -287,6 +447,30 @@ impl PgStore {
             .bind(self.parked_cap)
             .bind(int8(read.bytes))
             .bind(read.first_alone)
+            .bind(
+                follow
+                    .iter()
+                    .map(|f| f.map(|n| n.cursor))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                follow
+                    .iter()
+                    .map(|f| f.and_then(|n| n.cur.clone()))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                follow
+                    .iter()
+                    .map(|f| f.and_then(|n| n.cur_floor))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                follow
+                    .iter()
+                    .map(|f| f.and_then(|n| n.cur_at))
+                    .collect::<Vec<_>>(),
+            )
             .fetch(&mut *tx);
         let mut messages = Vec::new();
         let mut seq_high = read.floor_hint;
@@ -606,112 +790,24 @@ impl Store for PgStore {
         limits: ClaimLimits,
         on_failed: OnFailed,
     ) -> Result<Vec<Message>> {
-        let wanted = partitions_param(partitions);
-        let (epochs, floor_hint, active, idle_due, mean) = self.state(member, |s| {
-            let e: Vec<(i16, i64)> = wanted
-                .iter()
-                .filter_map(|p| s.epochs.get(p).map(|e| (*p, *e)))
-                .collect();
-            let idle_due = s
-                .last_idle_advance
-                .is_none_or(|t| t.elapsed() >= IDLE_ADVANCE_EVERY);
-            (e, s.floor_hint, s.active, idle_due, s.mean_payload)
+        // A claim replaces whatever was read ahead.
+        self.state(member, |s| {
+            s.ahead = None;
+            s.ahead_valid = false;
         });
-        if epochs.is_empty() || limits.rows == 0 {
+        let Some(ClaimRead {
+            messages,
+            ticket,
+            seq_high,
+            active_now,
+            mean_now,
+            idle_due,
+        }) = self
+            .read_claim(member, partitions, limits, on_failed, None)
+            .await?
+        else {
             return Ok(Vec::new());
-        }
-        let rows = rows_to_read(limits, mean);
-        // A batch is shared among the partitions that had rows last time: one hot key gets the
-        // whole batch, a thousand keys a slice each.
-        let per_partition = (rows / active.clamp(1, epochs.len())).clamp(1, rows) as i64;
-        let block = on_failed == OnFailed::Block;
-        let err = |e| map_sqlx_error("claiming pending messages", e);
-        // Reads only: the transaction exists to scope the planner settings. READ COMMITTED
-        // whatever the server's default: the floor read by the first statement must come from
-        // before the window statement's own snapshot. Part A of the
-        // window claim must walk the (partition, seq) index in order; never let a bitmap scan
-        // or a sequential scan of the backlog look cheaper. JIT is off here too, whatever pool
-        // the store was given: the disabled scans inflate the plan's cost past any JIT
-        // threshold, and compiling a claim costs a second (measured).
-        let mut tx = self
-            .pool
-            .begin_with(
-                "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY; SET LOCAL jit = off; \
-                 SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off",
-            )
-            .await
-            .map_err(err)?;
-        let mut ticket = Ticket::default();
-        let parts: Vec<i16> = epochs.iter().map(|(p, _)| *p).collect();
-        // Parked messages first (retries are older work), then the windows with the bytes
-        // left: together they stay within the bound, or are one oversized message.
-        let (parked, mut measured, fresh_floor) = self
-            .read_parked(&mut tx, &parts, rows, limits.bytes, block, &mut ticket)
-            .await?;
-        // A fresh floor for the snapshot the window claim takes next: read by the statement
-        // above, so every seq drawn after that snapshot is larger. Without it a member's first
-        // window would start from the floor of the last one, and once that window closed each
-        // empty poll would walk every row since (measured: 740 ms per claim after a 1M drain).
-        let floor_hint = floor_hint.max(fresh_floor);
-        let parked_bytes: usize = parked.iter().map(|m| m.payload.len()).sum();
-        let (mut messages, seq_high, window_measured) = self
-            .read_windows(
-                &mut tx,
-                WindowRead {
-                    epochs: &epochs,
-                    per_partition,
-                    rows,
-                    floor_hint,
-                    block,
-                    bytes: limits.bytes.saturating_sub(parked_bytes),
-                    first_alone: parked.is_empty(),
-                },
-                &mut ticket,
-            )
-            .await?;
-        tx.commit().await.map_err(err)?;
-        measured.add(
-            i64::try_from(window_measured.rows).unwrap_or(0),
-            i64::try_from(window_measured.bytes).unwrap_or(0),
-        );
-        messages.extend(parked);
-        messages.sort_by_key(|m| m.seq);
-        let keep = limits.fit(messages.iter().map(|m| m.payload.len()));
-        if messages.len() > keep {
-            // Cut the highest seqs: their window rows count as not tried.
-            let cut: std::collections::HashSet<i64> =
-                messages.drain(keep..).map(|m| m.seq).collect();
-            for r in &mut ticket.rows {
-                if cut.contains(&r.seq) {
-                    r.handed_out = false;
-                }
-            }
-            ticket.parked.retain(|seq, _| !cut.contains(seq));
-        }
-        if !ticket.full_partitions.is_empty() {
-            let warn_now = self.state(member, |s| {
-                let due = s
-                    .last_cap_warning
-                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
-                if due {
-                    s.last_cap_warning = Some(Instant::now());
-                }
-                due
-            });
-            if warn_now {
-                tracing::warn!(
-                    %member,
-                    partitions = ?ticket.full_partitions,
-                    cap = self.parked_cap,
-                    "partitions hold the parking cap and stopped advancing: a key is stuck \
-                     behind a failing message with a long backlog; see `outbox status`"
-                );
-            }
-        }
-        let mean_now = (measured.rows > 0)
-            .then(|| usize::try_from(measured.bytes / measured.rows).unwrap_or(usize::MAX));
-        let active_now = ticket.windows.values().filter(|w| w.found > 0).count();
-        ticket.rows.sort_by_key(|r| r.seq);
+        };
         if messages.is_empty() {
             // Nothing to send, but held rows must be parked and passed windows recorded,
             // else the next claim would read them again.
@@ -740,6 +836,84 @@ impl Store for PgStore {
         Ok(messages)
     }
 
+    async fn claim_ahead(
+        &self,
+        member: &MemberId,
+        partitions: &[i32],
+        limits: ClaimLimits,
+        on_failed: OnFailed,
+    ) -> Result<Vec<Message>> {
+        let pending = self.state(member, |s| {
+            s.ahead = None;
+            s.ahead_valid = false;
+            s.ticket.clone()
+        });
+        // Only a batch that parks nothing and leaves every window it read open can be followed
+        // before it is recorded: a closed window's next `done_bound` is the id of the
+        // transaction that records it, and parked rows change which keys are held.
+        let Some(expected) = pending.as_ref().and_then(Ticket::follow_on) else {
+            return Ok(Vec::new());
+        };
+        let follow: HashMap<i16, NewPosition> =
+            expected.iter().map(|p| (p.partition, p.clone())).collect();
+        let Some(mut read) = self
+            .read_claim(member, partitions, limits, on_failed, Some(&follow))
+            .await?
+        else {
+            return Ok(Vec::new());
+        };
+        // Due parked messages are older work: leave them to a claim of its own. An oversized
+        // message, which a claim lets through alone, waits for one too: the batch being
+        // published and this one must fit the bytes the relay holds together.
+        let bytes: usize = read.messages.iter().map(|m| m.payload.len()).sum();
+        if read.messages.is_empty() || !read.ticket.parked.is_empty() || bytes > limits.bytes {
+            return Ok(Vec::new());
+        }
+        for w in read.ticket.windows.values_mut() {
+            if let Some(p) = follow.get(&w.partition) {
+                // The running total and the window's bound as the pending batch records them
+                // (the table may not hold that position yet).
+                w.published = p.published;
+                if p.cur_bound.is_some() {
+                    w.cur_bound = p.cur_bound.clone();
+                }
+            }
+        }
+        let messages = std::mem::take(&mut read.messages);
+        self.state(member, |s| {
+            s.floor_hint = read.seq_high;
+            s.active = read.active_now.max(1);
+            s.mean_payload = read.mean_now.or(s.mean_payload);
+            s.ahead = Some(Ahead {
+                ticket: read.ticket,
+                expected,
+            });
+        });
+        Ok(messages)
+    }
+
+    async fn adopt_ahead(&self, member: &MemberId) -> bool {
+        self.state(member, |s| {
+            let valid = std::mem::take(&mut s.ahead_valid);
+            match s.ahead.take() {
+                // Still owned at the epochs it was read at (a lease lost and taken back
+                // meanwhile has a new epoch, and a new owner may have moved on).
+                Some(a)
+                    if valid
+                        && s.ticket.is_none()
+                        && a.ticket
+                            .windows
+                            .values()
+                            .all(|w| s.epochs.get(&w.partition) == Some(&w.epoch)) =>
+                {
+                    s.ticket = Some(a.ticket);
+                    true
+                }
+                _ => false,
+            }
+        })
+    }
+
     async fn complete(&self, member: &MemberId, outcomes: &[Outcome]) -> Result<u64> {
         let Some(ticket) = self.state(member, |s| s.ticket.take()) else {
             return Ok(0);
@@ -760,6 +934,17 @@ impl Store for PgStore {
         };
         let passed = self.write_plan(member, &plan).await?;
         guard.disarm();
+        // A batch read ahead may follow this one only if it was recorded exactly as that read
+        // assumed: the same positions, all of them written, nothing parked or retried.
+        let in_full = plan.park.is_empty()
+            && plan.retried.is_empty()
+            && plan.positions.iter().all(|p| passed.contains(&p.partition));
+        self.state(member, |s| {
+            s.ahead_valid = in_full
+                && s.ahead
+                    .as_ref()
+                    .is_some_and(|a| a.expected == plan.positions);
+        });
         Ok(passed
             .iter()
             .map(|p| plan.applied.get(p).copied().unwrap_or(0))

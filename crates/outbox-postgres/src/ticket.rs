@@ -164,6 +164,34 @@ impl Plan {
 }
 
 impl Ticket {
+    /// The positions recording this batch writes if every message handed out is published,
+    /// when a claim may read on from them before they are written ([`Store::claim_ahead`]):
+    /// `None` when the batch handed out parked messages, holds or parks any row, reads a
+    /// partition at the parking cap, or closes a window (the next `done_bound` is the id of the
+    /// transaction that records it, unknown until then).
+    ///
+    /// [`Store::claim_ahead`]: outbox_core::Store::claim_ahead
+    pub fn follow_on(&self) -> Option<Vec<NewPosition>> {
+        if !self.parked.is_empty()
+            || !self.full_partitions.is_empty()
+            || self.rows.iter().any(|r| r.held)
+        {
+            return None;
+        }
+        let outcomes: Vec<Outcome> = self
+            .rows
+            .iter()
+            .filter(|r| r.handed_out)
+            .map(|r| Outcome::Published { seq: r.seq })
+            .collect();
+        if outcomes.is_empty() {
+            return None;
+        }
+        let plan = self.plan(&outcomes, false);
+        let keeps_open = plan.positions.iter().all(|p| p.cur.is_some());
+        (plan.park.is_empty() && plan.retried.is_empty() && keeps_open).then_some(plan.positions)
+    }
+
     /// Turns the outcomes of this ticket's batch into the writes that record it.
     ///
     /// Per partition, the window rows are walked in seq order. A published row counts; a
@@ -402,6 +430,46 @@ mod tests {
             (pos.done.as_str(), pos.cur.as_deref(), pos.cursor),
             ("10:10:", Some("20:20:"), 2)
         );
+    }
+
+    #[test]
+    fn a_read_ahead_follows_a_window_left_open_from_where_the_batch_leaves_it() {
+        let t = ticket(vec![row(0, 1, "a"), row(0, 2, "b")], false);
+        let next = t.follow_on().expect("the window stays open");
+        assert_eq!(
+            next,
+            t.plan(
+                &[Outcome::Published { seq: 1 }, Outcome::Published { seq: 2 }],
+                false
+            )
+            .positions
+        );
+        assert_eq!(
+            (next[0].cur.as_deref(), next[0].cursor),
+            (Some("20:20:"), 2)
+        );
+    }
+
+    #[test]
+    fn no_read_ahead_past_a_closing_window_a_held_row_or_a_parked_message() {
+        // Read to its end: the next window's bound is the recording transaction's id.
+        assert_eq!(ticket(vec![row(0, 1, "a")], true).follow_on(), None);
+        let mut held = ticket(vec![row(0, 1, "a"), row(0, 2, "b")], false);
+        held.rows[1].held = true;
+        assert_eq!(held.follow_on(), None);
+        let mut parked = ticket(vec![row(0, 2, "b")], false);
+        parked.parked.insert(
+            1,
+            ParkedRow {
+                partition: 0,
+                key: "a".into(),
+            },
+        );
+        assert_eq!(parked.follow_on(), None);
+        // Nothing handed out: nothing to follow.
+        let mut cut = ticket(vec![row(0, 1, "a")], false);
+        cut.rows[0].handed_out = false;
+        assert_eq!(cut.follow_on(), None);
     }
 
     #[test]

@@ -152,6 +152,11 @@ async fn claim_buffers(pool: &PgPool, schema: &Schema, parts: &[i32], limit: i64
         .bind(10_000i64)
         .bind(i64::MAX)
         .bind(true)
+        // No window to continue (a plain claim, not a read ahead).
+        .bind(Vec::<i64>::new())
+        .bind(Vec::<String>::new())
+        .bind(Vec::<i64>::new())
+        .bind(Vec::<chrono::DateTime<chrono::Utc>>::new())
         .fetch_one(&mut *tx)
         .await
         .unwrap();
@@ -699,5 +704,158 @@ async fn a_row_below_the_floor_from_a_later_transaction_is_still_delivered() {
     .await
     .unwrap();
     assert_eq!(drain(&store, &m, &parts).await, vec![slipped.id]);
+    teardown(&pool, &schema).await;
+}
+
+/// Publishes a backlog the way a relay does on a hot key: each batch is read ahead while the
+/// one before it is "published", then adopted once that one is recorded. Batches read ahead
+/// continue exactly where the pending ones end: every row arrives once, each key in order,
+/// including rows committed while a window was open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_read_ahead_continue_the_pending_ones_and_deliver_every_row_once_in_order() {
+    let (pool, schema, store) = setup("eng_ahead").await;
+    for t in 0..5u32 {
+        let rows: Vec<_> = (0..400u32)
+            .map(|i| msg(if i % 4 == 0 { "cold" } else { "hot" }, t * 400 + i))
+            .collect();
+        store.insert(&rows).await.unwrap();
+    }
+    let m = MemberId::random("m");
+    let parts = store.rebalance(&m, Duration::from_secs(30)).await.unwrap();
+    let limits = ClaimLimits::rows(150);
+    let (mut seen, mut batch, mut empty, mut adopted, mut round) =
+        (Vec::new(), Vec::new(), 0, 0, 0);
+    while empty < 2 {
+        if batch.is_empty() {
+            batch = store
+                .claim(&m, &parts, limits, OnFailed::Block)
+                .await
+                .unwrap();
+            if batch.is_empty() {
+                empty += 1;
+                continue;
+            }
+        }
+        empty = 0;
+        round += 1;
+        if round == 3 {
+            let later: Vec<_> = (0..50).map(|i| msg("hot", 10_000 + i)).collect();
+            store.insert(&later).await.unwrap();
+        }
+        let ahead = store
+            .claim_ahead(&m, &parts, limits, OnFailed::Block)
+            .await
+            .unwrap();
+        let outcomes: Vec<_> = batch
+            .iter()
+            .map(|r| Outcome::Published { seq: r.seq })
+            .collect();
+        store.complete(&m, &outcomes).await.unwrap();
+        seen.append(&mut batch);
+        if !ahead.is_empty() {
+            assert!(
+                store.adopt_ahead(&m).await,
+                "a batch recorded in full as read ahead is followed"
+            );
+            adopted += 1;
+            batch = ahead;
+        }
+    }
+    let total: i64 = sqlx::query_scalar(&schema.render("SELECT count(*) FROM {schema}.outbox"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(seen.len() as i64, total, "every row once");
+    let ids: std::collections::HashSet<_> = seen.iter().map(|m| m.id).collect();
+    assert_eq!(ids.len(), seen.len(), "no row twice");
+    for key in ["hot", "cold"] {
+        let seqs: Vec<i64> = seen
+            .iter()
+            .filter(|m| m.aggregate_id == key)
+            .map(|m| m.seq)
+            .collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{key} in order");
+    }
+    assert!(
+        adopted >= 5,
+        "the backlog was read ahead ({adopted} batches)"
+    );
+    teardown(&pool, &schema).await;
+}
+
+/// A batch read ahead is dropped, never published, when the batch before it was not recorded
+/// as the read assumed (a message retried) or when a claim came in between; what it held is
+/// then claimed again, in key order behind the retried message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_read_ahead_is_dropped_unless_the_one_before_was_all_published() {
+    let (pool, schema, store) = setup("eng_ahead_drop").await;
+    let rows: Vec<_> = (0..300).map(|i| msg("hot", i)).collect();
+    store.insert(&rows).await.unwrap();
+    let m = MemberId::random("m");
+    let parts = store.rebalance(&m, Duration::from_secs(30)).await.unwrap();
+    let limits = ClaimLimits::rows(100);
+    let first = store
+        .claim(&m, &parts, limits, OnFailed::Block)
+        .await
+        .unwrap();
+    let ahead = store
+        .claim_ahead(&m, &parts, limits, OnFailed::Block)
+        .await
+        .unwrap();
+    assert_eq!((first.len(), ahead.len()), (100, 100));
+    assert!(
+        ahead[0].seq > first[99].seq,
+        "it continues after the pending batch"
+    );
+    // The head is retried; a relay tries no later message of its key.
+    store
+        .complete(
+            &m,
+            &[Outcome::Retry {
+                seq: first[0].seq,
+                error: "broker said no".into(),
+                delay: Duration::ZERO,
+            }],
+        )
+        .await
+        .unwrap();
+    assert!(!store.adopt_ahead(&m).await, "not recorded as assumed");
+    // A claim in between drops a read ahead too.
+    let ahead = store
+        .claim_ahead(&m, &parts, limits, OnFailed::Block)
+        .await
+        .unwrap();
+    assert!(ahead.is_empty(), "nothing is pending to follow");
+    let all = drain(&store, &m, &parts).await;
+    let expected: Vec<_> = sqlx::query_scalar::<_, uuid::Uuid>(
+        &schema.render("SELECT id FROM {schema}.outbox ORDER BY seq"),
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(all, expected, "every message once, in key order");
+    // After a plain claim, a read ahead taken before it is not adopted.
+    let more: Vec<_> = (0..300).map(|i| msg("hot", 1000 + i)).collect();
+    store.insert(&more).await.unwrap();
+    let a = store
+        .claim(&m, &parts, limits, OnFailed::Block)
+        .await
+        .unwrap();
+    let b = store
+        .claim_ahead(&m, &parts, limits, OnFailed::Block)
+        .await
+        .unwrap();
+    assert!(!a.is_empty() && !b.is_empty());
+    let again = store
+        .claim(&m, &parts, limits, OnFailed::Block)
+        .await
+        .unwrap();
+    assert_eq!(again.first().map(|x| x.seq), a.first().map(|x| x.seq));
+    let outcomes: Vec<_> = again
+        .iter()
+        .map(|r| Outcome::Published { seq: r.seq })
+        .collect();
+    store.complete(&m, &outcomes).await.unwrap();
+    assert!(!store.adopt_ahead(&m).await, "a claim came in between");
     teardown(&pool, &schema).await;
 }
