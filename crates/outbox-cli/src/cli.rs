@@ -206,6 +206,10 @@ pub struct RelayArgs {
     /// Poll only (the default). Env: OUTBOX_LISTEN=false.
     #[arg(long)]
     pub no_listen: bool,
+    /// Claim each batch only after the one before it is recorded, instead of reading it while
+    /// a full batch is published (the default). Env: OUTBOX_READ_AHEAD=false.
+    #[arg(long)]
+    pub no_read_ahead: bool,
     /// How long storage every relay has passed is kept before it is dropped (default 7d).
     /// Env: OUTBOX_RETENTION.
     #[arg(long, value_name = "DURATION")]
@@ -360,6 +364,10 @@ pub struct BenchArgs {
     /// Accepted for old scripts: polling is now the default.
     #[arg(long, hide = true, conflicts_with = "listen")]
     pub no_listen: bool,
+    /// Relays claim each batch only after the one before it is recorded (see `outbox relay
+    /// --no-read-ahead`): the baseline the read ahead is measured against.
+    #[arg(long)]
+    pub no_read_ahead: bool,
     /// The relay's poll interval (default: the relay's own default).
     #[arg(long, value_name = "DURATION")]
     pub poll_interval: Option<Dur>,

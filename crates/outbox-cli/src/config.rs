@@ -141,6 +141,8 @@ pub struct RelaySection {
     pub poll_interval: Option<Dur>,
     /// LISTEN/NOTIFY wake-ups (needs `outbox migrate --notify`).
     pub listen: Option<bool>,
+    /// Read the next batch while a full one is published.
+    pub read_ahead: Option<bool>,
     /// How long passed storage is kept.
     pub retention: Option<Dur>,
     /// Partition lease.
@@ -505,6 +507,8 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     } else {
         pick(None, &["OUTBOX_LISTEN"], f.listen)?.unwrap_or(defaults.listen)
     };
+    let read_ahead = !args.no_read_ahead
+        && pick(None, &["OUTBOX_READ_AHEAD"], f.read_ahead)?.unwrap_or(defaults.read_ahead);
     let retention = pick(args.retention, &["OUTBOX_RETENTION"], f.retention)?
         .map_or(defaults.retention, |d| d.0);
     let lease = pick(args.lease, &["OUTBOX_LEASE"], f.lease)?.map_or(defaults.lease, |d| d.0);
@@ -579,6 +583,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
             on_failed,
             breaker_threshold: defaults.breaker_threshold,
             member_prefix: member_prefix(),
+            read_ahead,
         },
     })
 }

@@ -67,6 +67,9 @@ pub struct RelayConfig {
     pub breaker_threshold: u32,
     /// Prefix of member ids (host and process id by default), for `outbox status`.
     pub member_prefix: String,
+    /// Whether a worker reads its next batch while a full one is being published (on by
+    /// default; see `Store::claim_ahead`). Off, every claim waits for the batch before it.
+    pub read_ahead: bool,
 }
 
 impl Default for RelayConfig {
@@ -87,6 +90,7 @@ impl Default for RelayConfig {
             on_failed: OnFailed::Block,
             breaker_threshold: crate::breaker::DEFAULT_THRESHOLD,
             member_prefix: format!("relay-{}", std::process::id()),
+            read_ahead: true,
         }
     }
 }
@@ -100,8 +104,9 @@ impl RelayConfig {
     }
 
     /// Payload bytes one worker's claim may hand out: an even share of `batch_bytes`. A worker
-    /// holds one batch at a time, so the process holds at most `batch_bytes` of payloads (plus,
-    /// per worker, one payload larger than its share, which goes through alone).
+    /// holds one batch at a time, and the next one read ahead only within what the first leaves
+    /// of that share, so the process holds at most `batch_bytes` of payloads (plus, per worker,
+    /// one payload larger than its share, which goes through alone).
     pub fn claim_bytes(&self) -> usize {
         (self.batch_bytes / self.workers.max(1)).max(1)
     }

@@ -110,7 +110,13 @@ impl Worker {
         let mut reported = CircuitState::Closed;
         // Wait before the next claim; doubles while claims come back empty.
         let mut poll = Duration::ZERO;
+        // The batch read while the last one was published, and the partitions it was read
+        // for: published next if the store adopts it (see `Store::claim_ahead`).
+        let mut ahead: Option<(Vec<i32>, Vec<Message>)> = None;
         while !self.shutdown.is_cancelled() {
+            // Kept only by an iteration that goes straight on to claim: a pause, a rebalance
+            // failure or a wait for the breaker drops it.
+            let read_before = ahead.take();
             let now = Instant::now();
             if now >= lease.next_rebalance || lease.valid_until <= now + self.cfg.lease_margin() {
                 match self
@@ -182,20 +188,29 @@ impl Worker {
             };
             self.wake.borrow_and_update();
             let t_claim = Instant::now();
-            let claimed = self
-                .store_call(
-                    "claim",
-                    self.store.claim(
-                        &self.id,
-                        &lease.partitions,
-                        ClaimLimits {
-                            rows: limit,
-                            bytes: self.cfg.claim_bytes(),
-                        },
-                        self.cfg.on_failed,
-                    ),
-                )
-                .await;
+            let limits = ClaimLimits {
+                rows: limit,
+                bytes: self.cfg.claim_bytes(),
+            };
+            let claimed = match read_before {
+                // Read for the same partitions, the circuit still closed, and the batch before
+                // it recorded as the read assumed: publish it without claiming.
+                Some((parts, messages))
+                    if permit == Permit::Proceed
+                        && parts == lease.partitions
+                        && self.store.adopt_ahead(&self.id).await =>
+                {
+                    Ok(messages)
+                }
+                _ => {
+                    self.store_call(
+                        "claim",
+                        self.store
+                            .claim(&self.id, &lease.partitions, limits, self.cfg.on_failed),
+                    )
+                    .await
+                }
+            };
             RelayMetrics::add(&self.metrics.claims, 1);
             RelayMetrics::add(
                 &self.metrics.claim_micros,
@@ -230,10 +245,45 @@ impl Worker {
             };
             RelayMetrics::add(&self.metrics.batches, 1);
             let t_publish = Instant::now();
-            let Published {
-                mut outcomes,
-                unavailable,
-            } = self.publish(&batch, &mut lease, &permits).await;
+            // A full batch means a backlog: read the next batch while this one is published,
+            // so a hot key's claims cost no time of their own. Within the bytes this batch
+            // leaves of the worker's share, so both together stay within it; not at all when
+            // that is under half (large payloads: the read would come back short anyway).
+            let held: usize = batch.iter().map(|m| m.payload.len()).sum();
+            let ahead_limits = ClaimLimits {
+                rows: limit,
+                bytes: limits.bytes.saturating_sub(held),
+            };
+            let read_ahead = self.cfg.read_ahead
+                && permit == Permit::Proceed
+                && batch.len() >= limit
+                && ahead_limits.bytes >= limits.bytes / 2;
+            let parts = lease.partitions.clone();
+            let (
+                Published {
+                    mut outcomes,
+                    unavailable,
+                },
+                next,
+            ) = tokio::join!(self.publish(&batch, &mut lease, &permits), async {
+                if !read_ahead {
+                    return Ok(Vec::new());
+                }
+                self.store_call(
+                    "claim ahead",
+                    self.store
+                        .claim_ahead(&self.id, &parts, ahead_limits, self.cfg.on_failed),
+                )
+                .await
+            });
+            ahead = match next {
+                Ok(messages) if !messages.is_empty() => Some((parts, messages)),
+                Ok(_) => None,
+                Err(error) => {
+                    debug!(member = %self.id, %error, "reading ahead failed; the next batch is claimed");
+                    None
+                }
+            };
             self.report_circuit(&mut reported).await;
             // A probe that never reached its broker (no row for that lane, a malformed row, a
             // short lease) must not leave the circuit waiting for its verdict.

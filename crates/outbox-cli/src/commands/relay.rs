@@ -74,6 +74,7 @@ pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCod
             "workers": r.workers,
             "poll_interval": humantime::format_duration(r.poll_interval).to_string(),
             "listen": r.listen,
+            "read_ahead": r.read_ahead,
             "lease": humantime::format_duration(r.lease).to_string(),
             "store_timeout": humantime::format_duration(r.store_timeout).to_string(),
             "max_attempts": r.retry.max_attempts,

@@ -49,7 +49,7 @@ impl RelayUnderTest {
         let options =
             outbox_postgres::connect_options(&ctx.db)?.application_name(&application_name);
         let pool = PgPoolOptions::new()
-            .max_connections(ctx.args.workers.max(1) as u32 + 3)
+            .max_connections(ctx.args.workers.max(1) as u32 * 2 + 2)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
@@ -110,6 +110,7 @@ fn config(ctx: &Ctx, destination: DestinationTemplate) -> RelayConfig {
         batch_size: ctx.args.batch_size,
         workers: ctx.args.workers,
         listen: ctx.args.listen,
+        read_ahead: !ctx.args.no_read_ahead,
         poll_interval: ctx
             .args
             .poll_interval
