@@ -217,6 +217,15 @@ fn int8(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// One field of the windows a read ahead continues, as an array parameter aligned with the
+/// claim's partitions (NULL where there is nothing to continue).
+fn column<T>(
+    follow: &[Option<&NewPosition>],
+    field: impl Fn(&NewPosition) -> Option<T>,
+) -> Vec<Option<T>> {
+    follow.iter().map(|f| f.and_then(&field)).collect()
+}
+
 /// A PostgreSQL outbox in one schema.
 pub struct PgStore {
     pool: PgPool,
@@ -447,30 +456,10 @@ impl PgStore {
             .bind(self.parked_cap)
             .bind(int8(read.bytes))
             .bind(read.first_alone)
-            .bind(
-                follow
-                    .iter()
-                    .map(|f| f.map(|n| n.cursor))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                follow
-                    .iter()
-                    .map(|f| f.and_then(|n| n.cur.clone()))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                follow
-                    .iter()
-                    .map(|f| f.and_then(|n| n.cur_floor))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                follow
-                    .iter()
-                    .map(|f| f.and_then(|n| n.cur_at))
-                    .collect::<Vec<_>>(),
-            )
+            .bind(column(&follow, |n| Some(n.cursor)))
+            .bind(column(&follow, |n| n.cur.clone()))
+            .bind(column(&follow, |n| n.cur_floor))
+            .bind(column(&follow, |n| n.cur_at))
             .fetch(&mut *tx);
         let mut messages = Vec::new();
         let mut seq_high = read.floor_hint;
@@ -871,8 +860,12 @@ impl Store for PgStore {
         }
         for w in read.ticket.windows.values_mut() {
             if let Some(p) = follow.get(&w.partition) {
-                // The running total and the window's bound as the pending batch records them
-                // (the table may not hold that position yet).
+                // The running total as the pending batch records it (the table may not hold
+                // that position yet), and the window's bound when it had one. A window the
+                // pending batch opened has none yet (its recording transaction's id becomes
+                // it): this batch's record then sets its own id, later but as valid, since
+                // any id assigned after `cur` was taken bounds it (the next window's A1 range
+                // is a batch longer, nothing more).
                 w.published = p.published;
                 if p.cur_bound.is_some() {
                     w.cur_bound = p.cur_bound.clone();

@@ -859,3 +859,49 @@ async fn a_batch_read_ahead_is_dropped_unless_the_one_before_was_all_published()
     assert!(!store.adopt_ahead(&m).await, "a claim came in between");
     teardown(&pool, &schema).await;
 }
+
+/// A member whose lease ran out while it published a batch records nothing (fenced), and the
+/// batch it read ahead meanwhile is then never adopted: the new owner serves those rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_read_ahead_is_not_adopted_after_the_partitions_changed_owner() {
+    let (pool, schema, store) = setup("eng_ahead_fence").await;
+    let rows: Vec<_> = (0..300).map(|i| msg("hot", i)).collect();
+    store.insert(&rows).await.unwrap();
+    let lease = Duration::from_secs(1);
+    let (m, m2) = (MemberId::random("m"), MemberId::random("m2"));
+    let parts = store.rebalance(&m, lease).await.unwrap();
+    let limits = ClaimLimits::rows(100);
+    let first = store
+        .claim(&m, &parts, limits, OnFailed::Block)
+        .await
+        .unwrap();
+    let ahead = store
+        .claim_ahead(&m, &parts, limits, OnFailed::Block)
+        .await
+        .unwrap();
+    assert!(!first.is_empty() && !ahead.is_empty());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Silent for longer than the lease, `m` is forgotten and `m2` takes every partition.
+    let taken = store.rebalance(&m2, lease).await.unwrap();
+    assert_eq!(
+        taken.len(),
+        parts.len(),
+        "the other member took every partition"
+    );
+    let outcomes: Vec<_> = first
+        .iter()
+        .map(|r| Outcome::Published { seq: r.seq })
+        .collect();
+    assert_eq!(store.complete(&m, &outcomes).await.unwrap(), 0, "fenced");
+    assert!(
+        !store.adopt_ahead(&m).await,
+        "the batch before it was not recorded"
+    );
+    // The new owner starts from the last recorded position: the first batch again.
+    let again = store
+        .claim(&m2, &taken, limits, OnFailed::Block)
+        .await
+        .unwrap();
+    assert_eq!(again.first().map(|x| x.id), first.first().map(|x| x.id));
+    teardown(&pool, &schema).await;
+}

@@ -192,7 +192,7 @@ impl Worker {
                 rows: limit,
                 bytes: self.cfg.claim_bytes(),
             };
-            let claimed = match read_before {
+            let adopted = match read_before {
                 // Read for the same partitions, the circuit still closed, and the batch before
                 // it recorded as the read assumed: publish it without claiming.
                 Some((parts, messages))
@@ -200,22 +200,32 @@ impl Worker {
                         && parts == lease.partitions
                         && self.store.adopt_ahead(&self.id).await =>
                 {
-                    Ok(messages)
+                    Some(messages)
                 }
-                _ => {
-                    self.store_call(
-                        "claim",
-                        self.store
-                            .claim(&self.id, &lease.partitions, limits, self.cfg.on_failed),
-                    )
-                    .await
+                // Dropped before a claim brings another batch: the two never share memory.
+                other => {
+                    drop(other);
+                    None
                 }
             };
-            RelayMetrics::add(&self.metrics.claims, 1);
-            RelayMetrics::add(
-                &self.metrics.claim_micros,
-                u64::try_from(t_claim.elapsed().as_micros()).unwrap_or(u64::MAX),
-            );
+            let claimed = match adopted {
+                Some(messages) => Ok(messages),
+                None => {
+                    let claimed = self
+                        .store_call(
+                            "claim",
+                            self.store.claim(
+                                &self.id,
+                                &lease.partitions,
+                                limits,
+                                self.cfg.on_failed,
+                            ),
+                        )
+                        .await;
+                    self.count_claim(t_claim);
+                    claimed
+                }
+            };
             let batch = match claimed {
                 Ok(b) => {
                     backoff.ok(&self.id);
@@ -269,12 +279,25 @@ impl Worker {
                 if !read_ahead {
                     return Ok(Vec::new());
                 }
-                self.store_call(
-                    "claim ahead",
+                // The batch is recorded only once this read returns: bound it well inside the
+                // lease margin, so a slow read ahead cannot let the lease of a published batch
+                // lapse before it is recorded (a read dropped mid-way changes nothing).
+                let t = Instant::now();
+                let budget = self.cfg.store_timeout.min(self.cfg.lease_margin() / 2);
+                let read = tokio::time::timeout(
+                    budget,
                     self.store
                         .claim_ahead(&self.id, &parts, ahead_limits, self.cfg.on_failed),
                 )
                 .await
+                .unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorKind::Timeout,
+                        format!("store claim ahead: no answer within {budget:?}; abandoned"),
+                    ))
+                });
+                self.count_claim(t);
+                read
             });
             ahead = match next {
                 Ok(messages) if !messages.is_empty() => Some((parts, messages)),
@@ -313,6 +336,16 @@ impl Worker {
         } else {
             debug!(member = %self.id, "partitions released");
         }
+    }
+
+    /// Counts a claim statement begun at `started` (a read ahead included; a batch adopted from
+    /// one is no claim of its own).
+    fn count_claim(&self, started: Instant) {
+        RelayMetrics::add(&self.metrics.claims, 1);
+        RelayMetrics::add(
+            &self.metrics.claim_micros,
+            u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        );
     }
 
     /// How often to heartbeat and rebalance: at most every second, so a new member gets its
