@@ -143,8 +143,16 @@ struct MemberState {
     mean_payload: Option<usize>,
     /// The batch read ahead of the pending one, until adopted or dropped.
     ahead: Option<Ahead>,
-    /// Whether the pending batch was recorded exactly as `ahead` assumed (set by `complete`).
-    ahead_valid: bool,
+}
+
+impl MemberState {
+    /// Keeps what a claim's reads measured for the next claim: the seq floor, the partitions
+    /// that had rows, the mean payload size.
+    fn remember(&mut self, read: &ClaimRead) {
+        self.floor_hint = read.seq_high;
+        self.active = read.active_now.max(1);
+        self.mean_payload = read.mean_now.or(self.mean_payload);
+    }
 }
 
 /// A batch read ahead ([`Store::claim_ahead`]): its ticket, and the positions the batch before
@@ -152,6 +160,8 @@ struct MemberState {
 struct Ahead {
     ticket: Ticket,
     expected: Vec<NewPosition>,
+    /// Set by `complete`: the batch before it was recorded exactly as `expected` says.
+    recorded: bool,
 }
 
 /// What one claim read, before it becomes the member's claim.
@@ -780,33 +790,22 @@ impl Store for PgStore {
         on_failed: OnFailed,
     ) -> Result<Vec<Message>> {
         // A claim replaces whatever was read ahead.
-        self.state(member, |s| {
-            s.ahead = None;
-            s.ahead_valid = false;
-        });
-        let Some(ClaimRead {
-            messages,
-            ticket,
-            seq_high,
-            active_now,
-            mean_now,
-            idle_due,
-        }) = self
+        self.state(member, |s| s.ahead = None);
+        let Some(mut read) = self
             .read_claim(member, partitions, limits, on_failed, None)
             .await?
         else {
             return Ok(Vec::new());
         };
+        let messages = std::mem::take(&mut read.messages);
         if messages.is_empty() {
             // Nothing to send, but held rows must be parked and passed windows recorded,
             // else the next claim would read them again.
-            let idle = idle_due && ticket.rows.is_empty();
-            let plan = ticket.plan(&[], idle);
+            let idle = read.idle_due && read.ticket.rows.is_empty();
+            let plan = read.ticket.plan(&[], idle);
             self.state(member, |s| {
-                s.floor_hint = seq_high;
-                s.active = active_now.max(1);
+                s.remember(&read);
                 s.ticket = None;
-                s.mean_payload = mean_now.or(s.mean_payload);
                 if idle {
                     s.last_idle_advance = Some(Instant::now());
                 }
@@ -817,10 +816,8 @@ impl Store for PgStore {
             return Ok(messages);
         }
         self.state(member, |s| {
-            s.floor_hint = seq_high;
-            s.active = active_now.max(1);
-            s.ticket = Some(ticket);
-            s.mean_payload = mean_now.or(s.mean_payload);
+            s.remember(&read);
+            s.ticket = Some(read.ticket);
         });
         Ok(messages)
     }
@@ -834,7 +831,6 @@ impl Store for PgStore {
     ) -> Result<Vec<Message>> {
         let pending = self.state(member, |s| {
             s.ahead = None;
-            s.ahead_valid = false;
             s.ticket.clone()
         });
         // Only a batch that parks nothing and leaves every window it read open can be followed
@@ -874,12 +870,11 @@ impl Store for PgStore {
         }
         let messages = std::mem::take(&mut read.messages);
         self.state(member, |s| {
-            s.floor_hint = read.seq_high;
-            s.active = read.active_now.max(1);
-            s.mean_payload = read.mean_now.or(s.mean_payload);
+            s.remember(&read);
             s.ahead = Some(Ahead {
                 ticket: read.ticket,
                 expected,
+                recorded: false,
             });
         });
         Ok(messages)
@@ -887,12 +882,11 @@ impl Store for PgStore {
 
     async fn adopt_ahead(&self, member: &MemberId) -> bool {
         self.state(member, |s| {
-            let valid = std::mem::take(&mut s.ahead_valid);
             match s.ahead.take() {
                 // Still owned at the epochs it was read at (a lease lost and taken back
                 // meanwhile has a new epoch, and a new owner may have moved on).
                 Some(a)
-                    if valid
+                    if a.recorded
                         && s.ticket.is_none()
                         && a.ticket
                             .windows
@@ -933,10 +927,9 @@ impl Store for PgStore {
             && plan.retried.is_empty()
             && plan.positions.iter().all(|p| passed.contains(&p.partition));
         self.state(member, |s| {
-            s.ahead_valid = in_full
-                && s.ahead
-                    .as_ref()
-                    .is_some_and(|a| a.expected == plan.positions);
+            if let Some(a) = s.ahead.as_mut() {
+                a.recorded = in_full && a.expected == plan.positions;
+            }
         });
         Ok(passed
             .iter()
