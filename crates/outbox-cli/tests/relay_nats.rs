@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{header, payload_json, World};
 use outbox_core::{NewMessage, Sink, Store};
-use outbox_relay::Relay;
+use outbox_relay::{Relay, RelayMetrics};
 use outbox_sinks::nats::{NatsConfig, NatsSink};
 use outbox_testkit::sinks::{FlakySink, RecordingSink};
 use tokio_util::sync::CancellationToken;
@@ -597,4 +597,35 @@ async fn a_failure_inside_a_keys_run_parks_the_rest_of_the_key_whatever_the_sink
     let s = w.stats().await;
     assert_eq!((s.failed, s.published), (0, 200));
     w.drop_all().await;
+}
+
+/// A backlog of full batches is read ahead: batches are published from reads made while the
+/// one before was being published, and every message still arrives once, in key order. With
+/// `read_ahead` off, no batch is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_is_read_ahead_and_still_arrives_once_in_key_order() {
+    for read_ahead in [true, false] {
+        let w = World::new().await;
+        let (keys, per_key) = (3, 600);
+        w.store().insert(&workload(keys, per_key)).await.unwrap();
+        let mut cfg = w.relay_config();
+        cfg.batch_size = 100;
+        cfg.read_ahead = read_ahead;
+        let relay = Relay::new(w.dyn_store(), Arc::new(nats().await), cfg);
+        let metrics = relay.metrics();
+        let (stop, h) = spawn(relay);
+        w.wait_drained(Duration::from_secs(60)).await;
+        stop.cancel();
+        h.await.unwrap();
+        let adopted = RelayMetrics::get(&metrics.read_ahead);
+        if read_ahead {
+            assert!(adopted > 0, "no batch was read ahead");
+        } else {
+            assert_eq!(adopted, 0, "read ahead while turned off");
+        }
+        let got = w.read_all(keys * per_key, Duration::from_secs(60)).await;
+        assert_eq!(got.len(), keys * per_key);
+        assert_complete_and_ordered(&got, keys, per_key);
+        w.drop_all().await;
+    }
 }

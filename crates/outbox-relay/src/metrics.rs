@@ -17,8 +17,10 @@ pub struct RelayMetrics {
     pub batches: AtomicU64,
     /// Outcomes the store refused because the partition changed owner (fenced).
     pub fenced: AtomicU64,
-    /// Claim statements run (empty ones included).
+    /// Claim statements run (empty ones and reads ahead included).
     pub claims: AtomicU64,
+    /// Batches published from a read ahead, with no claim of their own (`Store::claim_ahead`).
+    pub read_ahead: AtomicU64,
     /// Time spent in claims, in microseconds, summed: `claim_micros / claims` is the mean claim
     /// cost, which `outbox bench --mode idle-tx` compares at the start and end of a run.
     pub claim_micros: AtomicU64,

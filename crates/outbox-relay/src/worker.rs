@@ -209,7 +209,10 @@ impl Worker {
                 }
             };
             let claimed = match adopted {
-                Some(messages) => Ok(messages),
+                Some(messages) => {
+                    RelayMetrics::add(&self.metrics.read_ahead, 1);
+                    Ok(messages)
+                }
                 None => {
                     let claimed = self
                         .store_call(
