@@ -212,7 +212,9 @@ async fn sink_drain_in(
     let missing = probe.drain(Duration::from_secs(120)).await;
     let latency = probe.finish().await;
     if missing > 0 {
-        anyhow::bail!("the sink's reader misses {missing} of {rows} messages");
+        anyhow::bail!(
+            "the sink's reader misses {missing} of {rows} messages (none arrived for 120 s)"
+        );
     }
     Ok(Drain {
         events: rows as u64,

@@ -25,6 +25,9 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+/// Longest [`Probe::drain`] waits for a reader that keeps making progress.
+const READ_BACK_LIMIT: Duration = Duration::from_secs(1800);
+
 /// Percentiles of the matched samples, and how trustworthy they are.
 #[derive(Debug, Clone, Serialize)]
 pub struct LatencyFigures {
@@ -243,13 +246,24 @@ impl Probe {
         self.latency.clone()
     }
 
-    /// Waits until every recorded commit was received, or `limit` passed; returns how many
-    /// are still outstanding (0 when all arrived).
-    pub async fn drain(&self, limit: Duration) -> u64 {
-        let deadline = Instant::now() + limit;
+    /// Waits until every recorded commit was received, or nothing more arrived for `stall`, or
+    /// [`READ_BACK_LIMIT`] passed; returns how many are still outstanding (0 when all arrived).
+    ///
+    /// A reader slower than the relay (an emulator serving the reads, an SNS fan-out to a
+    /// queue) is given the time it needs while it makes progress; a missing message still ends
+    /// the wait after `stall`.
+    pub async fn drain(&self, stall: Duration) -> u64 {
+        let give_up = Instant::now() + READ_BACK_LIMIT;
+        let mut last = self.latency.outstanding();
+        let mut last_progress = Instant::now();
         loop {
             let left = self.latency.outstanding();
-            if left == 0 || Instant::now() >= deadline {
+            let now = Instant::now();
+            if left < last {
+                last = left;
+                last_progress = now;
+            }
+            if left == 0 || now >= give_up || now >= last_progress + stall {
                 return left;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
