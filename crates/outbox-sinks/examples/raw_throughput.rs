@@ -1,13 +1,16 @@
-//! Raw throughput of the broker clients behind the NATS, RabbitMQ, Redis, MQTT and HTTP sinks,
-//! and of the sinks themselves, with 200-byte messages on this machine: what the sink can hope
-//! for at best.
+//! Raw throughput of the broker clients behind the NATS, RabbitMQ, Redis, MQTT, HTTP, SQS and
+//! SNS sinks, and of the sinks themselves, with 200-byte messages on this machine: what the sink
+//! can hope for at best.
 //!
 //! ```sh
-//! cargo run --release -p outbox-sinks --example raw_throughput -- [nats|amqp|redis|mqtt|http|all] [N]
+//! cargo run --release -p outbox-sinks --example raw_throughput -- [nats|amqp|redis|mqtt|http|sqs|sns|all] [N]
 //! ```
 //!
 //! Uses the servers of `../shared/services.md` (override with `NATS_URL`, `AMQP_URL`,
-//! `REDIS_URL`, `MQTT_URL`), and names of its own with a random suffix, deleted afterwards.
+//! `REDIS_URL`, `MQTT_URL`, `SQS_URL`, `SNS_URL`: the sink URLs, e.g.
+//! `sqs://?region=us-east-1&endpoint=http://127.0.0.1:4567` for LocalStack), and names of its
+//! own with a random suffix, deleted afterwards. `all` leaves SQS and SNS out: moto, the
+//! emulator the tests use, slows down with every message a queue holds (`docs/sinks.md`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -66,6 +69,18 @@ async fn through_sink(what: &str, sink: &dyn Sink, destination: &str, n: usize) 
     rate(what, n, started.elapsed());
 }
 
+/// `n` messages through `sink` one per call, each after the previous one's answer: what the
+/// relay does for one hot key when the sink does not order keys itself.
+async fn one_by_one(what: &str, sink: &dyn Sink, destination: &str, n: usize) {
+    let all = envelopes(destination, n);
+    let started = Instant::now();
+    for e in all.chunks(1) {
+        let results = sink.publish(e).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+    }
+    rate(what, n, started.elapsed());
+}
+
 /// JetStream into a file-storage stream with a duplicate window, as `outbox bench` drains into:
 /// the async-nats client alone (every message's ack awaited, 1,000 in flight), then `NatsSink`.
 async fn nats(n: usize) {
@@ -110,6 +125,28 @@ async fn nats(n: usize) {
         n,
     )
     .await;
+    one_by_one(
+        "NatsSink::publish, one message per call",
+        &sink,
+        &format!("{name}.sink"),
+        n / 20,
+    )
+    .await;
+    let started = Instant::now();
+    for _ in 0..n / 20 {
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-Msg-Id", uuid::Uuid::now_v7().to_string().as_str());
+        js.publish_with_headers(format!("{name}.k"), h, payload.clone())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    rate(
+        "nats: JetStream publish, one ack awaited after another",
+        n / 20,
+        started.elapsed(),
+    );
     let _ = js.delete_stream(&stream).await;
 }
 
@@ -134,35 +171,42 @@ async fn http(n: usize) {
     let url = receiver.url().replace("{destination}", "raw");
     let client = reqwest::Client::new();
     let payload = bytes::Bytes::from(vec![b'x'; PAYLOAD]);
+    let post = || {
+        let (client, url, payload, key) = (&client, &url, payload.clone(), &key);
+        async move {
+            let id = uuid::Uuid::now_v7().to_string();
+            let ts = chrono::Utc::now().timestamp();
+            let sig = outbox_sinks::http::sign::signature(key, &id, ts, &payload);
+            let r = client
+                .post(url)
+                .header("outbox-message-id", &id)
+                .header("webhook-id", &id)
+                .header("webhook-timestamp", ts.to_string())
+                .header("webhook-signature", sig)
+                .body(payload)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success());
+        }
+    };
     let started = Instant::now();
-    let posts: Vec<_> = (0..n)
-        .map(|_| {
-            let (client, url, payload, key) = (&client, &url, payload.clone(), &key);
-            async move {
-                let id = uuid::Uuid::now_v7().to_string();
-                let ts = chrono::Utc::now().timestamp();
-                let sig = outbox_sinks::http::sign::signature(key, &id, ts, &payload);
-                let r = client
-                    .post(url)
-                    .header("outbox-message-id", &id)
-                    .header("webhook-id", &id)
-                    .header("webhook-timestamp", ts.to_string())
-                    .header("webhook-signature", sig)
-                    .body(payload)
-                    .send()
-                    .await
-                    .unwrap();
-                assert!(r.status().is_success());
-            }
-        })
-        .collect();
-    futures::stream::iter(posts)
+    futures::stream::iter((0..n).map(|_| post()))
         .buffer_unordered(32)
         .collect::<Vec<()>>()
         .await;
     rate(
         "http: reqwest POST, signed, 32 in flight",
         n,
+        started.elapsed(),
+    );
+    let started = Instant::now();
+    for _ in 0..n / 20 {
+        post().await;
+    }
+    rate(
+        "http: reqwest POST, signed, one after another",
+        n / 20,
         started.elapsed(),
     );
     for (what, options) in [
@@ -181,6 +225,13 @@ async fn http(n: usize) {
         )
         .unwrap();
         through_sink(what, &sink, "raw", n).await;
+        one_by_one(
+            &what.replace("calls of 1000", "one message per call"),
+            &sink,
+            "raw",
+            n / 20,
+        )
+        .await;
     }
 }
 
@@ -241,6 +292,32 @@ async fn amqp(n: usize) {
     .await
     .unwrap();
     through_sink("AmqpSink::publish, calls of 1000", &sink, &queue, n).await;
+    one_by_one(
+        "AmqpSink::publish, one message per call",
+        &sink,
+        &queue,
+        n / 20,
+    )
+    .await;
+    let started = Instant::now();
+    for _ in 0..n / 20 {
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                &payload,
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap();
+        assert!(confirm.await.unwrap().is_ack());
+    }
+    rate(
+        "lapin: persistent, one confirm awaited after another",
+        n / 20,
+        started.elapsed(),
+    );
     ch.queue_delete(queue.as_str().into(), Default::default())
         .await
         .unwrap();
@@ -281,8 +358,30 @@ async fn redis(n: usize) {
         )
         .unwrap();
         through_sink(what, &sink, &stream, n).await;
+        one_by_one(
+            &what.replace("calls of 1000", "one message per call"),
+            &sink,
+            &stream,
+            n / 20,
+        )
+        .await;
         let _: () = redis::AsyncCommands::del(&mut c, &stream).await.unwrap();
     }
+    let started = Instant::now();
+    for i in 0..n / 20 {
+        let _: String = redis::cmd("XADD")
+            .arg(&stream)
+            .arg("*")
+            .arg("id")
+            .arg(i)
+            .arg("payload")
+            .arg(&payload[..])
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    rate("redis: XADD, one after another", n / 20, started.elapsed());
+    let _: () = redis::AsyncCommands::del(&mut c, &stream).await.unwrap();
 }
 
 async fn mqtt(n: usize) {
@@ -344,6 +443,13 @@ async fn mqtt(n: usize) {
     let sink = outbox_sinks::mqtt::MqttSink::connect(cfg).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     through_sink("MqttSink::publish, calls of 1000", &sink, &topic, n).await;
+    one_by_one(
+        "MqttSink::publish, one message per call",
+        &sink,
+        &topic,
+        n / 20,
+    )
+    .await;
     // Four calls in flight at once, as four relay workers would.
     let all = envelopes(&topic, n);
     let started = Instant::now();
@@ -359,6 +465,263 @@ async fn mqtt(n: usize) {
         n,
         started.elapsed(),
     );
+}
+
+/// `n` messages for raw batch calls, ten per call: each entry's id in its call and a message id.
+fn aws_ids(n: usize) -> Vec<Vec<(String, String)>> {
+    (0..n)
+        .collect::<Vec<_>>()
+        .chunks(10)
+        .map(|c| {
+            c.iter()
+                .map(|i| (format!("m{i}"), uuid::Uuid::now_v7().to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// A consumer draining the queue at `queue_url` (receive, then delete, as `outbox bench`'s
+/// reader does) until the returned flag is set: one-key rates are measured with and without it,
+/// since each message then costs the service three calls instead of one.
+fn drain_meanwhile(
+    client: &aws_sdk_sqs::Client,
+    queue_url: &str,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<usize>,
+) {
+    use outbox_sinks::read::Reader as _;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut reader = outbox_sinks::sqs::SqsReader::new(
+        client.clone(),
+        queue_url.to_string(),
+        "raw".into(),
+        false,
+    );
+    let flag = stop.clone();
+    let task = tokio::spawn(async move {
+        let mut read = 0;
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            read += reader.poll(Duration::from_secs(1)).await.delivered.len();
+        }
+        read
+    });
+    (stop, task)
+}
+
+/// SQS into a standard queue: the SDK alone (`SendMessageBatch` of ten with the message id
+/// attribute, 32 calls in flight, as the sink sends), then `SqsSink`.
+async fn sqs(n: usize) {
+    use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+    use futures::StreamExt as _;
+    let url = env(
+        "SQS_URL",
+        "sqs://?region=us-east-1&endpoint=http://127.0.0.1:4566",
+    );
+    let client = outbox_sinks::sqs::reader_client(&url).await.unwrap();
+    let name = format!("outbox_raw_{}", suffix());
+    let queue = outbox_sinks::sqs::create_queue(&client, &name, false)
+        .await
+        .unwrap();
+    let body = "x".repeat(PAYLOAD);
+    let started = Instant::now();
+    let calls = aws_ids(n).into_iter().map(|batch| {
+        let (client, queue, body) = (&client, &queue, &body);
+        async move {
+            let entries = batch
+                .into_iter()
+                .map(|(id, message_id)| {
+                    SendMessageBatchRequestEntry::builder()
+                        .id(id)
+                        .message_body(body.clone())
+                        .message_attributes(
+                            "outbox-message-id",
+                            MessageAttributeValue::builder()
+                                .data_type("String")
+                                .string_value(message_id)
+                                .build()
+                                .unwrap(),
+                        )
+                        .build()
+                        .unwrap()
+                })
+                .collect();
+            let out = client
+                .send_message_batch()
+                .queue_url(queue)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .unwrap();
+            assert!(out.failed().is_empty(), "{:?}", out.failed());
+        }
+    });
+    futures::stream::iter(calls)
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+    rate(
+        "aws-sdk-sqs: SendMessageBatch of 10, 32 calls in flight",
+        n,
+        started.elapsed(),
+    );
+    // One key in order: one message per call, each after the previous one's answer.
+    let one = n / 20;
+    let started = Instant::now();
+    for _ in 0..one {
+        client
+            .send_message()
+            .queue_url(&queue)
+            .message_body(&body)
+            .send()
+            .await
+            .unwrap();
+    }
+    rate(
+        "aws-sdk-sqs: SendMessage, one call after another",
+        one,
+        started.elapsed(),
+    );
+    let sink = outbox_sinks::sqs::SqsSink::connect(
+        outbox_sinks::sqs::SqsConfig::sqs_from_url(&format!("{url}&ack_timeout=30s")).unwrap(),
+    )
+    .await
+    .unwrap();
+    through_sink("SqsSink::publish, calls of 1000", &sink, &name, n).await;
+    one_by_one(
+        "SqsSink::publish, one message per call",
+        &sink,
+        &name,
+        n / 20,
+    )
+    .await;
+    let _ = client.purge_queue().queue_url(&queue).send().await;
+    let (stop, reader) = drain_meanwhile(&client, &queue);
+    let started = Instant::now();
+    for _ in 0..one {
+        client
+            .send_message()
+            .queue_url(&queue)
+            .message_body(&body)
+            .send()
+            .await
+            .unwrap();
+    }
+    rate(
+        "aws-sdk-sqs: SendMessage, one after another, a reader draining",
+        one,
+        started.elapsed(),
+    );
+    one_by_one(
+        "SqsSink::publish, one message per call, a reader draining",
+        &sink,
+        &name,
+        one,
+    )
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = reader.await;
+    let _ = client.delete_queue().queue_url(&queue).send().await;
+}
+
+/// SNS into a standard topic with a queue subscribed (raw delivery, as `outbox bench` reads
+/// it): the SDK alone (`PublishBatch` of ten, 32 calls in flight), then `SnsSink`.
+async fn sns(n: usize) {
+    use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
+    use futures::StreamExt as _;
+    let url = env(
+        "SNS_URL",
+        "sns://?region=us-east-1&endpoint=http://127.0.0.1:4566",
+    );
+    let sdk = outbox_sinks::sns::SnsConfig::sns_from_url(&url)
+        .unwrap()
+        .reader_sdk_config()
+        .await
+        .unwrap();
+    let sns = aws_sdk_sns::Client::new(&sdk);
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let name = format!("outbox_raw_{}", suffix());
+    let topic = outbox_sinks::sns::create_topic(&sns, &name, false)
+        .await
+        .unwrap();
+    let queue = outbox_sinks::sqs::create_queue(&sqs, &name, false)
+        .await
+        .unwrap();
+    outbox_sinks::sns::subscribe_queue(&sns, &sqs, &topic, &queue)
+        .await
+        .unwrap();
+    let body = "x".repeat(PAYLOAD);
+    let started = Instant::now();
+    let calls = aws_ids(n).into_iter().map(|batch| {
+        let (sns, topic, body) = (&sns, &topic, &body);
+        async move {
+            let entries = batch
+                .into_iter()
+                .map(|(id, message_id)| {
+                    PublishBatchRequestEntry::builder()
+                        .id(id)
+                        .message(body.clone())
+                        .message_attributes(
+                            "outbox-message-id",
+                            MessageAttributeValue::builder()
+                                .data_type("String")
+                                .string_value(message_id)
+                                .build()
+                                .unwrap(),
+                        )
+                        .build()
+                        .unwrap()
+                })
+                .collect();
+            let out = sns
+                .publish_batch()
+                .topic_arn(topic)
+                .set_publish_batch_request_entries(Some(entries))
+                .send()
+                .await
+                .unwrap();
+            assert!(out.failed().is_empty(), "{:?}", out.failed());
+        }
+    });
+    futures::stream::iter(calls)
+        .buffer_unordered(32)
+        .collect::<Vec<()>>()
+        .await;
+    rate(
+        "aws-sdk-sns: PublishBatch of 10, 32 calls in flight",
+        n,
+        started.elapsed(),
+    );
+    let one = n / 20;
+    let started = Instant::now();
+    for _ in 0..one {
+        sns.publish()
+            .topic_arn(&topic)
+            .message(&body)
+            .send()
+            .await
+            .unwrap();
+    }
+    rate(
+        "aws-sdk-sns: Publish, one call after another",
+        one,
+        started.elapsed(),
+    );
+    let sink = outbox_sinks::sns::SnsSink::connect(
+        outbox_sinks::sns::SnsConfig::sns_from_url(&format!("{url}&ack_timeout=30s")).unwrap(),
+    )
+    .await
+    .unwrap();
+    through_sink("SnsSink::publish, calls of 1000", &sink, &topic, n).await;
+    one_by_one(
+        "SnsSink::publish, one message per call",
+        &sink,
+        &topic,
+        n / 20,
+    )
+    .await;
+    let _ = sns.delete_topic().topic_arn(&topic).send().await;
+    let _ = sqs.delete_queue().queue_url(&queue).send().await;
 }
 
 #[tokio::main]
@@ -380,5 +743,11 @@ async fn main() {
     }
     if matches!(which, "http" | "all") {
         http(n).await;
+    }
+    if which == "sqs" {
+        sqs(n).await;
+    }
+    if which == "sns" {
+        sns(n).await;
     }
 }
