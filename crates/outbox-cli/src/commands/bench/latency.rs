@@ -25,7 +25,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// Longest [`Probe::drain`] waits for a reader that keeps making progress.
+/// Longest [`Latency::wait_received`] waits for a reader that keeps making progress.
 const READ_BACK_LIMIT: Duration = Duration::from_secs(1800);
 
 /// Percentiles of the matched samples, and how trustworthy they are.
@@ -114,6 +114,30 @@ impl Latency {
                     l.committed.insert(id, sent.0);
                 }
             }
+        }
+    }
+
+    /// Waits until every recorded commit was received, or nothing more arrived for `stall`, or
+    /// [`READ_BACK_LIMIT`] passed; returns how many are still outstanding (0 when all arrived).
+    ///
+    /// A reader slower than the relay (an emulator serving the reads, an SNS fan-out to a
+    /// queue) is given the time it needs while it makes progress; a missing message still ends
+    /// the wait after `stall`.
+    pub async fn wait_received(&self, stall: Duration) -> u64 {
+        let give_up = tokio::time::Instant::now() + READ_BACK_LIMIT;
+        let mut last = self.outstanding();
+        let mut last_progress = tokio::time::Instant::now();
+        loop {
+            let left = self.outstanding();
+            let now = tokio::time::Instant::now();
+            if left < last {
+                last = left;
+                last_progress = now;
+            }
+            if left == 0 || now >= give_up || now >= last_progress + stall {
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -246,28 +270,10 @@ impl Probe {
         self.latency.clone()
     }
 
-    /// Waits until every recorded commit was received, or nothing more arrived for `stall`, or
-    /// [`READ_BACK_LIMIT`] passed; returns how many are still outstanding (0 when all arrived).
-    ///
-    /// A reader slower than the relay (an emulator serving the reads, an SNS fan-out to a
-    /// queue) is given the time it needs while it makes progress; a missing message still ends
-    /// the wait after `stall`.
+    /// Waits until every recorded commit was received ([`Latency::wait_received`]); returns
+    /// how many are still outstanding (0 when all arrived).
     pub async fn drain(&self, stall: Duration) -> u64 {
-        let give_up = Instant::now() + READ_BACK_LIMIT;
-        let mut last = self.latency.outstanding();
-        let mut last_progress = Instant::now();
-        loop {
-            let left = self.latency.outstanding();
-            let now = Instant::now();
-            if left < last {
-                last = left;
-                last_progress = now;
-            }
-            if left == 0 || now >= give_up || now >= last_progress + stall {
-                return left;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        self.latency.wait_received(stall).await
     }
 
     /// Stops the consumer; returns the figures.
@@ -287,6 +293,29 @@ impl Drop for Probe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reader that keeps delivering is waited for past `stall`; one that stops is not.
+    #[tokio::test]
+    async fn the_read_back_waits_while_messages_keep_arriving() {
+        let latency = Arc::new(Latency::new());
+        let ids: Vec<Uuid> = (0..4).map(|_| Uuid::now_v7()).collect();
+        latency.committed(ids.clone(), latency.stamp());
+        let feeder = latency.clone();
+        let arriving = ids[..3].to_vec();
+        tokio::spawn(async move {
+            for id in arriving {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                feeder.received(id);
+            }
+        });
+        let started = tokio::time::Instant::now();
+        let left = latency.wait_received(Duration::from_millis(500)).await;
+        // Three arrived 300 ms apart, the last after 900 ms: a fixed 500 ms wait would have
+        // left 3. The fourth never came.
+        assert_eq!(left, 1);
+        assert!(started.elapsed() >= Duration::from_millis(900));
+        assert!(started.elapsed() < READ_BACK_LIMIT);
+    }
 
     #[test]
     fn nearest_rank_percentiles() {
