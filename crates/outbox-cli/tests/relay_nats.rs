@@ -618,8 +618,15 @@ async fn a_backlog_is_read_ahead_and_still_arrives_once_in_key_order() {
         stop.cancel();
         h.await.unwrap();
         let adopted = RelayMetrics::get(&metrics.read_ahead);
+        let batches = RelayMetrics::get(&metrics.batches);
         if read_ahead {
-            assert!(adopted > 0, "no batch was read ahead");
+            // Most batches of a backlog follow one read ahead (not those after a window
+            // closes, nor the first of each worker). The batch of 100 does not divide among the
+            // keys' partitions: each claim must still come back full to count as a backlog.
+            assert!(
+                adopted * 2 >= batches,
+                "only {adopted} of {batches} batches were read ahead"
+            );
         } else {
             assert_eq!(adopted, 0, "read ahead while turned off");
         }

@@ -336,8 +336,11 @@ impl PgStore {
         }
         let rows = rows_to_read(limits, mean);
         // A batch is shared among the partitions that had rows last time: one hot key gets the
-        // whole batch, a thousand keys a slice each.
-        let per_partition = (rows / active.clamp(1, epochs.len())).clamp(1, rows) as i64;
+        // whole batch, a thousand keys a slice each. The slice is rounded up, so that busy
+        // partitions fill the batch (the few rows past it are cut below, highest seqs first):
+        // rounded down, 32 busy partitions and a batch of 1,000 came back with 992 rows, which
+        // the relay reads as "caught up", so it never read ahead and paused after every batch.
+        let per_partition = rows.div_ceil(active.clamp(1, epochs.len())).clamp(1, rows) as i64;
         let block = on_failed == OnFailed::Block;
         let err = |e| map_sqlx_error("claiming pending messages", e);
         // Reads only: the transaction exists to scope the planner settings. READ COMMITTED

@@ -905,3 +905,60 @@ async fn a_batch_read_ahead_is_not_adopted_after_the_partitions_changed_owner() 
     assert_eq!(again.first().map(|x| x.id), first.first().map(|x| x.id));
     teardown(&pool, &schema).await;
 }
+
+/// A batch shared among many busy partitions comes back full: each partition's slice is
+/// rounded up, so a limit that does not divide among them (here 3 per partition and one more)
+/// is still reached. Rounded down, every batch came back short, which the relay reads as
+/// "caught up": it then never read ahead and paused after every batch. The rows past the limit
+/// are handed out by the next claims, every row once and each key in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_shared_among_busy_partitions_comes_back_full() {
+    let (pool, schema, store) = setup("eng_full").await;
+    let rows: Vec<_> = (0..2000u32)
+        .map(|i| msg(&format!("k{}", i % 100), i))
+        .collect();
+    store.insert(&rows).await.unwrap();
+    let busy: i64 =
+        sqlx::query_scalar(&schema.render("SELECT count(DISTINCT partition) FROM {schema}.outbox"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    // Every busy partition holds at least 20 rows (one key), enough for 5 slices of 4.
+    let limit = usize::try_from(busy * 3 + 1).unwrap();
+    let m = MemberId::random("m");
+    let parts = store.rebalance(&m, Duration::from_secs(30)).await.unwrap();
+    let mut seen = Vec::new();
+    for claim in 0..5 {
+        let got = store
+            .claim(&m, &parts, ClaimLimits::rows(limit), OnFailed::Block)
+            .await
+            .unwrap();
+        assert_eq!(
+            got.len(),
+            limit,
+            "claim {claim} over {busy} busy partitions is full"
+        );
+        let outcomes: Vec<_> = got
+            .iter()
+            .map(|r| Outcome::Published { seq: r.seq })
+            .collect();
+        store.complete(&m, &outcomes).await.unwrap();
+        seen.extend(got);
+    }
+    let rest = drain(&store, &m, &parts).await;
+    let mut ids: Vec<uuid::Uuid> = seen.iter().map(|r| r.id).collect();
+    ids.extend(rest);
+    assert_eq!(ids.len(), rows.len(), "every row once");
+    let unique: std::collections::HashSet<_> = ids.iter().collect();
+    assert_eq!(unique.len(), rows.len(), "no row twice");
+    let mut last: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+    for r in &seen {
+        let prev = last.insert(r.aggregate_id.as_str(), r.seq);
+        assert!(
+            prev.is_none_or(|p| p < r.seq),
+            "{} in order",
+            r.aggregate_id
+        );
+    }
+    teardown(&pool, &schema).await;
+}
