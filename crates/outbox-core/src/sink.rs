@@ -47,6 +47,18 @@ pub struct Envelope {
     pub created_at: DateTime<Utc>,
 }
 
+impl Envelope {
+    /// The headers as a map of names to values, borrowed from the envelope: serialised, it is
+    /// the JSON object of strings that sinks without a header map of their own carry (Redis
+    /// Streams, webhooks, JSON lines). Names sorted; a later duplicate wins.
+    pub fn header_map(&self) -> std::collections::BTreeMap<&str, &str> {
+        self.headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+}
+
 /// What a failed publish says: whether the broker is at fault or this message is (after
 /// vector's `RetryLogic`). The relay's backoff, the `failed` state and the circuit breaker each
 /// read it:
@@ -231,6 +243,28 @@ impl<S: Sink + ?Sized> Sink for std::sync::Arc<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn header_map_borrows_every_header_sorted_with_a_later_duplicate_winning() {
+        let e = Envelope {
+            id: Uuid::nil(),
+            destination: "d".into(),
+            key: "k".into(),
+            headers: vec![
+                (HEADER_MESSAGE_ID.into(), "m".into()),
+                ("traceparent".into(), "00-a-b-01".into()),
+                ("b".into(), "1".into()),
+                ("b".into(), "2".into()),
+            ],
+            payload: Bytes::from_static(b"{}"),
+            created_at: Utc::now(),
+        };
+        let json = serde_json::to_string(&e.header_map()).unwrap_or_default();
+        assert_eq!(
+            json,
+            r#"{"b":"2","outbox-message-id":"m","traceparent":"00-a-b-01"}"#
+        );
+    }
 
     #[test]
     fn relay_and_nats_header_names_are_reserved_in_any_case() {

@@ -13,7 +13,7 @@ struct Record<'a> {
     id: Uuid,
     destination: &'a str,
     key: &'a str,
-    headers: serde_json::Map<String, serde_json::Value>,
+    headers: std::collections::BTreeMap<&'a str, &'a str>,
     payload: &'a RawValue,
     created_at: DateTime<Utc>,
 }
@@ -25,11 +25,7 @@ pub(crate) fn encode_one(e: &Envelope, line: &mut Vec<u8>) -> Result<(), SinkErr
     line.clear();
     let payload: &RawValue = serde_json::from_slice(&e.payload)
         .map_err(|_| SinkError::invalid(format!("message {}: payload is not valid JSON", e.id)))?;
-    let headers = e
-        .headers
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect();
+    let headers = e.header_map();
     let rec = Record {
         id: e.id,
         destination: &e.destination,

@@ -184,7 +184,7 @@ struct Item<'a> {
     id: String,
     destination: &'a str,
     key: &'a str,
-    headers: serde_json::Map<String, serde_json::Value>,
+    headers: std::collections::BTreeMap<&'a str, &'a str>,
     payload: &'a RawValue,
 }
 
@@ -268,11 +268,7 @@ impl HttpSink {
                             id: e.id.to_string(),
                             destination: &e.destination,
                             key: &e.key,
-                            headers: e
-                                .headers
-                                .iter()
-                                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-                                .collect(),
+                            headers: e.header_map(),
                             payload: items[i]
                                 .as_deref()
                                 .ok_or_else(|| SinkError::invalid("payload is not JSON"))?,

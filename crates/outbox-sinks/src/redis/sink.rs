@@ -91,12 +91,8 @@ impl RedisSink {
     /// The command appending `e`: a plain `XADD`, or the dedupe script. Fields: `id`, `key`,
     /// `headers` (a JSON object of strings) and `payload` (the bytes as written).
     fn command(&self, e: &Envelope) -> redis::Cmd {
-        let headers: serde_json::Map<String, serde_json::Value> = e
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-            .collect();
-        let headers = serde_json::Value::Object(headers).to_string();
+        // A map of strings always serialises; an empty object is the only fallback needed.
+        let headers = serde_json::to_vec(&e.header_map()).unwrap_or_else(|_| b"{}".to_vec());
         let mut c;
         match self.cfg.dedupe {
             None => {
