@@ -2,17 +2,23 @@
 //! statistics), drain it with the relay, then do the same with the naive relay on its own
 //! seed-style table, and compare events/s.
 //!
+//! With `--sink`, the same backlog is also drained into the bench's discarding sink (see
+//! [`super::discard`]): the engine alone, so the report says whether the sink or the engine
+//! sets the pace.
+//!
 //! Drain time runs from starting the relay to the relay's `published` counter reaching the
 //! backlog (every message acknowledged by the broker); the stream is then checked to hold
 //! exactly the backlog. Latency is commit→ack at the broker, so it includes the time a row
 //! waited in the backlog.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_relay::RelayMetrics;
 use serde::Serialize;
 
+use super::discard::DiscardSink;
 use super::latency::Probe;
 use super::load::fill;
 use super::relay::RelayUnderTest;
@@ -29,6 +35,9 @@ struct Run {
     relay: Drain,
     /// The relay draining the same backlog into `--sink`, when one other than NATS is given.
     sink: Option<Drain>,
+    /// The same backlog into a sink that acknowledges at once (with `--sink`): the engine's
+    /// own ceiling beside it.
+    engine: Option<Drain>,
     naive: Option<Drain>,
     /// Relay events/s over naive events/s.
     speedup: Option<f64>,
@@ -58,13 +67,18 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     }
     let mut runs = Vec::new();
     for &keys in &a.keys {
-        let sink = match &ctx.sink_url {
+        let (sink, engine) = match &ctx.sink_url {
             Some(url) => {
-                let d = sink_drain(ctx, url, keys).await?;
+                let (d, orders_keys) = sink_drain(ctx, url, keys).await?;
                 println!("  keys {keys:>6}  sink:  {}", line(&d));
-                Some(d)
+                let e = engine_drain(ctx, keys, orders_keys).await?;
+                println!(
+                    "  keys {keys:>6}  engine alone (discarding sink): {}",
+                    line(&e)
+                );
+                (Some(d), Some(e))
             }
-            None => None,
+            None => (None, None),
         };
         let relay = relay_drain(ctx, keys).await?;
         println!("  keys {keys:>6}  relay: {}", line(&relay));
@@ -82,6 +96,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
             keys,
             relay,
             sink,
+            engine,
             naive,
             speedup,
         });
@@ -108,7 +123,9 @@ fn line(d: &Drain) -> String {
 }
 
 fn print_summary(runs: &[Run]) {
-    println!("  keys      relay ev/s   naive ev/s   relay/naive   sink ev/s");
+    println!(
+        "  keys      relay ev/s   naive ev/s   relay/naive   sink ev/s   engine ev/s   sink/engine"
+    );
     for r in runs {
         let naive = r
             .naive
@@ -119,8 +136,16 @@ fn print_summary(runs: &[Run]) {
             .sink
             .as_ref()
             .map_or("-".into(), |d| format!("{:.0}", d.events_per_second));
+        let engine = r
+            .engine
+            .as_ref()
+            .map_or("-".into(), |d| format!("{:.0}", d.events_per_second));
+        let share = match (&r.sink, &r.engine) {
+            (Some(s), Some(e)) => format!("{:.2}", s.events_per_second / e.events_per_second),
+            _ => "-".into(),
+        };
         println!(
-            "  {:>6}  {:>11.0}  {naive:>11}  {ratio:>12}  {sink:>10}",
+            "  {:>6}  {:>11.0}  {naive:>11}  {ratio:>12}  {sink:>10}  {engine:>12}  {share:>12}",
             r.keys, r.relay.events_per_second
         );
     }
@@ -165,8 +190,8 @@ async fn relay_drain_in(ctx: &Ctx, scratch: &Scratch, keys: usize) -> anyhow::Re
 
 /// Fills, analyses and drains a backlog of `--rows` with the relay into the sink `url`, in a
 /// scratch schema and a scratch destination of that sink; the sink's own reader checks that
-/// every message arrived.
-async fn sink_drain(ctx: &Ctx, url: &str, keys: usize) -> anyhow::Result<Drain> {
+/// every message arrived. Also says whether the sink orders keys itself.
+async fn sink_drain(ctx: &Ctx, url: &str, keys: usize) -> anyhow::Result<(Drain, bool)> {
     let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "sink").await?;
     let result = sink_drain_in(ctx, url, &scratch, keys).await;
     scratch.drop().await;
@@ -178,7 +203,7 @@ async fn sink_drain_in(
     url: &str,
     scratch: &Scratch,
     keys: usize,
-) -> anyhow::Result<Drain> {
+) -> anyhow::Result<(Drain, bool)> {
     let rows = ctx.args.rows;
     let mut options = outbox_sinks::read::ScratchOptions::new("bench");
     options.durable = ctx.args.storage != "memory";
@@ -202,6 +227,7 @@ async fn sink_drain_in(
         scratch.analyze().await?;
     }
     let sink = outbox_sinks::connect(&place.sink_url).await?;
+    let orders_keys = sink.orders_keys();
     let destination = outbox_core::DestinationTemplate::parse(&place.destination)?;
     let started = Instant::now();
     let relay = RelayUnderTest::start_with(ctx, scratch, sink, destination).await?;
@@ -215,6 +241,59 @@ async fn sink_drain_in(
         anyhow::bail!(
             "the sink's reader misses {missing} of {rows} messages (none arrived for 120 s)"
         );
+    }
+    Ok((
+        Drain {
+            events: rows as u64,
+            seconds: took.as_secs_f64(),
+            events_per_second: rows as f64 / took.as_secs_f64(),
+            latency,
+        },
+        orders_keys,
+    ))
+}
+
+/// Fills, analyses and drains a backlog of `--rows` into the discarding sink, which
+/// acknowledges each message as it is handed over: the engine's own ceiling.
+async fn engine_drain(ctx: &Ctx, keys: usize, orders_keys: bool) -> anyhow::Result<Drain> {
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "engine").await?;
+    let result = engine_drain_in(ctx, &scratch, keys, orders_keys).await;
+    scratch.drop().await;
+    result
+}
+
+async fn engine_drain_in(
+    ctx: &Ctx,
+    scratch: &Scratch,
+    keys: usize,
+    orders_keys: bool,
+) -> anyhow::Result<Drain> {
+    let rows = ctx.args.rows;
+    let probe = Probe::recorded_elsewhere();
+    fill(
+        &scratch.pool,
+        &scratch.schema,
+        rows,
+        keys,
+        &ctx.pad(),
+        &probe.latency(),
+    )
+    .await?;
+    if !ctx.args.no_analyze {
+        scratch.analyze().await?;
+    }
+    let sink = Arc::new(DiscardSink::new(probe.latency(), orders_keys));
+    let destination = outbox_core::DestinationTemplate::parse("bench.discarded")?;
+    let started = Instant::now();
+    let relay = RelayUnderTest::start_with(ctx, scratch, sink, destination).await?;
+    let drained = wait_published(relay.metrics(), rows as u64, DRAIN_LIMIT).await;
+    let took = started.elapsed();
+    relay.stop().await;
+    drained?;
+    let missing = probe.latency().outstanding();
+    let latency = probe.finish().await;
+    if missing > 0 {
+        anyhow::bail!("the discarding sink was never handed {missing} of {rows} messages");
     }
     Ok(Drain {
         events: rows as u64,

@@ -141,7 +141,9 @@ impl Latency {
         }
     }
 
-    fn received(&self, id: Uuid) {
+    /// Records that `id` reached the broker (or, for the bench's discarding sink, was
+    /// acknowledged) now.
+    pub fn received(&self, id: Uuid) {
         let at = self.stamp().0;
         let mut l = self.ledger();
         match l.committed.remove(&id) {
@@ -262,6 +264,16 @@ impl Probe {
             latency,
             stop,
             task,
+        }
+    }
+
+    /// A probe with no consumer of its own: whoever holds [`Probe::latency`] records the
+    /// receipts (the bench's discarding sink, at its acknowledgement).
+    pub fn recorded_elsewhere() -> Self {
+        Self {
+            latency: Arc::new(Latency::new()),
+            stop: CancellationToken::new(),
+            task: tokio::spawn(async {}),
         }
     }
 

@@ -1,7 +1,8 @@
 //! `outbox bench`: measurements against real PostgreSQL and NATS JetStream, each compared side
 //! by side in one run. Every mode works in scratch schemas and streams of its own and drops them.
 //!
-//! - `backlog`: drain throughput of the relay and of the seed articles' naive relay, per key count.
+//! - `backlog`: drain throughput of the relay and of the seed articles' naive relay, per key count;
+//!   with `--sink`, that sink's drain beside the engine alone (a discarding sink).
 //! - `steady`: commit→ack latency under a paced load.
 //! - `writers`: what the outbox costs a business transaction (writer API, raw SQL, naive table).
 //! - `idle-tx`: the steady load without, then with, a REPEATABLE READ snapshot held open.
@@ -14,6 +15,7 @@
 //! working when the engine changes underneath.
 
 mod backlog;
+mod discard;
 mod idle;
 mod idle_tx;
 mod inbox;
