@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use outbox_core::DestinationTemplate;
 use outbox_relay::RelayMetrics;
 use serde::Serialize;
 
@@ -162,29 +163,11 @@ async fn relay_drain(ctx: &Ctx, keys: usize) -> anyhow::Result<Drain> {
 async fn relay_drain_in(ctx: &Ctx, scratch: &Scratch, keys: usize) -> anyhow::Result<Drain> {
     let rows = ctx.args.rows;
     let probe = Probe::start(&scratch.js, &scratch.stream).await?;
-    let took = fill(
-        &scratch.pool,
-        &scratch.schema,
-        rows,
-        keys,
-        &ctx.pad(),
-        &probe.latency(),
-    )
-    .await?;
-    println!(
-        "  keys {keys:>6}  filled {rows} rows in {:.2} s ({:.0} rows/s)",
-        took.as_secs_f64(),
-        rows as f64 / took.as_secs_f64()
-    );
-    if !ctx.args.no_analyze {
-        scratch.analyze().await?;
-    }
-    let started = Instant::now();
-    let relay = RelayUnderTest::start(ctx, scratch).await?;
-    let drained = wait_published(relay.metrics(), rows as u64, DRAIN_LIMIT).await;
-    let took = started.elapsed();
-    relay.stop().await;
-    drained?;
+    fill_analysed(ctx, scratch, keys, &probe, true).await?;
+    let sink = outbox_sinks::connect(&ctx.nats_url).await?;
+    let destination =
+        DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
+    let took = timed_drain(ctx, scratch, sink, destination).await?;
     finish(scratch, probe, rows as u64, took).await
 }
 
@@ -209,32 +192,11 @@ async fn sink_drain_in(
     options.durable = ctx.args.storage != "memory";
     let place = outbox_sinks::read::scratch(url, &options).await?;
     let probe = Probe::from_reader(place.reader);
-    let took = fill(
-        &scratch.pool,
-        &scratch.schema,
-        rows,
-        keys,
-        &ctx.pad(),
-        &probe.latency(),
-    )
-    .await?;
-    println!(
-        "  keys {keys:>6}  filled {rows} rows in {:.2} s ({:.0} rows/s)",
-        took.as_secs_f64(),
-        rows as f64 / took.as_secs_f64()
-    );
-    if !ctx.args.no_analyze {
-        scratch.analyze().await?;
-    }
+    fill_analysed(ctx, scratch, keys, &probe, true).await?;
     let sink = outbox_sinks::connect(&place.sink_url).await?;
     let orders_keys = sink.orders_keys();
-    let destination = outbox_core::DestinationTemplate::parse(&place.destination)?;
-    let started = Instant::now();
-    let relay = RelayUnderTest::start_with(ctx, scratch, sink, destination).await?;
-    let drained = wait_published(relay.metrics(), rows as u64, DRAIN_LIMIT).await;
-    let took = started.elapsed();
-    relay.stop().await;
-    drained?;
+    let destination = DestinationTemplate::parse(&place.destination)?;
+    let took = timed_drain(ctx, scratch, sink, destination).await?;
     let missing = probe.drain(Duration::from_secs(120)).await;
     let latency = probe.finish().await;
     if missing > 0 {
@@ -242,15 +204,7 @@ async fn sink_drain_in(
             "the sink's reader misses {missing} of {rows} messages (none arrived for 120 s)"
         );
     }
-    Ok((
-        Drain {
-            events: rows as u64,
-            seconds: took.as_secs_f64(),
-            events_per_second: rows as f64 / took.as_secs_f64(),
-            latency,
-        },
-        orders_keys,
-    ))
+    Ok((Drain::of(rows as u64, took, latency), orders_keys))
 }
 
 /// Fills, analyses and drains a backlog of `--rows` into the discarding sink, which
@@ -270,7 +224,29 @@ async fn engine_drain_in(
 ) -> anyhow::Result<Drain> {
     let rows = ctx.args.rows;
     let probe = Probe::recorded_elsewhere();
-    fill(
+    fill_analysed(ctx, scratch, keys, &probe, false).await?;
+    let sink = Arc::new(DiscardSink::new(probe.latency(), orders_keys));
+    let destination = DestinationTemplate::parse("bench.discarded")?;
+    let took = timed_drain(ctx, scratch, sink, destination).await?;
+    let missing = probe.latency().outstanding();
+    let latency = probe.finish().await;
+    if missing > 0 {
+        anyhow::bail!("the discarding sink was never handed {missing} of {rows} messages");
+    }
+    Ok(Drain::of(rows as u64, took, latency))
+}
+
+/// Fills the scratch outbox with `--rows` over `keys` keys, recording commits in `probe`'s
+/// ledger, and analyses it unless `--no-analyze`; prints the fill rate when `report`.
+async fn fill_analysed(
+    ctx: &Ctx,
+    scratch: &Scratch,
+    keys: usize,
+    probe: &Probe,
+    report: bool,
+) -> anyhow::Result<()> {
+    let rows = ctx.args.rows;
+    let took = fill(
         &scratch.pool,
         &scratch.schema,
         rows,
@@ -279,28 +255,34 @@ async fn engine_drain_in(
         &probe.latency(),
     )
     .await?;
+    if report {
+        println!(
+            "  keys {keys:>6}  filled {rows} rows in {:.2} s ({:.0} rows/s)",
+            took.as_secs_f64(),
+            rows as f64 / took.as_secs_f64()
+        );
+    }
     if !ctx.args.no_analyze {
         scratch.analyze().await?;
     }
-    let sink = Arc::new(DiscardSink::new(probe.latency(), orders_keys));
-    let destination = outbox_core::DestinationTemplate::parse("bench.discarded")?;
+    Ok(())
+}
+
+/// Runs the relay into `sink` until it has published the whole backlog; returns how long that
+/// took, from the relay's start.
+async fn timed_drain(
+    ctx: &Ctx,
+    scratch: &Scratch,
+    sink: Arc<dyn outbox_core::Sink>,
+    destination: DestinationTemplate,
+) -> anyhow::Result<Duration> {
     let started = Instant::now();
     let relay = RelayUnderTest::start_with(ctx, scratch, sink, destination).await?;
-    let drained = wait_published(relay.metrics(), rows as u64, DRAIN_LIMIT).await;
+    let drained = wait_published(relay.metrics(), ctx.args.rows as u64, DRAIN_LIMIT).await;
     let took = started.elapsed();
     relay.stop().await;
     drained?;
-    let missing = probe.latency().outstanding();
-    let latency = probe.finish().await;
-    if missing > 0 {
-        anyhow::bail!("the discarding sink was never handed {missing} of {rows} messages");
-    }
-    Ok(Drain {
-        events: rows as u64,
-        seconds: took.as_secs_f64(),
-        events_per_second: rows as f64 / took.as_secs_f64(),
-        latency,
-    })
+    Ok(took)
 }
 
 /// Fills and drains `rows` with the naive relay, in a scratch schema holding only its table.
@@ -359,12 +341,7 @@ async fn finish(
             "the stream holds {in_stream} messages and the probe misses {missing}; expected {rows}"
         );
     }
-    Ok(Drain {
-        events: rows,
-        seconds: took.as_secs_f64(),
-        events_per_second: rows as f64 / took.as_secs_f64(),
-        latency,
-    })
+    Ok(Drain::of(rows, took, latency))
 }
 
 async fn wait_published(

@@ -102,6 +102,18 @@ pub struct Drain {
     pub latency: LatencyFigures,
 }
 
+impl Drain {
+    /// The figures of `events` published in `took`.
+    pub fn of(events: u64, took: Duration, latency: LatencyFigures) -> Self {
+        Self {
+            events,
+            seconds: took.as_secs_f64(),
+            events_per_second: events as f64 / took.as_secs_f64(),
+            latency,
+        }
+    }
+}
+
 /// Runs the mode `args` names.
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let db = args
