@@ -271,6 +271,16 @@ pub struct Maintenance {
 /// statement may or may not have reached the database).
 #[async_trait]
 pub trait Store: Send + Sync {
+    /// Registers `member` as live without taking any partition, so that members starting
+    /// together count each other at their first [`Store::rebalance`] and each takes its fair
+    /// share at once (otherwise the first takes every partition and hands the others' shares
+    /// back a rebalance later, while they wait). Its liveness then lapses like any member's
+    /// that stops heartbeating. The default registers nothing.
+    async fn join(&self, member: &MemberId) -> Result<()> {
+        let _ = member;
+        Ok(())
+    }
+
     /// Heartbeats `member`, forgets members silent for longer than `lease`, then takes or gives
     /// back partitions so each live member owns a fair share. Returns the partitions `member`
     /// owns afterwards; each of their leases runs for at least two thirds of `lease` from the

@@ -729,6 +729,15 @@ fn partitions_param(p: &[i32]) -> Vec<i16> {
 
 #[async_trait]
 impl Store for PgStore {
+    async fn join(&self, member: &MemberId) -> Result<()> {
+        sqlx::query(&self.q.heartbeat)
+            .bind(member.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("registering a relay member", e))?;
+        Ok(())
+    }
+
     async fn rebalance(&self, member: &MemberId, lease: Duration) -> Result<Vec<i32>> {
         let err = |what: &'static str| {
             move |e| map_sqlx_error(&format!("rebalancing partitions: {what}"), e)

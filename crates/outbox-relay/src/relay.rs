@@ -156,10 +156,25 @@ impl Relay {
         // aborted), the workers stop with it, mid-batch, exactly like a killed process.
         let mut handles = tokio::task::JoinSet::new();
         let mut slots = std::collections::HashMap::new();
-        for i in 0..workers {
-            let id = handles
-                .spawn(self.worker(i, &wake_rx, &shutdown).run())
-                .id();
+        let first: Vec<Worker> = (0..workers)
+            .map(|i| self.worker(i, &wake_rx, &shutdown))
+            .collect();
+        // Every worker is registered before any takes partitions, so each takes its share at
+        // once: one that went first would take them all and hand the others' back only at its
+        // next rebalance, a second or two into a backlog. A failed registration only costs that.
+        for w in &first {
+            let joined = tokio::time::timeout(self.config.store_timeout, self.store.join(&w.id));
+            if let Err(error) = joined.await.unwrap_or_else(|_| {
+                Err(outbox_core::Error::new(
+                    outbox_core::ErrorKind::Timeout,
+                    "no answer within the store deadline",
+                ))
+            }) {
+                warn!(member = %w.id, %error, "could not register the worker before it starts; it takes its share at a later rebalance");
+            }
+        }
+        for (i, w) in first.into_iter().enumerate() {
+            let id = handles.spawn(w.run()).id();
             slots.insert(id, i);
         }
         while let Some(done) = handles.join_next_with_id().await {

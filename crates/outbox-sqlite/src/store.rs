@@ -282,6 +282,16 @@ fn message_from_row(r: &SqliteRow) -> Result<Message> {
 
 #[async_trait]
 impl Store for SqliteStore {
+    async fn join(&self, member: &MemberId) -> Result<()> {
+        sqlx::query(&self.q.heartbeat)
+            .bind(member.as_str())
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("registering a relay member", e))?;
+        Ok(())
+    }
+
     async fn rebalance(&self, member: &MemberId, lease: Duration) -> Result<Vec<i32>> {
         let err = |what: &'static str| {
             move |e| map_sqlx_error(&format!("rebalancing partitions: {what}"), e)

@@ -32,6 +32,7 @@ macro_rules! store_conformance_suite {
             published_rows_are_not_claimed_again,
             claim_respects_limit,
             members_split_partitions_without_overlap,
+            members_that_join_first_each_take_a_fair_share_at_their_first_rebalance,
             claim_reads_only_owned_partitions,
             retry_blocks_its_key_until_due,
             deferred_row_waits_in_order_without_spending_attempts,
@@ -173,6 +174,37 @@ pub async fn members_split_partitions_without_overlap(store: Arc<dyn Store>) {
     }
     let (_, parts) = sole_member(&store).await;
     assert_eq!(parts.len(), total);
+}
+
+/// Members registered with `join` before any of them rebalances count each other at once: the
+/// first to rebalance takes only its share, and one round covers every partition disjointly.
+pub async fn members_that_join_first_each_take_a_fair_share_at_their_first_rebalance(
+    store: Arc<dyn Store>,
+) {
+    let members: Vec<_> = (0..3).map(|i| MemberId::random(&format!("j{i}"))).collect();
+    // The total, as a lone member sees it, then given back.
+    let (lone, parts) = sole_member(&store).await;
+    let total = parts.len();
+    store.release(&lone).await.unwrap();
+    for m in &members {
+        store.join(m).await.unwrap();
+    }
+    let mut owned = Vec::new();
+    for m in &members {
+        owned.push(store.rebalance(m, LEASE).await.unwrap());
+    }
+    let fair = total.div_ceil(3);
+    let sizes: Vec<usize> = owned.iter().map(Vec::len).collect();
+    assert!(
+        sizes.iter().all(|&n| n == fair || n == total - 2 * fair),
+        "one round of rebalancing after joining gave {sizes:?} of {total} (fair share {fair})"
+    );
+    let distinct: HashSet<i32> = owned.iter().flatten().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        total,
+        "every partition is owned once: {owned:?}"
+    );
 }
 
 /// A member reads only its own partitions; together the members read every row once.
