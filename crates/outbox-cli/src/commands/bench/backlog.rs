@@ -8,7 +8,8 @@
 //!
 //! Drain time runs from starting the relay to the relay's `published` counter reaching the
 //! backlog (every message acknowledged by the broker); the stream is then checked to hold
-//! exactly the backlog. Latency is commit→ack at the broker, so it includes the time a row
+//! exactly the backlog. Beside it, in parentheses, the steady rate: from 10% to 90% of the
+//! backlog published, without the relay's start-up and its last partial batches. Latency is commit→ack at the broker, so it includes the time a row
 //! waited in the backlog.
 
 use std::process::ExitCode;
@@ -24,7 +25,7 @@ use super::latency::Probe;
 use super::load::fill;
 use super::relay::RelayUnderTest;
 use super::scratch::Scratch;
-use super::{naive, Ctx, Drain};
+use super::{naive, Ctx, Drain, DrainTiming};
 
 /// Longest a drain may take before the run is abandoned.
 const DRAIN_LIMIT: Duration = Duration::from_secs(600);
@@ -114,8 +115,11 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
 }
 
 fn line(d: &Drain) -> String {
+    let steady = d
+        .steady_events_per_second
+        .map_or(String::new(), |s| format!(" ({s:.0} from 10% to 90%)"));
     format!(
-        "{} events in {:.2} s = {:>7.0} events/s; commit→ack {} (backlog wait included)",
+        "{} events in {:.2} s = {:>7.0} events/s{steady}; commit→ack {} (backlog wait included)",
         d.events,
         d.seconds,
         d.events_per_second,
@@ -125,7 +129,11 @@ fn line(d: &Drain) -> String {
 
 fn print_summary(runs: &[Run]) {
     println!(
-        "  keys      relay ev/s   naive ev/s   relay/naive   sink ev/s   engine ev/s   sink/engine"
+        "  events/s over the whole drain (from 10% to 90% of it); relay/naive compares whole \
+         drains, sink/engine the steady rates"
+    );
+    println!(
+        "  keys            relay ev/s  naive ev/s  relay/naive           sink ev/s         engine ev/s  sink/engine"
     );
     for r in runs {
         let naive = r
@@ -133,21 +141,16 @@ fn print_summary(runs: &[Run]) {
             .as_ref()
             .map_or("-".into(), |n| format!("{:.0}", n.events_per_second));
         let ratio = r.speedup.map_or("-".into(), |s| format!("{s:.1}x"));
-        let sink = r
-            .sink
-            .as_ref()
-            .map_or("-".into(), |d| format!("{:.0}", d.events_per_second));
-        let engine = r
-            .engine
-            .as_ref()
-            .map_or("-".into(), |d| format!("{:.0}", d.events_per_second));
+        let sink = r.sink.as_ref().map_or("-".into(), Drain::rate);
+        let engine = r.engine.as_ref().map_or("-".into(), Drain::rate);
         let share = match (&r.sink, &r.engine) {
-            (Some(s), Some(e)) => format!("{:.2}", s.events_per_second / e.events_per_second),
+            (Some(s), Some(e)) => format!("{:.2}", s.best_rate() / e.best_rate()),
             _ => "-".into(),
         };
         println!(
-            "  {:>6}  {:>11.0}  {naive:>11}  {ratio:>12}  {sink:>10}  {engine:>12}  {share:>12}",
-            r.keys, r.relay.events_per_second
+            "  {:>6}  {:>20}  {naive:>10}  {ratio:>11}  {sink:>18}  {engine:>18}  {share:>11}",
+            r.keys,
+            r.relay.rate()
         );
     }
 }
@@ -167,8 +170,8 @@ async fn relay_drain_in(ctx: &Ctx, scratch: &Scratch, keys: usize) -> anyhow::Re
     let sink = outbox_sinks::connect(&ctx.nats_url).await?;
     let destination =
         DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
-    let took = timed_drain(ctx, scratch, sink, destination).await?;
-    finish(scratch, probe, rows as u64, took).await
+    let timing = timed_drain(ctx, scratch, sink, destination).await?;
+    finish(scratch, probe, rows as u64, timing).await
 }
 
 /// Fills, analyses and drains a backlog of `--rows` with the relay into the sink `url`, in a
@@ -196,7 +199,7 @@ async fn sink_drain_in(
     let sink = outbox_sinks::connect(&place.sink_url).await?;
     let orders_keys = sink.orders_keys();
     let destination = DestinationTemplate::parse(&place.destination)?;
-    let took = timed_drain(ctx, scratch, sink, destination).await?;
+    let timing = timed_drain(ctx, scratch, sink, destination).await?;
     let missing = probe.drain(Duration::from_secs(120)).await;
     let latency = probe.finish().await;
     if missing > 0 {
@@ -204,7 +207,7 @@ async fn sink_drain_in(
             "the sink's reader misses {missing} of {rows} messages (none arrived for 120 s)"
         );
     }
-    Ok((Drain::of(rows as u64, took, latency), orders_keys))
+    Ok((Drain::drained(rows as u64, &timing, latency), orders_keys))
 }
 
 /// Fills, analyses and drains a backlog of `--rows` into the discarding sink, which
@@ -227,13 +230,13 @@ async fn engine_drain_in(
     fill_analysed(ctx, scratch, keys, &probe, false).await?;
     let sink = Arc::new(DiscardSink::new(probe.latency(), orders_keys));
     let destination = DestinationTemplate::parse("bench.discarded")?;
-    let took = timed_drain(ctx, scratch, sink, destination).await?;
+    let timing = timed_drain(ctx, scratch, sink, destination).await?;
     let missing = probe.latency().outstanding();
     let latency = probe.finish().await;
     if missing > 0 {
         anyhow::bail!("the discarding sink was never handed {missing} of {rows} messages");
     }
-    Ok(Drain::of(rows as u64, took, latency))
+    Ok(Drain::drained(rows as u64, &timing, latency))
 }
 
 /// Fills the scratch outbox with `--rows` over `keys` keys, recording commits in `probe`'s
@@ -269,20 +272,18 @@ async fn fill_analysed(
 }
 
 /// Runs the relay into `sink` until it has published the whole backlog; returns how long that
-/// took, from the relay's start.
+/// took from the relay's start, and when 10% and 90% of it were published.
 async fn timed_drain(
     ctx: &Ctx,
     scratch: &Scratch,
     sink: Arc<dyn outbox_core::Sink>,
     destination: DestinationTemplate,
-) -> anyhow::Result<Duration> {
+) -> anyhow::Result<DrainTiming> {
     let started = Instant::now();
     let relay = RelayUnderTest::start_with(ctx, scratch, sink, destination).await?;
-    let drained = wait_published(relay.metrics(), ctx.args.rows as u64, DRAIN_LIMIT).await;
-    let took = started.elapsed();
+    let drained = wait_published(relay.metrics(), ctx.args.rows as u64, started).await;
     relay.stop().await;
-    drained?;
-    Ok(took)
+    drained
 }
 
 /// Fills and drains `rows` with the naive relay, in a scratch schema holding only its table.
@@ -323,7 +324,12 @@ async fn naive_drain_in(
     if published != rows as u64 {
         anyhow::bail!("the naive relay published {published} of {rows} rows");
     }
-    finish(scratch, probe, rows as u64, took).await
+    let timing = DrainTiming {
+        took,
+        tenth: None,
+        ninth_tenth: None,
+    };
+    finish(scratch, probe, rows as u64, timing).await
 }
 
 /// Waits for the probe to see every message, checks the stream, and assembles the figures.
@@ -331,7 +337,7 @@ async fn finish(
     scratch: &Scratch,
     probe: Probe,
     rows: u64,
-    took: Duration,
+    timing: DrainTiming,
 ) -> anyhow::Result<Drain> {
     let missing = probe.drain(Duration::from_secs(60)).await;
     let latency = probe.finish().await;
@@ -341,23 +347,37 @@ async fn finish(
             "the stream holds {in_stream} messages and the probe misses {missing}; expected {rows}"
         );
     }
-    Ok(Drain::of(rows, took, latency))
+    Ok(Drain::drained(rows, &timing, latency))
 }
 
+/// Waits for the relay's `published` counter to reach `target`, noting when it passed 10% and
+/// 90% of it (every 5 ms, so a drain of a second or more is timed to within 1%).
 async fn wait_published(
     metrics: &RelayMetrics,
     target: u64,
-    limit: Duration,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + limit;
-    while RelayMetrics::get(&metrics.published) < target {
+    started: Instant,
+) -> anyhow::Result<DrainTiming> {
+    let deadline = started + DRAIN_LIMIT;
+    let mut timing = DrainTiming {
+        took: Duration::ZERO,
+        tenth: None,
+        ninth_tenth: None,
+    };
+    loop {
+        let published = RelayMetrics::get(&metrics.published);
+        if timing.tenth.is_none() && published * 10 >= target {
+            timing.tenth = Some(started.elapsed());
+        }
+        if timing.ninth_tenth.is_none() && published * 10 >= target * 9 {
+            timing.ninth_tenth = Some(started.elapsed());
+        }
+        if published >= target {
+            timing.took = started.elapsed();
+            return Ok(timing);
+        }
         if Instant::now() > deadline {
-            anyhow::bail!(
-                "gave up after {limit:?}: {} of {target} published",
-                RelayMetrics::get(&metrics.published)
-            );
+            anyhow::bail!("gave up after {DRAIN_LIMIT:?}: {published} of {target} published");
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    Ok(())
 }

@@ -29,7 +29,7 @@ use uuid::Uuid;
 const READ_BACK_LIMIT: Duration = Duration::from_secs(1800);
 
 /// Percentiles of the matched samples, and how trustworthy they are.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct LatencyFigures {
     /// Messages received whose commit was recorded (each counted once).
     pub samples: u64,

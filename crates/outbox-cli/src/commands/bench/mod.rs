@@ -98,6 +98,12 @@ pub struct Drain {
     pub seconds: f64,
     /// `events / seconds`.
     pub events_per_second: f64,
+    /// Events/s while the relay ran at full speed: from 10% to 90% of the backlog published,
+    /// leaving out its start (connections, taking partitions) and its tail (the last, partial
+    /// batches), as a client library's own benchmark leaves out its connection set-up. Backlog
+    /// drains only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steady_events_per_second: Option<f64>,
     /// Commit→ack at the broker.
     pub latency: LatencyFigures,
 }
@@ -109,8 +115,51 @@ impl Drain {
             events,
             seconds: took.as_secs_f64(),
             events_per_second: events as f64 / took.as_secs_f64(),
+            steady_events_per_second: None,
             latency,
         }
+    }
+
+    /// The figures of a timed backlog drain, its steady rate included.
+    pub fn drained(events: u64, timing: &DrainTiming, latency: LatencyFigures) -> Self {
+        Self {
+            steady_events_per_second: timing.steady_rate(events),
+            ..Self::of(events, timing.took, latency)
+        }
+    }
+
+    /// `events/s`, and the steady rate beside it when there is one.
+    pub fn rate(&self) -> String {
+        match self.steady_events_per_second {
+            Some(s) => format!("{:.0} ({s:.0})", self.events_per_second),
+            None => format!("{:.0}", self.events_per_second),
+        }
+    }
+
+    /// The steady rate when measured, else the whole drain's: what ratios compare.
+    pub fn best_rate(&self) -> f64 {
+        self.steady_events_per_second
+            .unwrap_or(self.events_per_second)
+    }
+}
+
+/// When a backlog drain started, reached 10% and 90% of the backlog, and ended.
+#[derive(Debug, Clone, Copy)]
+pub struct DrainTiming {
+    /// From the relay's start to the whole backlog published.
+    pub took: Duration,
+    /// From the relay's start to 10% and to 90% of the backlog published.
+    pub tenth: Option<Duration>,
+    pub ninth_tenth: Option<Duration>,
+}
+
+impl DrainTiming {
+    /// Events/s between 10% and 90% of `events` published; none when the two were not
+    /// both seen or too close to tell apart (a tiny backlog).
+    pub fn steady_rate(&self, events: u64) -> Option<f64> {
+        let (a, b) = (self.tenth?, self.ninth_tenth?);
+        let span = b.checked_sub(a)?.as_secs_f64();
+        (span >= 0.05).then(|| (events as f64 * 0.8) / span)
     }
 }
 
@@ -168,5 +217,38 @@ fn verdict(ok: bool) -> &'static str {
         "met"
     } else {
         "missed"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(took: u64, tenth: Option<u64>, ninth: Option<u64>) -> DrainTiming {
+        DrainTiming {
+            took: Duration::from_millis(took),
+            tenth: tenth.map(Duration::from_millis),
+            ninth_tenth: ninth.map(Duration::from_millis),
+        }
+    }
+
+    #[test]
+    fn the_steady_rate_leaves_out_the_start_and_the_tail() {
+        // 100,000 events: 2 s to start, 80,000 of them in the next 1 s, a slow tail.
+        let t = timing(4_000, Some(2_000), Some(3_000));
+        assert_eq!(t.steady_rate(100_000), Some(80_000.0));
+        let d = Drain::drained(100_000, &t, LatencyFigures::default());
+        assert_eq!(d.events_per_second, 25_000.0);
+        assert_eq!(d.best_rate(), 80_000.0);
+        assert_eq!(d.rate(), "25000 (80000)");
+    }
+
+    #[test]
+    fn no_steady_rate_without_both_marks_or_for_a_blink() {
+        assert_eq!(timing(10, None, Some(9)).steady_rate(10), None);
+        assert_eq!(timing(10, Some(1), Some(20)).steady_rate(10), None);
+        let d = Drain::drained(10, &timing(1_000, Some(1), None), LatencyFigures::default());
+        assert_eq!(d.rate(), "10");
+        assert_eq!(d.best_rate(), 10.0);
     }
 }

@@ -66,6 +66,7 @@ async fn measure(ctx: &Ctx, scratch: &Scratch, spec: &Paced) -> anyhow::Result<(
             events: produced.committed,
             seconds: produced.seconds,
             events_per_second: produced.events_per_second,
+            steady_events_per_second: None,
             latency,
         },
     ))
