@@ -15,6 +15,8 @@ use outbox_postgres::{connect_pool, migrate, PgStore, Schema};
 use outbox_relay::RelayConfig;
 use sqlx::PgPool;
 
+pub mod outage;
+
 pub fn database_url() -> String {
     std::env::var("OUTBOX_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into())
