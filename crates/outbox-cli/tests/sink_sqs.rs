@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws::{
-    envelope, moto_endpoint, read_n, relay_config, run, spawn, triples, wait_failed, wait_state,
-    watch_breaker, PrivateMoto,
+    closing_endpoint, envelope, moto_endpoint, read_n, relay_config, run, spawn, triples,
+    wait_failed, wait_state, watch_breaker, PrivateMoto,
 };
 use common::{assert_key_order, interleaved, keys, World};
 use outbox_core::{Envelope, NewMessage, Sink, SinkErrorKind, Store};
@@ -333,6 +333,30 @@ fn invalid_header_names_and_fifo_keys_are_invalid_before_any_call() {
             assert_eq!(err.kind, SinkErrorKind::Invalid, "{err}");
             assert!(err.message.contains(what), "{err}");
         }
+    });
+}
+
+/// A connection the endpoint closes without an answer (a server dying mid-request, a load
+/// balancer with no backend behind it) is an outage like a refused one: `unavailable`, which
+/// the relay's circuit counts, not a rejection, which it ignores while spending the message's
+/// attempts. Through a queue name (`GetQueueUrl`) and a queue URL (`SendMessageBatch`).
+#[test]
+fn a_connection_closed_without_an_answer_is_unavailable() {
+    run(async {
+        let (endpoint, closer) = closing_endpoint().await;
+        // Long enough for the SDK's own attempts to end on the close rather than on the ack
+        // timeout (a timeout is unavailable whatever the close is taken for).
+        let sink = sink(&format!("{}&ack_timeout=10s", sqs_url(&endpoint))).await;
+        for destination in [
+            "outbox_closed",
+            &format!("{endpoint}/123456789012/outbox_closed"),
+        ] {
+            let r = sink.publish(&[envelope(destination, "k", 0)]).await;
+            let e = r[0].as_ref().unwrap_err();
+            assert!(e.message.contains("closed before message completed"), "{e}");
+            assert_eq!(e.kind, SinkErrorKind::Unavailable, "{destination}: {e}");
+        }
+        closer.abort();
     });
 }
 

@@ -146,6 +146,20 @@ pub fn envelope(destination: &str, key: &str, n: u64) -> Envelope {
     }
 }
 
+/// An endpoint on a free port that reads each request and closes the connection without an
+/// answer, as a server that dies mid-request does; its URL and its task.
+pub async fn closing_endpoint() -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            let mut buf = [0u8; 16 * 1024];
+            let _ = tokio::io::AsyncReadExt::read(&mut c, &mut buf).await;
+        }
+    });
+    (url, task)
+}
+
 /// A moto server of the test's own, on a free port: it can be stopped and started without
 /// disturbing anything else on the machine. It keeps nothing across a restart (moto's state is
 /// in memory).
@@ -202,6 +216,10 @@ impl PrivateMoto {
 
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
     }
 }
 

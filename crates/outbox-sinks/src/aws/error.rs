@@ -111,9 +111,13 @@ where
             text: "no answer within the ack timeout (SDK retries included)".into(),
         },
         SdkError::DispatchFailure(d) => Failure {
-            // Connection refused, reset or timed out. Other dispatch failures are the
-            // client's: no credentials in the chain, an endpoint it cannot use.
-            class: if d.is_io() || d.is_timeout() {
+            // Connection refused, reset, closed before the answer came (which the SDK files as
+            // a transient "other" error, not an I/O one) or timed out. Other dispatch failures
+            // are the client's: no credentials in the chain, an endpoint it cannot use.
+            class: if d.is_io()
+                || d.is_timeout()
+                || d.as_other() == Some(aws_config::retry::ErrorKind::TransientError)
+            {
                 Class::Outage
             } else {
                 Class::Refused
