@@ -293,14 +293,19 @@ impl ProcessorBackend for Sqlite {
 /// The relay's sink that runs handlers. A call's messages (at most one per key, handed over by
 /// the relay) are split into groups of `per_transaction`, each group in one transaction, with
 /// a savepoint around each message when it holds several, and up to `concurrency` groups at
-/// once. A message's claim and effects commit together or not at all, whatever its neighbours
-/// do; a group saves all but one commit per message.
+/// once per call. A message's claim and effects commit together or not at all, whatever its
+/// neighbours do; a group saves all but one commit per message.
+///
+/// The relay keeps several calls in flight per member, so the transactions of every call share
+/// `workers × concurrency` slots: the pool sized for `workers × (concurrency + 2)` never runs
+/// dry.
 struct HandlerSink<DB: ProcessorBackend> {
     pool: Pool<DB>,
     schema: InboxSchema,
     handlers: Arc<Handlers<DB>>,
     concurrency: usize,
     per_transaction: usize,
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
 fn envelope_message(e: &Envelope) -> InboxMessage {
@@ -360,6 +365,12 @@ where
     /// Handles `group` in one transaction; a result per message, final only once committed.
     async fn handle_group(&self, group: &[Envelope]) -> Vec<Result<(), SinkError>> {
         let all = |e: SinkError| group.iter().map(|_| Err(e.clone())).collect::<Vec<_>>();
+        // Closed never: the semaphore lives as long as the sink.
+        let Ok(_slot) = self.slots.acquire().await else {
+            return all(SinkError::unavailable(
+                "inbox: the processor is shutting down",
+            ));
+        };
         let mut tx = match DB::begin_handler(&self.pool).await {
             Ok(tx) => tx,
             Err(err) => return all(SinkError::unavailable(format!("inbox: begin: {err}"))),
@@ -440,7 +451,8 @@ pub struct ProcessorConfig {
     pub workers: usize,
     /// Messages per claim.
     pub batch_size: usize,
-    /// Transactions running at once per member (each holds a connection of the pool).
+    /// Transactions running at once per member (each holds a connection of the pool); the
+    /// processor as a whole runs at most `workers × concurrency`.
     pub concurrency: usize,
     /// Messages handled in one transaction, each under a savepoint of its own (1: one
     /// transaction per message). A failed message is rolled back to its savepoint alone; a
@@ -449,7 +461,8 @@ pub struct ProcessorConfig {
     /// visible together.
     pub messages_per_transaction: usize,
     /// Partition lease: a dead processor's messages are taken over after it. A handler call
-    /// (one wave of at most `concurrency` messages) gets a third of it, then counts as failed.
+    /// (at most a quarter of a batch, at most one message per key) gets a third of it, then
+    /// counts as failed.
     pub lease: Duration,
     /// Longest wait between polls when idle.
     pub poll_interval: Duration,
@@ -485,6 +498,13 @@ impl Default for ProcessorConfig {
 }
 
 impl ProcessorConfig {
+    /// The handler transactions the whole processor runs at once: `concurrency` per member.
+    fn transaction_slots(&self) -> Arc<tokio::sync::Semaphore> {
+        Arc::new(tokio::sync::Semaphore::new(
+            self.workers.max(1) * self.concurrency.max(1),
+        ))
+    }
+
     fn relay(&self) -> RelayConfig {
         RelayConfig {
             batch_size: self.batch_size.max(1),
@@ -534,6 +554,7 @@ impl InboxProcessor {
             handlers: Arc::new(handlers),
             concurrency: config.concurrency,
             per_transaction: config.messages_per_transaction,
+            slots: config.transaction_slots(),
         });
         Self {
             relay: Relay::new(store, sink, config.relay()),
@@ -556,6 +577,7 @@ impl InboxProcessor {
             handlers: Arc::new(handlers),
             concurrency: config.concurrency,
             per_transaction: config.messages_per_transaction,
+            slots: config.transaction_slots(),
         });
         Self {
             relay: Relay::new(store, sink, config.relay()),

@@ -24,9 +24,13 @@ pub const HEADER_DESTINATION: &str = "outbox-destination";
 /// are `unavailable` (the relay retries, no sooner than a `Retry-After` says); 413 is `invalid`;
 /// any other answer is `rejected`. Redirects are not followed (a POST must not turn into a GET
 /// somewhere else): they are `rejected`, naming where they point.
+///
+/// At most `max_in_flight` requests are in flight at once across every call (the relay's
+/// workers, and the several calls each keeps out, share one sink).
 pub struct HttpSink {
     cfg: Arc<HttpConfig>,
     client: reqwest::Client,
+    slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl HttpSink {
@@ -41,6 +45,7 @@ impl HttpSink {
             .build()
             .map_err(|e| Error::config(format!("http sink: cannot build the client: {e}")))?;
         Ok(Self {
+            slots: Arc::new(tokio::sync::Semaphore::new(cfg.max_in_flight.max(1))),
             cfg: Arc::new(cfg),
             client,
         })
@@ -73,13 +78,21 @@ impl HttpSink {
         body: Bytes,
         deadline: Instant,
     ) -> Result<(), SinkError> {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(SinkError::unavailable(format!(
+        let not_sent = || {
+            SinkError::unavailable(format!(
                 "http: not sent: the call's ack_timeout ({:?}) ran out before its turn (raise \
                  max_in_flight or ack_timeout for a slow endpoint)",
                 self.cfg.ack_timeout
-            )));
+            ))
+        };
+        // A request slot, shared with every other call in flight on this sink.
+        let _slot = match tokio::time::timeout_at(deadline.into(), self.slots.acquire()).await {
+            Ok(Ok(slot)) => slot,
+            _ => return Err(not_sent()),
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(not_sent());
         }
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(key) = &self.cfg.signing_key {
@@ -372,6 +385,44 @@ mod tests {
             accepted.load(std::sync::atomic::Ordering::Relaxed),
             1,
             "one request sent"
+        );
+        held.abort();
+    }
+
+    /// `max_in_flight` bounds the sink, not one call: the relay keeps several calls out per
+    /// worker, and together they never hold more requests than that.
+    #[tokio::test]
+    async fn calls_in_flight_together_share_max_in_flight() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                open.push(conn); // kept open, never answered
+            }
+        });
+        let sink = HttpSink::connect(
+            HttpConfig::from_url(&format!(
+                "http://{addr}/hook#ack_timeout=300ms&max_in_flight=2"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        let calls: Vec<Vec<Envelope>> = (0..3)
+            .map(|c| (0..3).map(|i| envelope(c * 3 + i)).collect())
+            .collect();
+        let answers = futures::future::join_all(calls.iter().map(|c| sink.publish(c))).await;
+        assert!(answers
+            .iter()
+            .flatten()
+            .all(|r| r.as_ref().is_err_and(|e| e.is_unavailable())));
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::Relaxed),
+            2,
+            "two requests sent of the nine the three calls held"
         );
         held.abort();
     }
