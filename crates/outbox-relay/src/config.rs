@@ -96,9 +96,9 @@ impl Default for RelayConfig {
 }
 
 impl RelayConfig {
-    /// How much lease must remain before the relay publishes another wave. A relay that cannot
-    /// promise to finish a wave inside its lease renews first, so it does not publish rows a
-    /// new owner may already be serving.
+    /// How much lease must remain before the relay sends another publish call. A relay that
+    /// cannot promise to finish a call inside its lease renews first, so it does not publish
+    /// rows a new owner may already be serving.
     pub fn lease_margin(&self) -> Duration {
         (self.lease / 3).max(Duration::from_millis(200))
     }
@@ -113,7 +113,7 @@ impl RelayConfig {
 
     /// The deadline of one `Sink::publish` call for a sink whose ack timeout is `ack_timeout`:
     /// that timeout and a quarter more, or the lease margin for a sink without one, and never
-    /// more than the lease margin. A wave is only started with the margin left on the lease, so
+    /// more than the lease margin. A call is only sent with the margin left on the lease, so
     /// a call that ends by this deadline ends while the lease still holds. The quarter lets a
     /// sink that answers by itself (its own timeout, with the reason it knows) answer first: the
     /// deadline is for sinks that never answer.

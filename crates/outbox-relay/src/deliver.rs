@@ -1,6 +1,7 @@
-//! Turning claimed rows into envelopes and ordering them into waves (one call each).
+//! Turning claimed rows into envelopes, and cutting each key's rows into the units that go out
+//! one call at a time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use outbox_core::sink::{
     is_reserved_header, HEADER_AGGREGATE_ID, HEADER_AGGREGATE_TYPE, HEADER_EVENT_TYPE,
@@ -130,34 +131,34 @@ fn shorten(s: &str) -> String {
     }
 }
 
-/// Splits indexes of `batch` (already in sequence order) into waves, one `publish` call each,
-/// sent one after another.
+/// Groups indexes of `batch` (already in sequence order) by key, in order of each key's first
+/// message, and cuts each key's messages into *units*: the messages of that key one `publish`
+/// call carries. A key's next unit is sent only once its previous unit was acknowledged, so a
+/// failure can never let a later message of the key overtake it.
 ///
 /// `same_call(p, i)` says whether message `i` may share a call with `p`, the previous message
-/// of its key: then it joins `p`'s wave, else it goes into the next one. With `|_, _| false`
-/// wave *i* holds the *i*-th message of every key, so at most one message per key is in flight
-/// and a failure can never let a later message overtake it. A sink that orders keys itself
-/// (`Sink::orders_keys`) gets a key's consecutive messages for one destination in one call.
-pub(crate) fn waves(
+/// of its key: then it joins `p`'s unit, else it starts the next one. With `|_, _| false` every
+/// unit is one message: at most one message per key is in flight. A sink that orders keys
+/// itself (`Sink::orders_keys`) gets a key's consecutive messages for one destination as one
+/// unit.
+pub(crate) fn key_units(
     batch: &[Message],
     mut same_call: impl FnMut(usize, usize) -> bool,
-) -> Vec<Vec<usize>> {
-    // Per key: the wave of its last message, and that message.
-    let mut last: HashMap<&str, (usize, usize)> = HashMap::with_capacity(batch.len());
-    let mut waves: Vec<Vec<usize>> = Vec::new();
+) -> Vec<VecDeque<Vec<usize>>> {
+    let mut slot: HashMap<&str, usize> = HashMap::with_capacity(batch.len());
+    let mut keys: Vec<VecDeque<Vec<usize>>> = Vec::new();
     for (i, m) in batch.iter().enumerate() {
-        let wave = match last.get(m.aggregate_id.as_str()) {
-            None => 0,
-            Some(&(w, p)) if same_call(p, i) => w,
-            Some(&(w, _)) => w + 1,
-        };
-        if waves.len() <= wave {
-            waves.push(Vec::new());
+        let k = *slot.entry(m.aggregate_id.as_str()).or_insert_with(|| {
+            keys.push(VecDeque::new());
+            keys.len() - 1
+        });
+        let units = &mut keys[k];
+        match units.back_mut() {
+            Some(unit) if unit.last().is_some_and(|&p| same_call(p, i)) => unit.push(i),
+            _ => units.push_back(vec![i]),
         }
-        waves[wave].push(i);
-        last.insert(m.aggregate_id.as_str(), (wave, i));
     }
-    waves
+    keys
 }
 
 #[cfg(test)]
@@ -188,8 +189,12 @@ mod tests {
         )
     }
 
+    fn units(keys: Vec<VecDeque<Vec<usize>>>) -> Vec<Vec<Vec<usize>>> {
+        keys.into_iter().map(Vec::from).collect()
+    }
+
     #[test]
-    fn waves_hold_one_message_per_key_in_order() {
+    fn each_key_gets_its_messages_one_unit_each_in_order() {
         let b = vec![
             msg(1, "a", "{}"),
             msg(2, "b", "{}"),
@@ -198,13 +203,17 @@ mod tests {
             msg(5, "c", "{}"),
         ];
         assert_eq!(
-            waves(&b, |_, _| false),
-            vec![vec![0, 1, 4], vec![2], vec![3]]
+            units(key_units(&b, |_, _| false)),
+            vec![
+                vec![vec![0], vec![2], vec![3]],
+                vec![vec![1]],
+                vec![vec![4]]
+            ]
         );
     }
 
     #[test]
-    fn a_key_that_changes_destination_starts_a_new_wave_when_the_sink_orders_keys() {
+    fn a_key_that_changes_destination_starts_a_new_unit_when_the_sink_orders_keys() {
         let b = vec![
             msg(1, "a", "{}"),
             msg(2, "b", "{}"),
@@ -216,9 +225,15 @@ mod tests {
         // Destinations by index: a's messages go x, x, y; b's x, x.
         let dest = ["x", "x", "x", "y", "x", "x"];
         let same = |p: usize, i: usize| dest[p] == dest[i];
-        assert_eq!(waves(&b, same), vec![vec![0, 1, 2, 4, 5], vec![3]]);
-        // Everything of one destination: the whole batch is one call, each key in seq order.
-        assert_eq!(waves(&b, |_, _| true), vec![vec![0, 1, 2, 3, 4, 5]]);
+        assert_eq!(
+            units(key_units(&b, same)),
+            vec![vec![vec![0, 2], vec![3]], vec![vec![1, 5]], vec![vec![4]]]
+        );
+        // Everything of one destination: each key's whole run is one unit.
+        assert_eq!(
+            units(key_units(&b, |_, _| true)),
+            vec![vec![vec![0, 2, 3]], vec![vec![1, 5]], vec![vec![4]]]
+        );
     }
 
     #[test]

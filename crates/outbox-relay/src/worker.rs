@@ -1,10 +1,12 @@
 //! One relay member: owns a share of the partitions and runs claim -> publish -> mark on them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
 use outbox_core::retry::RetryDecision;
 use outbox_core::{
     ClaimLimits, Envelope, Error, ErrorKind, MemberId, Message, Outcome, Result, SinkError, Store,
@@ -15,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use crate::breaker::{CircuitState, Permit, MIN_COOLDOWN};
 use crate::config::{RelayConfig, MIN_POLL_INTERVAL};
-use crate::deliver::{envelope, waves};
+use crate::deliver::{envelope, key_units};
 use crate::lane::{Lane, Lanes};
 use crate::metrics::RelayMetrics;
 
@@ -71,15 +73,25 @@ struct Published {
     unavailable: HashSet<i64>,
 }
 
-/// One lane's messages of a wave: indexes into the batch and their envelopes.
+/// One `publish` call of a lane: indexes into the batch, their envelopes, and the keys whose
+/// units it carries (each key at most once, with the number of its rows).
 #[derive(Default)]
 struct LaneCall {
     rows: Vec<usize>,
     envelopes: Vec<Envelope>,
+    keys: Vec<(usize, usize)>,
 }
 
+/// A key's unit ready to send: the key, and its messages (batch index and envelope).
+type Unit = (usize, Vec<(usize, Envelope)>);
+
+/// Publish calls a worker keeps in flight: what is ready to go is cut into as many calls as
+/// are missing, so a key whose message was acknowledged sends its next one while the other
+/// calls are still out, instead of every key waiting for the slowest message of a round.
+const CALLS_IN_FLIGHT: usize = 4;
+
 /// A claimed message routed to its lane, with its envelope built (or why it cannot be), before
-/// the batch is split into waves.
+/// the batch is cut into units.
 enum Prepared {
     /// No route matches it and the relay has no default sink.
     NoRoute,
@@ -411,24 +423,26 @@ impl Worker {
         }
     }
 
-    /// Publishes `batch` wave by wave, each wave's messages grouped by lane, every lane's call
-    /// in flight at once. Returns an outcome for every message that was tried or deferred; the
-    /// rest (later messages of a key that just failed or waits, or waves not sent because the
-    /// lease ran short) get none and stay pending untouched.
+    /// Publishes `batch` with several calls in flight, each key's units one after another:
+    /// a key's next unit goes out only once its previous one was acknowledged, so at most one
+    /// message per key is in flight (one run per key and destination for a lane whose sink
+    /// orders keys), while other keys' calls are still out. Returns an outcome for every
+    /// message that was tried or deferred; the rest (later messages of a key that failed or
+    /// waits, or messages not sent because the lease ran short) get none and stay pending
+    /// untouched.
     ///
     /// `permits` are the lanes' breakers' answers for this batch. A lane that must wait, or
     /// whose one probe is already spoken for, gets its messages deferred: they wait with their
     /// keys, spending no attempt, while the other lanes publish.
     ///
-    /// A lane whose sink orders keys itself gets a key's consecutive messages for one
-    /// destination in one call (usually the whole batch in one wave); its results are taken per
-    /// key in order up to the key's first failure, and the key's later messages in that call
-    /// get no outcome whatever the sink said (see `Sink::orders_keys`).
+    /// A call's results are taken per key in order up to the key's first failure; the key's
+    /// later messages in that call (a run, for a sink that orders keys) get no outcome
+    /// whatever the sink said (see `Sink::orders_keys`). A call is only sent while the lease
+    /// holds (see [`Worker::lease_holds`]), so every call ends within it.
     async fn publish(&self, batch: &[Message], lease: &mut Lease, permits: &[Permit]) -> Published {
         let lanes = &self.lanes.0;
         let mut outcomes = Vec::with_capacity(batch.len());
         let mut unavailable = HashSet::new();
-        let mut stopped: HashSet<&str> = HashSet::new();
         let mut probe_taken = vec![false; lanes.len()];
         // Routed and built up front: grouping a key's messages by lane and destination needs
         // both.
@@ -444,77 +458,110 @@ impl Worker {
                 })
             })
             .collect();
-        let waves = waves(batch, |p, i| match (&prepared[p], &prepared[i]) {
+        let mut keys = key_units(batch, |p, i| match (&prepared[p], &prepared[i]) {
             (Some(Prepared::Routed(a, Ok(x))), Some(Prepared::Routed(b, Ok(y)))) => {
                 a == b && lanes[*a].sink.orders_keys() && x.destination == y.destination
             }
             _ => false,
         });
-        for wave in waves {
-            if !self.lease_holds(lease).await {
+        // Keys whose next unit may be sent now, in order of their first message.
+        let mut ready: VecDeque<usize> = (0..keys.len()).collect();
+        let mut in_flight = FuturesUnordered::new();
+        let mut sending = true;
+        loop {
+            if sending && !ready.is_empty() && !self.lease_holds(lease).await {
                 warn!(member = %self.id, "lease ran short mid-batch; leaving the rest for the next claim");
+                sending = false;
+            }
+            if sending {
+                // Per lane, the units to send now.
+                let mut units: Vec<Vec<Unit>> = (0..lanes.len()).map(|_| Vec::new()).collect();
+                while let Some(k) = ready.pop_front() {
+                    let Some(unit) = keys[k].pop_front() else {
+                        continue;
+                    };
+                    let mut sent: Option<(usize, Vec<(usize, Envelope)>)> = None;
+                    for i in unit {
+                        let m = &batch[i];
+                        let Some(Prepared::Routed(l, built)) = prepared[i].take() else {
+                            let names: Vec<&str> = lanes.iter().map(|l| l.name.as_str()).collect();
+                            let why = format!(
+                                "no route matches this row (aggregate_type `{}`, event_type `{}`, \
+                                 topic {:?}) and the relay has no default sink; routes: {}",
+                                m.aggregate_type,
+                                m.event_type,
+                                m.topic.as_deref().unwrap_or(""),
+                                names.join(", ")
+                            );
+                            warn!(member = %self.id, id = %m.id, error = %why, "message has no route");
+                            outcomes.push(self.failure(m, SinkError::invalid(why)));
+                            keys[k].clear();
+                            break;
+                        };
+                        let lane = &lanes[l];
+                        let defer = match permits.get(l).copied().unwrap_or(Permit::Proceed) {
+                            Permit::Proceed => None,
+                            Permit::Probe if !probe_taken[l] => {
+                                probe_taken[l] = true;
+                                None
+                            }
+                            Permit::Probe => Some(MIN_COOLDOWN),
+                            Permit::Wait(d) => Some(d),
+                        };
+                        if let Some(delay) = defer {
+                            outcomes.push(self.deferral(m, lane, delay));
+                            keys[k].clear();
+                            break;
+                        }
+                        match built {
+                            // A unit holds one lane's messages (see `key_units`).
+                            Ok(e) => sent.get_or_insert_with(|| (l, Vec::new())).1.push((i, e)),
+                            Err(why) => {
+                                warn!(member = %self.id, id = %m.id, error = %why, "message cannot be published as stored");
+                                outcomes.push(self.failure(m, SinkError::invalid(why)));
+                                keys[k].clear();
+                                break;
+                            }
+                        }
+                    }
+                    // What went out of a unit cut short stays in flight; the key has nothing
+                    // after it (cleared above), so it stops once that is answered.
+                    if let Some((l, messages)) = sent {
+                        units[l].push((k, messages));
+                    }
+                }
+                // Cut into as many calls as are missing from the window (one at least), of
+                // about equal size, never splitting a unit.
+                let calls = CALLS_IN_FLIGHT.saturating_sub(in_flight.len()).max(1);
+                for (l, lane_units) in units.into_iter().enumerate() {
+                    let total: usize = lane_units.iter().map(|(_, m)| m.len()).sum();
+                    let size = total.div_ceil(calls).max(1);
+                    let mut call = LaneCall::default();
+                    for (k, messages) in lane_units {
+                        call.keys.push((k, messages.len()));
+                        for (i, e) in messages {
+                            call.rows.push(i);
+                            call.envelopes.push(e);
+                        }
+                        if call.rows.len() >= size {
+                            let full = std::mem::take(&mut call);
+                            in_flight.push(self.send_call(l, full));
+                        }
+                    }
+                    if !call.rows.is_empty() {
+                        in_flight.push(self.send_call(l, call));
+                    }
+                }
+            }
+            let Some(first) = in_flight.next().await else {
                 break;
+            };
+            // Every call already answered, so that the keys they free go out together.
+            let mut answered = vec![first];
+            while let Some(Some(more)) = in_flight.next().now_or_never() {
+                answered.push(more);
             }
-            let mut calls: HashMap<usize, LaneCall> = HashMap::new();
-            for i in wave {
-                let m = &batch[i];
-                if stopped.contains(m.aggregate_id.as_str()) {
-                    continue;
-                }
-                let Some(Prepared::Routed(l, built)) = prepared[i].take() else {
-                    let names: Vec<&str> = lanes.iter().map(|l| l.name.as_str()).collect();
-                    let why = format!(
-                        "no route matches this row (aggregate_type `{}`, event_type `{}`, \
-                         topic {:?}) and the relay has no default sink; routes: {}",
-                        m.aggregate_type,
-                        m.event_type,
-                        m.topic.as_deref().unwrap_or(""),
-                        names.join(", ")
-                    );
-                    warn!(member = %self.id, id = %m.id, error = %why, "message has no route");
-                    stopped.insert(m.aggregate_id.as_str());
-                    outcomes.push(self.failure(m, SinkError::invalid(why)));
-                    continue;
-                };
-                let lane = &lanes[l];
-                let defer = match permits.get(l).copied().unwrap_or(Permit::Proceed) {
-                    Permit::Proceed => None,
-                    Permit::Probe if !probe_taken[l] => {
-                        probe_taken[l] = true;
-                        None
-                    }
-                    Permit::Probe => Some(MIN_COOLDOWN),
-                    Permit::Wait(d) => Some(d),
-                };
-                if let Some(delay) = defer {
-                    stopped.insert(m.aggregate_id.as_str());
-                    outcomes.push(self.deferral(m, lane, delay));
-                    continue;
-                }
-                match built {
-                    Ok(e) => {
-                        let call = calls.entry(l).or_default();
-                        call.rows.push(i);
-                        call.envelopes.push(e);
-                    }
-                    Err(why) => {
-                        warn!(member = %self.id, id = %m.id, error = %why, "message cannot be published as stored");
-                        stopped.insert(m.aggregate_id.as_str());
-                        outcomes.push(self.failure(m, SinkError::invalid(why)));
-                    }
-                }
-            }
-            if calls.is_empty() {
-                continue;
-            }
-            let calls: Vec<(usize, LaneCall)> = calls.into_iter().collect();
-            let answers = futures::future::join_all(
-                calls
-                    .iter()
-                    .map(|(l, call)| self.publish_call(&lanes[*l], &call.envelopes)),
-            )
-            .await;
-            for ((l, call), results) in calls.into_iter().zip(answers) {
+            for (l, call, results) in answered {
                 let lane = &lanes[l];
                 lane.breaker.record(
                     results.iter().any(Result::is_ok),
@@ -525,39 +572,48 @@ impl Worker {
                 );
                 let retry_first = outcomes.len();
                 let probing = permits.get(l) == Some(&Permit::Probe) && self.lanes.routed();
-                // Keys that failed earlier in this call (a sink that orders keys gets several
-                // messages of one key per call): their later messages get no outcome and are
-                // published again after the failed one, whatever the sink said.
-                let mut failed_here: HashSet<&str> = HashSet::new();
-                for (k, i) in call.rows.into_iter().enumerate() {
-                    let m = &batch[i];
-                    if failed_here.contains(m.aggregate_id.as_str()) {
-                        continue;
-                    }
-                    let result = results.get(k).cloned().unwrap_or_else(|| {
-                        // A sink bug, not an outage: spend attempts rather than open the circuit.
-                        Err(SinkError::rejected(format!(
-                            "sink `{}` returned no result for this message",
-                            lane.sink.name()
-                        )))
-                    });
-                    match result {
-                        Ok(()) => outcomes.push(Outcome::Published { seq: m.seq }),
-                        // A routed probe that found its broker still down says nothing about
-                        // the message: it waits for the next probe without spending an attempt.
-                        Err(e) if probing && e.is_unavailable() => {
-                            failed_here.insert(m.aggregate_id.as_str());
-                            stopped.insert(m.aggregate_id.as_str());
-                            outcomes.push(self.deferral(m, lane, MIN_COOLDOWN));
+                let mut results = results.into_iter();
+                let mut rows = call.rows.into_iter();
+                for (k, n) in call.keys {
+                    // The key's rows in this call, in order, up to its first failure: the rest
+                    // get no outcome and go again after the failed one, whatever the sink said.
+                    let mut failed = false;
+                    for i in rows.by_ref().take(n) {
+                        let result = results.next();
+                        if failed {
+                            continue;
                         }
-                        Err(e) => {
-                            failed_here.insert(m.aggregate_id.as_str());
-                            stopped.insert(m.aggregate_id.as_str());
-                            if e.is_unavailable() {
-                                unavailable.insert(m.seq);
+                        let m = &batch[i];
+                        let result = result.unwrap_or_else(|| {
+                            // A sink bug, not an outage: spend attempts rather than open the
+                            // circuit.
+                            Err(SinkError::rejected(format!(
+                                "sink `{}` returned no result for this message",
+                                lane.sink.name()
+                            )))
+                        });
+                        match result {
+                            Ok(()) => outcomes.push(Outcome::Published { seq: m.seq }),
+                            // A routed probe that found its broker still down says nothing
+                            // about the message: it waits for the next probe without spending
+                            // an attempt.
+                            Err(e) if probing && e.is_unavailable() => {
+                                failed = true;
+                                outcomes.push(self.deferral(m, lane, MIN_COOLDOWN));
                             }
-                            outcomes.push(self.failure(m, e));
+                            Err(e) => {
+                                failed = true;
+                                if e.is_unavailable() {
+                                    unavailable.insert(m.seq);
+                                }
+                                outcomes.push(self.failure(m, e));
+                            }
                         }
+                    }
+                    if failed {
+                        keys[k].clear();
+                    } else if !keys[k].is_empty() {
+                        ready.push_back(k);
                     }
                 }
                 let retried: Vec<&Outcome> = outcomes[retry_first..]
@@ -575,6 +631,16 @@ impl Worker {
             outcomes,
             unavailable,
         }
+    }
+
+    /// Sends `call` through lane `l`; answers with the lane and the call, for its results.
+    async fn send_call(
+        &self,
+        l: usize,
+        call: LaneCall,
+    ) -> (usize, LaneCall, Vec<Result<(), SinkError>>) {
+        let results = self.publish_call(&self.lanes.0[l], &call.envelopes).await;
+        (l, call, results)
     }
 
     /// The outcome of a message whose lane may not publish now: it waits `delay` with its key,
@@ -661,7 +727,7 @@ impl Worker {
         lease.valid_until > Instant::now() + self.cfg.lease_margin()
     }
 
-    /// The outcome of a failed attempt. Retries are logged once per wave by the caller (an
+    /// The outcome of a failed attempt. Retries are logged once per call by the caller (an
     /// outage fails thousands of messages; one line says it); final failures one by one.
     fn failure(&self, m: &Message, e: SinkError) -> Outcome {
         let attempts = u32::try_from(m.attempts).unwrap_or(0).saturating_add(1);

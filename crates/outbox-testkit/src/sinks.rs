@@ -333,3 +333,95 @@ impl Sink for KeyOrderingSink {
             .collect()
     }
 }
+
+/// What a [`SlowKeySink`] saw, in order: a message handed to it, or answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// The message of `key` whose payload is `{"n": n}` was handed over in a call.
+    Sent(String, u64),
+    /// That message was answered.
+    Answered(String, u64),
+}
+
+/// Holds every call that carries a message of `slow_key` for `delay` before passing it to the
+/// inner sink, and logs when each message was handed over and answered, with the most messages
+/// of one key it ever held at once. Proves that a slow key holds back only itself: other keys'
+/// next messages go out while its call is still unanswered, and no key ever has two messages
+/// in flight.
+pub struct SlowKeySink<S> {
+    inner: S,
+    slow_key: String,
+    delay: std::time::Duration,
+    log: Mutex<Vec<Seen>>,
+    in_flight: Mutex<HashMap<String, u64>>,
+    most_of_one_key: AtomicU64,
+}
+
+impl<S: Sink> SlowKeySink<S> {
+    /// Delays calls holding a message of `slow_key` by `delay`.
+    pub fn new(inner: S, slow_key: impl Into<String>, delay: std::time::Duration) -> Self {
+        Self {
+            inner,
+            slow_key: slow_key.into(),
+            delay,
+            log: Mutex::default(),
+            in_flight: Mutex::default(),
+            most_of_one_key: AtomicU64::new(0),
+        }
+    }
+
+    /// Everything seen so far, in order.
+    pub fn log(&self) -> Vec<Seen> {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// The most messages of one key held at once.
+    pub fn most_of_one_key_in_flight(&self) -> u64 {
+        self.most_of_one_key.load(Ordering::SeqCst)
+    }
+
+    fn n(e: &Envelope) -> u64 {
+        serde_json::from_slice::<serde_json::Value>(&e.payload)
+            .ok()
+            .and_then(|v| v.get("n").and_then(serde_json::Value::as_u64))
+            .unwrap_or(u64::MAX)
+    }
+
+    fn note(&self, batch: &[Envelope], sent: bool) {
+        let (Ok(mut log), Ok(mut in_flight)) = (self.log.lock(), self.in_flight.lock()) else {
+            return;
+        };
+        for e in batch {
+            let count = in_flight.entry(e.key.clone()).or_default();
+            if sent {
+                *count += 1;
+                self.most_of_one_key.fetch_max(*count, Ordering::SeqCst);
+                log.push(Seen::Sent(e.key.clone(), Self::n(e)));
+            } else {
+                *count = count.saturating_sub(1);
+                log.push(Seen::Answered(e.key.clone(), Self::n(e)));
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl<S: Sink> Sink for SlowKeySink<S> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn orders_keys(&self) -> bool {
+        self.inner.orders_keys()
+    }
+
+    async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
+        self.note(batch, true);
+        if batch.iter().any(|e| e.key == self.slow_key) {
+            tokio::time::sleep(self.delay).await;
+        }
+        let results = self.inner.publish(batch).await;
+        self.note(batch, false);
+        results
+    }
+}

@@ -12,9 +12,9 @@ use super::error::Class;
 /// Most entries in one `SendMessageBatch` or `PublishBatch` call.
 pub(crate) const MAX_ENTRIES: usize = 10;
 
-/// Batch calls one publish call keeps in flight at once. The relay hands a sink up to a
-/// batch of rows (500 by default, 10,000 at most) per worker: 32 calls of ten keep 320
-/// messages in flight per worker without opening hundreds of connections to the service.
+/// Batch calls one publish call keeps in flight at once. A relay worker keeps up to four
+/// publish calls out, each a quarter of its batch (1,000 rows by default): 32 calls of ten
+/// cover a call of 250 at once, without opening hundreds of connections to the service.
 pub(crate) const MAX_CALLS_IN_FLIGHT: usize = 32;
 
 /// Splits `items` (an index and a size in bytes each, in publish order) into consecutive
