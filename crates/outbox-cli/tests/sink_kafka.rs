@@ -564,10 +564,13 @@ impl CutProxy {
         let (o, c) = (open.clone(), connections.clone());
         let accept = tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
+                // Checked and kept under the lock `cut` takes: a connection accepted as the cut
+                // happens is either refused here or aborted there, never left open.
+                let mut kept = c.lock().unwrap();
                 if !o.load(std::sync::atomic::Ordering::SeqCst) {
                     continue; // dropped: closed at once
                 }
-                c.lock().unwrap().push(tokio::spawn(async move {
+                kept.push(tokio::spawn(async move {
                     if let Ok(mut broker) =
                         tokio::net::TcpStream::connect(("127.0.0.1", target)).await
                     {
@@ -584,8 +587,9 @@ impl CutProxy {
     }
 
     fn cut(&self) {
+        let mut kept = self.connections.lock().unwrap();
         self.open.store(false, std::sync::atomic::Ordering::SeqCst);
-        for h in self.connections.lock().unwrap().drain(..) {
+        for h in kept.drain(..) {
             h.abort();
         }
     }
