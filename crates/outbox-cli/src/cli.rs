@@ -423,9 +423,12 @@ pub struct VerifyArgs {
     /// sqlite:// run uses a fresh file in a temporary folder when no path is given.
     #[arg(long, value_name = "URL")]
     pub database_url: Option<String>,
-    /// Broker: nats://host:port (a stream of its own), amqp://… (an exchange and queue of its
-    /// own), redis://… (a stream of its own), mqtt://… (a topic of its own, read by a
-    /// persistent-session subscriber) or file:path.jsonl. Env: OUTBOX_SINK
+    /// Broker: nats://host:port (a stream of its own), kafka://… (a topic of its own),
+    /// amqp://… (an exchange and queue of its own), redis://… (a stream of its own), mqtt://…
+    /// (a topic of its own, read by a persistent-session subscriber), sqs://… (a queue of its
+    /// own), sns://… (a topic of its own, read through a subscribed queue), http(s)://…
+    /// (a signed receiver of its own; the URL's fragment, e.g. #secret_env=NAME, is kept),
+    /// file:path.jsonl or stdout:. Env: OUTBOX_SINK
     /// (keeps a token or password off the command line). Relays get it through the
     /// environment, never as an argument.
     #[arg(
