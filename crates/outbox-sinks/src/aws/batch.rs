@@ -12,10 +12,18 @@ use super::error::Class;
 /// Most entries in one `SendMessageBatch` or `PublishBatch` call.
 pub(crate) const MAX_ENTRIES: usize = 10;
 
-/// Batch calls one publish call keeps in flight at once. A relay worker keeps up to four
-/// publish calls out, each a quarter of its batch (1,000 rows by default): 32 calls of ten
-/// cover a call of 250 at once, without opening hundreds of connections to the service.
+/// Batch calls one publish call keeps in flight at once.
 pub(crate) const MAX_CALLS_IN_FLIGHT: usize = 32;
+
+/// Batch calls a whole sink keeps in flight at once, across every publish call of the relay
+/// process (its workers, and the several calls each keeps out): what two workers of one call
+/// each kept before, without opening hundreds of connections to the service.
+pub(crate) const MAX_CALLS_IN_FLIGHT_PER_SINK: usize = 64;
+
+/// The slots of [`MAX_CALLS_IN_FLIGHT_PER_SINK`], one set per sink.
+pub(crate) fn call_slots() -> tokio::sync::Semaphore {
+    tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT_PER_SINK)
+}
 
 /// Splits `items` (an index and a size in bytes each, in publish order) into consecutive
 /// chunks of at most [`MAX_ENTRIES`] items whose sizes add up to at most `max_bytes`. Every
@@ -158,8 +166,9 @@ pub(crate) enum Sent {
 }
 
 /// Sends every chunk through `send` (with its target: a queue or topic) with up to
-/// [`MAX_CALLS_IN_FLIGHT`] calls at once, until `deadline`; returns a result for every entry
-/// answered by then, by index (the caller gives the others an outage: no answer in time).
+/// [`MAX_CALLS_IN_FLIGHT`] calls at once, each holding one of the sink's `slots` while it is
+/// out, until `deadline`; returns a result for every entry answered by then, by index (the
+/// caller gives the others an outage: no answer in time).
 ///
 /// A chunk refused as a whole for its content ([`Class::Content`]: a parameter value, a size)
 /// was refused before anything in it was accepted; it is sent again one entry per call, so
@@ -167,6 +176,7 @@ pub(crate) enum Sent {
 pub(crate) async fn send_chunks<'e, 'a, T, F, Fut>(
     chunks: Vec<(T, Vec<&'e Entry<'a>>)>,
     send: F,
+    slots: &tokio::sync::Semaphore,
     deadline: tokio::time::Instant,
 ) -> Vec<(usize, Result<(), SinkError>)>
 where
@@ -179,7 +189,14 @@ where
     // inside stream combinators trip the compiler's `Send` check of the boxed publish future.
     let calls: Vec<_> = chunks
         .into_iter()
-        .map(|(target, chunk)| send_chunk(&send, target, chunk))
+        .map(|(target, chunk)| {
+            let send = &send;
+            async move {
+                // Never closed; a chunk still waiting for a slot at the deadline is not sent.
+                let _slot = slots.acquire().await;
+                send_chunk(send, target, chunk).await
+            }
+        })
         .collect();
     let mut answers = stream::iter(calls).buffer_unordered(MAX_CALLS_IN_FLIGHT);
     let mut out = Vec::new();
@@ -373,6 +390,7 @@ mod tests {
                 }
                 Sent::Answered(chunk.iter().map(|e| (e.index, Ok(()))).collect())
             },
+            &call_slots(),
             deadline,
         )
         .await;
@@ -390,6 +408,41 @@ mod tests {
         }
     }
 
+    /// The sink's slots bound its batch calls across publish calls: two calls of five chunks
+    /// each, sharing two slots, never have more than two batch calls out.
+    #[tokio::test]
+    async fn publish_calls_in_flight_together_share_the_sinks_slots() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let batch: Vec<Envelope> = (0..50).map(|_| envelope("q")).collect();
+        let entries = prepared(&batch);
+        let (out, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let slots = tokio::sync::Semaphore::new(2);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        async fn counted(out: &AtomicUsize, most: &AtomicUsize, chunk: Vec<&Entry<'_>>) -> Sent {
+            most.fetch_max(out.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            out.fetch_sub(1, Ordering::SeqCst);
+            Sent::Answered(chunk.iter().map(|e| (e.index, Ok(()))).collect())
+        }
+        let (a, b) = entries.split_at(25);
+        let (sa, sb) = tokio::join!(
+            send_chunks(
+                target_chunks([((), a)], 1024),
+                |(), chunk: Vec<&Entry<'_>>| counted(&out, &most, chunk),
+                &slots,
+                deadline
+            ),
+            send_chunks(
+                target_chunks([((), b)], 1024),
+                |(), chunk: Vec<&Entry<'_>>| counted(&out, &most, chunk),
+                &slots,
+                deadline
+            ),
+        );
+        assert_eq!(sa.len() + sb.len(), 50, "every entry answered");
+        assert_eq!(most.load(Ordering::SeqCst), 2);
+    }
+
     #[tokio::test]
     async fn a_refusal_of_another_class_fails_the_whole_batch_without_resending() {
         let batch: Vec<Envelope> = (0..3).map(|_| envelope("q")).collect();
@@ -403,6 +456,7 @@ mod tests {
                 count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 async { Sent::Failed(Class::Missing, SinkError::rejected("no queue `q`")) }
             },
+            &call_slots(),
             deadline,
         )
         .await;
@@ -433,6 +487,7 @@ mod tests {
                 }
                 Sent::Answered(chunk.iter().map(|e| (e.index, Ok(()))).collect())
             },
+            &call_slots(),
             deadline,
         )
         .await;

@@ -13,7 +13,7 @@ use super::config::{SnsConfig, TopicRef};
 use super::error::{call_error, entry_error, identity_error};
 use crate::aws::attributes::STRING;
 use crate::aws::batch::{
-    answer_results, by_destination, finish, send_chunks, target_chunks, Entry, Sent,
+    answer_results, by_destination, call_slots, finish, send_chunks, target_chunks, Entry, Sent,
 };
 use crate::aws::config::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::aws::error::{call_failure, Class};
@@ -37,6 +37,8 @@ pub struct SnsSink {
     ack_timeout: Duration,
     /// (partition, account) of the credentials, read once, for ARNs of topics named by name.
     identity: OnceCell<(String, String)>,
+    /// Batch calls in flight, shared by every publish call (see `call_slots`).
+    slots: tokio::sync::Semaphore,
 }
 
 impl SnsSink {
@@ -46,6 +48,7 @@ impl SnsSink {
     pub async fn connect(cfg: SnsConfig) -> Result<Self, Error> {
         let sdk = cfg.sdk_config().await?;
         Ok(Self {
+            slots: call_slots(),
             client: aws_sdk_sns::Client::new(&sdk),
             sts: aws_sdk_sts::Client::new(&sdk),
             region: sdk.region().map(|r| r.to_string()).unwrap_or_default(),
@@ -240,6 +243,7 @@ impl Sink for SnsSink {
         let sent = send_chunks(
             calls,
             |(topic, arn), chunk| self.send(topic, arn, chunk),
+            &self.slots,
             deadline,
         )
         .await;

@@ -13,7 +13,7 @@ use super::config::{QueueRef, SqsConfig};
 use super::error::{call_error, entry_error, lookup_error};
 use crate::aws::attributes::STRING;
 use crate::aws::batch::{
-    answer_results, by_destination, finish, send_chunks, target_chunks, Entry, Sent,
+    answer_results, by_destination, call_slots, finish, send_chunks, target_chunks, Entry, Sent,
 };
 use crate::aws::error::{call_failure, Class};
 
@@ -36,6 +36,8 @@ pub struct SqsSink {
     /// Queue name → URL, filled by `GetQueueUrl`. An entry is dropped when SQS says its queue
     /// does not exist, so a queue deleted and created again is found again.
     urls: Mutex<HashMap<String, String>>,
+    /// Batch calls in flight, shared by every publish call (see `call_slots`).
+    slots: tokio::sync::Semaphore,
 }
 
 impl SqsSink {
@@ -45,6 +47,7 @@ impl SqsSink {
     pub async fn connect(cfg: SqsConfig) -> Result<Self, Error> {
         let sdk = cfg.sdk_config().await?;
         Ok(Self {
+            slots: call_slots(),
             client: aws_sdk_sqs::Client::new(&sdk),
             region: sdk.region().map(|r| r.to_string()).unwrap_or_default(),
             ack_timeout: cfg.ack_timeout,
@@ -237,6 +240,7 @@ impl Sink for SqsSink {
         let sent = send_chunks(
             calls,
             |(queue, url), chunk| self.send(queue, url, chunk),
+            &self.slots,
             deadline,
         )
         .await;
