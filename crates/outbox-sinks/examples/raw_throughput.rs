@@ -512,8 +512,6 @@ fn drain_meanwhile(
 /// SQS into a standard queue: the SDK alone (`SendMessageBatch` of ten with the message id
 /// attribute, 32 calls in flight, as the sink sends), then `SqsSink`.
 async fn sqs(n: usize) {
-    use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
-    use futures::StreamExt as _;
     let url = env(
         "SQS_URL",
         "sqs://?region=us-east-1&endpoint=http://127.0.0.1:4566",
@@ -524,9 +522,180 @@ async fn sqs(n: usize) {
         .await
         .unwrap();
     let body = "x".repeat(PAYLOAD);
+    sqs_batches(
+        "aws-sdk-sqs: SendMessageBatch of 10, 32 calls in flight",
+        &client,
+        &queue,
+        n,
+    )
+    .await;
+    // One key in order: one message per call, each after the previous one's answer.
+    let one = n / 20;
+    let started = Instant::now();
+    for _ in 0..one {
+        client
+            .send_message()
+            .queue_url(&queue)
+            .message_body(&body)
+            .send()
+            .await
+            .unwrap();
+    }
+    rate(
+        "aws-sdk-sqs: SendMessage, one call after another",
+        one,
+        started.elapsed(),
+    );
+    let sink = outbox_sinks::sqs::SqsSink::connect(
+        outbox_sinks::sqs::SqsConfig::sqs_from_url(&format!("{url}&ack_timeout=30s")).unwrap(),
+    )
+    .await
+    .unwrap();
+    through_sink("SqsSink::publish, calls of 1000", &sink, &name, n).await;
+    one_by_one(
+        "SqsSink::publish, one message per call",
+        &sink,
+        &name,
+        n / 20,
+    )
+    .await;
+    let _ = client.purge_queue().queue_url(&queue).send().await;
+    let (stop, reader) = drain_meanwhile(&client, &queue);
+    // With a reader draining, as in `outbox bench`: the service serves both.
+    sqs_batches(
+        "aws-sdk-sqs: SendMessageBatch of 10, 32 in flight, a reader draining",
+        &client,
+        &queue,
+        n,
+    )
+    .await;
+    through_sink(
+        "SqsSink::publish, calls of 1000, a reader draining",
+        &sink,
+        &name,
+        n,
+    )
+    .await;
+    let started = Instant::now();
+    for _ in 0..one {
+        client
+            .send_message()
+            .queue_url(&queue)
+            .message_body(&body)
+            .send()
+            .await
+            .unwrap();
+    }
+    rate(
+        "aws-sdk-sqs: SendMessage, one after another, a reader draining",
+        one,
+        started.elapsed(),
+    );
+    one_by_one(
+        "SqsSink::publish, one message per call, a reader draining",
+        &sink,
+        &name,
+        one,
+    )
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = reader.await;
+    let _ = client.delete_queue().queue_url(&queue).send().await;
+}
+
+/// SNS into a standard topic with a queue subscribed (raw delivery, as `outbox bench` reads
+/// it): the SDK alone (`PublishBatch` of ten, 32 calls in flight), then `SnsSink`.
+async fn sns(n: usize) {
+    let url = env(
+        "SNS_URL",
+        "sns://?region=us-east-1&endpoint=http://127.0.0.1:4566",
+    );
+    let sdk = outbox_sinks::sns::SnsConfig::sns_from_url(&url)
+        .unwrap()
+        .reader_sdk_config()
+        .await
+        .unwrap();
+    let sns = aws_sdk_sns::Client::new(&sdk);
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let name = format!("outbox_raw_{}", suffix());
+    let topic = outbox_sinks::sns::create_topic(&sns, &name, false)
+        .await
+        .unwrap();
+    let queue = outbox_sinks::sqs::create_queue(&sqs, &name, false)
+        .await
+        .unwrap();
+    outbox_sinks::sns::subscribe_queue(&sns, &sqs, &topic, &queue)
+        .await
+        .unwrap();
+    let body = "x".repeat(PAYLOAD);
+    sns_batches(
+        "aws-sdk-sns: PublishBatch of 10, 32 calls in flight",
+        &sns,
+        &topic,
+        n,
+    )
+    .await;
+    let one = n / 20;
+    let started = Instant::now();
+    for _ in 0..one {
+        sns.publish()
+            .topic_arn(&topic)
+            .message(&body)
+            .send()
+            .await
+            .unwrap();
+    }
+    rate(
+        "aws-sdk-sns: Publish, one call after another",
+        one,
+        started.elapsed(),
+    );
+    let sink = outbox_sinks::sns::SnsSink::connect(
+        outbox_sinks::sns::SnsConfig::sns_from_url(&format!("{url}&ack_timeout=30s")).unwrap(),
+    )
+    .await
+    .unwrap();
+    through_sink("SnsSink::publish, calls of 1000", &sink, &topic, n).await;
+    one_by_one(
+        "SnsSink::publish, one message per call",
+        &sink,
+        &topic,
+        n / 20,
+    )
+    .await;
+    // With a reader draining the subscribed queue, as in `outbox bench`: the service fans out
+    // and serves the reader too.
+    let _ = sqs.purge_queue().queue_url(&queue).send().await;
+    let (stop, reader) = drain_meanwhile(&sqs, &queue);
+    sns_batches(
+        "aws-sdk-sns: PublishBatch of 10, 32 in flight, a reader draining",
+        &sns,
+        &topic,
+        n,
+    )
+    .await;
+    through_sink(
+        "SnsSink::publish, calls of 1000, a reader draining",
+        &sink,
+        &topic,
+        n,
+    )
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = reader.await;
+    let _ = sns.delete_topic().topic_arn(&topic).send().await;
+    let _ = sqs.delete_queue().queue_url(&queue).send().await;
+}
+
+/// `n` messages through the SDK alone as `SendMessageBatch` calls of ten with the message id
+/// attribute (as the sink sends), 32 calls in flight.
+async fn sqs_batches(what: &str, client: &aws_sdk_sqs::Client, queue: &str, n: usize) {
+    use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+    use futures::StreamExt as _;
+    let body = "x".repeat(PAYLOAD);
     let started = Instant::now();
     let calls = aws_ids(n).into_iter().map(|batch| {
-        let (client, queue, body) = (&client, &queue, &body);
+        let body = &body;
         async move {
             let entries = batch
                 .into_iter()
@@ -560,100 +729,18 @@ async fn sqs(n: usize) {
         .buffer_unordered(32)
         .collect::<Vec<()>>()
         .await;
-    rate(
-        "aws-sdk-sqs: SendMessageBatch of 10, 32 calls in flight",
-        n,
-        started.elapsed(),
-    );
-    // One key in order: one message per call, each after the previous one's answer.
-    let one = n / 20;
-    let started = Instant::now();
-    for _ in 0..one {
-        client
-            .send_message()
-            .queue_url(&queue)
-            .message_body(&body)
-            .send()
-            .await
-            .unwrap();
-    }
-    rate(
-        "aws-sdk-sqs: SendMessage, one call after another",
-        one,
-        started.elapsed(),
-    );
-    let sink = outbox_sinks::sqs::SqsSink::connect(
-        outbox_sinks::sqs::SqsConfig::sqs_from_url(&format!("{url}&ack_timeout=30s")).unwrap(),
-    )
-    .await
-    .unwrap();
-    through_sink("SqsSink::publish, calls of 1000", &sink, &name, n).await;
-    one_by_one(
-        "SqsSink::publish, one message per call",
-        &sink,
-        &name,
-        n / 20,
-    )
-    .await;
-    let _ = client.purge_queue().queue_url(&queue).send().await;
-    let (stop, reader) = drain_meanwhile(&client, &queue);
-    let started = Instant::now();
-    for _ in 0..one {
-        client
-            .send_message()
-            .queue_url(&queue)
-            .message_body(&body)
-            .send()
-            .await
-            .unwrap();
-    }
-    rate(
-        "aws-sdk-sqs: SendMessage, one after another, a reader draining",
-        one,
-        started.elapsed(),
-    );
-    one_by_one(
-        "SqsSink::publish, one message per call, a reader draining",
-        &sink,
-        &name,
-        one,
-    )
-    .await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let _ = reader.await;
-    let _ = client.delete_queue().queue_url(&queue).send().await;
+    rate(what, n, started.elapsed());
 }
 
-/// SNS into a standard topic with a queue subscribed (raw delivery, as `outbox bench` reads
-/// it): the SDK alone (`PublishBatch` of ten, 32 calls in flight), then `SnsSink`.
-async fn sns(n: usize) {
+/// `n` messages through the SDK alone as `PublishBatch` calls of ten with the message id
+/// attribute (as the sink sends), 32 calls in flight.
+async fn sns_batches(what: &str, sns: &aws_sdk_sns::Client, topic: &str, n: usize) {
     use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
     use futures::StreamExt as _;
-    let url = env(
-        "SNS_URL",
-        "sns://?region=us-east-1&endpoint=http://127.0.0.1:4566",
-    );
-    let sdk = outbox_sinks::sns::SnsConfig::sns_from_url(&url)
-        .unwrap()
-        .reader_sdk_config()
-        .await
-        .unwrap();
-    let sns = aws_sdk_sns::Client::new(&sdk);
-    let sqs = aws_sdk_sqs::Client::new(&sdk);
-    let name = format!("outbox_raw_{}", suffix());
-    let topic = outbox_sinks::sns::create_topic(&sns, &name, false)
-        .await
-        .unwrap();
-    let queue = outbox_sinks::sqs::create_queue(&sqs, &name, false)
-        .await
-        .unwrap();
-    outbox_sinks::sns::subscribe_queue(&sns, &sqs, &topic, &queue)
-        .await
-        .unwrap();
     let body = "x".repeat(PAYLOAD);
     let started = Instant::now();
     let calls = aws_ids(n).into_iter().map(|batch| {
-        let (sns, topic, body) = (&sns, &topic, &body);
+        let body = &body;
         async move {
             let entries = batch
                 .into_iter()
@@ -687,41 +774,7 @@ async fn sns(n: usize) {
         .buffer_unordered(32)
         .collect::<Vec<()>>()
         .await;
-    rate(
-        "aws-sdk-sns: PublishBatch of 10, 32 calls in flight",
-        n,
-        started.elapsed(),
-    );
-    let one = n / 20;
-    let started = Instant::now();
-    for _ in 0..one {
-        sns.publish()
-            .topic_arn(&topic)
-            .message(&body)
-            .send()
-            .await
-            .unwrap();
-    }
-    rate(
-        "aws-sdk-sns: Publish, one call after another",
-        one,
-        started.elapsed(),
-    );
-    let sink = outbox_sinks::sns::SnsSink::connect(
-        outbox_sinks::sns::SnsConfig::sns_from_url(&format!("{url}&ack_timeout=30s")).unwrap(),
-    )
-    .await
-    .unwrap();
-    through_sink("SnsSink::publish, calls of 1000", &sink, &topic, n).await;
-    one_by_one(
-        "SnsSink::publish, one message per call",
-        &sink,
-        &topic,
-        n / 20,
-    )
-    .await;
-    let _ = sns.delete_topic().topic_arn(&topic).send().await;
-    let _ = sqs.delete_queue().queue_url(&queue).send().await;
+    rate(what, n, started.elapsed());
 }
 
 #[tokio::main]
