@@ -687,94 +687,90 @@ async fn sns(n: usize) {
     let _ = sqs.delete_queue().queue_url(&queue).send().await;
 }
 
-/// `n` messages through the SDK alone as `SendMessageBatch` calls of ten with the message id
-/// attribute (as the sink sends), 32 calls in flight.
-async fn sqs_batches(what: &str, client: &aws_sdk_sqs::Client, queue: &str, n: usize) {
-    use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+/// Sends `n` messages as batches of ten ids (an entry id and a message id each) through
+/// `send`, 32 batches in flight, and prints the rate as `what`.
+async fn timed_batches<F, Fut>(what: &str, n: usize, send: F)
+where
+    F: Fn(Vec<(String, String)>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     use futures::StreamExt as _;
-    let body = "x".repeat(PAYLOAD);
     let started = Instant::now();
-    let calls = aws_ids(n).into_iter().map(|batch| {
-        let body = &body;
-        async move {
-            let entries = batch
-                .into_iter()
-                .map(|(id, message_id)| {
-                    SendMessageBatchRequestEntry::builder()
-                        .id(id)
-                        .message_body(body.clone())
-                        .message_attributes(
-                            "outbox-message-id",
-                            MessageAttributeValue::builder()
-                                .data_type("String")
-                                .string_value(message_id)
-                                .build()
-                                .unwrap(),
-                        )
-                        .build()
-                        .unwrap()
-                })
-                .collect();
-            let out = client
-                .send_message_batch()
-                .queue_url(queue)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .unwrap();
-            assert!(out.failed().is_empty(), "{:?}", out.failed());
-        }
-    });
-    futures::stream::iter(calls)
+    futures::stream::iter(aws_ids(n).into_iter().map(send))
         .buffer_unordered(32)
         .collect::<Vec<()>>()
         .await;
     rate(what, n, started.elapsed());
 }
 
+/// `n` messages through the SDK alone as `SendMessageBatch` calls of ten with the message id
+/// attribute (as the sink sends), 32 calls in flight.
+async fn sqs_batches(what: &str, client: &aws_sdk_sqs::Client, queue: &str, n: usize) {
+    use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+    let body = "x".repeat(PAYLOAD);
+    timed_batches(what, n, |batch| {
+        let entries = batch
+            .into_iter()
+            .map(|(id, message_id)| {
+                let attribute = MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(message_id)
+                    .build()
+                    .unwrap();
+                SendMessageBatchRequestEntry::builder()
+                    .id(id)
+                    .message_body(body.clone())
+                    .message_attributes("outbox-message-id", attribute)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let call = client
+            .send_message_batch()
+            .queue_url(queue)
+            .set_entries(Some(entries))
+            .send();
+        async move {
+            let out = call.await.unwrap();
+            assert!(out.failed().is_empty(), "{:?}", out.failed());
+        }
+    })
+    .await;
+}
+
 /// `n` messages through the SDK alone as `PublishBatch` calls of ten with the message id
 /// attribute (as the sink sends), 32 calls in flight.
 async fn sns_batches(what: &str, sns: &aws_sdk_sns::Client, topic: &str, n: usize) {
     use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
-    use futures::StreamExt as _;
     let body = "x".repeat(PAYLOAD);
-    let started = Instant::now();
-    let calls = aws_ids(n).into_iter().map(|batch| {
-        let body = &body;
+    timed_batches(what, n, |batch| {
+        let entries = batch
+            .into_iter()
+            .map(|(id, message_id)| {
+                let attribute = MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(message_id)
+                    .build()
+                    .unwrap();
+                PublishBatchRequestEntry::builder()
+                    .id(id)
+                    .message(body.clone())
+                    .message_attributes("outbox-message-id", attribute)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let call = sns
+            .publish_batch()
+            .topic_arn(topic)
+            .set_publish_batch_request_entries(Some(entries))
+            .send();
         async move {
-            let entries = batch
-                .into_iter()
-                .map(|(id, message_id)| {
-                    PublishBatchRequestEntry::builder()
-                        .id(id)
-                        .message(body.clone())
-                        .message_attributes(
-                            "outbox-message-id",
-                            MessageAttributeValue::builder()
-                                .data_type("String")
-                                .string_value(message_id)
-                                .build()
-                                .unwrap(),
-                        )
-                        .build()
-                        .unwrap()
-                })
-                .collect();
-            let out = sns
-                .publish_batch()
-                .topic_arn(topic)
-                .set_publish_batch_request_entries(Some(entries))
-                .send()
-                .await
-                .unwrap();
+            let out = call.await.unwrap();
             assert!(out.failed().is_empty(), "{:?}", out.failed());
         }
-    });
-    futures::stream::iter(calls)
-        .buffer_unordered(32)
-        .collect::<Vec<()>>()
-        .await;
-    rate(what, n, started.elapsed());
+    })
+    .await;
 }
 
 #[tokio::main]

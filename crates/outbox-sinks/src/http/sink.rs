@@ -342,8 +342,13 @@ mod tests {
     /// An endpoint that takes connections and never answers: the call ends at its ack timeout,
     /// the request in flight is `unavailable` (no response in time), and those whose turn never
     /// came are not sent at all.
-    #[tokio::test]
-    async fn a_call_ends_within_its_ack_timeout_and_sends_nothing_after_it() {
+    /// An endpoint that takes connections, keeps them open and never answers: its address,
+    /// how many connections it took, and its task.
+    async fn silent_endpoint() -> (
+        std::net::SocketAddr,
+        Arc<std::sync::atomic::AtomicUsize>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -355,6 +360,12 @@ mod tests {
                 open.push(conn); // kept open, never answered
             }
         });
+        (addr, accepted, held)
+    }
+
+    #[tokio::test]
+    async fn a_call_ends_within_its_ack_timeout_and_sends_nothing_after_it() {
+        let (addr, accepted, held) = silent_endpoint().await;
         let sink = HttpSink::connect(
             HttpConfig::from_url(&format!(
                 "http://{addr}/hook#ack_timeout=300ms&max_in_flight=1"
@@ -393,17 +404,7 @@ mod tests {
     /// worker, and together they never hold more requests than that.
     #[tokio::test]
     async fn calls_in_flight_together_share_max_in_flight() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let count = accepted.clone();
-        let held = tokio::spawn(async move {
-            let mut open = Vec::new();
-            while let Ok((conn, _)) = listener.accept().await {
-                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                open.push(conn); // kept open, never answered
-            }
-        });
+        let (addr, accepted, held) = silent_endpoint().await;
         let sink = HttpSink::connect(
             HttpConfig::from_url(&format!(
                 "http://{addr}/hook#ack_timeout=300ms&max_in_flight=2"
