@@ -27,8 +27,13 @@ use super::relay::RelayUnderTest;
 use super::scratch::Scratch;
 use super::{naive, Ctx, Drain, DrainTiming};
 
-/// Longest a drain may take before the run is abandoned.
-const DRAIN_LIMIT: Duration = Duration::from_secs(600);
+/// How long a drain may publish nothing before the run is abandoned: a relay that makes
+/// progress is waited for, however slow its sink (SQS with one key publishes a few hundred a
+/// second, so 200,000 rows take many minutes).
+const DRAIN_STALL: Duration = Duration::from_secs(120);
+
+/// Longest a drain may take in all, progress or not.
+const DRAIN_LIMIT: Duration = Duration::from_secs(3600);
 
 /// The figures of one key count.
 #[derive(Debug, Serialize)]
@@ -351,18 +356,19 @@ async fn finish(
 }
 
 /// Waits for the relay's `published` counter to reach `target`, noting when it passed 10% and
-/// 90% of it (every 5 ms, so a drain of a second or more is timed to within 1%).
+/// 90% of it (every 5 ms, so a drain of a second or more is timed to within 1%). Gives up when
+/// nothing was published for [`DRAIN_STALL`], or after [`DRAIN_LIMIT`] in all.
 async fn wait_published(
     metrics: &RelayMetrics,
     target: u64,
     started: Instant,
 ) -> anyhow::Result<DrainTiming> {
-    let deadline = started + DRAIN_LIMIT;
     let mut timing = DrainTiming {
         took: Duration::ZERO,
         tenth: None,
         ninth_tenth: None,
     };
+    let mut last = (0, started);
     loop {
         let published = RelayMetrics::get(&metrics.published);
         if timing.tenth.is_none() && published * 10 >= target {
@@ -375,9 +381,47 @@ async fn wait_published(
             timing.took = started.elapsed();
             return Ok(timing);
         }
-        if Instant::now() > deadline {
-            anyhow::bail!("gave up after {DRAIN_LIMIT:?}: {published} of {target} published");
+        let now = Instant::now();
+        if published > last.0 {
+            last = (published, now);
+        }
+        if let Some(why) = drain_given_up(now - started, now - last.1) {
+            anyhow::bail!("gave up {why}: {published} of {target} published");
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Why a drain that has run for `elapsed`, the last `stalled` of it without publishing, is
+/// abandoned; `None` while it may go on.
+fn drain_given_up(elapsed: Duration, stalled: Duration) -> Option<String> {
+    if stalled > DRAIN_STALL {
+        Some(format!("after {DRAIN_STALL:?} without progress"))
+    } else if elapsed > DRAIN_LIMIT {
+        Some(format!("after {DRAIN_LIMIT:?} in all"))
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_drain_that_keeps_publishing_is_waited_for() {
+        // Twenty minutes in, last published a second ago: SQS with one key looks like this.
+        assert_eq!(
+            drain_given_up(Duration::from_secs(1200), Duration::from_secs(1)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_drain_that_stalls_or_runs_past_the_limit_is_abandoned_and_says_which() {
+        let stalled = drain_given_up(Duration::from_secs(300), Duration::from_secs(121)).unwrap();
+        assert!(stalled.contains("without progress"), "{stalled}");
+        let too_long = drain_given_up(Duration::from_secs(3601), Duration::ZERO).unwrap();
+        assert!(too_long.contains("in all"), "{too_long}");
     }
 }
