@@ -163,13 +163,7 @@ impl Relay {
         // once: one that went first would take them all and hand the others' back only at its
         // next rebalance, a second or two into a backlog. A failed registration only costs that.
         for w in &first {
-            let joined = tokio::time::timeout(self.config.store_timeout, self.store.join(&w.id));
-            if let Err(error) = joined.await.unwrap_or_else(|_| {
-                Err(outbox_core::Error::new(
-                    outbox_core::ErrorKind::Timeout,
-                    "no answer within the store deadline",
-                ))
-            }) {
+            if let Err(error) = w.join().await {
                 warn!(member = %w.id, %error, "could not register the worker before it starts; it takes its share at a later rebalance");
             }
         }

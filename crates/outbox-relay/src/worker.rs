@@ -82,6 +82,31 @@ struct LaneCall {
     keys: Vec<(usize, usize)>,
 }
 
+impl LaneCall {
+    /// Cuts one lane's `units` into at most `calls` calls of about equal size, never splitting
+    /// a unit.
+    fn cut(units: Vec<Unit>, calls: usize) -> Vec<LaneCall> {
+        let total: usize = units.iter().map(|(_, m)| m.len()).sum();
+        let size = total.div_ceil(calls.max(1)).max(1);
+        let mut cut = Vec::new();
+        let mut call = LaneCall::default();
+        for (k, messages) in units {
+            call.keys.push((k, messages.len()));
+            for (i, e) in messages {
+                call.rows.push(i);
+                call.envelopes.push(e);
+            }
+            if call.rows.len() >= size {
+                cut.push(std::mem::take(&mut call));
+            }
+        }
+        if !call.rows.is_empty() {
+            cut.push(call);
+        }
+        cut
+    }
+}
+
 /// A key's unit ready to send: the key, and its messages (batch index and envelope).
 type Unit = (usize, Vec<(usize, Envelope)>);
 
@@ -530,25 +555,10 @@ impl Worker {
                         units[l].push((k, messages));
                     }
                 }
-                // Cut into as many calls as are missing from the window (one at least), of
-                // about equal size, never splitting a unit.
+                // As many calls as are missing from the window (one at least).
                 let calls = CALLS_IN_FLIGHT.saturating_sub(in_flight.len()).max(1);
                 for (l, lane_units) in units.into_iter().enumerate() {
-                    let total: usize = lane_units.iter().map(|(_, m)| m.len()).sum();
-                    let size = total.div_ceil(calls).max(1);
-                    let mut call = LaneCall::default();
-                    for (k, messages) in lane_units {
-                        call.keys.push((k, messages.len()));
-                        for (i, e) in messages {
-                            call.rows.push(i);
-                            call.envelopes.push(e);
-                        }
-                        if call.rows.len() >= size {
-                            let full = std::mem::take(&mut call);
-                            in_flight.push(self.send_call(l, full));
-                        }
-                    }
-                    if !call.rows.is_empty() {
+                    for call in LaneCall::cut(lane_units, calls) {
                         in_flight.push(self.send_call(l, call));
                     }
                 }
@@ -681,6 +691,12 @@ impl Worker {
                 envelopes.iter().map(|_| Err(e.clone())).collect()
             }
         }
+    }
+
+    /// Registers this member with the store before it runs (see [`Store::join`]), under the
+    /// store deadline.
+    pub(crate) async fn join(&self) -> Result<()> {
+        self.store_call("join", self.store.join(&self.id)).await
     }
 
     /// One store call under the store deadline. A call without an answer by then is dropped and
