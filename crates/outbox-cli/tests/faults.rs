@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{assert_key_order, deliveries, interleaved, PrivateNats, World};
+use common::{assert_key_order, deliveries, interleaved, wait_state, PrivateNats, World};
 use outbox_core::{NewMessage, Store};
 use outbox_relay::{CircuitState, Relay};
 use outbox_sinks::nats::{NatsConfig, NatsSink};
@@ -119,18 +119,6 @@ async fn poison_key_blocks_only_itself_and_other_keys_flow_at_normal_speed() {
          without poison ({poisoned:?} vs {baseline:?})"
     );
     w.drop_all().await;
-}
-
-async fn wait_state(relay_breaker: &outbox_relay::Breaker, want: CircuitState, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while relay_breaker.snapshot().0 != want {
-        assert!(
-            Instant::now() < deadline,
-            "circuit never became {want:?}: {:?}",
-            relay_breaker.snapshot()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::World;
+use common::{wait_state, World};
 use outbox_core::{DestinationTemplate, NewMessage, Sink, Store};
 use outbox_relay::{CircuitState, Relay, RelayConfig};
 use outbox_sinks::kafka::{create_topic, KafkaConfig, KafkaReader, KafkaSink};
@@ -603,18 +603,6 @@ impl Drop for CutProxy {
     fn drop(&mut self) {
         self.cut();
         self.accept.abort();
-    }
-}
-
-async fn wait_state(breaker: &outbox_relay::Breaker, want: CircuitState, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while breaker.snapshot().0 != want {
-        assert!(
-            Instant::now() < deadline,
-            "circuit never became {want:?}: {:?}",
-            breaker.snapshot()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::outage::{assert_all_arrived_in_key_order, read_distinct, Backlog};
-use common::World;
+use common::{wait_state, World};
 use outbox_core::{DestinationTemplate, Store};
 use outbox_relay::{CircuitState, Relay, RelayConfig};
 use outbox_sinks::mqtt::{MqttConfig, MqttReader, MqttSink};
@@ -332,18 +332,6 @@ async fn a_topic_the_acl_denies_is_rejected_with_its_reason_and_others_flow() {
     let got = read_n(&mut reader, 2).await;
     assert_eq!(key_order(&got)["good"], 2);
     w.drop_all().await;
-}
-
-async fn wait_state(breaker: &outbox_relay::Breaker, want: CircuitState, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while breaker.snapshot().0 != want {
-        assert!(
-            Instant::now() < deadline,
-            "circuit never became {want:?}: {:?}",
-            breaker.snapshot()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::outage::{assert_all_arrived_in_key_order, read_distinct, Backlog};
-use common::World;
+use common::{wait_state, World};
 use outbox_core::{DestinationTemplate, Envelope, Sink, Store};
 use outbox_relay::{CircuitState, Relay, RelayConfig};
 use outbox_sinks::read::{read_until, scratch, Delivered, Reader, Scratch, ScratchOptions};
@@ -377,18 +377,6 @@ impl Drop for PrivateRedis {
     fn drop(&mut self) {
         self.down();
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-async fn wait_state(breaker: &outbox_relay::Breaker, want: CircuitState, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while breaker.snapshot().0 != want {
-        assert!(
-            Instant::now() < deadline,
-            "circuit never became {want:?}: {:?}",
-            breaker.snapshot()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

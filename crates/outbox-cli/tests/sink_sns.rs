@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws::{
-    closing_endpoint, envelope, moto_endpoint, read_n, relay_config, run, spawn, triples,
-    wait_failed, watch_breaker, PrivateMoto,
+    closing_endpoint, envelope, moto_endpoint, read_n, relay_config, run, spawn, wait_failed,
+    watch_breaker, PrivateMoto,
 };
-use common::outage::{assert_all_arrived_in_key_order, read_distinct, read_more, Backlog};
+use common::outage::{assert_all_arrived_in_key_order, read_distinct, read_more, triples, Backlog};
 use common::{assert_key_order, interleaved, keys, World};
 use outbox_core::{Envelope, NewMessage, Sink, SinkErrorKind, Store};
 use outbox_relay::Relay;

@@ -17,10 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws::{
-    closing_endpoint, envelope, moto_endpoint, read_n, relay_config, run, spawn, triples,
-    wait_failed, wait_state, watch_breaker, PrivateMoto,
+    closing_endpoint, envelope, moto_endpoint, read_n, relay_config, run, spawn, wait_failed,
+    watch_breaker, PrivateMoto,
 };
-use common::{assert_key_order, interleaved, keys, World};
+use common::outage::triples;
+use common::{assert_key_order, interleaved, keys, wait_state, World};
 use outbox_core::{Envelope, NewMessage, Sink, SinkErrorKind, Store};
 use outbox_relay::{CircuitState, Relay};
 use outbox_sinks::read::{scratch, Reader, Scratch, ScratchOptions};

@@ -71,16 +71,6 @@ pub async fn read_n(reader: &mut dyn Reader, n: usize) -> Vec<Delivered> {
     got
 }
 
-/// (id, key, n) of each delivery, in arrival order.
-pub fn triples(got: &[Delivered]) -> Vec<(String, String, u64)> {
-    got.iter()
-        .map(|d| {
-            let v: serde_json::Value = serde_json::from_slice(&d.payload).unwrap();
-            (d.id.to_string(), d.key.clone(), v["n"].as_u64().unwrap())
-        })
-        .collect()
-}
-
 /// The `outbox_parked` row of `id`: (state, attempts, last_error).
 pub async fn parked(w: &World, id: uuid::Uuid) -> Option<(String, i32, Option<String>)> {
     sqlx::query_as(
@@ -226,18 +216,5 @@ impl PrivateMoto {
 impl Drop for PrivateMoto {
     fn drop(&mut self) {
         self.down();
-    }
-}
-
-/// Waits until `breaker` is in state `want`, at most `limit`.
-pub async fn wait_state(breaker: &outbox_relay::Breaker, want: CircuitState, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while breaker.snapshot().0 != want {
-        assert!(
-            Instant::now() < deadline,
-            "circuit never became {want:?}: {:?}",
-            breaker.snapshot()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

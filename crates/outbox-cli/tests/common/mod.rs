@@ -369,3 +369,20 @@ impl Drop for PrivateNats {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Waits until `breaker` is in state `want`, failing the test after `limit`.
+pub async fn wait_state(
+    breaker: &outbox_relay::Breaker,
+    want: outbox_relay::CircuitState,
+    limit: std::time::Duration,
+) {
+    let deadline = std::time::Instant::now() + limit;
+    while breaker.snapshot().0 != want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "circuit never became {want:?} within {limit:?}: {:?}",
+            breaker.snapshot()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
