@@ -33,11 +33,30 @@ const PUBLIC: &str = "public";
 /// [`Timeout`](outbox_core::ErrorKind::Timeout) after ten seconds of retries) when the server
 /// cannot be reached.
 pub async fn open(url: &str, schema: &str, pool_size: u32) -> Result<Database> {
+    open_with_deadline(
+        url,
+        schema,
+        pool_size,
+        outbox_postgres::DEFAULT_STORE_DEADLINE,
+    )
+    .await
+}
+
+/// [`open`] for a relay that abandons a store call after `store_deadline`: statements the
+/// server runs for it time out before that (PostgreSQL's `statement_timeout`, see
+/// [`outbox_postgres::statement_timeout_for`]), so an abandoned write cannot land after its
+/// retry.
+pub async fn open_with_deadline(
+    url: &str,
+    schema: &str,
+    pool_size: u32,
+    store_deadline: Duration,
+) -> Result<Database> {
     let pool_size = pool_size.max(1);
     match Backend::of(url)? {
         Backend::Postgres => {
             let schema = Schema::new(schema)?;
-            let pool = outbox_postgres::connect_pool(url, pool_size).await?;
+            let pool = outbox_postgres::connect_pool_with(url, pool_size, store_deadline).await?;
             Ok(Database::Postgres(Arc::new(PgStore::new(pool, schema))))
         }
         Backend::Sqlite => {

@@ -15,6 +15,6 @@ mod sql;
 mod transaction;
 
 pub use backend::{Backend, ACCEPTED_SCHEMES};
-pub use database::{open, Database};
+pub use database::{open, open_with_deadline, Database};
 pub use sql::{Param, Row};
 pub use transaction::Transaction;

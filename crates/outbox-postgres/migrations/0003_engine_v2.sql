@@ -173,13 +173,15 @@ CREATE TABLE {schema}.outbox_parked (
 );
 CREATE INDEX outbox_parked_key_idx ON {schema}.outbox_parked (partition, aggregate_id, seq);
 
--- Copy the version 1 backlog, keeping ids and seqs.
+-- Copy the version 1 backlog, keeping ids and seqs. A message that was retrying or failed goes
+-- to the parked table only (below): copied into both, it would be published once from the
+-- window under `--on-failed skip` while `outbox failed` still listed it.
 INSERT INTO {schema}.outbox
     (id, aggregate_type, aggregate_id, event_type, payload, headers, topic, created_at, seq)
 OVERRIDING SYSTEM VALUE
 SELECT id, aggregate_type, aggregate_id, event_type, payload, headers, topic, created_at, seq
 FROM {schema}.outbox_v1
-WHERE state IN ('pending', 'failed')
+WHERE state = 'pending' AND attempts = 0
 ORDER BY seq;
 
 INSERT INTO {schema}.outbox_parked

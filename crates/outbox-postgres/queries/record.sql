@@ -1,15 +1,25 @@
--- Records one batch in one statement, fenced: first it takes FOR SHARE on the batch's partition
--- rows, requiring this member as owner at the epoch it claimed under. A takeover bumps the epoch
--- with an UPDATE, which this lock conflicts with, so a member that lost a partition (a zombie
--- after a pause, or even this member after re-taking it) records nothing for it: it can cause a
--- duplicate delivery, never move a position. FOR SHARE writes no new row version.
--- Then, for the partitions that passed the fence only:
---   * appends their new positions (never updates one);
+-- Records one batch in one statement, fenced and compare-and-append.
+--
+-- Fenced: first it takes FOR SHARE on the batch's partition rows, requiring this member as
+-- owner at the epoch it claimed under. A takeover bumps the epoch with an UPDATE, which this
+-- lock conflicts with, so a member that lost a partition (a zombie after a pause, or even this
+-- member after re-taking it) records nothing for it: it can cause a duplicate delivery, never
+-- move a position. FOR SHARE writes no new row version.
+--
+-- Compare-and-append: each new position names the position its claim read (`prev_id`), and a
+-- position has at most one successor (a unique index on (partition, prev_id)). A record that
+-- was abandoned at the store deadline and lands after the retry (or after any later record)
+-- finds its predecessor already followed: it appends nothing, and everything else it would
+-- write for that partition (parking, retries, releases) depends on that append, so nothing
+-- moves back and no released message is parked again. Concurrent appends of one successor
+-- wait on the unique index for each other; one wins.
+--
+-- For the partitions whose position was appended only:
 --   * copies messages to park (a retry, a failure, or a row queued behind its key) from the
 --     message table into `outbox_parked`;
 --   * updates or deletes parked messages that were tried again (a published one is deleted:
 --     the parked table is small, and its key is released by draining it in order).
--- Returns the partitions that passed the fence.
+-- Returns the partitions appended, with the new positions' ids (the next record's `prev_id`).
 -- $1 member
 -- $2/$3 fence: partitions, epochs
 -- $4..$15 positions: partition, epoch, done, done_bound, done_floor, done_at, cur, cur_bound,
@@ -17,28 +27,32 @@
 -- $16..$22 to park: partition, txid, seq, state, attempts, delay seconds, error
 -- $23..$27 parked tried again: partition, seq, outcome (published|retrying|deferred|failed),
 --         delay, error; `deferred` (its sink was not tried) stays retrying without an attempt
+-- $28/$29 positions (aligned with $4): the position each follows, parked messages counted
 WITH fence AS MATERIALIZED (
     SELECT p.partition
     FROM {schema}.outbox_partitions AS p
     JOIN unnest($2::int2[], $3::int8[]) AS f(partition, epoch) ON f.partition = p.partition
     WHERE p.owner = $1 AND p.epoch = f.epoch
     FOR SHARE OF p
-), positions AS (
+), appended AS (
     -- A bound left NULL is this transaction's own id: assigned now, after the snapshot it
     -- bounds was taken, so every id assigned before that snapshot is smaller.
     INSERT INTO {schema}.outbox_positions
         (partition, epoch, done, done_bound, done_floor, done_at, cur, cur_bound, cur_floor,
-         cur_at, cursor, published)
+         cur_at, cursor, published, prev_id, parked)
     SELECT n.partition, n.epoch, n.done::pg_snapshot,
            COALESCE(n.done_bound::xid8, pg_current_xact_id()), n.done_floor, n.done_at,
            n.cur::pg_snapshot,
            CASE WHEN n.cur IS NOT NULL THEN COALESCE(n.cur_bound::xid8, pg_current_xact_id()) END,
-           n.cur_floor, n.cur_at, n.cursor, n.published
+           n.cur_floor, n.cur_at, n.cursor, n.published, n.prev_id, n.parked
     FROM unnest($4::int2[], $5::int8[], $6::text[], $7::text[], $8::int8[], $9::timestamptz[],
-                $10::text[], $11::text[], $12::int8[], $13::timestamptz[], $14::int8[], $15::int8[])
+                $10::text[], $11::text[], $12::int8[], $13::timestamptz[], $14::int8[], $15::int8[],
+                $28::int8[], $29::int8[])
          AS n(partition, epoch, done, done_bound, done_floor, done_at, cur, cur_bound, cur_floor,
-              cur_at, cursor, published)
+              cur_at, cursor, published, prev_id, parked)
     WHERE n.partition IN (SELECT partition FROM fence)
+    ON CONFLICT (partition, prev_id) DO NOTHING
+    RETURNING partition, id
 ), parked AS (
     INSERT INTO {schema}.outbox_parked
         (partition, seq, aggregate_id, id, aggregate_type, event_type, payload, headers, topic,
@@ -51,7 +65,7 @@ WITH fence AS MATERIALIZED (
                 $22::text[]) AS k(partition, txid, seq, state, attempts, delay, error)
     JOIN {schema}.outbox AS o
       ON o.partition = k.partition AND o.txid = k.txid::xid8 AND o.seq = k.seq
-    WHERE k.partition IN (SELECT partition FROM fence)
+    WHERE k.partition IN (SELECT partition FROM appended)
     ON CONFLICT (partition, seq) DO NOTHING
 ), retried AS (
     UPDATE {schema}.outbox_parked AS x
@@ -63,11 +77,11 @@ WITH fence AS MATERIALIZED (
     FROM unnest($23::int2[], $24::int8[], $25::text[], $26::float8[], $27::text[])
          AS r(partition, seq, outcome, delay, error)
     WHERE x.partition = r.partition AND x.seq = r.seq AND r.outcome <> 'published'
-      AND r.partition IN (SELECT partition FROM fence)
+      AND r.partition IN (SELECT partition FROM appended)
 ), released AS (
     DELETE FROM {schema}.outbox_parked AS x
     USING unnest($23::int2[], $24::int8[], $25::text[]) AS r(partition, seq, outcome)
     WHERE x.partition = r.partition AND x.seq = r.seq AND r.outcome = 'published'
-      AND r.partition IN (SELECT partition FROM fence)
+      AND r.partition IN (SELECT partition FROM appended)
 )
-SELECT partition FROM fence
+SELECT partition, id FROM appended

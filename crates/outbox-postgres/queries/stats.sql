@@ -7,8 +7,7 @@ WITH pos AS MATERIALIZED (
     SELECT lp.*, pg_current_snapshot() AS now_snap
     FROM generate_series(0, 63) AS g(partition)
     CROSS JOIN LATERAL (
-        SELECT x.partition, x.done, x.done_bound, x.done_floor, x.cur, x.cursor, x.published,
-               (x.done_bound::text || ':' || x.done_bound::text || ':')::pg_snapshot AS bound_snap
+        SELECT x.partition, x.done, x.done_bound, x.done_floor, x.cur, x.cursor, x.published
         FROM {schema}.outbox_positions AS x
         WHERE x.partition = g.partition
         ORDER BY x.id DESC
@@ -21,14 +20,8 @@ WITH pos AS MATERIALIZED (
         SELECT u.seq, u.created_at FROM (
             SELECT a.seq, a.created_at, a.txid FROM {schema}.outbox AS a
             WHERE a.partition = pos.partition AND a.seq > pos.done_floor
-              AND NOT pg_visible_in_snapshot(a.txid, pos.bound_snap)
+              AND a.txid >= pos.done_bound
               AND pg_visible_in_snapshot(a.txid, pos.now_snap)
-            UNION ALL
-            (SELECT l.seq, l.created_at, l.txid FROM {schema}.outbox AS l
-             WHERE l.partition = pos.partition AND l.txid >= pos.done_bound
-               AND l.seq - pos.done_floor <= 0
-               AND pg_visible_in_snapshot(l.txid, pos.now_snap)
-             OFFSET 0)
             UNION ALL
             (SELECT r.seq, r.created_at, r.txid FROM {schema}.outbox AS r
              WHERE r.partition = pos.partition

@@ -13,8 +13,13 @@ mod ticket;
 mod writer;
 
 pub use error::map_sqlx_error;
-pub use migrate::{apply_pending, migrate, notify_installed, set_notify, MIGRATIONS};
+pub use migrate::{
+    apply_pending, check_schema, migrate, notify_installed, set_notify, MIGRATIONS, SCHEMA_VERSION,
+};
 pub use retention::LOOKAHEAD_SEGMENTS;
 pub use schema::Schema;
-pub use store::{connect_options, connect_pool, PgStore, PARTITIONS, PENDING_COUNT_CAP};
+pub use store::{
+    connect_options, connect_options_with, connect_pool, connect_pool_with, statement_timeout_for,
+    PgStore, DEFAULT_STORE_DEADLINE, PARTITIONS, PENDING_COUNT_CAP,
+};
 pub use writer::{enqueue, enqueue_many, Writer};

@@ -1,6 +1,6 @@
 //! Idempotent, versioned migrations of one schema, serialised by an advisory lock.
 
-use outbox_core::Result;
+use outbox_core::{Error, ErrorKind, Result};
 use sqlx::{PgConnection, PgPool};
 
 use crate::error::map_sqlx_error;
@@ -24,7 +24,15 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "redrive audit",
         include_str!("../migrations/0004_redrive_audit.sql"),
     ),
+    (
+        5,
+        "compare-and-append positions, txid probes from the cursor",
+        include_str!("../migrations/0005_engine_v2_1.sql"),
+    ),
 ];
+
+/// The schema version this crate's relay and writer need: the last of [`MIGRATIONS`].
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// Creates `schema` if needed and applies the migrations it lacks, in one transaction per run.
 /// Safe to run concurrently and repeatedly. Returns the versions applied now (empty when the
@@ -54,10 +62,83 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<Vec<i32>> {
         &ctx,
     )
     .await?;
+    check_sequence(&mut tx, schema).await?;
     tx.commit()
         .await
         .map_err(|e| map_sqlx_error(&ctx("commit"), e))?;
     Ok(applied)
+}
+
+/// Checks that `schema` holds the outbox tables at exactly the version this crate needs, and
+/// that their sequence can serve as the claims' floor; the relay runs this before it claims.
+/// Errors say what to do: run `outbox migrate`, or upgrade the relay.
+pub async fn check_schema(pool: &PgPool, schema: &Schema) -> Result<()> {
+    let name = schema.as_str();
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| map_sqlx_error(&format!("checking schema `{name}`"), e))?;
+    let ledger: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass(format('%I.outbox_migrations', $1::text))::text")
+            .bind(name)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx_error(&format!("checking schema `{name}`"), e))?;
+    if ledger.is_none() {
+        return Err(Error::new(
+            ErrorKind::Schema,
+            format!("schema \"{name}\" has no outbox tables: run outbox migrate --schema {name}"),
+        ));
+    }
+    let version: Option<i32> =
+        sqlx::query_scalar(&schema.render("SELECT max(version) FROM {schema}.outbox_migrations"))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx_error(&format!("checking schema `{name}`"), e))?;
+    match version.unwrap_or(0) {
+        v if v < SCHEMA_VERSION => Err(Error::new(
+            ErrorKind::Schema,
+            format!(
+                "schema \"{name}\" holds outbox tables of version {v}; this relay needs version \
+                 {SCHEMA_VERSION}: stop the relays of the older version, then run \
+                 outbox migrate --schema {name}"
+            ),
+        )),
+        v if v > SCHEMA_VERSION => Err(Error::new(
+            ErrorKind::Schema,
+            format!(
+                "schema \"{name}\" holds outbox tables of version {v}, newer than this relay \
+                 knows ({SCHEMA_VERSION}): run the newer relay"
+            ),
+        )),
+        _ => check_sequence(&mut conn, schema).await,
+    }
+}
+
+/// The claims' seq floor is the sequence's last value, read under its lock. That is a floor
+/// only if the sequence hands out increasing values one call at a time: no per-session cache
+/// (a session would hold values below the floor), increment 1, no cycle.
+async fn check_sequence(conn: &mut PgConnection, schema: &Schema) -> Result<()> {
+    let name = schema.as_str();
+    let row: Option<(i64, i64, bool)> = sqlx::query_as(&schema.render(
+        "SELECT seqcache, seqincrement, seqcycle FROM pg_sequence
+         WHERE seqrelid = to_regclass('{schema}.outbox_seq_v2')",
+    ))
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error(&format!("checking the sequence of schema `{name}`"), e))?;
+    match row {
+        Some((1, 1, false)) | None => Ok(()),
+        Some((cache, increment, cycle)) => Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "sequence {name}.outbox_seq_v2 has CACHE {cache}, INCREMENT {increment}{}: the \
+                 relay reads it as the floor of its claims, which needs CACHE 1, INCREMENT 1, NO \
+                 CYCLE. Run: ALTER SEQUENCE {name}.outbox_seq_v2 CACHE 1 INCREMENT 1 NO CYCLE",
+                if cycle { ", CYCLE" } else { "" }
+            ),
+        )),
+    }
 }
 
 /// Applies, in `tx`, the `migrations` that `{schema}.{ledger}` has not recorded yet, in order,

@@ -42,14 +42,37 @@ const IDLE_ADVANCE_EVERY: Duration = Duration::from_secs(5);
 
 /// Session settings of every relay connection, sent as startup options. Claims must have one
 /// obvious plan whatever the statistics say: JIT compiling a claim cost 160 ms per claim in
-/// production-like tests, so it is off. A statement or lock wait longer than these is an
-/// outage, not a plan to wait for.
-const SESSION_SETTINGS: [(&str, &str); 4] = [
+/// production-like tests, so it is off. A lock wait longer than this is an outage, not a plan
+/// to wait for. `statement_timeout` is set apart: see [`statement_timeout_for`].
+const SESSION_SETTINGS: [(&str, &str); 3] = [
     ("jit", "off"),
-    ("statement_timeout", "30s"),
     ("lock_timeout", "5s"),
     ("idle_in_transaction_session_timeout", "60s"),
 ];
+
+/// How a claim's transaction begins. Reads only: the transaction exists to scope the planner
+/// settings. READ COMMITTED whatever the server's default: each statement reads as of its own
+/// start, the window claim's snapshot included. Each part of the window claim has an index path
+/// that yields its rows in the order it asks for (see claim_window.sql): sorts, bitmap scans and
+/// sequential scans are priced out, so no statistics can make a read-and-sort of a whole txid
+/// range, partition or backlog look cheaper. JIT is off here too, whatever pool the store was
+/// given: the disabled paths inflate the plan's cost past any JIT threshold, and compiling a
+/// claim costs a second (measured).
+const CLAIM_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY; SET LOCAL jit = off; \
+     SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off; \
+     SET LOCAL enable_sort = off";
+
+/// The store deadline [`connect_pool`] assumes: the relay's default (15 s).
+pub const DEFAULT_STORE_DEADLINE: Duration = Duration::from_secs(15);
+
+/// The server-side `statement_timeout` of the relay's sessions when the relay abandons a store
+/// call after `store_deadline`: two thirds of it (at least 100 ms). Below the deadline on
+/// purpose: dropping a call does not stop its statement on the server, and a record that kept
+/// running past its caller's deadline could land after the record that retried it. The store
+/// cancels the statements it abandons too; this bounds them even when the cancel is lost.
+pub fn statement_timeout_for(store_deadline: Duration) -> Duration {
+    (store_deadline * 2 / 3).max(Duration::from_millis(100))
+}
 
 struct Queries {
     claim_window: String,
@@ -93,22 +116,39 @@ impl Queries {
     }
 }
 
-/// Connection options for `url` set up for the relay (JIT off, statement and lock timeouts).
-/// Errors never echo the password.
+/// Connection options for `url` set up for the relay (JIT off, lock timeout, and the
+/// `statement_timeout` of the default store deadline). Errors never echo the password.
 pub fn connect_options(url: &str) -> Result<PgConnectOptions> {
+    connect_options_with(url, DEFAULT_STORE_DEADLINE)
+}
+
+/// [`connect_options`] for a relay that abandons store calls after `store_deadline`.
+pub fn connect_options_with(url: &str, store_deadline: Duration) -> Result<PgConnectOptions> {
     let options: PgConnectOptions = url.parse().map_err(|e| {
         map_sqlx_error(
             &format!("parsing database URL {}", outbox_core::redact::url(url)),
             e,
         )
     })?;
-    Ok(options.options(SESSION_SETTINGS))
+    let timeout = format!("{}ms", statement_timeout_for(store_deadline).as_millis());
+    Ok(options
+        .options(SESSION_SETTINGS)
+        .options([("statement_timeout", timeout.as_str())]))
 }
 
 /// Opens a pool to `url` with at most `max_connections`, every connection set up for the relay
 /// (see [`connect_options`]). Errors never echo the password.
 pub async fn connect_pool(url: &str, max_connections: u32) -> Result<PgPool> {
-    let options = connect_options(url)?;
+    connect_pool_with(url, max_connections, DEFAULT_STORE_DEADLINE).await
+}
+
+/// [`connect_pool`] for a relay that abandons store calls after `store_deadline`.
+pub async fn connect_pool_with(
+    url: &str,
+    max_connections: u32,
+    store_deadline: Duration,
+) -> Result<PgPool> {
+    let options = connect_options_with(url, store_deadline)?;
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
@@ -129,9 +169,6 @@ struct MemberState {
     epochs: HashMap<i16, i64>,
     /// The last claim, until it is recorded.
     ticket: Option<Ticket>,
-    /// The seq high-water mark read by this member's previous claim: a floor for the next
-    /// claim's snapshot (read before that snapshot was taken).
-    floor_hint: i64,
     /// Partitions that had rows at the last claim, to share a batch among them.
     active: usize,
     /// When empty windows were last recorded as passed.
@@ -143,15 +180,91 @@ struct MemberState {
     mean_payload: Option<usize>,
     /// The batch read ahead of the pending one, until adopted or dropped.
     ahead: Option<Ahead>,
+    /// When the parked table needs reading.
+    parked: ParkedReads,
 }
 
 impl MemberState {
-    /// Keeps what a claim's reads measured for the next claim: the seq floor, the partitions
-    /// that had rows, the mean payload size.
+    /// Takes note of a record: the parked counts of the positions it appended, and whether it
+    /// parked or released messages (the parked table then needs reading again).
+    fn note_recorded(&mut self, plan: &Plan, appended: &[(i16, i64)]) {
+        let written: Vec<NewPosition> = plan
+            .positions
+            .iter()
+            .filter(|p| appended.iter().any(|(a, _)| *a == p.partition))
+            .cloned()
+            .collect();
+        self.parked
+            .recorded(&written, !plan.park.is_empty() || !plan.retried.is_empty());
+    }
+
+    /// Keeps what a claim's reads measured for the next claim: the partitions that had rows,
+    /// the mean payload size, the parked counts.
     fn remember(&mut self, read: &ClaimRead) {
-        self.floor_hint = read.seq_high;
         self.active = read.active_now.max(1);
         self.mean_payload = read.mean_now.or(self.mean_payload);
+        for w in read.ticket.windows.values() {
+            self.parked.counts.insert(w.partition, w.parked);
+        }
+    }
+}
+
+/// How often a member reads the parked table at most while heads it knows of are not due:
+/// a redrive (an operator's, or one made through the console) is picked up within this.
+const PARKED_RECHECK: Duration = Duration::from_secs(1);
+
+/// When a member reads the parked table. Only partitions whose latest position counts parked
+/// messages (or whose count is not known yet) are read, and only when a head may be due: the
+/// earliest next attempt seen has come, a record of this member parked or released messages
+/// since, or [`PARKED_RECHECK`] passed. Claims in between, a broker outage with thousands of
+/// parked messages included, do not read the parked table at all.
+#[derive(Default)]
+struct ParkedReads {
+    /// Parked messages per partition, as the latest claim's positions (or this member's own
+    /// records since) count them.
+    counts: HashMap<i16, i64>,
+    /// The last read, and the earliest next attempt of a head that was not due then.
+    last_read: Option<Instant>,
+    next_due: Option<DateTime<Utc>>,
+    /// A record changed parked messages since the last read.
+    changed: bool,
+    /// The failed-message policy of the last read (`block`): the heads differ between them.
+    block: Option<bool>,
+}
+
+impl ParkedReads {
+    /// The partitions of `owned` to read now under the `block` policy (empty: no read).
+    fn due(&self, owned: &[i16], block: bool) -> Vec<i16> {
+        let with_parked: Vec<i16> = owned
+            .iter()
+            .copied()
+            .filter(|p| self.counts.get(p).is_none_or(|n| *n > 0))
+            .collect();
+        let due = self.changed
+            || self.block != Some(block)
+            || self.last_read.is_none_or(|t| t.elapsed() >= PARKED_RECHECK)
+            || self.next_due.is_some_and(|t| t <= Utc::now());
+        if due {
+            with_parked
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// A read of the parked table under the `block` policy happened now and found `next_due`.
+    fn read(&mut self, block: bool, next_due: Option<DateTime<Utc>>) {
+        self.block = Some(block);
+        self.last_read = Some(Instant::now());
+        self.next_due = next_due;
+        self.changed = false;
+    }
+
+    /// A record appended `positions`, parking or releasing messages when `changed`.
+    fn recorded(&mut self, positions: &[NewPosition], changed: bool) {
+        for p in positions {
+            self.counts.insert(p.partition, p.parked);
+        }
+        self.changed |= changed;
     }
 }
 
@@ -168,7 +281,8 @@ struct Ahead {
 struct ClaimRead {
     messages: Vec<Message>,
     ticket: Ticket,
-    seq_high: i64,
+    /// When the parked table was read: the earliest next attempt of a head not yet due.
+    parked_read: Option<Option<DateTime<Utc>>>,
     active_now: usize,
     mean_now: Option<usize>,
     idle_due: bool,
@@ -179,7 +293,6 @@ struct WindowRead<'a> {
     epochs: &'a [(i16, i64)],
     per_partition: i64,
     rows: usize,
-    floor_hint: i64,
     block: bool,
     /// Payload bytes it may hand out.
     bytes: usize,
@@ -244,6 +357,8 @@ pub struct PgStore {
     q: Queries,
     members: Mutex<HashMap<String, MemberState>>,
     parked_cap: i64,
+    /// Set once the schema was found at this crate's version (checked at the first `join`).
+    checked: tokio::sync::OnceCell<()>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -264,6 +379,7 @@ impl PgStore {
             schema,
             members: Mutex::new(HashMap::new()),
             parked_cap: PARKED_CAP,
+            checked: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -321,7 +437,7 @@ impl PgStore {
         follow: Option<&HashMap<i16, NewPosition>>,
     ) -> Result<Option<ClaimRead>> {
         let wanted = partitions_param(partitions);
-        let (epochs, floor_hint, active, idle_due, mean) = self.state(member, |s| {
+        let (epochs, active, idle_due, mean, parked_parts) = self.state(member, |s| {
             let e: Vec<(i16, i64)> = wanted
                 .iter()
                 .filter_map(|p| s.epochs.get(p).map(|e| (*p, *e)))
@@ -329,7 +445,15 @@ impl PgStore {
             let idle_due = s
                 .last_idle_advance
                 .is_none_or(|t| t.elapsed() >= IDLE_ADVANCE_EVERY);
-            (e, s.floor_hint, s.active, idle_due, s.mean_payload)
+            let owned: Vec<i16> = e.iter().map(|(p, _)| *p).collect();
+            // A read ahead never reads the parked table: due parked messages are older work,
+            // which `claim_ahead` leaves to a claim of its own.
+            let parked = if follow.is_some() {
+                Vec::new()
+            } else {
+                s.parked.due(&owned, on_failed == OnFailed::Block)
+            };
+            (e, s.active, idle_due, s.mean_payload, parked)
         });
         if epochs.is_empty() || limits.rows == 0 {
             return Ok(None);
@@ -343,42 +467,33 @@ impl PgStore {
         let per_partition = rows.div_ceil(active.clamp(1, epochs.len())).clamp(1, rows) as i64;
         let block = on_failed == OnFailed::Block;
         let err = |e| map_sqlx_error("claiming pending messages", e);
-        // Reads only: the transaction exists to scope the planner settings. READ COMMITTED
-        // whatever the server's default: the floor read by the first statement must come from
-        // before the window statement's own snapshot. Part A of the
-        // window claim must walk the (partition, seq) index in order; never let a bitmap scan
-        // or a sequential scan of the backlog look cheaper. JIT is off here too, whatever pool
-        // the store was given: the disabled scans inflate the plan's cost past any JIT
-        // threshold, and compiling a claim costs a second (measured).
-        let mut tx = self
-            .pool
-            .begin_with(
-                "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY; SET LOCAL jit = off; \
-                 SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off",
-            )
-            .await
-            .map_err(err)?;
+        let mut tx = self.pool.begin_with(CLAIM_BEGIN).await.map_err(err)?;
         let mut ticket = Ticket::default();
-        let parts: Vec<i16> = epochs.iter().map(|(p, _)| *p).collect();
         // Parked messages first (retries are older work), then the windows with the bytes
         // left: together they stay within the bound, or are one oversized message.
-        let (parked, mut measured, fresh_floor) = self
-            .read_parked(&mut tx, &parts, rows, limits.bytes, block, &mut ticket)
-            .await?;
-        // A fresh floor for the snapshot the window claim takes next: read by the statement
-        // above, so every seq drawn after that snapshot is larger. Without it a member's first
-        // window would start from the floor of the last one, and once that window closed each
-        // empty poll would walk every row since (measured: 740 ms per claim after a 1M drain).
-        let floor_hint = floor_hint.max(fresh_floor);
+        let (parked, mut measured, parked_read) = if parked_parts.is_empty() {
+            (Vec::new(), Measured::default(), None)
+        } else {
+            let (p, m, next_due) = self
+                .read_parked(
+                    &mut tx,
+                    &parked_parts,
+                    rows,
+                    limits.bytes,
+                    block,
+                    &mut ticket,
+                )
+                .await?;
+            (p, m, Some(next_due))
+        };
         let parked_bytes: usize = parked.iter().map(|m| m.payload.len()).sum();
-        let (mut messages, seq_high, window_measured) = self
+        let (mut messages, window_measured) = self
             .read_windows(
                 &mut tx,
                 WindowRead {
                     epochs: &epochs,
                     per_partition,
                     rows,
-                    floor_hint,
                     block,
                     bytes: limits.bytes.saturating_sub(parked_bytes),
                     first_alone: parked.is_empty(),
@@ -433,23 +548,19 @@ impl PgStore {
         Ok(Some(ClaimRead {
             messages,
             ticket,
-            seq_high,
+            parked_read,
             active_now,
             mean_now,
             idle_due,
         }))
     }
 
-    /// Reads the window claim's rows into a ticket and the messages to hand out, one row at a
-    /// time (a row's payload is in memory once, as the message's). Returns the messages, the
-    /// seq high-water mark, and what was measured.
-    async fn read_windows(
+    /// `sql` (the window claim, or an EXPLAIN of it) bound for `read`.
+    fn window_query<'q>(
         &self,
-        tx: &mut sqlx::PgConnection,
-        read: WindowRead<'_>,
-        ticket: &mut Ticket,
-    ) -> Result<(Vec<Message>, i64, Measured)> {
-        let err = |e| map_sqlx_error("claiming from the outbox windows", e);
+        sql: &'q str,
+        read: &WindowRead<'_>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
         let (parts, eps): (Vec<i16>, Vec<i64>) = read.epochs.iter().copied().unzip();
         let follow: Vec<Option<&NewPosition>> = parts
             .iter()
@@ -459,13 +570,13 @@ impl PgStore {
                     .filter(|n| n.cur.is_some())
             })
             .collect();
-        let mut rows = sqlx::query(&self.q.claim_window)
-            .bind(&parts)
+        let all = int8(read.rows.saturating_add(parts.len()));
+        sqlx::query(sql)
+            .bind(parts)
+            .bind(eps)
             .bind(read.per_partition)
-            .bind(int8(read.rows.saturating_add(parts.len())))
-            .bind(read.floor_hint)
+            .bind(all)
             .bind(read.block)
-            .bind(&eps)
             .bind(self.parked_cap)
             .bind(int8(read.bytes))
             .bind(read.first_alone)
@@ -473,18 +584,69 @@ impl PgStore {
             .bind(column(&follow, |n| n.cur.clone()))
             .bind(column(&follow, |n| n.cur_floor))
             .bind(column(&follow, |n| n.cur_at))
+    }
+
+    /// The plan of `member`'s next window claim of `rows` per partition over `partitions`
+    /// (its own, as rebalanced), run for real under EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
+    /// with the very statement, parameters and settings a claim uses. It writes nothing. For
+    /// tests and benchmarks that check what a claim costs.
+    #[doc(hidden)]
+    pub async fn explain_claim(
+        &self,
+        member: &MemberId,
+        partitions: &[i32],
+        rows: usize,
+    ) -> Result<serde_json::Value> {
+        let wanted = partitions_param(partitions);
+        let epochs: Vec<(i16, i64)> = self.state(member, |s| {
+            wanted
+                .iter()
+                .filter_map(|p| s.epochs.get(p).map(|e| (*p, *e)))
+                .collect()
+        });
+        let err = |e| map_sqlx_error("explaining a claim", e);
+        let mut tx = self.pool.begin_with(CLAIM_BEGIN).await.map_err(err)?;
+        let sql = format!(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
+            self.q.claim_window
+        );
+        let read = WindowRead {
+            epochs: &epochs,
+            per_partition: int8(rows),
+            rows: rows.saturating_mul(epochs.len()),
+            block: true,
+            bytes: usize::MAX >> 1,
+            first_alone: true,
+            follow: None,
+        };
+        let plan: serde_json::Value = self
+            .window_query(&sql, &read)
+            .fetch_one(&mut *tx)
+            .await
+            .and_then(|r| r.try_get(0))
+            .map_err(err)?;
+        tx.commit().await.map_err(err)?;
+        Ok(plan)
+    }
+
+    /// Reads the window claim's rows into a ticket and the messages to hand out, one row at a
+    /// time (a row's payload is in memory once, as the message's). Returns the messages and
+    /// what was measured.
+    async fn read_windows(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        read: WindowRead<'_>,
+        ticket: &mut Ticket,
+    ) -> Result<(Vec<Message>, Measured)> {
+        let err = |e| map_sqlx_error("claiming from the outbox windows", e);
+        let mut rows = self
+            .window_query(&self.q.claim_window, &read)
             .fetch(&mut *tx);
         let mut messages = Vec::new();
-        let mut seq_high = read.floor_hint;
         let mut returned: HashMap<i16, i64> = HashMap::new();
         let mut measured = (0i64, 0i64);
         while let Some(r) = rows.try_next().await.map_err(err)? {
             let partition: i16 = r.try_get("partition").map_err(err)?;
-            seq_high = seq_high.max(
-                r.try_get::<Option<i64>, _>("seq_high")
-                    .map_err(err)?
-                    .unwrap_or(0),
-            );
             if let std::collections::hash_map::Entry::Vacant(slot) = ticket.windows.entry(partition)
             {
                 let found: i64 = r.try_get("window_rows").map_err(err)?;
@@ -495,6 +657,8 @@ impl PgStore {
                 slot.insert(Window {
                     partition,
                     epoch: r.try_get("epoch").map_err(err)?,
+                    prev_id: r.try_get("prev_id").map_err(err)?,
+                    parked: r.try_get("parked").map_err(err)?,
                     done: r.try_get("done").map_err(err)?,
                     done_bound: r.try_get("done_bound").map_err(err)?,
                     done_floor: r.try_get("done_floor").map_err(err)?,
@@ -528,21 +692,6 @@ impl PgStore {
             let payload: Option<String> = r.try_get("payload").map_err(err)?;
             let key: String = r.try_get("aggregate_id").map_err(err)?;
             let txid: String = r.try_get("txid").map_err(err)?;
-            if let Some(w) = ticket.windows.get(&partition) {
-                // Only the A3 safety net returns such a row: the seq floor did not hold. Never
-                // seen since the floor is read before the snapshot; say so loudly if it is.
-                let at_or_above = |a: &str, b: &str| match (a.parse::<u64>(), b.parse::<u64>()) {
-                    (Ok(a), Ok(b)) => a >= b,
-                    _ => false,
-                };
-                if seq <= w.done_floor && at_or_above(&txid, &w.done_bound) {
-                    tracing::warn!(
-                        partition, seq, %txid, done_bound = %w.done_bound, done_floor = w.done_floor,
-                        "a row of a transaction newer than the window's bound lies below its seq \
-                         floor; the safety net read it (please report)"
-                    );
-                }
-            }
             ticket.rows.push(WindowRow {
                 partition,
                 seq,
@@ -574,7 +723,7 @@ impl PgStore {
         }
         let mut m = Measured::default();
         m.add(measured.0, measured.1);
-        Ok((messages, seq_high, m))
+        Ok((messages, m))
     }
 
     /// Reads the due parked messages within `rows` and `bytes` (the first one alone whatever
@@ -587,8 +736,9 @@ impl PgStore {
         bytes: usize,
         block: bool,
         ticket: &mut Ticket,
-    ) -> Result<(Vec<Message>, Measured, i64)> {
+    ) -> Result<(Vec<Message>, Measured, Option<DateTime<Utc>>)> {
         let err = |e| map_sqlx_error("claiming parked messages", e);
+        let mut keyed: std::collections::HashSet<i16> = std::collections::HashSet::new();
         let mut stream = sqlx::query(&self.q.claim_parked)
             .bind(parts)
             .bind(int8(rows))
@@ -599,15 +749,14 @@ impl PgStore {
             .fetch(&mut *tx);
         let mut messages = Vec::new();
         let mut measured = (0i64, 0i64);
-        let mut seq_high = 0i64;
+        let mut next_due = None;
         while let Some(r) = stream.try_next().await.map_err(err)? {
-            seq_high = seq_high.max(
-                r.try_get::<Option<i64>, _>("seq_high")
-                    .map_err(err)?
-                    .unwrap_or(0),
-            );
+            next_due = r.try_get("next_due").map_err(err)?;
+            if let Some(p) = r.try_get::<Option<Vec<i16>>, _>("keyed").map_err(err)? {
+                keyed.extend(p);
+            }
             let Some(partition) = r.try_get::<Option<i16>, _>("partition").map_err(err)? else {
-                continue; // the high-water row alone: nothing parked is due
+                continue; // the `next_due` row alone: nothing parked is due
             };
             measured = (
                 r.try_get("handed_upto").map_err(err)?,
@@ -634,18 +783,43 @@ impl PgStore {
             );
             messages.push(m);
         }
+        drop(stream);
+        if block {
+            ticket.parked_empty = parts
+                .iter()
+                .copied()
+                .filter(|p| !keyed.contains(p))
+                .collect();
+        }
         let mut m = Measured::default();
         m.add(measured.0, measured.1);
-        Ok((messages, m, seq_high))
+        Ok((messages, m, next_due))
     }
 
-    /// Runs the fenced record statement for `plan`; returns the partitions that passed.
-    async fn write_plan(&self, member: &MemberId, plan: &Plan) -> Result<Vec<i16>> {
+    /// Runs the fenced, compare-and-append record statement for `plan`; returns the partitions
+    /// whose position was appended, with the new positions' ids.
+    ///
+    /// If this call is dropped while the statement runs (the relay's store deadline), the
+    /// statement is cancelled on the server and its connection closed, never returned to the
+    /// pool: an abandoned record should not keep running beside its retry. Should it commit
+    /// anyway, compare-and-append makes it harmless (see `record.sql`).
+    async fn write_plan(&self, member: &MemberId, plan: &Plan) -> Result<Vec<(i16, i64)>> {
+        let err = |e| map_sqlx_error("recording publish results", e);
+        let mut conn = self.pool.acquire().await.map_err(err)?;
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(err)?;
+        let mut running = CancelOnDrop {
+            pool: self.pool.clone(),
+            pid,
+            conn: Some(conn),
+        };
         let (fp, fe): (Vec<i16>, Vec<i64>) = plan.fence.iter().copied().unzip();
         let pos = &plan.positions;
         let park = &plan.park;
         let ret = &plan.retried;
-        sqlx::query_scalar::<_, i16>(&self.q.record)
+        let appended = sqlx::query_as::<_, (i16, i64)>(&self.q.record)
             .bind(member.as_str())
             .bind(&fp)
             .bind(&fe)
@@ -681,9 +855,13 @@ impl PgStore {
             .bind(ret.iter().map(|r| r.outcome).collect::<Vec<_>>())
             .bind(ret.iter().map(|r| r.delay_secs).collect::<Vec<_>>())
             .bind(ret.iter().map(|r| r.error.as_deref()).collect::<Vec<_>>())
-            .fetch_all(&self.pool)
+            .bind(pos.iter().map(|p| p.prev_id).collect::<Vec<_>>())
+            .bind(pos.iter().map(|p| p.parked).collect::<Vec<_>>())
+            .fetch_all(running.conn())
             .await
-            .map_err(|e| map_sqlx_error("recording publish results", e))
+            .map_err(err);
+        running.finished();
+        appended
     }
 
     fn remember_epochs(&self, member: &MemberId, owned: &[(i16, i64)]) {
@@ -719,6 +897,51 @@ impl Drop for TicketGuard<'_> {
     }
 }
 
+/// A statement's connection that, when dropped before [`finished`](Self::finished) (the call
+/// running the statement was abandoned), cancels the statement on the server and closes the
+/// connection instead of returning it to the pool. Detached first, so the cancel can never hit
+/// another statement run on a reused connection.
+struct CancelOnDrop {
+    pool: PgPool,
+    pid: i32,
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+}
+
+impl CancelOnDrop {
+    fn conn(&mut self) -> &mut sqlx::PgConnection {
+        // Present until `finished` or drop, which both take `self`'s last use.
+        self.conn
+            .as_deref_mut()
+            .unwrap_or_else(|| unreachable!("the connection is taken only when finished"))
+    }
+
+    /// The statement ended (with a result or an error): the connection goes back to the pool.
+    fn finished(mut self) {
+        self.conn = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (pool, pid) = (self.pool.clone(), self.pid);
+        let conn = conn.detach();
+        runtime.spawn(async move {
+            let cancelled = sqlx::query("SELECT pg_cancel_backend($1)")
+                .bind(pid)
+                .execute(&pool)
+                .await;
+            if let Err(error) = cancelled {
+                tracing::debug!(pid, %error, "could not cancel an abandoned statement");
+            }
+            drop(conn);
+        });
+    }
+}
+
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
@@ -730,6 +953,11 @@ fn partitions_param(p: &[i32]) -> Vec<i16> {
 #[async_trait]
 impl Store for PgStore {
     async fn join(&self, member: &MemberId) -> Result<()> {
+        // Before a first claim: tables of another version, or a sequence that cannot serve as
+        // the claims' floor, must stop the relay with what to do, not lose rows.
+        self.checked
+            .get_or_try_init(|| crate::migrate::check_schema(&self.pool, &self.schema))
+            .await?;
         sqlx::query(&self.q.heartbeat)
             .bind(member.as_str())
             .execute(&self.pool)
@@ -813,22 +1041,29 @@ impl Store for PgStore {
         if messages.is_empty() {
             // Nothing to send, but held rows must be parked and passed windows recorded,
             // else the next claim would read them again.
-            let idle = read.idle_due && read.ticket.rows.is_empty();
+            let idle = read.idle_due;
             let plan = read.ticket.plan(&[], idle);
             self.state(member, |s| {
                 s.remember(&read);
+                if let Some(next_due) = read.parked_read {
+                    s.parked.read(on_failed == OnFailed::Block, next_due);
+                }
                 s.ticket = None;
                 if idle {
                     s.last_idle_advance = Some(Instant::now());
                 }
             });
             if !plan.is_empty() {
-                self.write_plan(member, &plan).await?;
+                let appended = self.write_plan(member, &plan).await?;
+                self.state(member, |s| s.note_recorded(&plan, &appended));
             }
             return Ok(messages);
         }
         self.state(member, |s| {
             s.remember(&read);
+            if let Some(next_due) = read.parked_read {
+                s.parked.read(on_failed == OnFailed::Block, next_due);
+            }
             s.ticket = Some(read.ticket);
         });
         Ok(messages)
@@ -851,6 +1086,16 @@ impl Store for PgStore {
         let Some(expected) = pending.as_ref().and_then(Ticket::follow_on) else {
             return Ok(Vec::new());
         };
+        // Parked messages that may be due are older work: leave them to a claim of its own.
+        let parked_due = self.state(member, |s| {
+            let owned: Vec<i16> = s.epochs.keys().copied().collect();
+            !s.parked
+                .due(&owned, on_failed == OnFailed::Block)
+                .is_empty()
+        });
+        if parked_due {
+            return Ok(Vec::new());
+        }
         let follow: HashMap<i16, NewPosition> =
             expected.iter().map(|p| (p.partition, p.clone())).collect();
         let Some(mut read) = self
@@ -859,9 +1104,8 @@ impl Store for PgStore {
         else {
             return Ok(Vec::new());
         };
-        // Due parked messages are older work: leave them to a claim of its own. An oversized
-        // message, which a claim lets through alone, waits for one too: the batch being
-        // published and this one must fit the bytes the relay holds together.
+        // An oversized message, which a claim lets through alone, waits for a claim of its own:
+        // the batch being published and this one must fit the bytes the relay holds together.
         let bytes: usize = read.messages.iter().map(|m| m.payload.len()).sum();
         if read.messages.is_empty() || !read.ticket.parked.is_empty() || bytes > limits.bytes {
             return Ok(Vec::new());
@@ -875,6 +1119,7 @@ impl Store for PgStore {
                 // any id assigned after `cur` was taken bounds it (the next window's A1 range
                 // is a batch longer, nothing more).
                 w.published = p.published;
+                w.parked = p.parked;
                 if p.cur_bound.is_some() {
                     w.cur_bound = p.cur_bound.clone();
                 }
@@ -914,38 +1159,60 @@ impl Store for PgStore {
     }
 
     async fn complete(&self, member: &MemberId, outcomes: &[Outcome]) -> Result<u64> {
-        let Some(ticket) = self.state(member, |s| s.ticket.take()) else {
+        let (ticket, idle) = self.state(member, |s| {
+            // Quiet partitions' empty windows are recorded as passed with the batch, now and
+            // then, so that retention moves on under a steady backlog too; not while a batch
+            // read ahead waits on this record being exactly what it assumed.
+            let idle = s.ahead.is_none()
+                && s.last_idle_advance
+                    .is_none_or(|t| t.elapsed() >= IDLE_ADVANCE_EVERY);
+            (s.ticket.take(), idle)
+        });
+        let Some(ticket) = ticket else {
             return Ok(0);
         };
-        let plan = ticket.plan(outcomes, false);
+        let plan = ticket.plan(outcomes, idle);
         if plan.is_empty() {
             return Ok(0);
         }
         // Until the record statement succeeds, the ticket goes back on an error *or* when this
-        // call is dropped (the relay's store deadline), so the retry can record the batch. If the
-        // dropped statement did commit, the retry writes the same positions and parks nothing
-        // twice (`ON CONFLICT DO NOTHING`); a parked message tried again may count one attempt
-        // more than it made.
+        // call is dropped (the relay's store deadline), so the retry can record the batch. The
+        // dropped statement is cancelled; if it committed anyway, the retry's positions follow
+        // the same predecessors and append nothing, and nothing else is written twice
+        // (compare-and-append, `record.sql`).
         let guard = TicketGuard {
             store: self,
             member,
             ticket: Some(ticket),
         };
-        let passed = self.write_plan(member, &plan).await?;
+        let appended = self.write_plan(member, &plan).await?;
         guard.disarm();
         // A batch read ahead may follow this one only if it was recorded exactly as that read
-        // assumed: the same positions, all of them written, nothing parked or retried.
+        // assumed: the same positions, all of them written, nothing parked or retried. It then
+        // follows the positions just appended.
         let in_full = plan.park.is_empty()
             && plan.retried.is_empty()
-            && plan.positions.iter().all(|p| passed.contains(&p.partition));
+            && plan
+                .positions
+                .iter()
+                .all(|p| appended.iter().any(|(a, _)| *a == p.partition));
         self.state(member, |s| {
+            s.note_recorded(&plan, &appended);
+            if idle {
+                s.last_idle_advance = Some(Instant::now());
+            }
             if let Some(a) = s.ahead.as_mut() {
                 a.recorded = in_full && a.expected == plan.positions;
+                for (partition, id) in &appended {
+                    if let Some(w) = a.ticket.windows.get_mut(partition) {
+                        w.prev_id = *id;
+                    }
+                }
             }
         });
-        Ok(passed
+        Ok(appended
             .iter()
-            .map(|p| plan.applied.get(p).copied().unwrap_or(0))
+            .map(|(p, _)| plan.applied.get(p).copied().unwrap_or(0))
             .sum())
     }
 

@@ -12,6 +12,11 @@ use outbox_core::Outcome;
 pub(crate) struct Window {
     pub partition: i16,
     pub epoch: i64,
+    /// The id of the position the claim read: the one the next position of this partition
+    /// follows (compare-and-append, see `record.sql`).
+    pub prev_id: i64,
+    /// Parked messages of this partition, as that position counts them.
+    pub parked: i64,
     pub done: String,
     pub done_bound: String,
     pub done_floor: i64,
@@ -32,10 +37,12 @@ pub(crate) struct Window {
 
 impl Window {
     /// The position after this window was read to its end: `done` becomes `cur`.
-    fn closed(&self, published: i64) -> NewPosition {
+    fn closed(&self, published: i64, parked: i64) -> NewPosition {
         NewPosition {
             partition: self.partition,
             epoch: self.epoch,
+            prev_id: self.prev_id,
+            parked,
             done: self.cur.clone(),
             done_bound: self.cur_bound.clone(),
             done_floor: self.cur_floor,
@@ -51,11 +58,13 @@ impl Window {
 
     /// The position with the same `done` and the cursor at `cursor`: the window stays open
     /// (`cur` kept) when the cursor is past its start, else no window is open.
-    fn kept(&self, cursor: i64, published: i64) -> NewPosition {
+    fn kept(&self, cursor: i64, published: i64, parked: i64) -> NewPosition {
         let open = cursor > 0;
         NewPosition {
             partition: self.partition,
             epoch: self.epoch,
+            prev_id: self.prev_id,
+            parked,
             done: self.done.clone(),
             done_bound: Some(self.done_bound.clone()),
             done_floor: self.done_floor,
@@ -99,6 +108,11 @@ pub(crate) struct Ticket {
     pub parked: HashMap<i64, ParkedRow>,
     /// Partitions whose window was not read because they hold the parking cap.
     pub full_partitions: Vec<i16>,
+    /// Partitions the claim found no parked message in (under the `block` policy, which reads
+    /// every parked row's key). Their positions' counts are reset to 0 if they say otherwise:
+    /// a parked row deleted by hand (`DELETE FROM outbox_parked`, a documented way to drop a
+    /// failed message) is not counted by any record.
+    pub parked_empty: HashSet<i16>,
 }
 
 /// A new position to append.
@@ -106,6 +120,10 @@ pub(crate) struct Ticket {
 pub(crate) struct NewPosition {
     pub partition: i16,
     pub epoch: i64,
+    /// The position this one follows; the append fails if that one already has a successor.
+    pub prev_id: i64,
+    /// Parked messages of the partition once this record's parking and releases are applied.
+    pub parked: i64,
     pub done: String,
     /// `None`: the recording transaction's own id (assigned after the snapshot was taken).
     pub done_bound: Option<String>,
@@ -322,12 +340,12 @@ impl Ticket {
                 && w.exhausted_if_all_read
                 && (!rows.is_empty() || idle_advance || was_open);
             let position = if closes {
-                Some(w.closed(published_total))
+                Some(w.closed(published_total, w.parked))
             } else if let Some(cursor) = last_handled {
-                Some(w.kept(cursor, published_total))
+                Some(w.kept(cursor, published_total, w.parked))
             } else if published_total != w.published {
                 // Only parked rows were published: keep the window, carry the new total.
-                Some(w.kept(w.cursor, published_total))
+                Some(w.kept(w.cursor, published_total, w.parked))
             } else {
                 None
             };
@@ -335,20 +353,45 @@ impl Ticket {
                 plan.positions.push(p);
             }
         }
-        let mut fence: HashMap<i16, i64> = HashMap::new();
-        for p in &plan.positions {
-            fence.insert(p.partition, p.epoch);
+        // Every partition this record writes anything for gets a position, carrying its parked
+        // count: parking and releases are applied only with an appended position (compare-and-
+        // append), and the count is what claims read instead of the parked table.
+        let mut parked_delta: HashMap<i16, i64> = HashMap::new();
+        for k in &plan.park {
+            *parked_delta.entry(k.partition).or_default() += 1;
         }
-        for p in plan
-            .park
-            .iter()
-            .map(|p| p.partition)
-            .chain(plan.retried.iter().map(|r| r.partition))
-        {
-            if let Some(w) = self.windows.get(&p) {
-                fence.insert(p, w.epoch);
+        for r in &plan.retried {
+            let d = parked_delta.entry(r.partition).or_default();
+            if r.outcome == "published" {
+                *d -= 1;
             }
         }
+        for w in self.windows.values() {
+            if self.parked_empty.contains(&w.partition) && w.parked != 0 {
+                parked_delta.entry(w.partition).or_default();
+            }
+        }
+        for (partition, delta) in parked_delta {
+            let Some(w) = self.windows.get(&partition) else {
+                continue;
+            };
+            let base = if self.parked_empty.contains(&partition) {
+                0
+            } else {
+                w.parked
+            };
+            match plan.positions.iter_mut().find(|p| p.partition == partition) {
+                Some(p) => p.parked = base + delta,
+                None => plan
+                    .positions
+                    .push(w.kept(w.cursor, w.published, base + delta)),
+            }
+        }
+        let fence: HashMap<i16, i64> = plan
+            .positions
+            .iter()
+            .map(|p| (p.partition, p.epoch))
+            .collect();
         plan.fence = fence.into_iter().collect();
         plan.fence.sort_unstable();
         plan.positions.sort_by_key(|p| p.partition);
@@ -368,6 +411,8 @@ mod tests {
         Window {
             partition,
             epoch: 7,
+            prev_id: 40,
+            parked: 0,
             done: "10:10:".into(),
             done_bound: "12".into(),
             done_floor: 0,
@@ -555,5 +600,63 @@ mod tests {
         assert_eq!(p.retried[0].outcome, "published");
         assert_eq!(p.positions[0].published, 6);
         assert_eq!(p.applied[&0], 1);
+    }
+
+    #[test]
+    fn every_position_follows_the_one_its_claim_read_and_counts_parked_messages() {
+        let mut t = ticket(vec![row(0, 1, "a"), row(0, 2, "a")], true);
+        if let Some(w) = t.windows.get_mut(&0) {
+            w.parked = 3;
+        }
+        let p = t.plan(
+            &[Outcome::Retry {
+                seq: 1,
+                error: "down".into(),
+                delay: Duration::from_secs(1),
+            }],
+            false,
+        );
+        let pos = &p.positions[0];
+        assert_eq!(pos.prev_id, 40, "compare-and-append on the position read");
+        assert_eq!(
+            pos.parked, 5,
+            "3 parked before, the retry and the row behind it"
+        );
+    }
+
+    #[test]
+    fn a_record_that_only_retries_parked_messages_still_appends_a_position() {
+        // Parking and releases are applied only with an appended position: a batch that
+        // tried a parked message again and failed must carry one, unchanged but for counts.
+        let mut t = ticket(vec![], false);
+        if let Some(w) = t.windows.get_mut(&0) {
+            w.parked = 2;
+        }
+        t.parked.insert(
+            9,
+            ParkedRow {
+                partition: 0,
+                key: "a".into(),
+            },
+        );
+        let p = t.plan(
+            &[Outcome::Retry {
+                seq: 9,
+                error: "down".into(),
+                delay: Duration::from_secs(1),
+            }],
+            false,
+        );
+        assert_eq!(p.positions.len(), 1);
+        let pos = &p.positions[0];
+        assert_eq!(
+            (pos.done.as_str(), pos.cur.as_deref(), pos.cursor),
+            ("10:10:", None, 0),
+            "the window as it was"
+        );
+        assert_eq!((pos.published, pos.parked), (5, 2));
+        assert_eq!(p.fence, vec![(0, 7)]);
+        let released = t.plan(&[Outcome::Published { seq: 9 }], false);
+        assert_eq!(released.positions[0].parked, 1);
     }
 }

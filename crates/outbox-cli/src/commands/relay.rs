@@ -87,7 +87,9 @@ pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCod
     }
     // Pool: each worker claims and marks on its own, plus LISTEN and lease renewals.
     let pool_size = (s.relay.workers as u32) * 2 + 2;
-    let database = outbox_db::open(&s.db.url, &s.db.schema, pool_size).await?;
+    let database =
+        outbox_db::open_with_deadline(&s.db.url, &s.db.schema, pool_size, s.relay.store_timeout)
+            .await?;
     let store = database.store();
     // Fail fast, with the fix in the message, when the schema was never migrated.
     if let Err(e) = store.stats().await {
