@@ -12,7 +12,9 @@
 -- 3. Each position carries its partition's number of parked messages, so a claim knows without
 --    reading the parked table whether a partition has any, and whether it is at the cap.
 -- 4. Parked rows are updated at every retry: room on their pages keeps those updates HOT.
--- 5. The seq floor assumes a sequence that hands out increasing values one at a time: checked.
+-- 5. The claims' seq floor is read under the sequence's buffer lock, in one function that claims
+--    and tests share, and assumes a sequence that hands out increasing values one at a time:
+--    checked.
 
 CREATE INDEX outbox_partition_txid_seq_idx ON {schema}.outbox (partition, txid, seq);
 DROP INDEX {schema}.outbox_partition_txid_idx;
@@ -41,6 +43,16 @@ CROSS JOIN LATERAL (
 ) AS lp;
 
 ALTER TABLE {schema}.outbox_parked SET (fillfactor = 70);
+
+-- The highest seq handed out so far, read under the sequence's buffer lock. A plain
+-- `SELECT last_value FROM outbox_seq_v2` is not: it reads the tuple after letting go of the
+-- lock, and can see the value `nextval` writes ahead into the WAL (up to 32 above anything
+-- handed out, every 32 calls and after each checkpoint), which made claims skip rows. NULL
+-- before the first value: 0 is then a floor.
+CREATE FUNCTION {schema}.outbox_seq_floor() RETURNS bigint
+LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
+  SELECT COALESCE(pg_sequence_last_value('{schema}.outbox_seq_v2'::regclass), 0)
+$$;
 
 DO $$
 BEGIN

@@ -25,10 +25,10 @@
 -- an index path that yields its rows in the order it asks for, and any plan that would read a
 -- whole txid range or partition and sort it instead is priced out, whatever the statistics.
 --
--- The floor: `pg_sequence_last_value()` reads the sequence under its buffer lock. A plain
--- `SELECT last_value FROM` the sequence does not, and can see the value `nextval` writes ahead
--- into the WAL (up to 32 above anything handed out, every 32 calls), which once made A2 skip
--- rows. Read in this statement, after `cur` was taken and before the transaction that records
+-- The floor: `outbox_seq_floor()` (migration 5) reads the sequence under its buffer lock. A
+-- plain `SELECT last_value FROM` the sequence does not, and can see the value `nextval` writes
+-- ahead into the WAL (up to 32 above anything handed out, every 32 calls), which once made A2
+-- skip rows. Read in this statement, after `cur` was taken and before the transaction that records
 -- `cur` gets the id that becomes its bound, it is a valid floor for the next window (see
 -- docs/engine.md). The sequence is checked to be uncached and increasing at migrate and start.
 --
@@ -61,7 +61,7 @@
 -- shorter than $1, where there is nothing to continue). `done` is still read from the table:
 -- recording a batch that keeps its window open never changes it.
 WITH floor AS MATERIALIZED (
-    SELECT COALESCE(pg_sequence_last_value('{schema}.outbox_seq_v2'::regclass), 0) AS seq_high
+    SELECT {schema}.outbox_seq_floor() AS seq_high
 ), pos AS MATERIALIZED (
     SELECT p.partition, p.epoch, lp.id AS prev_id, lp.parked, lp.done, lp.done_bound,
            lp.done_floor, lp.done_at, lp.published, lp.cur, lp.cur_bound,

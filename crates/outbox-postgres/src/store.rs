@@ -555,6 +555,28 @@ impl PgStore {
         }))
     }
 
+    /// What recording `member`'s pending batch with `outcomes` would write, computed now and
+    /// written only by [`land_record`](Self::land_record), whenever the caller likes: a record
+    /// abandoned at the store deadline that lands late, for tests of compare-and-append. The
+    /// pending batch stays pending.
+    #[doc(hidden)]
+    pub fn hold_record(&self, member: &MemberId, outcomes: &[Outcome]) -> Option<HeldRecord> {
+        let plan = self.state(member, |s| {
+            s.ticket.as_ref().map(|t| t.plan(outcomes, false))
+        })?;
+        Some(HeldRecord {
+            member: member.clone(),
+            plan,
+        })
+    }
+
+    /// Writes a [`hold_record`](Self::hold_record) now, as the record statement would have;
+    /// returns the partitions whose position it appended, with their ids.
+    #[doc(hidden)]
+    pub async fn land_record(&self, held: &HeldRecord) -> Result<Vec<(i16, i64)>> {
+        self.write_plan(&held.member, &held.plan).await
+    }
+
     /// `sql` (the window claim, or an EXPLAIN of it) bound for `read`.
     fn window_query<'q>(
         &self,
@@ -588,14 +610,16 @@ impl PgStore {
 
     /// The plan of `member`'s next window claim of `rows` per partition over `partitions`
     /// (its own, as rebalanced), run for real under EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
-    /// with the very statement, parameters and settings a claim uses. It writes nothing. For
-    /// tests and benchmarks that check what a claim costs.
+    /// with the very statement, parameters and settings a claim uses; `generic`: the generic
+    /// plan, which a relay's prepared claim settles on after a few runs, else one planned for
+    /// these values. It writes nothing. For tests and benchmarks that check what a claim costs.
     #[doc(hidden)]
     pub async fn explain_claim(
         &self,
         member: &MemberId,
         partitions: &[i32],
         rows: usize,
+        generic: bool,
     ) -> Result<serde_json::Value> {
         let wanted = partitions_param(partitions);
         let epochs: Vec<(i16, i64)> = self.state(member, |s| {
@@ -606,6 +630,12 @@ impl PgStore {
         });
         let err = |e| map_sqlx_error("explaining a claim", e);
         let mut tx = self.pool.begin_with(CLAIM_BEGIN).await.map_err(err)?;
+        let mode = if generic {
+            "SET LOCAL plan_cache_mode = force_generic_plan"
+        } else {
+            "SET LOCAL plan_cache_mode = force_custom_plan"
+        };
+        sqlx::query(mode).execute(&mut *tx).await.map_err(err)?;
         let sql = format!(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
             self.q.claim_window
@@ -895,6 +925,13 @@ impl Drop for TicketGuard<'_> {
             });
         }
     }
+}
+
+/// A record computed but not written (see [`PgStore::hold_record`]).
+#[doc(hidden)]
+pub struct HeldRecord {
+    member: MemberId,
+    plan: Plan,
 }
 
 /// A statement's connection that, when dropped before [`finished`](Self::finished) (the call

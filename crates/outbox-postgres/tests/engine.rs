@@ -8,62 +8,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{ClaimLimits, MemberId, NewMessage, OnFailed, Outcome, Store};
+use outbox_core::{ClaimLimits, MemberId, OnFailed, Outcome, Store};
 use outbox_postgres::{connect_pool, migrate, PgStore, Schema, Writer, MIGRATIONS};
 use sqlx::{PgPool, Row};
 
-fn database_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into())
-}
-
-async fn setup(tag: &str) -> (PgPool, Schema, Arc<PgStore>) {
-    let pool = connect_pool(&database_url(), 6)
-        .await
-        .expect("PostgreSQL must be running for these tests");
-    let schema = Schema::new(&outbox_testkit::unique_name(tag)).unwrap();
-    migrate(&pool, &schema).await.unwrap();
-    let store = Arc::new(PgStore::new(pool.clone(), schema.clone()));
-    (pool, schema, store)
-}
-
-async fn teardown(pool: &PgPool, schema: &Schema) {
-    let _ = sqlx::raw_sql(&schema.render("DROP SCHEMA {schema} CASCADE"))
-        .execute(pool)
-        .await;
-}
-
-fn msg(key: &str, n: u32) -> NewMessage {
-    NewMessage::new("order", key, "placed", serde_json::json!({ "n": n }))
-}
-
-/// Claims everything claimable and publishes it, returning the ids in claim order. Stops after
-/// two empty claims in a row: an empty claim may have closed a window read to its end, and the
-/// next one opens the window after it.
-async fn drain(store: &Arc<PgStore>, m: &MemberId, parts: &[i32]) -> Vec<uuid::Uuid> {
-    let mut ids = Vec::new();
-    let mut empty = 0;
-    loop {
-        let got = store
-            .claim(m, parts, ClaimLimits::rows(1000), OnFailed::Block)
-            .await
-            .unwrap();
-        if got.is_empty() {
-            empty += 1;
-            if empty == 2 {
-                return ids;
-            }
-            continue;
-        }
-        empty = 0;
-        let outcomes: Vec<_> = got
-            .iter()
-            .map(|r| Outcome::Published { seq: r.seq })
-            .collect();
-        store.complete(m, &outcomes).await.unwrap();
-        ids.extend(got.iter().map(|r| r.id));
-    }
-}
+mod common;
+use common::{database_url, drain, msg, setup, teardown};
 
 /// A transaction that stays open while relays claim and record other rows around it is
 /// delivered once it commits: once, and in key order after what its key already had.
@@ -128,7 +78,7 @@ async fn rolled_back_transaction_is_never_delivered() {
 /// Buffers one claim of `limit` rows per partition reads, from EXPLAIN (ANALYZE, BUFFERS) of
 /// the very statement the store runs for member `m`, with its settings.
 async fn claim_buffers(store: &PgStore, m: &MemberId, parts: &[i32], limit: usize) -> i64 {
-    let plan = store.explain_claim(m, parts, limit).await.unwrap();
+    let plan = store.explain_claim(m, parts, limit, true).await.unwrap();
     let root = &plan[0]["Plan"];
     root["Shared Hit Blocks"].as_i64().unwrap_or(0)
         + root["Shared Read Blocks"].as_i64().unwrap_or(0)

@@ -61,37 +61,44 @@ async fn same_key_transactions_get_sequences_in_commit_order() {
     let w = Writer::new(&schema);
     let first = NewMessage::new("acct", "k", "debited", serde_json::json!({"n": 1}));
     let second = NewMessage::new("acct", "k", "debited", serde_json::json!({"n": 2}));
-    // Built so that insert order and commit order would differ: t1 inserts first (and would
-    // draw the smaller seq), t2 inserts and tries to commit while t1 is open, then t1 commits.
-    // The order in which the commits returned must be the seq order; the key lock makes t2
-    // wait, so both are t1-then-t2. Without it t2 commits first and holds the larger seq.
-    let committed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    // Built so that insert order and commit order would differ: t1 inserts first, t2 inserts
+    // and commits while t1 is open, then t1 commits. The key lock makes t2's insert wait until
+    // t1 committed, so t2 draws the larger seq. t1 raises a flag just before it commits: t2's
+    // insert must return only after that (without the lock it returns at once, and t2 commits
+    // first holding the larger seq, so seq order would not be commit order).
+    let t1_committing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut t1 = pool.begin().await.unwrap();
     w.enqueue(&mut t1, &first).await.unwrap();
-    let (pool2, w2, second2, committed2) =
-        (pool.clone(), w.clone(), second.clone(), committed.clone());
+    let (pool2, w2, second2, flag) = (
+        pool.clone(),
+        w.clone(),
+        second.clone(),
+        t1_committing.clone(),
+    );
     let t2 = tokio::spawn(async move {
         let mut t2 = pool2.begin().await.unwrap();
         w2.enqueue(&mut t2, &second2).await.unwrap();
+        let waited = flag.load(std::sync::atomic::Ordering::SeqCst);
         t2.commit().await.unwrap();
-        committed2.lock().unwrap().push(second2.id);
+        waited
     });
-    // Room for t2 to commit first, if anything let it.
+    // Room for t2 to go first, if anything let it.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    t1_committing.store(true, std::sync::atomic::Ordering::SeqCst);
     t1.commit().await.unwrap();
-    committed.lock().unwrap().push(first.id);
-    t2.await.unwrap();
-    let commit_order = committed.lock().unwrap().clone();
+    assert!(
+        t2.await.unwrap(),
+        "the second writer of a key waits for the first to commit"
+    );
     let order: Vec<uuid::Uuid> =
         sqlx::query_scalar(&schema.render("SELECT id FROM {schema}.outbox ORDER BY seq"))
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(order, commit_order, "seq order must be commit order");
     assert_eq!(
-        commit_order,
+        order,
         vec![first.id, second.id],
-        "the second writer of a key waits for the first to commit"
+        "seq order must be commit order"
     );
     teardown(&pool, &schema).await;
 }
