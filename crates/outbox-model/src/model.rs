@@ -1,0 +1,718 @@
+//! The protocol as a stateright [`Model`]: the actions writers, relays, takeovers and retention
+//! take, and what each does to the [`State`].
+//!
+//! Every action is one atomic step of the real system. Writers: lock the key, get a txid (first
+//! insert only), the two steps of `nextval`, then commit or roll back. Relays: a claim (one
+//! statement: it reads the latest position, takes `cur` and the floor, reads the window's rows,
+//! and the batch is published at once, since publishing touches nothing the protocol reads), the
+//! start of a record statement, giving up on it, and its landing. A record lands in one step
+//! (fence, id, transaction id and append are one statement), so the latest position is always the
+//! last one landed: with the ids drawn when the statement runs, `ORDER BY id DESC` means exactly
+//! that, and it is why a record that runs late becomes the latest in the buggy protocol.
+
+use std::fmt::Write as _;
+
+use stateright::{Model, Path, Property};
+
+use crate::config::{Config, Key};
+use crate::properties;
+use crate::snapshot::{Seq, Snapshot, Xid, MAX_XID};
+use crate::state::{
+    Claimed, Draft, DraftWindow, Position, Record, Relay, Row, Sequence, Stage, State, TxStatus,
+    Writer,
+};
+
+/// One step of the system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// A writer's first insert: it locks the row's key (the writer API's advisory lock), then
+    /// the insert evaluates `txid`'s default: it gets its id.
+    AssignTxid {
+        /// The writer.
+        writer: u8,
+        /// The key it locks.
+        key: Key,
+    },
+    /// `nextval` step 1 (after locking the row's key, if this row is not the writer's first):
+    /// the tuple shows `last + wal_ahead` while WAL is written.
+    WalAhead {
+        /// The writer.
+        writer: u8,
+        /// The key it locks.
+        key: Key,
+    },
+    /// `nextval` step 2: `last += 1`, the row is inserted with it.
+    Drawn {
+        /// The writer.
+        writer: u8,
+    },
+    /// The writer commits (and releases its locks).
+    Commit {
+        /// The writer.
+        writer: u8,
+    },
+    /// The writer rolls back (at its end: an earlier rollback is a shorter writer).
+    Rollback {
+        /// The writer.
+        writer: u8,
+    },
+    /// A relay member claims a batch and publishes it.
+    Claim {
+        /// The member.
+        relay: u8,
+    },
+    /// The claim statement that opened a window reads the seq floor for it. It is a step of its
+    /// own because the statement reads it after taking its snapshot (claim_window.sql's `floor`
+    /// CTE runs under the statement's snapshot, taken when the statement began), so writers may
+    /// draw in between. Any read before the recording transaction gets its id (the bound) is a
+    /// valid floor; a read before the snapshot could only be lower, which A2 tolerates.
+    ReadFloor {
+        /// The member.
+        relay: u8,
+    },
+    /// A relay member sends the record statement for its published batch.
+    Record {
+        /// The member.
+        relay: u8,
+    },
+    /// A relay member gives up waiting for its record (deadline); the statement may still run.
+    Abandon {
+        /// The member.
+        relay: u8,
+        /// Whether it records the same batch again (else it claims afresh).
+        retry: bool,
+    },
+    /// A record statement runs and commits.
+    Land {
+        /// The record's id.
+        record: u8,
+    },
+    /// The other member takes the partition over, bumping the epoch.
+    Takeover {
+        /// The new owner.
+        to: u8,
+    },
+    /// Retention drops the segments below `below`.
+    DropSegment {
+        /// The end of the dropped segment.
+        below: Xid,
+    },
+}
+
+/// A planned row: its writer and key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlannedRow {
+    /// The writer that inserts it.
+    pub writer: u8,
+    /// Its key.
+    pub key: Key,
+}
+
+/// The model of one relay partition.
+#[derive(Clone, Debug)]
+pub struct ProtocolModel {
+    cfg: Config,
+    plan: Vec<PlannedRow>,
+    /// The index in `plan` of each writer's first row.
+    first_row: Vec<usize>,
+}
+
+impl ProtocolModel {
+    /// A model of `cfg`.
+    ///
+    /// # Panics
+    ///
+    /// If `cfg` could need more transaction ids or rows than the model tracks, has no writer, a
+    /// writer with no row, or a zero batch or segment width.
+    pub fn new(cfg: Config) -> Self {
+        let ids = 2 + cfg.writers.len() + usize::from(cfg.max_records);
+        assert!(
+            ids <= usize::from(MAX_XID),
+            "too many transaction ids for the model"
+        );
+        assert!(!cfg.writers.is_empty(), "no writer");
+        assert!(
+            cfg.writers.iter().all(|w| !w.is_empty()),
+            "a writer with no row"
+        );
+        assert!(
+            cfg.batch > 0 && cfg.segment_width > 0,
+            "zero batch or segment width"
+        );
+        let mut plan = Vec::new();
+        let mut first_row = Vec::new();
+        for (w, keys) in cfg.writers.iter().enumerate() {
+            first_row.push(plan.len());
+            for &key in keys {
+                plan.push(PlannedRow {
+                    writer: w as u8,
+                    key,
+                });
+            }
+        }
+        Self {
+            cfg,
+            plan,
+            first_row,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The planned rows, in the order of [`State::rows`].
+    pub fn plan(&self) -> &[PlannedRow] {
+        &self.plan
+    }
+
+    /// The id of a writer's next row.
+    fn row_index(&self, w: usize, s: &State) -> usize {
+        self.first_row[w] + usize::from(s.writers[w].next_row)
+    }
+
+    /// Whether row `i` (inserted as `row`) is visible in `snap`: its transaction had completed
+    /// when `snap` was taken, and committed.
+    pub fn visible(&self, s: &State, i: usize, row: &Row, snap: &Snapshot) -> bool {
+        snap.completed(row.txid)
+            && s.writers[usize::from(self.plan[i].writer)].status == TxStatus::Committed
+    }
+
+    /// Whether `p` has passed row `i`: visible in `done`, or in its open window at or below the
+    /// cursor.
+    pub fn passed(&self, s: &State, p: &Position, i: usize, row: &Row) -> bool {
+        self.visible(s, i, row, &p.done)
+            || p.cur
+                .is_some_and(|w| row.seq <= p.cursor && self.visible(s, i, row, &w.snapshot))
+    }
+
+    /// The snapshot a statement would take now.
+    fn snapshot_now(s: &State) -> Snapshot {
+        let running = s
+            .writers
+            .iter()
+            .filter(|w| w.status == TxStatus::Running)
+            .filter_map(|w| w.txid);
+        Snapshot::take(s.latest_completed, running)
+    }
+
+    /// The seq floor as the claim reads it: under the buffer lock `last`; without it, whatever
+    /// the tuple shows, `last + wal_ahead` in the middle of a logged `nextval`.
+    fn read_floor(&self, s: &State) -> Seq {
+        if self.cfg.bugs.unlocked_floor && s.sequence.drawing.is_some() {
+            s.sequence.last + self.cfg.wal_ahead
+        } else {
+            s.sequence.last
+        }
+    }
+
+    /// Whether row `i` belongs to the window `(p.done, cur)` after `cursor`, read the way
+    /// claim_window.sql reads it: B, A1 and A2 (and A3 when the safety net is on).
+    fn in_window(
+        &self,
+        s: &State,
+        p: &Position,
+        cur: &DraftWindow,
+        cursor: Seq,
+        i: usize,
+        row: &Row,
+    ) -> bool {
+        let t = row.txid;
+        // A dropped segment's rows are gone from every read.
+        if t < s.dropped_below || row.seq <= cursor || !self.visible(s, i, row, &cur.snapshot) {
+            return false;
+        }
+        // B: transactions `done` saw running.
+        let b = p.done.in_progress(t);
+        // A1: ids from xmax(done) up to done_bound, probed by txid.
+        let a1 = t >= p.done.xmax() && t < p.done_bound;
+        // A2: ids at or above done_bound, walked up the seq index from the floor. This is the
+        // part that trusts the floor.
+        let a2 = t >= p.done_bound && row.seq > p.done_floor;
+        // A3: the net under A2's floor, read while the cursor is still below it.
+        let a3 = self.cfg.safety_net
+            && t >= p.done_bound
+            && row.seq <= p.done_floor
+            && cursor < p.done_floor;
+        b || a1 || a2 || a3
+    }
+
+    /// A claim by `relay` (the action is enabled only for an idle owner, or a member that still
+    /// believes it is one).
+    fn claim(&self, s: &mut State, relay: usize) -> Option<()> {
+        let epoch = s.relays[relay].epoch?;
+        let prev = s.latest_id;
+        let p = s.latest;
+        // With no window open the claim's own snapshot becomes `cur`; its floor is read by the
+        // next step (see `Action::ReadFloor`), `done_floor` until then.
+        let opens = p.cur.is_none();
+        let (cur, cursor) = match p.cur {
+            Some(w) => (
+                DraftWindow {
+                    snapshot: w.snapshot,
+                    bound: Some(w.bound),
+                    floor: w.floor,
+                },
+                p.cursor,
+            ),
+            None => (
+                DraftWindow {
+                    snapshot: Self::snapshot_now(s),
+                    bound: None,
+                    floor: p.done_floor,
+                },
+                0,
+            ),
+        };
+        let mut found: Vec<(Seq, usize)> = s
+            .rows
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.map(|row| (i, row)))
+            .filter(|(i, row)| self.in_window(s, &p, &cur, cursor, *i, row))
+            .map(|(i, row)| (row.seq, i))
+            .collect();
+        found.sort_unstable();
+        found.truncate(usize::from(self.cfg.batch));
+        for &(seq, i) in &found {
+            if s.was_sent(i) {
+                continue;
+            }
+            let key = self.plan[i].key;
+            s.out_of_order |= s.rows.iter().enumerate().any(|(j, r)| {
+                s.was_sent(j) && self.plan[j].key == key && r.is_some_and(|r| r.seq > seq)
+            });
+            s.sent |= 1 << i;
+        }
+        // Fewer rows than asked for: the window is read to its end (`window_rows` below the
+        // limit).
+        let next = match found.last() {
+            Some(&(last, _)) if found.len() == usize::from(self.cfg.batch) => Draft {
+                done: p.done,
+                done_bound: Some(p.done_bound),
+                done_floor: p.done_floor,
+                cur: Some(cur),
+                cursor: last,
+            },
+            _ => Draft {
+                done: cur.snapshot,
+                done_bound: cur.bound,
+                done_floor: cur.floor,
+                cur: None,
+                cursor: 0,
+            },
+        };
+        let claimed = Claimed { prev, epoch, next };
+        s.relays[relay].stage = if opens {
+            Stage::ReadingFloor(claimed)
+        } else {
+            Stage::Published(claimed)
+        };
+        Some(())
+    }
+
+    /// The claim statement that opened a window reads the seq floor for it, never below
+    /// `done_floor` (GREATEST in claim_window.sql).
+    fn floor_read(&self, s: &mut State, relay: usize) -> Option<()> {
+        let Stage::ReadingFloor(mut claimed) = s.relays[relay].stage else {
+            return None;
+        };
+        let read = self.read_floor(s);
+        // The fresh window is either still open in the draft or closed into its `done`.
+        match claimed.next.cur.as_mut() {
+            Some(w) => w.floor = w.floor.max(read),
+            None => claimed.next.done_floor = claimed.next.done_floor.max(read),
+        }
+        s.relays[relay].stage = Stage::Published(claimed);
+        Some(())
+    }
+
+    /// Record statement `id` runs: fenced by the epoch, and (fixed) compare-and-append against
+    /// the position its claim read.
+    fn land(&self, s: &mut State, id: u8) -> Option<()> {
+        let at = s.in_flight.iter().position(|r| r.id == id)?;
+        let rec = s.in_flight.remove(at);
+        let fenced_in = rec.claimed.epoch == s.epoch;
+        let successor = rec.claimed.prev == s.latest_id;
+        let lands = fenced_in && (successor || self.cfg.bugs.latest_by_highest_id);
+        if lands {
+            // The recording transaction's id, assigned now: after the claim's snapshot, which
+            // is what makes it a bound for A1/A2.
+            let xid = s.next_xid;
+            s.next_xid += 1;
+            s.latest_completed = s.latest_completed.max(xid);
+            let new = rec.claimed.next.land(rec.claimed.epoch, xid);
+            s.passed_unsent |= properties::passes_unsent(self, s, &new);
+            s.moved_back |= properties::moves_back(&s.latest, &new);
+            s.latest = new;
+            s.latest_id += 1;
+        }
+        let relay = &mut s.relays[usize::from(rec.relay)];
+        if matches!(relay.stage, Stage::Recording { record, .. } if record == id) {
+            // The member hears the answer only if it was still waiting for it.
+            relay.stage = Stage::Idle;
+            if !fenced_in {
+                relay.epoch = None;
+            }
+        } else if fenced_in && !successor {
+            s.late_record = true;
+        }
+        Some(())
+    }
+
+    /// The writer's next step, if it is enabled.
+    fn writer_actions(&self, s: &State, w: usize, actions: &mut Vec<Action>) {
+        let writer = &s.writers[w];
+        let id = w as u8;
+        if writer.status != TxStatus::Running {
+            return;
+        }
+        if usize::from(writer.next_row) == self.cfg.writers[w].len() {
+            actions.push(Action::Commit { writer: id });
+            actions.push(Action::Rollback { writer: id });
+            return;
+        }
+        let key = self.plan[self.row_index(w, s)].key;
+        if s.sequence.drawing == Some(id) {
+            actions.push(Action::Drawn { writer: id });
+            return;
+        }
+        // A row's first step takes its key's lock (the writer API's advisory lock): when and
+        // whether it waits is unobservable to the relay, so the lock is taken in the same step
+        // as what follows it, and the step waits while another running writer holds the key.
+        // Keys are locked in plan order, so writers never deadlock.
+        let taken = s.writers.iter().enumerate().any(|(o, other)| {
+            o != w && other.status == TxStatus::Running && other.locks & key.bit() != 0
+        });
+        if taken {
+            return;
+        }
+        if writer.txid.is_none() {
+            actions.push(Action::AssignTxid { writer: id, key });
+        } else if s.sequence.drawing.is_none() {
+            actions.push(Action::WalAhead { writer: id, key });
+        }
+    }
+
+    /// The writer `w` ends.
+    fn end(s: &mut State, w: usize, status: TxStatus) {
+        let writer = &mut s.writers[w];
+        writer.status = status;
+        writer.locks = 0;
+        if let Some(t) = writer.txid {
+            s.latest_completed = s.latest_completed.max(t);
+        }
+    }
+
+    /// A readable account of a path: one line per step, with what it did.
+    pub fn explain(&self, path: &Path<State, Action>) -> String {
+        let mut out = String::new();
+        let steps = path.clone().into_vec();
+        for (n, (before, action)) in steps.iter().enumerate() {
+            let Some(action) = action else { continue };
+            let Some((after, _)) = steps.get(n + 1) else {
+                continue;
+            };
+            let _ = writeln!(out, "{:2}. {}", n + 1, self.describe(before, action, after));
+        }
+        out
+    }
+
+    /// A row as `key/seq(xid)`.
+    fn row_text(&self, s: &State, i: usize) -> String {
+        match s.rows[i] {
+            Some(row) => format!("{:?}/{}(x{})", self.plan[i].key, row.seq, row.txid),
+            None => format!("{:?}/-", self.plan[i].key),
+        }
+    }
+
+    /// One step of [`Self::explain`].
+    fn describe(&self, before: &State, action: &Action, after: &State) -> String {
+        let pos = |p: &Position| {
+            let cur = p.cur.map_or(String::from("-"), |w| {
+                format!("{:?} bound {} floor {}", w.snapshot, w.bound, w.floor)
+            });
+            format!(
+                "done {:?} bound {} floor {} | cur {} | cursor {}",
+                p.done, p.done_bound, p.done_floor, cur, p.cursor
+            )
+        };
+        match *action {
+            Action::AssignTxid { writer, key } => format!(
+                "T{writer} locks key {key:?}, gets txid {}",
+                after.writers[usize::from(writer)].txid.unwrap_or_default()
+            ),
+            Action::WalAhead { writer, key } => {
+                let held = before.writers[usize::from(writer)].locks & key.bit() != 0;
+                format!(
+                    "T{writer} {}nextval step 1: the tuple shows {} (last {})",
+                    if held {
+                        String::new()
+                    } else {
+                        format!("locks key {key:?}, ")
+                    },
+                    before.sequence.last + self.cfg.wal_ahead,
+                    before.sequence.last
+                )
+            }
+            Action::Drawn { writer } => {
+                let i = self.row_index(usize::from(writer), before);
+                format!(
+                    "T{writer} nextval step 2: inserts {}",
+                    self.row_text(after, i)
+                )
+            }
+            Action::Commit { writer } => format!("T{writer} commits"),
+            Action::Rollback { writer } => format!("T{writer} rolls back"),
+            Action::Claim { relay } => {
+                let new: Vec<String> = (0..after.rows.len())
+                    .filter(|&i| after.was_sent(i) && !before.was_sent(i))
+                    .map(|i| self.row_text(after, i))
+                    .collect();
+                let (Stage::Published(c) | Stage::ReadingFloor(c)) =
+                    after.relays[usize::from(relay)].stage
+                else {
+                    return format!("relay {relay} claims");
+                };
+                let window = match before.latest.cur {
+                    Some(w) => format!(
+                        "goes on in window cur {:?} after cursor {}",
+                        w.snapshot, before.latest.cursor
+                    ),
+                    None => match c.next.cur {
+                        Some(w) => format!("opens a window at cur {:?}", w.snapshot),
+                        None => format!("opens a window at cur {:?}", c.next.done),
+                    },
+                };
+                let next = match c.next.cur {
+                    Some(_) => format!("keeps it open, cursor {}", c.next.cursor),
+                    None => String::from("read to its end, closes it"),
+                };
+                format!(
+                    "relay {relay} claims from position #{}: {window}; first sends {new:?}; {next}",
+                    c.prev
+                )
+            }
+            Action::ReadFloor { relay } => {
+                format!("relay {relay} reads the floor: {}", self.read_floor(before))
+            }
+            Action::Record { relay } => format!(
+                "relay {relay} starts record #{}",
+                after.records_started.saturating_sub(1)
+            ),
+            Action::Abandon { relay, retry } => format!(
+                "relay {relay} gives up on its record{}",
+                if retry {
+                    " and records the same batch again"
+                } else {
+                    " and claims afresh"
+                }
+            ),
+            Action::Land { record } => {
+                if after.latest_id != before.latest_id {
+                    let mut text = format!(
+                        "record #{record} lands as position #{} (txid {}): {}",
+                        after.latest_id,
+                        after.next_xid - 1,
+                        pos(&after.latest)
+                    );
+                    if after.passed_unsent && !before.passed_unsent {
+                        let unsent: Vec<String> = (0..after.rows.len())
+                            .filter(|&i| {
+                                after.rows[i].is_some_and(|row| {
+                                    self.passed(after, &after.latest, i, &row) && !after.was_sent(i)
+                                })
+                            })
+                            .map(|i| self.row_text(after, i))
+                            .collect();
+                        let _ = write!(text, " -- LOSS: it has passed {unsent:?}, never sent");
+                    }
+                    if after.moved_back && !before.moved_back {
+                        text.push_str(" -- BACKWARDS: behind the position it replaces");
+                    }
+                    text
+                } else {
+                    format!("record #{record} runs late and writes nothing (fence or compare)")
+                }
+            }
+            Action::Takeover { to } => {
+                format!(
+                    "relay {to} takes the partition over (epoch {})",
+                    after.epoch
+                )
+            }
+            Action::DropSegment { below } => format!("retention drops txids below {below}"),
+        }
+    }
+}
+
+impl Model for ProtocolModel {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        // The migration's transaction (id 1) recorded the first position: `done` taken before
+        // it got its id, nothing drawn yet.
+        let initial = Position {
+            epoch: 0,
+            done: Snapshot::take(0, []),
+            done_bound: 1,
+            done_floor: 0,
+            cur: None,
+            cursor: 0,
+        };
+        let idle = |epoch| Relay {
+            epoch,
+            stage: Stage::Idle,
+        };
+        vec![State {
+            next_xid: 2,
+            latest_completed: 1,
+            sequence: Sequence {
+                last: 0,
+                drawing: None,
+            },
+            writers: vec![
+                Writer {
+                    status: TxStatus::Running,
+                    txid: None,
+                    next_row: 0,
+                    locks: 0,
+                };
+                self.cfg.writers.len()
+            ],
+            rows: vec![None; self.plan.len()],
+            latest: initial,
+            latest_id: 0,
+            passed_unsent: false,
+            moved_back: false,
+            late_record: false,
+            in_flight: Vec::new(),
+            records_started: 0,
+            abandoned: 0,
+            relays: [idle(Some(1)), idle(None)],
+            epoch: 1,
+            takeovers: 0,
+            dropped_below: 0,
+            sent: 0,
+            out_of_order: false,
+        }]
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        for w in 0..s.writers.len() {
+            self.writer_actions(s, w, actions);
+        }
+        let records_left = s.records_started < self.cfg.max_records;
+        for (r, relay) in s.relays.iter().enumerate() {
+            let r = r as u8;
+            match relay.stage {
+                Stage::Idle if relay.epoch.is_some() && records_left => {
+                    actions.push(Action::Claim { relay: r });
+                }
+                Stage::ReadingFloor(_) => actions.push(Action::ReadFloor { relay: r }),
+                Stage::Published(_) if records_left => actions.push(Action::Record { relay: r }),
+                Stage::Recording { .. } if s.abandoned < self.cfg.max_abandons => {
+                    actions.push(Action::Abandon {
+                        relay: r,
+                        retry: true,
+                    });
+                    actions.push(Action::Abandon {
+                        relay: r,
+                        retry: false,
+                    });
+                }
+                _ => {}
+            }
+        }
+        for rec in &s.in_flight {
+            actions.push(Action::Land { record: rec.id });
+        }
+        if s.takeovers < self.cfg.max_takeovers {
+            let owner = s.relays.iter().position(|r| r.epoch == Some(s.epoch));
+            let to = if owner == Some(0) { 1 } else { 0 };
+            actions.push(Action::Takeover { to });
+        }
+        let next_drop = s.dropped_below + self.cfg.segment_width;
+        // droppable.sql: the whole segment lies below xmin(done) of the latest position.
+        if next_drop <= s.latest.done.xmin() {
+            actions.push(Action::DropSegment { below: next_drop });
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        match action {
+            Action::AssignTxid { writer, key } => {
+                let w = &mut s.writers[usize::from(writer)];
+                w.locks |= key.bit();
+                w.txid = Some(s.next_xid);
+                s.next_xid += 1;
+            }
+            Action::WalAhead { writer, key } => {
+                s.writers[usize::from(writer)].locks |= key.bit();
+                s.sequence.drawing = Some(writer);
+            }
+            Action::Drawn { writer } => {
+                let w = usize::from(writer);
+                let i = self.row_index(w, &s);
+                s.sequence.last += 1;
+                s.sequence.drawing = None;
+                s.rows[i] = Some(Row {
+                    txid: s.writers[w].txid?,
+                    seq: s.sequence.last,
+                });
+                s.writers[w].next_row += 1;
+            }
+            Action::Commit { writer } => {
+                Self::end(&mut s, usize::from(writer), TxStatus::Committed)
+            }
+            Action::Rollback { writer } => {
+                Self::end(&mut s, usize::from(writer), TxStatus::RolledBack);
+            }
+            Action::Claim { relay } => self.claim(&mut s, usize::from(relay))?,
+            Action::ReadFloor { relay } => self.floor_read(&mut s, usize::from(relay))?,
+            Action::Record { relay } => {
+                let r = usize::from(relay);
+                let Stage::Published(claimed) = s.relays[r].stage else {
+                    return None;
+                };
+                let id = s.records_started;
+                s.records_started += 1;
+                s.in_flight.push(Record { id, relay, claimed });
+                s.relays[r].stage = Stage::Recording {
+                    record: id,
+                    claimed,
+                };
+            }
+            Action::Abandon { relay, retry } => {
+                let r = usize::from(relay);
+                let Stage::Recording { claimed, .. } = s.relays[r].stage else {
+                    return None;
+                };
+                s.abandoned += 1;
+                s.relays[r].stage = if retry {
+                    Stage::Published(claimed)
+                } else {
+                    Stage::Idle
+                };
+            }
+            Action::Land { record } => self.land(&mut s, record)?,
+            Action::Takeover { to } => {
+                s.epoch += 1;
+                s.takeovers += 1;
+                s.relays[usize::from(to)] = Relay {
+                    epoch: Some(s.epoch),
+                    stage: Stage::Idle,
+                };
+            }
+            Action::DropSegment { below } => s.dropped_below = below,
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        properties::all(&self.cfg)
+    }
+}
