@@ -294,6 +294,10 @@ pub enum BenchMode {
     /// The receiving side: ingest NATS -> PostgreSQL by `outbox inbox`, and handlers by the
     /// inbox processor, each beside a naive consumer doing one transaction per message.
     Inbox,
+    /// One transaction of --rows rows (the acceptance figure uses 1,000,000), committed while the
+    /// relay drains other keys, beside the same rows written as 1,000 transactions: drain rates and claim
+    /// times.
+    BigTx,
 }
 
 /// `outbox bench` options.

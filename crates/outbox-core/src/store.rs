@@ -248,6 +248,10 @@ pub struct Maintenance {
     /// Bookkeeping rows deleted: superseded positions (PostgreSQL), or published rows past
     /// retention (a store that deletes instead of dropping).
     pub rows_deleted: u64,
+    /// Rows a claim would pass over because they lie at or below their window's seq floor
+    /// (PostgreSQL; a sampled check, see `floor_audit.sql`). Always 0 unless the floor is read
+    /// wrong: the relay warns loudly when it is not.
+    pub rows_below_floor: u64,
 }
 
 /// A database that holds outbox rows and coordinates relay members.

@@ -9,6 +9,21 @@ use sqlx::{Executor as _, PgPool};
 use crate::error::map_sqlx_error;
 use crate::schema::Schema;
 
+/// Index entries the floor audit reads per partition (see `queries/floor_audit.sql`).
+pub const FLOOR_AUDIT_ENTRIES: i64 = 2000;
+
+/// Counts rows that lie at or below their partition's seq floor although their transaction got
+/// its id after that floor was read: rows the claim would pass over. A sampled check of the
+/// transactions right after each partition's bound (see `queries/floor_audit.sql`).
+pub async fn floor_audit(conn: &mut sqlx::PgConnection, schema: &Schema) -> Result<u64> {
+    let below: i64 = sqlx::query_scalar(&schema.render(include_str!("../queries/floor_audit.sql")))
+        .bind(FLOOR_AUDIT_ENTRIES)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error("auditing the claims' seq floors", e))?;
+    Ok(u64::try_from(below).unwrap_or(0))
+}
+
 /// Segments kept ready beyond the current transaction id, in segment widths.
 pub const LOOKAHEAD_SEGMENTS: i32 = 2;
 
@@ -107,5 +122,6 @@ async fn run_locked(
         .await
         .map_err(|e| map_sqlx_error(&ctx("pruning old positions"), e))?;
     report.rows_deleted = pruned.rows_affected();
+    report.rows_below_floor = floor_audit(conn, schema).await?;
     Ok(report)
 }

@@ -419,6 +419,18 @@ impl PgStore {
             .remove(member.as_str());
     }
 
+    /// The floor audit of [`Maintenance::rows_below_floor`], on its own: rows a claim would pass
+    /// over because they lie at or below their window's seq floor. For benchmarks and checks
+    /// that want it more often than maintenance runs.
+    pub async fn floor_audit(&self) -> Result<u64> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| map_sqlx_error("auditing the claims' seq floors", e))?;
+        crate::retention::floor_audit(&mut conn, &self.schema).await
+    }
+
     /// Drops, after `older_than`, every segment all positions have passed, whatever the
     /// configured retention. Never drops a segment holding a pending row.
     pub async fn purge(&self, older_than: Duration) -> Result<Maintenance> {

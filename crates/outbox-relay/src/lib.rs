@@ -19,5 +19,5 @@ mod worker;
 pub use breaker::{Breaker, CircuitState};
 pub use config::RelayConfig;
 pub use lane::Route;
-pub use metrics::RelayMetrics;
+pub use metrics::{ClaimTimes, ClaimTimesSnapshot, RelayMetrics};
 pub use relay::Relay;

@@ -212,6 +212,11 @@ async fn maintain_loop(
 ) {
     loop {
         match store.maintain(retention).await {
+            Ok(m) if m.rows_below_floor > 0 => warn!(
+                rows = m.rows_below_floor,
+                "rows lie below their window's seq floor, where claims pass over them: an engine \
+                 defect that loses those rows; please report it (see docs/engine.md)"
+            ),
             Ok(m) if m.segments_created + m.segments_dropped > 0 => info!(
                 created = m.segments_created,
                 dropped = m.segments_dropped,

@@ -381,11 +381,10 @@ impl Worker {
     /// Counts a claim statement begun at `started` (a read ahead included; a batch adopted from
     /// one is no claim of its own).
     fn count_claim(&self, started: Instant) {
+        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         RelayMetrics::add(&self.metrics.claims, 1);
-        RelayMetrics::add(
-            &self.metrics.claim_micros,
-            u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-        );
+        RelayMetrics::add(&self.metrics.claim_micros, micros);
+        self.metrics.claim_times.record(micros);
     }
 
     /// How often to heartbeat and rebalance: at most every second, so a new member gets its

@@ -8,7 +8,9 @@
 //! Per run: commit→ack at the broker (p50/p99/max), the achieved write rate, the relay's mean
 //! claim cost (`claim_micros / claims` from its metrics) over the first and the last 10% of the
 //! load and their ratio, and the dead tuples of the message table and its partitions as
-//! `pg_stat_user_tables` reports them about a second after the drain (the snapshot still held).
+//! `pg_stat_user_tables` reports them about a second after the drain (the snapshot still held),
+//! and the floor audit's count of rows below their window's seq floor (0 unless the engine's
+//! floor is read wrong), every 5 s.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -38,6 +40,10 @@ struct Run {
     latency: LatencyFigures,
     /// Committed messages that had not reached the stream when the drain gave up.
     undelivered: u64,
+    /// The most rows the floor audit found below their window's seq floor (where claims pass
+    /// over them) in any of its passes, one every 5 s during the load and one after the drain.
+    rows_below_floor: u64,
+    floor_audits: u64,
     claim_first_10pct: ClaimCost,
     claim_last_10pct: ClaimCost,
     claim_end_over_start: Option<f64>,
@@ -96,6 +102,7 @@ async fn measure(ctx: &Ctx, scratch: &Scratch, spec: &Paced, hold: bool) -> anyh
     let probe = Probe::start(&scratch.js, &scratch.stream).await?;
     let relay = RelayUnderTest::start(ctx, scratch).await?;
     relay.settle().await;
+    let load_stop = tokio_util::sync::CancellationToken::new();
     let load = {
         let (pool, schema, spec, latency) = (
             scratch.pool.clone(),
@@ -104,6 +111,24 @@ async fn measure(ctx: &Ctx, scratch: &Scratch, spec: &Paced, hold: bool) -> anyh
             probe.latency(),
         );
         tokio::spawn(async move { paced(&pool, &schema, &spec, &latency).await })
+    };
+    let audits = {
+        let store = outbox_postgres::PgStore::new(scratch.pool.clone(), scratch.schema.clone());
+        let stop = load_stop.clone();
+        tokio::spawn(async move {
+            let (mut worst, mut passes) = (0u64, 0u64);
+            loop {
+                let found = store.floor_audit().await?;
+                worst = worst.max(found);
+                passes += 1;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    () = stop.cancelled() => break,
+                }
+            }
+            worst = worst.max(store.floor_audit().await?);
+            anyhow::Ok((worst, passes + 1))
+        })
     };
     let start = tokio::time::Instant::now();
     let c0 = relay.claims();
@@ -116,6 +141,8 @@ async fn measure(ctx: &Ctx, scratch: &Scratch, spec: &Paced, hold: bool) -> anyh
     let undelivered = probe
         .drain(spec.duration.max(Duration::from_secs(120)))
         .await;
+    load_stop.cancel();
+    let (rows_below_floor, floor_audits) = audits.await??;
     // Statistics reach pg_stat_user_tables about a second after the transactions.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let dead_tuples = scratch.dead_tuples("outbox").await?;
@@ -135,6 +162,8 @@ async fn measure(ctx: &Ctx, scratch: &Scratch, spec: &Paced, hold: bool) -> anyh
         produced,
         latency,
         undelivered,
+        rows_below_floor,
+        floor_audits,
         claim_end_over_start: first.mean_ms.zip(last.mean_ms).map(|(a, b)| b / a),
         claim_first_10pct: first,
         claim_last_10pct: last,
@@ -223,6 +252,10 @@ fn print_run(name: &str, r: &Run) {
         } else {
             String::new()
         }
+    );
+    println!(
+        "    rows below their window's seq floor: {} (most found by any of {} floor audits)",
+        r.rows_below_floor, r.floor_audits
     );
     if let Some(age) = r.held_xmin_age {
         println!("    the held snapshot is {age} transaction ids old at the end of the run");

@@ -6,6 +6,8 @@
 //! - `steady`: commit→ack latency under a paced load.
 //! - `writers`: what the outbox costs a business transaction (writer API, raw SQL, naive table).
 //! - `idle-tx`: the steady load without, then with, a REPEATABLE READ snapshot held open.
+//! - `big-tx`: one transaction of a million rows committed while the relay drains other keys,
+//!   beside the same rows written as a thousand transactions.
 //! - `idle`: CPU of the relay and of PostgreSQL with no traffic.
 //! - `inbox`: the receiving side, ingest and handlers, each beside a naive consumer that does one
 //!   transaction per message.
@@ -15,6 +17,7 @@
 //! working when the engine changes underneath.
 
 mod backlog;
+mod big_tx;
 mod discard;
 mod idle;
 mod idle_tx;
@@ -208,6 +211,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchMode::IdleTx => idle_tx::run(&ctx).await,
         BenchMode::Idle => idle::run(&ctx).await,
         BenchMode::Inbox => inbox::run(&ctx).await,
+        BenchMode::BigTx => big_tx::run(&ctx).await,
     }
 }
 

@@ -1,0 +1,270 @@
+//! Big-tx mode: one transaction of `--rows` rows (1,000,000 for the figures in the docs), open
+//! while the relay drains other keys and then committed, against the same rows written as 1,000
+//! transactions, side by side in one run, each in a fresh scratch schema with a relay draining
+//! to NATS and a paced load of other keys (`--rate`, default 1,000 events/s) flowing throughout.
+//!
+//! Per run: the steady drain rate of those rows (10% to 90% of them at the broker, counted from
+//! when the first of them committed), and the relay's claim times over the drain (p50, p99 from
+//! its buckets, and the longest of the run). Targets: the big transaction drains at 80% or more of the
+//! small ones' rate, and no claim takes more than 100 ms.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use outbox_postgres::Writer;
+use serde::Serialize;
+
+use super::latency::Probe;
+use super::load::{message, paced, Paced};
+use super::relay::RelayUnderTest;
+use super::scratch::Scratch;
+use super::{verdict, Ctx};
+
+/// Target: the big transaction's rate over the small ones'.
+const RATE_TARGET: f64 = 0.8;
+/// Target: the longest claim.
+const CLAIM_TARGET_MS: f64 = 100.0;
+/// Rows per statement while the big transaction is written.
+const CHUNK: usize = 1000;
+/// Transactions the same rows are written as in the baseline.
+const SMALL_TRANSACTIONS: usize = 1000;
+/// Connections writing the baseline's transactions at once.
+const WRITERS: usize = 4;
+
+/// The `i`-th measured row: keys of their own, apart from the other keys' load.
+fn bulk(i: usize, keys: usize, pad: &str) -> outbox_core::NewMessage {
+    let mut m = message(i, keys, pad);
+    m.aggregate_id = format!("bulk-{}", i % keys.max(1));
+    m
+}
+
+/// Figures of one run.
+#[derive(Debug, Serialize)]
+struct Run {
+    /// "one transaction" or "1000 transactions".
+    written_as: String,
+    rows: usize,
+    /// Seconds the rows took to write (the big transaction: until its commit returned).
+    write_seconds: f64,
+    /// Rows/s at the broker from 10% to 90% of them.
+    steady_events_per_second: Option<f64>,
+    /// Seconds from the first of them committed to the last one at the broker.
+    drain_seconds: f64,
+    claims: u64,
+    claim_p50_ms: Option<f64>,
+    claim_p99_ms: Option<f64>,
+    claim_max_ms: f64,
+    /// Rows that never reached the broker.
+    undelivered: u64,
+}
+
+/// Runs big-tx mode.
+pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let rows = ctx.args.rows;
+    let keys = ctx.single_keys()?;
+    println!(
+        "outbox bench: big-tx, {rows} rows over {keys} keys written as one transaction and as \
+         {SMALL_TRANSACTIONS} transactions, other keys flowing at {} events/s; relay {} workers, \
+         batch {}, {}",
+        ctx.args.rate,
+        ctx.args.workers,
+        ctx.args.batch_size,
+        ctx.wake_up()
+    );
+    let small = one_run(ctx, rows, keys, false).await?;
+    print_run(&small);
+    let big = one_run(ctx, rows, keys, true).await?;
+    print_run(&big);
+    let ratio = match (big.steady_events_per_second, small.steady_events_per_second) {
+        (Some(b), Some(s)) if s > 0.0 => Some(b / s),
+        _ => None,
+    };
+    let worst = big.claim_max_ms.max(small.claim_max_ms);
+    println!(
+        "  big over small: {} (target >= {RATE_TARGET}: {}); longest claim {worst:.1} ms \
+         (target <= {CLAIM_TARGET_MS} ms: {}); undelivered {}",
+        ratio.map_or("n/a".into(), |r| format!("{r:.2}")),
+        verdict(ratio.is_some_and(|r| r >= RATE_TARGET)),
+        verdict(worst <= CLAIM_TARGET_MS),
+        big.undelivered + small.undelivered
+    );
+    if ctx.json() {
+        println!(
+            "{}",
+            serde_json::json!({ "mode": "big-tx", "rows": rows, "keys": keys,
+                                "small": small, "big": big, "big_over_small": ratio })
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_run(r: &Run) {
+    println!(
+        "  {:<18} written in {:.1} s; drained at {} events/s (10% to 90%), all in {:.1} s after \
+         the first commit; claims: {} (p50 {} ms, p99 {} ms, longest {:.1} ms); undelivered {}",
+        r.written_as,
+        r.write_seconds,
+        r.steady_events_per_second
+            .map_or("n/a".into(), |v| format!("{v:.0}")),
+        r.drain_seconds,
+        r.claims,
+        r.claim_p50_ms.map_or("n/a".into(), |v| format!("{v:.2}")),
+        r.claim_p99_ms.map_or("n/a".into(), |v| format!("{v:.2}")),
+        r.claim_max_ms,
+        r.undelivered
+    );
+}
+
+async fn one_run(ctx: &Ctx, rows: usize, keys: usize, one: bool) -> anyhow::Result<Run> {
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "bigtx").await?;
+    let result = measure(ctx, &scratch, rows, keys, one).await;
+    scratch.drop().await;
+    result
+}
+
+async fn measure(
+    ctx: &Ctx,
+    scratch: &Scratch,
+    rows: usize,
+    keys: usize,
+    one: bool,
+) -> anyhow::Result<Run> {
+    // The probe's ledger holds the measured rows only; the other keys' load records its
+    // commits in a ledger of its own (their receipts reach the probe as unknown ids).
+    let probe = Probe::start(&scratch.js, &scratch.stream).await?;
+    let ledger = probe.latency();
+    let others_ledger = Probe::recorded_elsewhere().latency();
+    let relay = RelayUnderTest::start(ctx, scratch).await?;
+    relay.settle().await;
+    let stop_others = tokio_util::sync::CancellationToken::new();
+    let others = {
+        let spec = Paced {
+            rate: ctx.args.rate,
+            producers: 4,
+            duration: Duration::from_secs(24 * 3600),
+            keys: 1000,
+            pad: ctx.pad(),
+        };
+        let (pool, schema, stop) = (
+            scratch.pool.clone(),
+            scratch.schema.clone(),
+            stop_others.clone(),
+        );
+        tokio::spawn(async move {
+            tokio::select! {
+                r = paced(&pool, &schema, &spec, &others_ledger) => r.map(|_| ()),
+                () = stop.cancelled() => Ok(()),
+            }
+        })
+    };
+    let writer = Writer::new(&scratch.schema);
+    let pad = ctx.pad();
+    let written = tokio::time::Instant::now();
+    let claims_before = relay.metrics().claim_times.snapshot();
+    let first_commit;
+    if one {
+        let mut tx = scratch.pool.begin().await?;
+        let mut ids = Vec::with_capacity(rows);
+        for start in (0..rows).step_by(CHUNK) {
+            let msgs: Vec<_> = (start..(start + CHUNK).min(rows))
+                .map(|i| bulk(i, keys, &pad))
+                .collect();
+            writer.enqueue_many(&mut tx, &msgs).await?;
+            ids.extend(msgs.iter().map(|m| m.id));
+        }
+        let sent = ledger.stamp();
+        first_commit = tokio::time::Instant::now();
+        tx.commit().await?;
+        ledger.committed(ids, sent);
+    } else {
+        // Four writers at once, as `fill` writes a backlog: the rows commit faster than the
+        // relay drains them, so the rate measured is the relay's, not the writers'.
+        let per = rows.div_ceil(SMALL_TRANSACTIONS).max(1);
+        let starts: Vec<usize> = (0..rows).step_by(per).collect();
+        let first = std::sync::Arc::new(std::sync::OnceLock::new());
+        let mut tasks = Vec::new();
+        for part in starts.chunks(starts.len().div_ceil(WRITERS).max(1)) {
+            let (pool, writer, ledger, first, part) = (
+                scratch.pool.clone(),
+                writer.clone(),
+                ledger.clone(),
+                first.clone(),
+                part.to_vec(),
+            );
+            let (pad, keys) = (pad.clone(), keys);
+            tasks.push(tokio::spawn(async move {
+                for start in part {
+                    let msgs: Vec<_> = (start..(start + per).min(rows))
+                        .map(|i| bulk(i, keys, &pad))
+                        .collect();
+                    let mut tx = pool.begin().await?;
+                    writer.enqueue_many(&mut tx, &msgs).await?;
+                    let sent = ledger.stamp();
+                    first.get_or_init(tokio::time::Instant::now);
+                    tx.commit().await?;
+                    ledger.committed(msgs.iter().map(|m| m.id), sent);
+                }
+                anyhow::Ok(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        first_commit = first
+            .get()
+            .copied()
+            .unwrap_or_else(tokio::time::Instant::now);
+    }
+    let write_seconds = written.elapsed().as_secs_f64();
+    // Follow the drain: when 10% and 90% of the rows had reached the broker.
+    let total = rows as u64;
+    let (mut tenth, mut ninth) = (None, None);
+    let mut last_left = ledger.outstanding();
+    let mut progress_at = tokio::time::Instant::now();
+    loop {
+        let left = ledger.outstanding();
+        let now = tokio::time::Instant::now();
+        let done = total - left.min(total);
+        if tenth.is_none() && done * 10 >= total {
+            tenth = Some(now);
+        }
+        if ninth.is_none() && done * 10 >= total * 9 {
+            ninth = Some(now);
+        }
+        if left < last_left {
+            last_left = left;
+            progress_at = now;
+        }
+        if left == 0 || now - progress_at > Duration::from_secs(120) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let drained = tokio::time::Instant::now();
+    let claims = relay.metrics().claim_times.snapshot().since(&claims_before);
+    stop_others.cancel();
+    others.await??;
+    relay.stop().await;
+    let undelivered = ledger.outstanding();
+    drop(probe);
+    let steady = match (tenth, ninth) {
+        (Some(a), Some(b)) if b > a => Some(total as f64 * 0.8 / (b - a).as_secs_f64()),
+        _ => None,
+    };
+    Ok(Run {
+        written_as: if one {
+            "one transaction".into()
+        } else {
+            format!("{SMALL_TRANSACTIONS} transactions")
+        },
+        rows,
+        write_seconds,
+        steady_events_per_second: steady,
+        drain_seconds: (drained - first_commit).as_secs_f64(),
+        claims: claims.count(),
+        claim_p50_ms: claims.quantile_ms(0.5),
+        claim_p99_ms: claims.quantile_ms(0.99),
+        claim_max_ms: claims.max_micros as f64 / 1e3,
+        undelivered,
+    })
+}
