@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use outbox_core::options::{self, Bounds, Shown as _};
 use outbox_core::route::RouteBuilder;
 use outbox_core::{
     DestinationPattern, DestinationRules, DestinationTemplate, OnFailed, RetryPolicy, RouteSpec,
@@ -25,16 +26,16 @@ pub struct ConfigError(pub String);
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
-/// A duration written as `500ms`, `5s`, `2m`, `1h`.
+/// A duration in the one grammar of `outbox_core::options` (`500ms`, `5s`, `1m30s`, `30`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dur(pub Duration);
 
 impl FromStr for Dur {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        humantime::parse_duration(s.trim())
+        options::parse_duration(s)
             .map(Dur)
-            .map_err(|e| format!("`{s}` is not a duration ({e}); write e.g. 500ms, 5s or 2m"))
+            .map_err(|expected| format!("`{s}` is not a duration: expected {expected}"))
     }
 }
 
@@ -45,36 +46,21 @@ impl<'de> Deserialize<'de> for Dur {
     }
 }
 
-/// A size in bytes written as `16MiB`, `512KiB`, `1GiB`, `16MB` (powers of 1000) or a plain
-/// number of bytes; in the file, a string or an integer.
+/// A size in bytes in the one grammar of `outbox_core::options` (`16MiB`, `512KiB`, `16MB`
+/// (powers of 1000) or a plain number of bytes); in the file, a string or an integer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ByteSize(pub usize);
 
 impl FromStr for ByteSize {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let unit_bytes: usize = match unit.trim() {
-            "" | "B" => 1,
-            "KiB" => 1 << 10,
-            "MiB" => 1 << 20,
-            "GiB" => 1 << 30,
-            "KB" | "kB" => 1_000,
-            "MB" => 1_000_000,
-            "GB" => 1_000_000_000,
-            _ => {
-                return Err(format!(
-                    "`{s}` is not a size; write e.g. 16MiB, 512KiB or 1048576"
-                ))
-            }
-        };
-        num.parse::<usize>()
+        options::parse_size(s)
             .ok()
-            .and_then(|n| n.checked_mul(unit_bytes))
+            .and_then(|n| usize::try_from(n).ok())
             .map(ByteSize)
-            .ok_or_else(|| format!("`{s}` is not a size; write e.g. 16MiB, 512KiB or 1048576"))
+            .ok_or_else(|| {
+                format!("`{s}` is not a size: expected a size such as 1048576, 512KiB or 16MiB")
+            })
     }
 }
 
@@ -283,6 +269,19 @@ where
         }
     }
     Ok(file)
+}
+
+/// A boolean from environment variable `name` (in the one grammar of `outbox_core::options`:
+/// true/false, yes/no, on/off, 1/0), else from the file.
+fn pick_bool(name: &str, file: Option<bool>) -> Result<Option<bool>> {
+    match std::env::var(name) {
+        Ok(raw) => options::parse_bool(&raw).map(Some).map_err(|expected| {
+            ConfigError(format!(
+                "environment variable {name}=`{raw}`: expected {expected}"
+            ))
+        }),
+        Err(_) => Ok(file),
+    }
 }
 
 /// Where the outbox lives.
@@ -505,10 +504,10 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     } else if args.listen {
         true
     } else {
-        pick(None, &["OUTBOX_LISTEN"], f.listen)?.unwrap_or(defaults.listen)
+        pick_bool("OUTBOX_LISTEN", f.listen)?.unwrap_or(defaults.listen)
     };
     let read_ahead = !args.no_read_ahead
-        && pick(None, &["OUTBOX_READ_AHEAD"], f.read_ahead)?.unwrap_or(defaults.read_ahead);
+        && pick_bool("OUTBOX_READ_AHEAD", f.read_ahead)?.unwrap_or(defaults.read_ahead);
     let retention = pick(args.retention, &["OUTBOX_RETENTION"], f.retention)?
         .map_or(defaults.retention, |d| d.0);
     let lease = pick(args.lease, &["OUTBOX_LEASE"], f.lease)?.map_or(defaults.lease, |d| d.0);
@@ -598,21 +597,19 @@ fn check(v: usize, min: usize, max: usize, key: &str, what: &str) -> Result<()> 
 }
 
 fn at_most(v: Duration, max: Duration, what: &str) -> Result<()> {
-    if v > max {
-        return Err(ConfigError(format!(
-            "{what} {v:?} is longer than the maximum {max:?}"
-        )));
-    }
-    Ok(())
+    within(v, Bounds::new(Duration::ZERO, max), what)
 }
 
 fn at_least(v: Duration, min: Duration, what: &str) -> Result<()> {
-    if v < min {
-        return Err(ConfigError(format!(
-            "{what} {v:?} is shorter than the minimum {min:?}"
-        )));
-    }
-    Ok(())
+    within(v, Bounds::new(min, Duration::MAX), what)
+}
+
+/// One text for a duration setting out of its bounds, the bound written as a user writes it.
+fn within(v: Duration, bounds: Bounds<Duration>, what: &str) -> Result<()> {
+    bounds
+        .check(v)
+        .map(|_| ())
+        .map_err(|expected| ConfigError(format!("{what} `{}`: expected {expected}", v.shown())))
 }
 
 /// `host-pid`, so `outbox status` shows which process owns what.

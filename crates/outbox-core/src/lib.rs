@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod message;
+pub mod options;
 pub mod redact;
 pub mod retry;
 pub mod route;

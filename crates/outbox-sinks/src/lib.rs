@@ -20,15 +20,6 @@ pub mod kafka;
 pub mod mqtt;
 #[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(any(
-    feature = "amqp",
-    feature = "redis",
-    feature = "mqtt",
-    feature = "http"
-))]
-mod options;
-mod percent;
-pub use percent::percent_decode;
 pub mod read;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -137,16 +128,16 @@ pub fn with_default_ack_timeout(url: &str, ack_timeout: Duration) -> String {
     );
     // A webhook's options are in the fragment: its query belongs to the endpoint.
     let webhook = matches!(scheme, "http" | "https");
-    let (mark, (_, options)) = if webhook {
-        ('#', url.split_once('#').unwrap_or((url, "")))
-    } else {
-        ('?', url.split_once('?').unwrap_or((url, "")))
-    };
-    if !(has_setting || webhook) || options.split('&').any(|p| p.starts_with("ack_timeout=")) {
+    let mark = if webhook { '#' } else { '?' };
+    if !(has_setting || webhook) {
         return url.to_string();
     }
-    let sep = if url.contains(mark) { '&' } else { mark };
-    format!("{url}{sep}ack_timeout={}ms", ack_timeout.as_millis().max(1))
+    outbox_core::options::with_default(
+        url,
+        mark,
+        "ack_timeout",
+        &format!("{}ms", ack_timeout.as_millis().max(1)),
+    )
 }
 
 /// URL schemes this build can publish to.

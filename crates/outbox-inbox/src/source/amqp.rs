@@ -25,11 +25,12 @@ use futures::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::{Channel, Connection, Consumer};
+use outbox_core::options::{QueryOptions, Role};
 use outbox_core::{Error, ErrorKind, Result};
 use outbox_sinks::amqp::{connect, delivery_headers, AmqpConfig};
 use tracing::{info, warn};
 
-use super::{split_options, AckInner, AckToken, Delivery, Source, SourceRetention};
+use super::{AckInner, AckToken, Delivery, Source, SourceRetention};
 use crate::message::{position_id, InboxMessage};
 
 /// How long a fetch waits for the first delivery before it answers "nothing now".
@@ -54,23 +55,14 @@ impl AmqpSourceConfig {
     /// connection options (`ack_timeout`, `connection_name`, `heartbeat`,
     /// `connection_timeout`, `frame_max`, `channel_max`).
     pub fn from_url(url: &str) -> Result<Self> {
-        let (base, options) = split_options(url);
-        let (mut queue, mut name, mut passed) = (None, None, Vec::new());
-        for (k, v) in options {
-            match k {
-                "queue" => queue = Some(v.to_string()),
-                "name" => name = Some(v.to_string()),
-                "ack_timeout" | "connection_name" | "heartbeat" | "connection_timeout"
-                | "frame_max" | "channel_max" => passed.push(format!("{k}={v}")),
-                other => {
-                    return Err(Error::config(format!(
-                        "source option `{other}` is not known for amqp:// (known: queue, name, \
-                         ack_timeout, connection_name, heartbeat, connection_timeout, \
-                         frame_max, channel_max)"
-                    )))
-                }
-            }
-        }
+        // The sink's connection options, read for the source (errors say "source option").
+        let known: Vec<&str> = ["queue", "name", "ack_timeout", "connection_name"]
+            .into_iter()
+            .chain(outbox_sinks::amqp::URI_OPTIONS.iter().copied())
+            .collect();
+        let (base, o) = QueryOptions::from_url(Role::Source, url, &known)?;
+        let queue = o.str("queue").map(str::to_string);
+        let name = o.non_empty("name")?;
         let queue = queue.filter(|q| !q.is_empty()).ok_or_else(|| {
             Error::config(format!(
                 "source `{}`: name the queue, e.g. amqp://127.0.0.1:5672/%2f?queue=orders",
@@ -82,17 +74,12 @@ impl AmqpSourceConfig {
                 "source option queue: a queue name is at most 255 bytes",
             ));
         }
-        let mut server_url = base.to_string();
-        if !passed.is_empty() {
-            server_url = format!("{base}?{}", passed.join("&"));
+        let mut server = AmqpConfig::from_options(base, &o)?;
+        if !o.has("connection_name") {
+            server.connection_name = "outbox inbox".to_string();
         }
-        if !passed.iter().any(|p| p.starts_with("connection_name=")) {
-            let sep = if passed.is_empty() { '?' } else { '&' };
-            server_url.push_str(&format!("{sep}connection_name=outbox inbox"));
-        }
-        let server = AmqpConfig::from_url(&server_url)?;
         Ok(Self {
-            name: name.unwrap_or_else(|| format!("amqp:{queue}")),
+            name: name.map_or_else(|| format!("amqp:{queue}"), str::to_string),
             queue,
             server,
         })

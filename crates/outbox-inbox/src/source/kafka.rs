@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use outbox_core::options::{QueryOptions, Role};
 use outbox_core::{Error, ErrorKind, Result};
 use outbox_sinks::kafka::{client_config, parse_brokers, record_headers, topic_partitions};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
@@ -29,7 +30,7 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::info;
 
-use super::{split_options, AckInner, AckToken, Delivery, Source, SourceRetention};
+use super::{AckInner, AckToken, Delivery, Source, SourceRetention};
 use crate::message::{position_id, InboxMessage};
 
 /// Default consumer group (where the committed offsets live).
@@ -75,34 +76,21 @@ impl KafkaSourceConfig {
     /// [&name=N]`.
     pub fn from_url(url: &str) -> Result<Self> {
         let brokers = parse_brokers(url)?;
-        let (_, options) = split_options(url);
-        let (mut topic, mut group, mut start, mut name) =
-            (None, DEFAULT_GROUP.to_string(), KafkaStart::Earliest, None);
-        for (k, v) in options {
-            match k {
-                "topic" => topic = Some(v.to_string()),
-                "group" if !v.is_empty() => group = v.to_string(),
-                "start" => {
-                    start = match v {
-                        "earliest" => KafkaStart::Earliest,
-                        "latest" => KafkaStart::Latest,
-                        _ => {
-                            return Err(Error::config(format!(
-                                "source option start=`{v}`: use earliest (the whole topic, the \
-                                 default) or latest (new records only)"
-                            )))
-                        }
-                    }
-                }
-                "name" => name = Some(v.to_string()),
-                other => {
-                    return Err(Error::config(format!(
-                        "source option `{other}` is not known for kafka:// (known: topic, \
-                         group, start, name)"
-                    )))
-                }
-            }
-        }
+        let (_, o) =
+            QueryOptions::from_url(Role::Source, url, &["topic", "group", "start", "name"])?;
+        let topic = o.str("topic");
+        let group = o.non_empty("group")?.unwrap_or(DEFAULT_GROUP).to_string();
+        // earliest: the whole topic (the default); latest: new records only.
+        let start = o
+            .one_of(
+                "start",
+                &[
+                    ("earliest", KafkaStart::Earliest),
+                    ("latest", KafkaStart::Latest),
+                ],
+            )?
+            .unwrap_or(KafkaStart::Earliest);
+        let name = o.non_empty("name")?;
         let topic = topic.filter(|s| !s.is_empty()).ok_or_else(|| {
             Error::config(format!(
                 "source `{}`: name the topic, e.g. kafka://127.0.0.1:9092?topic=orders",
@@ -123,8 +111,8 @@ impl KafkaSourceConfig {
         }
         Ok(Self {
             brokers,
-            name: name.unwrap_or_else(|| format!("kafka:{topic}")),
-            topic,
+            name: name.map_or_else(|| format!("kafka:{topic}"), str::to_string),
+            topic: topic.to_string(),
             group,
             start,
         })

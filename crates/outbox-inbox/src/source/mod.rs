@@ -159,12 +159,38 @@ pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>>
         "sqs" => Ok(Box::new(
             SqsSource::connect(SqsSourceConfig::from_url(url)?).await?,
         )),
-        _ => Err(Error::config(format!(
-            "source `{}`: unknown or disabled source scheme `{scheme}`; this build reads: {}",
-            outbox_core::redact::url(url),
-            available().join(", ")
-        ))),
+        _ => Err(unknown_scheme(url, scheme)),
     }
+}
+
+/// Checks the source URL `url` without contacting anything: its scheme is one this build reads
+/// and its options parse. `outbox inbox` runs this before it connects to the database, so a
+/// misspelt source is reported first.
+pub fn check(url: &str) -> Result<()> {
+    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
+    match scheme {
+        #[cfg(feature = "nats")]
+        "nats" | "tls" => NatsSourceConfig::from_url(url).map(|_| ()),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => RedisSourceConfig::from_url(url).map(|_| ()),
+        #[cfg(feature = "amqp")]
+        "amqp" | "amqps" => AmqpSourceConfig::from_url(url).map(|_| ()),
+        #[cfg(feature = "kafka")]
+        "kafka" => KafkaSourceConfig::from_url(url).map(|_| ()),
+        #[cfg(feature = "mqtt")]
+        "mqtt" => MqttSourceConfig::from_url(url).map(|_| ()),
+        #[cfg(feature = "sqs")]
+        "sqs" => SqsSourceConfig::from_url(url).map(|_| ()),
+        _ => Err(unknown_scheme(url, scheme)),
+    }
+}
+
+fn unknown_scheme(url: &str, scheme: &str) -> Error {
+    Error::config(format!(
+        "source `{}`: unknown or disabled source scheme `{scheme}`; this build reads: {}",
+        outbox_core::redact::url(url),
+        available().join(", ")
+    ))
 }
 
 /// Source URL schemes this build can consume from.
@@ -186,61 +212,10 @@ pub fn available() -> Vec<&'static str> {
     all.to_vec()
 }
 
-/// Splits `url` into its base and its `name=value` options.
-pub(crate) fn split_options(url: &str) -> (&str, Vec<(&str, &str)>) {
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let options = query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| p.split_once('=').unwrap_or((p, "")))
-        .collect();
-    (base, options)
-}
-
-/// A duration option (`500ms`, `30s`, `2m`).
-pub(crate) fn duration_option(name: &str, value: &str) -> Result<Duration> {
-    let (num, unit) = value
-        .find(|c: char| !c.is_ascii_digit())
-        .map(|i| value.split_at(i))
-        .unwrap_or((value, "s"));
-    let n: u64 = num
-        .parse()
-        .map_err(|_| Error::config(format!("source option {name}=`{value}`: not a duration")))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
-        "h" => Ok(Duration::from_secs(n.saturating_mul(3600))),
-        "d" => Ok(Duration::from_secs(n.saturating_mul(86_400))),
-        _ => Err(Error::config(format!(
-            "source option {name}=`{value}`: write e.g. 500ms, 30s, 2m, 12h or 7d"
-        ))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    #[test]
-    fn options_and_durations_parse() {
-        let (base, opts) = split_options("nats://h:4222?stream=S&ack_wait=5s&flag");
-        assert_eq!(base, "nats://h:4222");
-        assert_eq!(
-            opts,
-            vec![("stream", "S"), ("ack_wait", "5s"), ("flag", "")]
-        );
-        assert_eq!(
-            duration_option("x", "250ms").unwrap(),
-            Duration::from_millis(250)
-        );
-        assert_eq!(
-            duration_option("x", "2m").unwrap(),
-            Duration::from_secs(120)
-        );
-        assert!(duration_option("x", "soon").is_err());
-    }
 
     #[tokio::test]
     async fn an_unknown_scheme_names_what_this_build_reads() {

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use outbox_core::options::{Bounds, QueryOptions, Role};
 use outbox_core::{Error, ErrorKind, Result};
 use outbox_sinks::mqtt::MqttConfig;
 use rumqttc::v5::mqttbytes::v5::{
@@ -33,9 +34,7 @@ use rumqttc::v5::{AsyncClient, Event};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
-use super::{
-    duration_option, split_options, AckInner, AckToken, Delivery, Source, SourceRetention,
-};
+use super::{AckInner, AckToken, Delivery, Source, SourceRetention};
 use crate::message::{position_id, InboxMessage};
 
 /// Default client id (stable: the session is found again under it).
@@ -69,52 +68,29 @@ impl MqttSourceConfig {
     /// Parses `mqtt://[user:pass@]host[:port]?topic=FILTER[&client_id=outbox-inbox]
     /// [&session_expiry=7d][&keep_alive=30s][&ack_timeout=5s][&name=N]`.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (base, options) = split_options(url);
-        let mut server_options = Vec::new();
-        let (mut topic, mut session_expiry, mut name) = (None, DEFAULT_SESSION_EXPIRY, None);
-        for (k, v) in options {
-            let decoded = || {
-                outbox_sinks::percent_decode(v).ok_or_else(|| {
-                    Error::config(format!(
-                        "source option `{k}`: its value is not valid percent-encoded UTF-8"
-                    ))
-                })
-            };
-            match k {
-                // `+` is MQTT's one-level wildcard here, not a form-encoded space.
-                "topic" => {
-                    topic = Some(
-                        outbox_sinks::percent_decode(&v.replace('+', "%2B")).ok_or_else(|| {
-                            Error::config(
-                                "source option `topic`: its value is not valid percent-encoded \
-                                 UTF-8",
-                            )
-                        })?,
-                    )
-                }
-                "name" => name = Some(decoded()?),
-                "session_expiry" => {
-                    session_expiry = duration_option(k, v)?;
-                    if session_expiry.as_secs() > u64::from(u32::MAX) {
-                        return Err(Error::config(format!(
-                            "source option session_expiry=`{v}`: at most {} s",
-                            u32::MAX
-                        )));
-                    }
-                }
-                "client_id" | "keep_alive" | "ack_timeout" => {
-                    server_options.push(format!("{k}={v}"))
-                }
-                other => {
-                    return Err(Error::config(format!(
-                        "source option `{other}` is not known for mqtt:// (known: topic, \
-                         client_id, session_expiry, keep_alive, ack_timeout, name)"
-                    )))
-                }
-            }
-        }
-        let server = MqttConfig::from_url(&format!("{base}?{}", server_options.join("&")))
-            .map_err(|e| Error::config(e.to_string().replace("sink", "source")))?;
+        let (base, o) = QueryOptions::from_url(
+            Role::Source,
+            url,
+            &[
+                "topic",
+                "client_id",
+                "session_expiry",
+                "keep_alive",
+                "ack_timeout",
+                "name",
+            ],
+        )?;
+        // `+` is MQTT's one-level wildcard in a topic filter: options keep it (a space is %20).
+        let topic = o.str("topic").map(str::to_string);
+        let name = o.non_empty("name")?;
+        // MQTT 5 keeps the session expiry in whole seconds, up to u32::MAX.
+        let session_expiry = o
+            .whole_seconds(
+                "session_expiry",
+                Bounds::new(Duration::ZERO, Duration::from_secs(u64::from(u32::MAX))),
+            )?
+            .unwrap_or(DEFAULT_SESSION_EXPIRY);
+        let server = MqttConfig::from_options(base, &o)?;
         let topic = topic.filter(|t| !t.is_empty()).ok_or_else(|| {
             Error::config(format!(
                 "source `{}`: name the topic filter, e.g. mqtt://127.0.0.1:1883?topic=orders/%23",
@@ -126,7 +102,7 @@ impl MqttSourceConfig {
                 .client_id
                 .clone()
                 .unwrap_or_else(|| DEFAULT_CLIENT_ID.to_string()),
-            name: name.unwrap_or_else(|| format!("mqtt:{topic}")),
+            name: name.map_or_else(|| format!("mqtt:{topic}"), str::to_string),
             server,
             topic,
             session_expiry,

@@ -17,13 +17,12 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer};
 use async_trait::async_trait;
 use futures::StreamExt;
+use outbox_core::options::{Bounds, QueryOptions, Role};
 use outbox_core::{Error, ErrorKind, Result};
 use outbox_sinks::nats::NatsConfig;
 use tracing::{info, warn};
 
-use super::{
-    duration_option, split_options, AckInner, AckToken, Delivery, Source, SourceRetention,
-};
+use super::{AckInner, AckToken, Delivery, Source, SourceRetention};
 use crate::message::{position_id, InboxMessage};
 
 /// Default durable consumer name.
@@ -57,30 +56,22 @@ impl NatsSourceConfig {
     /// Parses `nats://[user:pass@]host:port?stream=S[&durable=D][&subject=F][&ack_wait=30s]
     /// [&name=N]`.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (base, options) = split_options(url);
+        let (base, o) = QueryOptions::from_url(
+            Role::Source,
+            url,
+            &["stream", "durable", "subject", "ack_wait", "name"],
+        )?;
         let server = NatsConfig::from_url(base)?;
-        let (mut stream, mut durable, mut subject, mut ack_wait, mut name) = (
-            None,
-            DEFAULT_DURABLE.to_string(),
-            None,
-            DEFAULT_ACK_WAIT,
-            None,
-        );
-        for (k, v) in options {
-            match k {
-                "stream" => stream = Some(v.to_string()),
-                "durable" => durable = v.to_string(),
-                "subject" => subject = Some(v.to_string()),
-                "ack_wait" => ack_wait = duration_option(k, v)?,
-                "name" => name = Some(v.to_string()),
-                other => {
-                    return Err(Error::config(format!(
-                        "source option `{other}` is not known for nats:// (known: stream, \
-                         durable, subject, ack_wait, name)"
-                    )))
-                }
-            }
-        }
+        let stream = o.str("stream");
+        let durable = o
+            .non_empty("durable")?
+            .unwrap_or(DEFAULT_DURABLE)
+            .to_string();
+        let subject = o.non_empty("subject")?.map(str::to_string);
+        let ack_wait = o
+            .duration("ack_wait", Bounds::TIMEOUT)?
+            .unwrap_or(DEFAULT_ACK_WAIT);
+        let name = o.non_empty("name")?;
         let stream = stream.filter(|s| !s.is_empty()).ok_or_else(|| {
             Error::config(format!(
                 "source `{}`: name the stream, e.g. nats://127.0.0.1:4222?stream=ORDERS",
@@ -89,8 +80,8 @@ impl NatsSourceConfig {
         })?;
         Ok(Self {
             server,
-            name: name.unwrap_or_else(|| format!("nats:{stream}")),
-            stream,
+            name: name.map_or_else(|| format!("nats:{stream}"), str::to_string),
+            stream: stream.to_string(),
             durable,
             subject,
             ack_wait,

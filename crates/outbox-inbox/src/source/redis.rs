@@ -15,12 +15,13 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use outbox_core::options::{QueryOptions, Role};
 use outbox_core::{Error, ErrorKind, Result};
 use redis::aio::ConnectionManager;
 use redis::Value;
 use tracing::{info, warn};
 
-use super::{split_options, AckInner, AckToken, Delivery, Source, SourceRetention};
+use super::{AckInner, AckToken, Delivery, Source, SourceRetention};
 use crate::message::{position_id, InboxMessage};
 
 /// Default consumer group.
@@ -50,44 +51,33 @@ impl RedisSourceConfig {
     /// Parses `redis://[user:pass@]host:port[/db]?stream=K[&group=G][&consumer=C][&start=0]
     /// [&name=N]`.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (base, options) = split_options(url);
-        let (mut stream, mut group, mut consumer, mut start, mut name) = (
-            None,
-            DEFAULT_GROUP.to_string(),
-            DEFAULT_CONSUMER.to_string(),
-            "0".to_string(),
-            None,
-        );
-        for (k, v) in options {
-            match k {
-                "stream" => stream = Some(v.to_string()),
-                "group" => group = v.to_string(),
-                "consumer" => consumer = v.to_string(),
-                "start" => start = v.to_string(),
-                "name" => name = Some(v.to_string()),
-                other => {
-                    return Err(Error::config(format!(
-                        "source option `{other}` is not known for redis:// (known: stream, \
-                         group, consumer, start, name)"
-                    )))
-                }
-            }
-        }
+        let (base, o) = QueryOptions::from_url(
+            Role::Source,
+            url,
+            &["stream", "group", "consumer", "start", "name"],
+        )?;
+        let stream = o.str("stream");
+        let group = o.non_empty("group")?.unwrap_or(DEFAULT_GROUP).to_string();
+        let consumer = o
+            .non_empty("consumer")?
+            .unwrap_or(DEFAULT_CONSUMER)
+            .to_string();
+        // `0`: the whole stream; `$`: only entries added after the group was made.
+        let start = o
+            .one_of("start", &[("0", "0"), ("$", "$")])?
+            .unwrap_or("0")
+            .to_string();
+        let name = o.non_empty("name")?;
         let stream = stream.filter(|s| !s.is_empty()).ok_or_else(|| {
             Error::config(format!(
                 "source `{}`: name the stream key, e.g. redis://127.0.0.1:6379?stream=orders",
                 outbox_core::redact::url(url)
             ))
         })?;
-        if !(start == "0" || start == "$") {
-            return Err(Error::config(format!(
-                "source option start=`{start}`: use 0 (the whole stream) or $ (new entries)"
-            )));
-        }
         Ok(Self {
             url: base.to_string(),
-            name: name.unwrap_or_else(|| format!("redis:{stream}")),
-            stream,
+            name: name.map_or_else(|| format!("redis:{stream}"), str::to_string),
+            stream: stream.to_string(),
             group,
             consumer,
             start,

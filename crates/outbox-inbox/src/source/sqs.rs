@@ -22,13 +22,13 @@ use async_trait::async_trait;
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName,
 };
+use outbox_core::options::{Bounds, QueryOptions, Role};
 use outbox_core::{Error, ErrorKind, Result};
 use outbox_sinks::aws::AwsConfig;
-use outbox_sinks::percent_decode;
 use outbox_sinks::sqs::{call_error, message_headers, queue_url, QueueRef};
 use tracing::warn;
 
-use super::{split_options, AckInner, AckToken, Delivery, Source, SourceRetention};
+use super::{AckInner, AckToken, Delivery, Source, SourceRetention};
 use crate::message::{position_id, InboxMessage};
 
 /// Default long poll of the first `ReceiveMessage` of a fetch: long enough that SQS asks all
@@ -70,47 +70,11 @@ impl SqsSourceConfig {
     /// Parses `sqs://?queue=NAME_OR_URL[&region=R][&endpoint=URL][&visibility_timeout=60s]
     /// [&wait=1s][&name=N]`; region and endpoint as for the SQS sink.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (base, options) = split_options(url);
-        let mut aws_options = Vec::new();
-        let (mut queue, mut visibility_timeout, mut wait, mut name) =
-            (None, None, DEFAULT_WAIT, None);
-        for (k, v) in options {
-            let value = || {
-                percent_decode(v).ok_or_else(|| {
-                    Error::config(format!(
-                        "source option `{k}`: its value is not valid percent-encoded UTF-8"
-                    ))
-                })
-            };
-            match k {
-                "queue" => queue = Some(value()?),
-                "region" | "endpoint" => aws_options.push(format!("{k}={v}")),
-                "visibility_timeout" => {
-                    let d = super::duration_option(k, v)?;
-                    if d.subsec_nanos() != 0 || d > MAX_VISIBILITY {
-                        return Err(Error::config(format!(
-                            "source option visibility_timeout=`{v}`: whole seconds, at most 12h"
-                        )));
-                    }
-                    visibility_timeout = Some(d);
-                }
-                "wait" => {
-                    wait = super::duration_option(k, v)?;
-                    if wait.subsec_nanos() != 0 || wait > MAX_WAIT {
-                        return Err(Error::config(format!(
-                            "source option wait=`{v}`: whole seconds, at most 20s"
-                        )));
-                    }
-                }
-                "name" => name = Some(value()?),
-                other => {
-                    return Err(Error::config(format!(
-                        "source option `{other}` is not known for sqs:// (known: queue, region, \
-                         endpoint, visibility_timeout, wait, name)"
-                    )))
-                }
-            }
-        }
+        let known: Vec<&str> = ["queue", "visibility_timeout", "wait", "name"]
+            .into_iter()
+            .chain(["region", "endpoint"])
+            .collect();
+        let (base, o) = QueryOptions::from_url(Role::Source, url, &known)?;
         if base != "sqs://" {
             return Err(Error::config(format!(
                 "source `{}`: write sqs://?queue=NAME_OR_URL&region=…: the queue is an option, \
@@ -118,7 +82,17 @@ impl SqsSourceConfig {
                 outbox_core::redact::url(url)
             )));
         }
-        let aws = AwsConfig::sqs_from_url(&format!("sqs://?{}", aws_options.join("&")))?;
+        let queue = o.str("queue").map(str::to_string);
+        let name = o.non_empty("name")?;
+        // SQS takes both in whole seconds.
+        let visibility_timeout = o.whole_seconds(
+            "visibility_timeout",
+            Bounds::new(Duration::ZERO, MAX_VISIBILITY),
+        )?;
+        let wait = o
+            .whole_seconds("wait", Bounds::new(Duration::ZERO, MAX_WAIT))?
+            .unwrap_or(DEFAULT_WAIT);
+        let aws = AwsConfig::from_options("sqs", &o)?;
         let queue = queue.filter(|q| !q.is_empty()).ok_or_else(|| {
             Error::config(format!(
                 "source `{}`: name the queue, e.g. sqs://?queue=orders.fifo&region=us-east-1",
@@ -128,7 +102,7 @@ impl SqsSourceConfig {
         let queue = QueueRef::parse(&queue)
             .map_err(|e| Error::config(format!("source option queue: {}", e.message)))?;
         Ok(Self {
-            name: name.unwrap_or_else(|| format!("sqs:{}", queue.name())),
+            name: name.map_or_else(|| format!("sqs:{}", queue.name()), str::to_string),
             aws,
             queue,
             visibility_timeout,

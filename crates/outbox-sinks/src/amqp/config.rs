@@ -2,9 +2,8 @@
 
 use std::time::Duration;
 
+use outbox_core::options::{Bounds, QueryOptions, Role};
 use outbox_core::{Error, Secret};
-
-use crate::options;
 
 /// Default wait for the publisher confirms of one call.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -18,14 +17,14 @@ pub const DEFAULT_CONNECTION_NAME: &str = "outbox relay";
 pub const MAX_SHORT_STRING: usize = 255;
 
 /// Options this sink reads from the URL's query.
-const OWN_OPTIONS: &[&str] = &[
+pub const OPTIONS: &[&str] = &[
     "exchange",
     "ack_timeout",
     "max_message_size",
     "connection_name",
 ];
 /// Options of the AMQP URI itself, passed on to the client.
-const URI_OPTIONS: &[&str] = &[
+pub const URI_OPTIONS: &[&str] = &[
     "heartbeat",
     "connection_timeout",
     "frame_max",
@@ -58,8 +57,16 @@ impl AmqpConfig {
     /// URI's own `heartbeat`, `connection_timeout`, `frame_max`, `channel_max`. Any other option
     /// is a config error naming it.
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        let shown = outbox_core::redact::url(url);
-        let (base, pairs) = options::split_query(url);
+        let known: Vec<&str> = OPTIONS.iter().chain(URI_OPTIONS).copied().collect();
+        let (base, o) = QueryOptions::from_url(Role::Sink, url, &known)?;
+        Self::from_options(base, &o)
+    }
+
+    /// The configuration of the server at `base` (a URL without its query) with the options
+    /// `o` parsed by the caller: an inbox source takes these options beside its own, and its
+    /// errors then say "source option".
+    pub fn from_options(base: &str, o: &QueryOptions) -> Result<Self, Error> {
+        let shown = outbox_core::redact::url(base);
         let rest = base
             .strip_prefix("amqp://")
             .or_else(|| base.strip_prefix("amqps://"));
@@ -68,46 +75,37 @@ impl AmqpConfig {
                 "sink `{shown}`: expected amqp://[user:pass@]host[:port][/vhost]"
             )));
         }
-        let mut cfg = Self {
-            uri: Secret::new(base),
-            display: outbox_core::redact::url(base),
-            exchange: String::new(),
-            ack_timeout: DEFAULT_ACK_TIMEOUT,
-            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
-            connection_name: DEFAULT_CONNECTION_NAME.to_string(),
-        };
+        let exchange = o.str("exchange").unwrap_or_default();
+        valid_exchange(exchange).map_err(|why| {
+            Error::config(format!("amqp sink option exchange=`{exchange}`: {why}"))
+        })?;
+        // The AMQP URI's own options go to the client, checked as whole numbers first.
         let mut passed = Vec::new();
-        for (name, value) in pairs {
-            match name {
-                "exchange" => {
-                    valid_exchange(value).map_err(|why| {
-                        Error::config(format!("amqp sink option exchange=`{value}`: {why}"))
-                    })?;
-                    cfg.exchange = value.to_string();
-                }
-                "ack_timeout" => cfg.ack_timeout = options::duration("amqp", name, value)?,
-                "max_message_size" => cfg.max_message_size = options::bytes("amqp", name, value)?,
-                "connection_name" if !value.is_empty() => cfg.connection_name = value.to_string(),
-                n if URI_OPTIONS.contains(&n) => {
-                    if value.parse::<u64>().is_err() {
-                        return Err(Error::config(format!(
-                            "amqp sink option {n}=`{value}`: expected a whole number"
-                        )));
-                    }
-                    passed.push(format!("{n}={value}"));
-                }
-                _ => {
-                    return Err(Error::config(format!(
-                        "sink option `{name}` is not known for amqp:// (known: {}, {})",
-                        OWN_OPTIONS.join(", "),
-                        URI_OPTIONS.join(", ")
-                    )))
-                }
+        for name in URI_OPTIONS {
+            if let Some(n) = o.int(name, Bounds::new(0u64, u64::from(u32::MAX)))? {
+                passed.push(format!("{name}={n}"));
             }
         }
-        if !passed.is_empty() {
-            cfg.uri = Secret::new(format!("{base}?{}", passed.join("&")));
-        }
+        let uri = if passed.is_empty() {
+            base.to_string()
+        } else {
+            format!("{base}?{}", passed.join("&"))
+        };
+        let cfg = Self {
+            uri: Secret::new(uri),
+            display: outbox_core::redact::url(base),
+            exchange: exchange.to_string(),
+            ack_timeout: o
+                .duration("ack_timeout", Bounds::TIMEOUT)?
+                .unwrap_or(DEFAULT_ACK_TIMEOUT),
+            max_message_size: o
+                .size("max_message_size", Bounds::new(1, u64::MAX))?
+                .unwrap_or(DEFAULT_MAX_MESSAGE_SIZE),
+            connection_name: o
+                .non_empty("connection_name")?
+                .unwrap_or(DEFAULT_CONNECTION_NAME)
+                .to_string(),
+        };
         // The client's own parser has the last word on host, port and vhost.
         cfg.uri
             .expose()

@@ -7,9 +7,8 @@
 use std::time::Duration;
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
+use outbox_core::options::{Bounds, QueryOptions, Role};
 use outbox_core::Error;
-
-use crate::percent_decode;
 
 /// Default bound on one publish call (lookups, batch calls and the SDK's retries included):
 /// the sink's ack timeout.
@@ -45,6 +44,11 @@ pub struct AwsConfig {
     pub max_message_bytes: usize,
 }
 
+/// Options the `sqs://` sink reads from the URL's query.
+pub const SQS_OPTIONS: &[&str] = &["region", "endpoint", "ack_timeout", "max_message_bytes"];
+/// Options the `sns://` sink reads from the URL's query.
+pub const SNS_OPTIONS: &[&str] = &["region", "endpoint", "ack_timeout"];
+
 impl AwsConfig {
     /// Parses `sqs://[?region=R][&endpoint=URL][&ack_timeout=5s][&max_message_bytes=N]`.
     pub fn sqs_from_url(url: &str) -> Result<Self, Error> {
@@ -73,70 +77,43 @@ impl AwsConfig {
                 if service == "sqs" { "queue" } else { "topic" }
             )));
         }
-        let mut cfg = Self {
-            service,
-            region: None,
-            endpoint: None,
-            ack_timeout: DEFAULT_ACK_TIMEOUT,
-            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
-        };
         let known = if service == "sqs" {
-            "region, endpoint, ack_timeout, max_message_bytes"
+            SQS_OPTIONS
         } else {
-            "region, endpoint, ack_timeout"
+            SNS_OPTIONS
         };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, raw) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = percent_decode(raw).ok_or_else(|| {
-                Error::config(format!(
-                    "sink option `{name}`: its value is not valid percent-encoded UTF-8"
-                ))
-            })?;
-            match name {
-                "region" => {
-                    let ok = !value.is_empty()
-                        && value
-                            .bytes()
-                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-                    if !ok {
-                        return Err(Error::config(format!(
-                            "sink option region=`{value}`: expected a region such as us-east-1"
-                        )));
-                    }
-                    cfg.region = Some(value);
-                }
-                "endpoint" => cfg.endpoint = Some(check_endpoint(&value)?),
-                "ack_timeout" => {
-                    cfg.ack_timeout =
-                        parse_duration(&value)
-                            .filter(|d| !d.is_zero())
-                            .ok_or_else(|| {
-                                Error::config(format!(
-                                "sink option ack_timeout=`{value}`: expected a duration such as \
-                                 5s or 500ms"
-                            ))
-                            })?
-                }
-                "max_message_bytes" if service == "sqs" => {
-                    cfg.max_message_bytes = value
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|n| (1024..=SQS_MAX_MESSAGE_BYTES).contains(n))
-                        .ok_or_else(|| {
-                            Error::config(format!(
-                                "sink option max_message_bytes=`{value}`: expected a number of \
-                                 bytes from 1024 to {SQS_MAX_MESSAGE_BYTES} (the queue's \
-                                 MaximumMessageSize)"
-                            ))
-                        })?
-                }
-                _ => {
-                    return Err(Error::config(format!(
-                        "sink option `{name}` is not known for {service}:// (known: {known})"
-                    )))
-                }
+        let o = QueryOptions::parse(Role::Sink, service, query, known)?;
+        Self::from_options(service, &o)
+    }
+
+    /// The SQS (`service` "sqs") or SNS ("sns") configuration with the options `o` parsed by
+    /// the caller: the inbox's SQS source takes these options beside its own, and its errors
+    /// then say "source option".
+    pub fn from_options(service: &'static str, o: &QueryOptions) -> Result<Self, Error> {
+        let region = o.str("region");
+        if let Some(r) = region {
+            let ok = !r.is_empty()
+                && r.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            if !ok {
+                return Err(o.invalid("region", r, "a region such as us-east-1"));
             }
         }
+        let cfg = Self {
+            service,
+            region: region.map(str::to_string),
+            endpoint: o.str("endpoint").map(check_endpoint).transpose()?,
+            ack_timeout: o
+                .duration("ack_timeout", Bounds::TIMEOUT)?
+                .unwrap_or(DEFAULT_ACK_TIMEOUT),
+            // The queue's MaximumMessageSize ranges from 1 KiB to 1 MiB.
+            max_message_bytes: o
+                .int(
+                    "max_message_bytes",
+                    Bounds::new(1024, SQS_MAX_MESSAGE_BYTES),
+                )?
+                .unwrap_or(DEFAULT_MAX_MESSAGE_BYTES),
+        };
         Ok(cfg)
     }
 
@@ -202,21 +179,6 @@ fn check_endpoint(value: &str) -> Result<String, Error> {
             "sink option endpoint=`{}`: expected an http:// or https:// URL",
             outbox_core::redact::url(value)
         ))),
-    }
-}
-
-/// Parses `500ms`, `5s` or `2m` (a bare number is seconds).
-fn parse_duration(v: &str) -> Option<Duration> {
-    let (num, unit) = v
-        .find(|c: char| !c.is_ascii_digit())
-        .map(|i| v.split_at(i))
-        .unwrap_or((v, "s"));
-    let n: u64 = num.parse().ok()?;
-    match unit {
-        "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
-        _ => None,
     }
 }
 

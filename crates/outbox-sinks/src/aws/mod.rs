@@ -6,4 +6,4 @@ pub(crate) mod batch;
 pub(crate) mod config;
 pub(crate) mod error;
 
-pub use config::AwsConfig;
+pub use config::{AwsConfig, SNS_OPTIONS, SQS_OPTIONS};

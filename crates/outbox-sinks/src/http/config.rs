@@ -4,9 +4,8 @@
 use std::time::Duration;
 
 use base64::Engine as _;
+use outbox_core::options::{Bounds, QueryOptions, Role};
 use outbox_core::{Error, Secret};
-
-use crate::options;
 
 /// Default longest wait for one request's response.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -129,80 +128,53 @@ impl HttpConfig {
             },
             None => base.to_string(),
         };
-        let mut cfg = Self {
-            endpoint,
-            basic_auth,
-            mode: Mode::Single,
-            max_batch: DEFAULT_MAX_BATCH,
-            ack_timeout: DEFAULT_ACK_TIMEOUT,
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
-            signing_key: None,
-        };
-        let query = format!("?{fragment}");
-        let (_, pairs) = options::split_query(&query);
-        let mut secrets = 0;
-        for (name, value) in pairs {
-            match name {
-                "mode" => {
-                    cfg.mode = match value {
-                        "single" => Mode::Single,
-                        "batch" => Mode::Batch,
-                        _ => {
-                            return Err(Error::config(format!(
-                                "http sink option mode=`{value}`: expected single or batch"
-                            )))
-                        }
-                    }
-                }
-                "max_batch" => cfg.max_batch = whole("max_batch", value)?,
-                "max_in_flight" => cfg.max_in_flight = whole("max_in_flight", value)?,
-                "ack_timeout" => cfg.ack_timeout = options::duration("http", name, value)?,
-                "secret" => {
-                    secrets += 1;
-                    cfg.signing_key = Some(signing_key(value, "secret")?);
-                }
-                "secret_env" => {
-                    secrets += 1;
-                    let v = std::env::var(value).map_err(|_| {
-                        Error::config(format!(
-                            "http sink option secret_env=`{value}`: that environment variable is not set"
-                        ))
-                    })?;
-                    cfg.signing_key = Some(signing_key(v.trim(), &format!("${value}"))?);
-                }
-                "secret_file" => {
-                    secrets += 1;
-                    let v = std::fs::read_to_string(value).map_err(|e| {
-                        Error::config(format!(
-                            "http sink option secret_file=`{value}`: cannot read it: {e}"
-                        ))
-                    })?;
-                    cfg.signing_key = Some(signing_key(v.trim(), value)?);
-                }
-                _ => {
-                    return Err(Error::config(format!(
-                        "sink option `{name}` is not known for http(s):// (known, after `#`: {})",
-                        OPTIONS.join(", ")
-                    )))
-                }
-            }
-        }
+        let scheme = parsed.scheme();
+        let o = QueryOptions::parse(Role::Sink, scheme, fragment, OPTIONS)?;
+        let secrets = ["secret", "secret_env", "secret_file"]
+            .iter()
+            .filter(|k| o.has(k))
+            .count();
         if secrets > 1 {
             return Err(Error::config(
                 "http sink: give one of secret, secret_env and secret_file, not several",
             ));
         }
-        Ok(cfg)
+        let signing_key = if let Some(value) = o.str("secret") {
+            Some(signing_key(value, "secret")?)
+        } else if let Some(name) = o.str("secret_env") {
+            let v = std::env::var(name).map_err(|_| {
+                Error::config(format!(
+                    "http sink option secret_env=`{name}`: that environment variable is not set"
+                ))
+            })?;
+            Some(signing_key(v.trim(), &format!("${name}"))?)
+        } else if let Some(path) = o.str("secret_file") {
+            let v = std::fs::read_to_string(path).map_err(|e| {
+                Error::config(format!(
+                    "http sink option secret_file=`{path}`: cannot read it: {e}"
+                ))
+            })?;
+            Some(signing_key(v.trim(), path)?)
+        } else {
+            None
+        };
+        let whole = Bounds::new(1usize, usize::MAX);
+        Ok(Self {
+            endpoint,
+            basic_auth,
+            mode: o
+                .one_of("mode", &[("single", Mode::Single), ("batch", Mode::Batch)])?
+                .unwrap_or(Mode::Single),
+            max_batch: o.int("max_batch", whole)?.unwrap_or(DEFAULT_MAX_BATCH),
+            ack_timeout: o
+                .duration("ack_timeout", Bounds::TIMEOUT)?
+                .unwrap_or(DEFAULT_ACK_TIMEOUT),
+            max_in_flight: o
+                .int("max_in_flight", whole)?
+                .unwrap_or(DEFAULT_MAX_IN_FLIGHT),
+            signing_key,
+        })
     }
-}
-
-/// A whole number above zero.
-fn whole(name: &str, value: &str) -> Result<usize, Error> {
-    value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-        Error::config(format!(
-            "http sink option {name}=`{value}`: expected a whole number above zero"
-        ))
-    })
 }
 
 /// The key of a Standard Webhooks secret: `whsec_` (optional) and the key in base64. The

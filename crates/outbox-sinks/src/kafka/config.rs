@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use outbox_core::options::{self, Bounds, QueryOptions, Role};
 use outbox_core::Error;
 
 /// Default wait for the acknowledgements of one `publish` call.
@@ -11,9 +12,16 @@ pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
 /// only delays the call's acknowledgements (1 ms drained one hot key 35 % faster, measured).
 pub const DEFAULT_LINGER: Duration = Duration::from_millis(1);
 
-/// The options `kafka://` accepts, for error messages.
-const KNOWN: &str =
-    "acks, ack_timeout, create_topics, partitions, replication_factor, linger, max_in_flight";
+/// The options `kafka://` accepts.
+const KNOWN: &[&str] = &[
+    "acks",
+    "ack_timeout",
+    "create_topics",
+    "partitions",
+    "replication_factor",
+    "linger",
+    "max_in_flight",
+];
 
 /// Default produce requests in flight per broker connection: one (see
 /// [`KafkaConfig::max_in_flight`]).
@@ -57,81 +65,47 @@ impl KafkaConfig {
     /// across retries and drops its own retried duplicates, requires it. Credentials in the URL
     /// are refused rather than ignored: this build speaks plaintext only.
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        let (_, query) = url.split_once('?').unwrap_or((url, ""));
         let brokers = parse_brokers(url)?;
-        let mut cfg = Self {
-            brokers,
-            ack_timeout: DEFAULT_ACK_TIMEOUT,
-            create_topics: false,
-            partitions: -1,
-            replication_factor: -1,
-            linger: DEFAULT_LINGER,
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
-        };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let bad =
-                |what: &str| Error::config(format!("sink option {key}=`{value}`: expected {what}"));
-            match key {
-                "acks" => {
-                    if !matches!(value, "all" | "-1") {
-                        return Err(Error::config(format!(
-                            "sink option acks=`{value}`: only acks=all is supported; the \
-                             idempotent producer, which keeps each key's order across retries, \
-                             requires it"
-                        )));
-                    }
-                }
-                "ack_timeout" => {
-                    cfg.ack_timeout = duration(value)
-                        .filter(|d| !d.is_zero())
-                        .ok_or_else(|| bad("a duration such as 5s or 500ms"))?
-                }
-                "create_topics" => {
-                    cfg.create_topics = match value {
-                        "true" => true,
-                        "false" => false,
-                        _ => return Err(bad("true or false")),
-                    }
-                }
-                "partitions" => {
-                    cfg.partitions = value
-                        .parse()
-                        .ok()
-                        .filter(|&n: &i32| n >= 1 || n == -1)
-                        .ok_or_else(|| {
-                            bad("a number of partitions (1 or more, -1: the broker's default)")
-                        })?
-                }
-                "replication_factor" => {
-                    cfg.replication_factor = value
-                        .parse()
-                        .ok()
-                        .filter(|&n: &i32| n >= 1 || n == -1)
-                        .ok_or_else(|| {
-                            bad("a replication factor (1 or more, -1: the broker's default)")
-                        })?
-                }
-                "max_in_flight" => {
-                    cfg.max_in_flight = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=5).contains(n))
-                        .ok_or_else(|| bad("1 to 5 (the idempotent producer allows at most 5)"))?
-                }
-                "linger" => {
-                    cfg.linger = duration(value)
-                        .filter(|d| *d <= Duration::from_secs(60))
-                        .ok_or_else(|| bad("a duration of at most 60s, such as 5ms"))?
-                }
-                _ => {
-                    return Err(Error::config(format!(
-                        "sink option `{key}` is not known for kafka:// (known: {KNOWN})"
-                    )))
-                }
-            }
+        let (_, o) = QueryOptions::from_url(Role::Sink, url, KNOWN)?;
+        if !matches!(o.str("acks"), None | Some("all" | "-1")) {
+            return Err(Error::config(format!(
+                "sink option acks=`{}`: only acks=all is supported; the idempotent producer, \
+                 which keeps each key's order across retries, requires it",
+                o.str("acks").unwrap_or_default()
+            )));
         }
-        Ok(cfg)
+        // -1: the broker's default; 0 is no count of partitions or replicas.
+        let broker_default = |key: &str, what: &str| -> Result<i32, Error> {
+            match o.int(key, Bounds::new(-1, i32::MAX))? {
+                None => Ok(-1),
+                Some(0) => Err(options::invalid(
+                    Role::Sink,
+                    key,
+                    "0",
+                    &format!("{what} (1 or more, -1: the broker's default)"),
+                )),
+                Some(n) => Ok(n),
+            }
+        };
+        Ok(Self {
+            brokers,
+            ack_timeout: o
+                .duration("ack_timeout", Bounds::TIMEOUT)?
+                .unwrap_or(DEFAULT_ACK_TIMEOUT),
+            create_topics: o.bool("create_topics")?.unwrap_or(false),
+            partitions: broker_default("partitions", "a number of partitions")?,
+            replication_factor: broker_default("replication_factor", "a replication factor")?,
+            // The idempotent producer allows at most 5 requests in flight.
+            max_in_flight: o
+                .int("max_in_flight", Bounds::new(1, 5))?
+                .unwrap_or(DEFAULT_MAX_IN_FLIGHT),
+            linger: o
+                .duration(
+                    "linger",
+                    Bounds::new(Duration::ZERO, Duration::from_secs(60)),
+                )?
+                .unwrap_or(DEFAULT_LINGER),
+        })
     }
 }
 
@@ -171,19 +145,6 @@ pub fn parse_brokers(url: &str) -> Result<String, Error> {
     Ok(brokers.join(","))
 }
 
-/// Parses `500ms`, `5s` or `2m`.
-fn duration(v: &str) -> Option<Duration> {
-    let i = v.find(|c: char| !c.is_ascii_digit())?;
-    let (num, unit) = v.split_at(i);
-    let n: u64 = num.parse().ok()?;
-    match unit {
-        "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -215,7 +176,10 @@ mod tests {
             ("kafka://h:9092?acks=1", "only acks=all"),
             ("kafka://h:9092?ack_timeout=soon", "ack_timeout=`soon`"),
             ("kafka://h:9092?ack_timeout=0s", "ack_timeout=`0s`"),
-            ("kafka://h:9092?create_topics=yes", "create_topics=`yes`"),
+            (
+                "kafka://h:9092?create_topics=maybe",
+                "create_topics=`maybe`",
+            ),
             ("kafka://h:9092?partitions=0", "partitions=`0`"),
             (
                 "kafka://h:9092?replication_factor=x",

@@ -2,9 +2,8 @@
 
 use std::time::Duration;
 
+use outbox_core::options::{Bounds, QueryOptions, Role};
 use outbox_core::{Error, Secret};
-
-use crate::options;
 
 /// Default wait for the PUBACKs of one call.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -15,7 +14,8 @@ pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 256 << 20;
 pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(30);
 const DEFAULT_PORT: u16 = 1883;
 
-const OPTIONS: &[&str] = &["client_id", "ack_timeout", "max_message_size", "keep_alive"];
+/// Options this sink reads from the URL's query.
+pub const OPTIONS: &[&str] = &["client_id", "ack_timeout", "max_message_size", "keep_alive"];
 
 /// Where and how to publish over MQTT v5.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,13 +43,20 @@ impl MqttConfig {
     /// Parses `mqtt://[user:pass@]host[:port][?client_id=…&ack_timeout=5s&max_message_size=256MiB&keep_alive=30s]`.
     /// Any other option is a config error naming it.
     pub fn from_url(url: &str) -> Result<Self, Error> {
-        let shown = outbox_core::redact::url(url);
+        let (base, o) = QueryOptions::from_url(Role::Sink, url, OPTIONS)?;
+        Self::from_options(base, &o)
+    }
+
+    /// The configuration of the broker at `base` (a URL without its query) with the options
+    /// `o` parsed by the caller: an inbox source takes these options beside its own, and its
+    /// errors then say "source option".
+    pub fn from_options(base: &str, o: &QueryOptions) -> Result<Self, Error> {
+        let shown = outbox_core::redact::url(base);
         let bad = || {
             Error::config(format!(
-                "sink `{shown}`: expected mqtt://[user:pass@]host[:port]"
+                "`{shown}`: expected mqtt://[user:pass@]host[:port]"
             ))
         };
-        let (base, pairs) = options::split_query(url);
         let rest = base.strip_prefix("mqtt://").ok_or_else(bad)?;
         let rest = rest.strip_suffix('/').unwrap_or(rest);
         let (userinfo, hostport) = match rest.rsplit_once('@') {
@@ -70,40 +77,30 @@ impl MqttConfig {
             Some((user, pass)) => (user.to_string(), Secret::new(pass)),
             None => (u.to_string(), Secret::new("")),
         });
-        let mut cfg = Self {
+        let client_id = o.non_empty("client_id")?;
+        if let Some(id) = client_id.filter(|id| id.len() > 65_535) {
+            return Err(o.invalid("client_id", id, "at most 65,535 bytes"));
+        }
+        Ok(Self {
             host: host.to_string(),
             port,
             credentials,
-            client_id: None,
-            ack_timeout: DEFAULT_ACK_TIMEOUT,
-            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
-            keep_alive: DEFAULT_KEEP_ALIVE,
+            client_id: client_id.map(str::to_string),
+            ack_timeout: o
+                .duration("ack_timeout", Bounds::TIMEOUT)?
+                .unwrap_or(DEFAULT_ACK_TIMEOUT),
+            max_message_size: o
+                .size("max_message_size", Bounds::new(1, u64::MAX))?
+                .unwrap_or(DEFAULT_MAX_MESSAGE_SIZE),
+            // MQTT keeps it in whole seconds, up to 65,535.
+            keep_alive: o
+                .whole_seconds(
+                    "keep_alive",
+                    Bounds::new(Duration::from_secs(1), Duration::from_secs(65_535)),
+                )?
+                .unwrap_or(DEFAULT_KEEP_ALIVE),
             display: outbox_core::redact::url(base),
-        };
-        for (name, value) in pairs {
-            match name {
-                "client_id" if !value.is_empty() && value.len() <= 65_535 => {
-                    cfg.client_id = Some(value.to_string())
-                }
-                "ack_timeout" => cfg.ack_timeout = options::duration("mqtt", name, value)?,
-                "max_message_size" => cfg.max_message_size = options::bytes("mqtt", name, value)?,
-                "keep_alive" => {
-                    cfg.keep_alive = options::duration("mqtt", name, value)?;
-                    if cfg.keep_alive < Duration::from_secs(1) {
-                        return Err(Error::config(
-                            "mqtt sink option keep_alive: at least 1s".to_string(),
-                        ));
-                    }
-                }
-                _ => {
-                    return Err(Error::config(format!(
-                        "sink option `{name}` is not known for mqtt:// (known: {})",
-                        OPTIONS.join(", ")
-                    )))
-                }
-            }
-        }
-        Ok(cfg)
+        })
     }
 
     /// Client options for `client_id`: MQTT v5, the credentials, the keep-alive, a connect

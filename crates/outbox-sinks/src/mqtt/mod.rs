@@ -6,7 +6,7 @@ mod error;
 mod reader;
 mod sink;
 
-pub use config::{MqttConfig, DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_MESSAGE_SIZE};
+pub use config::{MqttConfig, DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_MESSAGE_SIZE, OPTIONS};
 pub(crate) use reader::scratch;
 pub use reader::MqttReader;
 pub use sink::MqttSink;

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use outbox_core::options::{Bounds, QueryOptions, Role};
 use outbox_core::{Error, Secret};
 
 /// Default wait for a JetStream publish acknowledgement.
@@ -31,6 +32,12 @@ impl NatsConfig {
     /// Parses `nats://[user:pass@|token@]host:port[?ack_timeout=5s]`.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let scheme = if base.starts_with("tls://") {
+            "tls"
+        } else {
+            "nats"
+        };
+        let options = QueryOptions::parse(Role::Sink, scheme, query, &["ack_timeout"])?;
         if !(base.starts_with("nats://") || base.starts_with("tls://"))
             || base.len() <= "nats://".len()
         {
@@ -52,25 +59,13 @@ impl NatsConfig {
             }
             None => (None, rest),
         };
-        let mut cfg = Self {
+        let cfg = Self {
             url: format!("{scheme}://{host}"),
-            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            ack_timeout: options
+                .duration("ack_timeout", Bounds::TIMEOUT)?
+                .unwrap_or(DEFAULT_ACK_TIMEOUT),
             auth,
         };
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("ack_timeout", v)) => {
-                    cfg.ack_timeout = humantime_secs(v).ok_or_else(|| {
-                        Error::config(format!("sink option ack_timeout=`{v}`: expected a duration such as 5s or 500ms"))
-                    })?
-                }
-                _ => {
-                    return Err(Error::config(format!(
-                        "sink option `{pair}` is not known for nats:// (known: ack_timeout)"
-                    )))
-                }
-            }
-        }
         Ok(cfg)
     }
 }
@@ -112,21 +107,6 @@ impl NatsConfig {
                     e,
                 )
             })
-    }
-}
-
-/// Parses `500ms`, `5s` or `2m`.
-fn humantime_secs(v: &str) -> Option<Duration> {
-    let (num, unit) = v
-        .find(|c: char| !c.is_ascii_digit())
-        .map(|i| v.split_at(i))
-        .unwrap_or((v, "s"));
-    let n: u64 = num.parse().ok()?;
-    match unit {
-        "ms" => Some(Duration::from_millis(n)),
-        "s" => Some(Duration::from_secs(n)),
-        "m" => Some(Duration::from_secs(n * 60)),
-        _ => None,
     }
 }
 

@@ -2,9 +2,8 @@
 
 use std::time::Duration;
 
+use outbox_core::options::{Bounds, QueryOptions, Role};
 use outbox_core::{Error, Secret};
-
-use crate::options;
 
 /// Default wait for the replies of one call's pipeline.
 pub const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -34,46 +33,36 @@ pub struct RedisConfig {
     pub max_message_size: u64,
 }
 
+/// A dedupe window: above zero, at most 30 days (each message keeps a marker key that long).
+const DEDUPE_BOUNDS: Bounds<Duration> = Bounds::new(
+    Duration::from_millis(1),
+    Duration::from_secs(30 * 24 * 3600),
+);
+
 impl RedisConfig {
     /// Parses `redis://[user:pass@]host[:port][/db][?maxlen=N&dedupe=2m&ack_timeout=5s&max_message_size=512MiB]`.
     /// Any other option is a config error naming it.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let shown = outbox_core::redact::url(url);
-        let (base, pairs) = options::split_query(url);
+        let (base, o) = QueryOptions::from_url(Role::Sink, url, OPTIONS)?;
         let rest = base.strip_prefix("redis://");
         if rest.is_none_or(|r| r.is_empty() || r.starts_with('/')) {
             return Err(Error::config(format!(
                 "sink `{shown}`: expected redis://[user:pass@]host[:port][/db]"
             )));
         }
-        let mut cfg = Self {
+        let cfg = Self {
             url: Secret::new(base),
             display: outbox_core::redact::url(base),
-            maxlen: None,
-            dedupe: None,
-            ack_timeout: DEFAULT_ACK_TIMEOUT,
-            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            maxlen: o.int("maxlen", Bounds::new(1, u64::MAX))?,
+            dedupe: o.duration("dedupe", DEDUPE_BOUNDS)?,
+            ack_timeout: o
+                .duration("ack_timeout", Bounds::TIMEOUT)?
+                .unwrap_or(DEFAULT_ACK_TIMEOUT),
+            max_message_size: o
+                .size("max_message_size", Bounds::new(1, u64::MAX))?
+                .unwrap_or(DEFAULT_MAX_MESSAGE_SIZE),
         };
-        for (name, value) in pairs {
-            match name {
-                "maxlen" => {
-                    cfg.maxlen = Some(value.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                        Error::config(format!(
-                            "redis sink option maxlen=`{value}`: expected a whole number above zero"
-                        ))
-                    })?)
-                }
-                "dedupe" => cfg.dedupe = Some(options::duration("redis", name, value)?),
-                "ack_timeout" => cfg.ack_timeout = options::duration("redis", name, value)?,
-                "max_message_size" => cfg.max_message_size = options::bytes("redis", name, value)?,
-                _ => {
-                    return Err(Error::config(format!(
-                        "sink option `{name}` is not known for redis:// (known: {})",
-                        OPTIONS.join(", ")
-                    )))
-                }
-            }
-        }
         // The client's own parser has the last word on host, port, database and credentials.
         redis::Client::open(base).map_err(|e| {
             Error::config(format!(
