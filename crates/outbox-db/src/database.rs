@@ -137,6 +137,16 @@ impl Database {
         }
     }
 
+    /// Checks, before a command uses them, that the outbox tables are there at the version this
+    /// build needs (and, on PostgreSQL, that the sequence can serve the claims' floor). The
+    /// error says what to do: `schema "s" has no outbox tables: run outbox migrate --schema s`.
+    pub async fn check(&self) -> Result<()> {
+        match self {
+            Self::Postgres(s) => outbox_postgres::check_schema(s.pool(), s.schema()).await,
+            Self::Sqlite(s) => outbox_sqlite::check_schema(s.pool(), &self.sqlite_path()).await,
+        }
+    }
+
     /// Where the outbox tables live, for messages: ``schema `name` `` or `database file path`.
     pub fn place(&self) -> String {
         match self {

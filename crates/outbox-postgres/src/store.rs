@@ -143,12 +143,35 @@ pub async fn connect_pool(url: &str, max_connections: u32) -> Result<PgPool> {
 }
 
 /// [`connect_pool`] for a relay that abandons store calls after `store_deadline`.
+///
+/// One connection is made first, on its own, so that a server that cannot be reached, a
+/// database that does not exist or a refused login is reported at once, each with its cause
+/// (see [`connect_error`]), rather than as the pool's "timed out" after ten seconds of retries.
 pub async fn connect_pool_with(
     url: &str,
     max_connections: u32,
     store_deadline: Duration,
 ) -> Result<PgPool> {
     let options = connect_options_with(url, store_deadline)?;
+    match tokio::time::timeout(
+        Duration::from_secs(10),
+        sqlx::ConnectOptions::connect(&options),
+    )
+    .await
+    {
+        Ok(Ok(conn)) => drop(sqlx::Connection::close(conn).await),
+        Ok(Err(e)) => return Err(connect_error(&options, e)),
+        Err(_) => {
+            return Err(outbox_core::Error::new(
+                outbox_core::ErrorKind::Timeout,
+                format!(
+                    "cannot reach PostgreSQL at {}: no answer within 10s (is the host right, \
+                     and the port open?)",
+                    server_of(&options)
+                ),
+            ))
+        }
+    }
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))
@@ -160,6 +183,59 @@ pub async fn connect_pool_with(
                 e,
             )
         })
+}
+
+/// `host:port` (or the socket directory) of `options`, for error texts.
+fn server_of(options: &PgConnectOptions) -> String {
+    format!("{}:{}", options.get_host(), options.get_port())
+}
+
+/// The error of a first connection to PostgreSQL, its cause said once with what to do:
+/// `cannot reach PostgreSQL at 127.0.0.1:1: connection refused (is the server running?)`,
+/// `database "x" does not exist`, or PostgreSQL's own word on a refused login. Never the
+/// password.
+pub fn connect_error(options: &PgConnectOptions, e: sqlx::Error) -> outbox_core::Error {
+    use outbox_core::{Error, ErrorKind};
+    let server = server_of(options);
+    match &e {
+        sqlx::Error::Io(io) => {
+            let why = match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => {
+                    "connection refused (is the server running?)".to_string()
+                }
+                std::io::ErrorKind::TimedOut => {
+                    "the connection timed out (is the host right, and the port open?)".to_string()
+                }
+                _ => io.to_string(),
+            };
+            Error::new(
+                ErrorKind::Connection,
+                format!("cannot reach PostgreSQL at {server}: {why}"),
+            )
+        }
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("3D000") => Error::new(
+            ErrorKind::Config,
+            format!(
+                "database \"{}\" does not exist",
+                options.get_database().unwrap_or_default()
+            ),
+        ),
+        sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("28P01" | "28000")) => {
+            Error::new(
+                ErrorKind::Config,
+                format!(
+                    "PostgreSQL at {server} refused the login of user \"{}\": {}",
+                    options.get_username(),
+                    outbox_core::redact::sanitize(db.message())
+                ),
+            )
+        }
+        sqlx::Error::Tls(t) => Error::new(
+            ErrorKind::Connection,
+            format!("cannot reach PostgreSQL at {server}: TLS failed: {t}"),
+        ),
+        _ => map_sqlx_error(&format!("connecting to PostgreSQL at {server}"), e),
+    }
 }
 
 /// What the store remembers per member between calls.

@@ -81,12 +81,45 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
         "file" => Ok(Arc::new(file::FileSink::from_url(url)?)),
         #[cfg(feature = "stdout")]
         "stdout" => Ok(Arc::new(stdout::StdoutSink::new()?)),
-        _ => Err(Error::config(format!(
-            "sink `{}`: unknown or disabled sink scheme `{scheme}`; this build supports: {}",
-            outbox_core::redact::url(url),
-            available().join(", ")
-        ))),
+        _ => Err(unknown_scheme(url, scheme)),
     }
+}
+
+/// Checks the sink URL `url` without contacting anything or creating a file: its scheme is one
+/// this build supports and its options parse. Commands run this before they connect to the
+/// database, so a misspelt sink is reported first.
+pub fn check(url: &str) -> Result<(), Error> {
+    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
+    match scheme {
+        #[cfg(feature = "file")]
+        "file" => {
+            let path = url
+                .strip_prefix("file://")
+                .or_else(|| url.strip_prefix("file:"))
+                .unwrap_or("");
+            if path.is_empty() {
+                return Err(Error::config(format!(
+                    "sink `{url}`: expected file:path.jsonl"
+                )));
+            }
+            Ok(())
+        }
+        #[cfg(feature = "stdout")]
+        "stdout" => Ok(()),
+        // Every other sink this build has reads its whole URL for its ack timeout.
+        _ => match ack_timeout(url)? {
+            Some(_) => Ok(()),
+            None => Err(unknown_scheme(url, scheme)),
+        },
+    }
+}
+
+fn unknown_scheme(url: &str, scheme: &str) -> Error {
+    Error::config(format!(
+        "sink `{}`: unknown or disabled sink scheme `{scheme}`; this build supports: {}",
+        outbox_core::redact::url(url),
+        available().join(", ")
+    ))
 }
 
 /// The ack timeout the sink `url` names will use (see `Sink::ack_timeout`), read from the URL

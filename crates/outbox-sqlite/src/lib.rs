@@ -15,7 +15,7 @@ mod tables;
 mod writer;
 
 pub use error::map_sqlx_error;
-pub use migrate::{migrate, migrate_tables, MIGRATIONS};
+pub use migrate::{check_schema, migrate, migrate_tables, MIGRATIONS, SCHEMA_VERSION};
 pub use store::{
     connect_options, connect_pool, database_path, remove_database, SqliteStore, BUSY_TIMEOUT,
     DEFAULT_PATH, PARTITIONS,

@@ -26,6 +26,50 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     ),
 ];
 
+/// The schema version this crate's relay and writer need: the last of [`MIGRATIONS`].
+pub const SCHEMA_VERSION: i32 = 4;
+
+/// Checks that the database file `path` holds the outbox tables at exactly this crate's
+/// version; the error says what to do (run `outbox migrate` on that file).
+pub async fn check_schema(pool: &SqlitePool, path: &std::path::Path) -> Result<()> {
+    let place = format!("database file {}", path.display());
+    let migrate = format!("outbox migrate --database-url sqlite://{}", path.display());
+    let ctx = |e| map_sqlx_error(&format!("checking {place}"), e);
+    let ledger: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox_migrations')",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(ctx)?;
+    if !ledger {
+        return Err(outbox_core::Error::new(
+            outbox_core::ErrorKind::Schema,
+            format!("{place} has no outbox tables: run {migrate}"),
+        ));
+    }
+    let version: Option<i32> = sqlx::query_scalar("SELECT max(version) FROM outbox_migrations")
+        .fetch_one(pool)
+        .await
+        .map_err(ctx)?;
+    match version.unwrap_or(0) {
+        v if v < SCHEMA_VERSION => Err(outbox_core::Error::new(
+            outbox_core::ErrorKind::Schema,
+            format!(
+                "{place} holds outbox tables of version {v}; this relay needs version \
+                 {SCHEMA_VERSION}: run {migrate}"
+            ),
+        )),
+        v if v > SCHEMA_VERSION => Err(outbox_core::Error::new(
+            outbox_core::ErrorKind::Schema,
+            format!(
+                "{place} holds outbox tables of version {v}, newer than this relay knows \
+                 ({SCHEMA_VERSION}): run the newer relay"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Applies the migrations the database lacks, all in one transaction, and records them in
 /// `outbox_migrations`. Safe to run concurrently (from several processes too) and repeatedly:
 /// the transaction starts with `BEGIN IMMEDIATE`, so a second migrator waits for the first
