@@ -188,10 +188,21 @@ async fn a_sink_that_is_down_holds_back_only_its_own_rows_without_spending_attem
         .unwrap()
     };
     // Calls that went out before the circuit opened may still come back (each within its
-    // publish deadline) and spend their attempts; give them time, then watch.
+    // publish deadline) and spend their attempts; give them time, then watch until the relay
+    // has met the payments again (a probe of the open circuit, and deferrals behind it): those
+    // encounters must spend no attempt.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = attempts().await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let deferred = || metrics.deferred.load(std::sync::atomic::Ordering::Relaxed);
+    let deferred_before = deferred();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while deferred() == deferred_before {
+        assert!(
+            Instant::now() < deadline,
+            "the relay never met the payments again while their sink was down"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(attempts().await, before, "deferrals spent attempts");
     let s = w.stats().await;
     assert_eq!(s.failed, 0, "an outage must not fail messages");

@@ -401,13 +401,17 @@ mod tests {
     }
 
     /// `max_in_flight` bounds the sink, not one call: the relay keeps several calls out per
-    /// worker, and together they never hold more requests than that.
+    /// worker, and together they never hold more requests than that. Checked while the first
+    /// two requests are held by a silent endpoint, half-way through the calls' ack timeout:
+    /// exactly two were sent. (At the deadline a slot freed by a timed-out request may still
+    /// send a third request with the little time its own call has left: never more than two at
+    /// once, which is the bound; counting afterwards would count that one too.)
     #[tokio::test]
     async fn calls_in_flight_together_share_max_in_flight() {
         let (addr, accepted, held) = silent_endpoint().await;
         let sink = HttpSink::connect(
             HttpConfig::from_url(&format!(
-                "http://{addr}/hook#ack_timeout=300ms&max_in_flight=2"
+                "http://{addr}/hook#ack_timeout=4s&max_in_flight=2"
             ))
             .unwrap(),
         )
@@ -415,16 +419,27 @@ mod tests {
         let calls: Vec<Vec<Envelope>> = (0..3)
             .map(|c| (0..3).map(|i| envelope(c * 3 + i)).collect())
             .collect();
-        let answers = futures::future::join_all(calls.iter().map(|c| sink.publish(c))).await;
+        let publishing = futures::future::join_all(calls.iter().map(|c| sink.publish(c)));
+        let watch = async {
+            // Two requests reach the endpoint (at once, on an idle machine)...
+            let until = Instant::now() + Duration::from_secs(2);
+            while accepted.load(std::sync::atomic::Ordering::Relaxed) < 2 {
+                assert!(Instant::now() < until, "two requests were never sent");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // ...and while they are held, no third one goes out.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            accepted.load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let (answers, sent_while_held) = tokio::join!(publishing, watch);
+        assert_eq!(
+            sent_while_held, 2,
+            "two requests sent of the nine the three calls held"
+        );
         assert!(answers
             .iter()
             .flatten()
             .all(|r| r.as_ref().is_err_and(|e| e.is_unavailable())));
-        assert_eq!(
-            accepted.load(std::sync::atomic::Ordering::Relaxed),
-            2,
-            "two requests sent of the nine the three calls held"
-        );
         held.abort();
     }
 
