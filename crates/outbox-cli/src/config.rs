@@ -351,6 +351,8 @@ pub fn inbox(loaded: &Loaded, args: &crate::cli::InboxArgs) -> Result<InboxSetti
                 .into(),
         )
     })?;
+    // Before anything connects: a misspelt source is reported before an unreachable database.
+    outbox_inbox::source::check(&source).map_err(|e| ConfigError(e.to_string()))?;
     let defaults = outbox_inbox::daemon::DaemonConfig::default();
     let batch = pick(args.batch_size, &["OUTBOX_INBOX_BATCH_SIZE"], f.batch_size)?
         .unwrap_or(defaults.batch);
@@ -513,9 +515,11 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     let lease = pick(args.lease, &["OUTBOX_LEASE"], f.lease)?.map_or(defaults.lease, |d| d.0);
     at_least(lease, Duration::from_millis(500), "lease")?;
     at_most(lease, Duration::from_secs(3600), "lease")?;
-    // A relay must be able to wait for an acknowledgement and still hold its lease: the sink's
-    // ack timeout has to fit in the third of the lease a wave may take.
+    // Every sink URL is checked before anything connects (a misspelt scheme is reported before
+    // an unreachable database), and a relay must be able to wait for an acknowledgement and
+    // still hold its lease: the sink's ack timeout has to fit in a third of the lease.
     for url in sink.iter().chain(routes.iter().map(|r| &r.sink)) {
+        outbox_sinks::check(url).map_err(|e| ConfigError(e.to_string()))?;
         if let Some(ack) = outbox_sinks::ack_timeout(url).map_err(|e| ConfigError(e.to_string()))? {
             RelayConfig {
                 lease,

@@ -1,4 +1,5 @@
-//! The `outbox` binary: `migrate`, `relay`, `status` and `bench` over a PostgreSQL outbox.
+//! The `outbox` binary: parses arguments and configuration, calls the libraries that do the work
+//! (relay, inbox, verify, bench, demo), and prints what they return.
 
 mod cli;
 mod commands;
@@ -50,10 +51,7 @@ fn main() -> ExitCode {
                 .downcast_ref::<outbox_core::Error>()
                 .is_some_and(|e| e.kind() == outbox_core::ErrorKind::Config)
                 || err.downcast_ref::<config::ConfigError>().is_some();
-            eprintln!(
-                "error: {}",
-                outbox_core::redact::sanitize(&format!("{err:#}"))
-            );
+            eprintln!("error: {}", outbox_core::redact::sanitize(&causes(&err)));
             if config {
                 ExitCode::from(EXIT_CONFIG)
             } else {
@@ -61,6 +59,19 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// The error and its causes, each said once: an outbox error already carries the text of the
+/// error it wraps, so a cause whose text an earlier one holds is left out.
+fn causes(err: &anyhow::Error) -> String {
+    let mut said: Vec<String> = Vec::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if !said.iter().any(|s| s.contains(&text)) {
+            said.push(text);
+        }
+    }
+    said.join(": ")
 }
 
 fn init_tracing(format: &str, default_filter: &str) {

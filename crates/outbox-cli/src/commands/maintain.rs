@@ -8,6 +8,7 @@ use crate::config::DbSettings;
 /// Segments ahead of the writers, and retention, once.
 pub async fn maintain(db: DbSettings, retention: Duration) -> anyhow::Result<ExitCode> {
     let database = outbox_db::open(&db.url, &db.schema, 2).await?;
+    database.check().await?;
     let m = database.store().maintain(retention).await?;
     println!("{}", serde_json::to_string(&m)?);
     Ok(ExitCode::SUCCESS)
@@ -16,6 +17,7 @@ pub async fn maintain(db: DbSettings, retention: Duration) -> anyhow::Result<Exi
 /// Drops storage every relay has passed, closed longer ago than `older_than`.
 pub async fn purge(db: DbSettings, older_than: Duration) -> anyhow::Result<ExitCode> {
     let database = outbox_db::open(&db.url, &db.schema, 2).await?;
+    database.check().await?;
     let m = database.purge(older_than).await?;
     println!("{}", serde_json::to_string(&m)?);
     Ok(ExitCode::SUCCESS)

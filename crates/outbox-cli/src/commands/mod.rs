@@ -26,6 +26,7 @@ async fn open_store(
         Ok((d.queue(), d.place()))
     } else {
         let d = outbox_db::open(&db.url, &db.schema, 2).await?;
+        d.check().await?;
         Ok((d.store(), d.place()))
     }
 }

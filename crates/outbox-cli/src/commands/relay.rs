@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use outbox_core::{ErrorKind, RouteMatch, Sink};
+use outbox_core::{RouteMatch, Sink};
 use outbox_relay::{Relay, Route};
 use tracing::info;
 
@@ -90,17 +90,10 @@ pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCod
     let database =
         outbox_db::open_with_deadline(&s.db.url, &s.db.schema, pool_size, s.relay.store_timeout)
             .await?;
+    // Fail fast, with the fix in the message, when the tables are missing or of another
+    // version.
+    database.check().await?;
     let store = database.store();
-    // Fail fast, with the fix in the message, when the schema was never migrated.
-    if let Err(e) = store.stats().await {
-        if e.kind() == ErrorKind::Schema {
-            anyhow::bail!(
-                "{} has no outbox tables: run `outbox migrate` first ({e})",
-                database.place()
-            );
-        }
-        return Err(e.into());
-    }
     let routes = connect_routes(&s).await?;
     info!(database = %outbox_core::redact::url(&s.db.url), outbox = %database.place(),
           sink = %s.sink.as_deref().map(outbox_core::redact::url).unwrap_or_default(),
