@@ -18,7 +18,7 @@ pub mod store;
 pub use bytes::Bytes;
 pub use error::{Error, ErrorKind, Result};
 pub use message::{Message, NewMessage};
-pub use retry::RetryPolicy;
+pub use retry::{Backoff, RetryPolicy};
 pub use route::{Glob, RouteMatch, RouteSpec};
 pub use routing::{DestinationPattern, DestinationRules, DestinationTemplate};
 pub use secret::Secret;

@@ -1,4 +1,5 @@
-//! Per-message retry policy: exponential backoff with full jitter, a cap and an attempt budget.
+//! Per-message retry policy (exponential backoff with half jitter, a cap and an attempt
+//! budget), and [`Backoff`], the one reconnect backoff of every loop that waits out an outage.
 
 use std::time::Duration;
 
@@ -63,6 +64,54 @@ impl RetryPolicy {
     }
 }
 
+/// The backoff of a loop that waits out an outage (a database, a broker, a listener): the first
+/// wait is `min`, each failure in a row doubles it up to `max`, a success starts over. One type
+/// for every such loop, so they all behave (and log) alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+    failures: u32,
+}
+
+impl Backoff {
+    /// The usual reconnect backoff: 100 ms doubling to 10 s.
+    pub const RECONNECT: Backoff =
+        Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+
+    /// From `min`, doubling to `max`.
+    pub const fn new(min: Duration, max: Duration) -> Self {
+        Self {
+            min,
+            max,
+            next: min,
+            failures: 0,
+        }
+    }
+
+    /// Records a failure; returns how long to wait before the next try.
+    pub fn failed(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let wait = self.next;
+        self.next = (self.next * 2).min(self.max);
+        wait
+    }
+
+    /// Records a success; returns how many failures in a row came before it (0: none).
+    pub fn succeeded(&mut self) -> u32 {
+        let failures = self.failures;
+        self.next = self.min;
+        self.failures = 0;
+        failures
+    }
+
+    /// Failures in a row so far.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +142,14 @@ mod tests {
         assert_eq!(p.decide(1, false), RetryDecision::Fail);
         assert!(matches!(p.decide(2, true), RetryDecision::RetryAfter(_)));
         assert_eq!(p.decide(3, true), RetryDecision::Fail);
+    }
+
+    #[test]
+    fn a_backoff_doubles_to_its_cap_and_starts_over_after_a_success() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(350));
+        let waits: Vec<u128> = (0..4).map(|_| b.failed().as_millis()).collect();
+        assert_eq!(waits, vec![100, 200, 350, 350]);
+        assert_eq!(b.succeeded(), 4);
+        assert_eq!(b.failed(), Duration::from_millis(100));
     }
 }

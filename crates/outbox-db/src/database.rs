@@ -7,14 +7,10 @@ use std::time::Duration;
 use outbox_core::{Error, Result, Store};
 use outbox_postgres::{PgStore, Schema};
 use outbox_sqlite::SqliteStore;
-use sqlx::sqlite::SqlitePoolOptions;
 
-use crate::backend::{shown, Backend};
+use crate::backend::Backend;
 use crate::sql::{self, Param, Row};
 use crate::transaction::Transaction;
-
-/// How long taking a pooled connection may wait before failing with a timeout.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// PostgreSQL's default schema: shared by everything in the database, never destroyed.
 const PUBLIC: &str = "public";
@@ -60,19 +56,7 @@ pub async fn open_with_deadline(
             Ok(Database::Postgres(Arc::new(PgStore::new(pool, schema))))
         }
         Backend::Sqlite => {
-            // outbox-sqlite's options (WAL, synchronous FULL, busy timeout), this pool size.
-            let options = outbox_sqlite::connect_options(url)?;
-            let pool = SqlitePoolOptions::new()
-                .max_connections(pool_size)
-                .acquire_timeout(ACQUIRE_TIMEOUT)
-                .connect_with(options)
-                .await
-                .map_err(|e| {
-                    outbox_sqlite::map_sqlx_error(
-                        &format!("opening SQLite database {}", shown(url)),
-                        e,
-                    )
-                })?;
+            let pool = outbox_sqlite::connect_pool_sized(url, pool_size).await?;
             Ok(Database::Sqlite(Arc::new(SqliteStore::new(pool))))
         }
     }

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::{Error, ErrorKind, Result};
+use outbox_core::{Backoff, Error, ErrorKind, Result};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, SqlitePool};
 use tokio_util::sync::CancellationToken;
@@ -187,7 +187,7 @@ impl InboxDb {
             return Ok(None);
         };
         let mut standby_logged = false;
-        let mut delay = Duration::from_millis(200);
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         loop {
             if shutdown.is_cancelled() {
                 return Ok(None);
@@ -206,7 +206,7 @@ impl InboxDb {
                 .map_err(|e| outbox_postgres::map_sqlx_error("inbox: taking the source lock", e))?;
                 Ok::<_, Error>((conn, got))
             };
-            match attempt.await {
+            let delay = match attempt.await {
                 Ok((conn, true)) => {
                     if standby_logged {
                         info!(source, "took over the source: this daemon ingests now");
@@ -219,16 +219,19 @@ impl InboxDb {
                         info!(source, "another daemon ingests this source; standing by");
                         standby_logged = true;
                     }
-                    delay = Duration::from_secs(1);
+                    // Standing by: look again every second.
+                    backoff.succeeded();
+                    Duration::from_secs(1)
                 }
                 Err(e) if e.kind() == ErrorKind::Config || e.kind() == ErrorKind::Schema => {
                     return Err(e)
                 }
                 Err(e) => {
+                    let delay = backoff.failed();
                     warn!(source, error = %e, retry_in = ?delay, "database unreachable");
-                    delay = (delay * 2).min(Duration::from_secs(10));
+                    delay
                 }
-            }
+            };
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = shutdown.cancelled() => return Ok(None),
@@ -266,22 +269,22 @@ pub async fn run(
         };
         // What a dead predecessor (or this daemon, before it lost its connection) fetched and
         // never acknowledged comes first.
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::RECONNECT;
         loop {
             match source.recover().await {
                 Ok(()) => break,
                 Err(e) => {
-                    warn!(source = %name, error = %e, retry_in = ?backoff, "source recovery failed");
+                    let wait = backoff.failed();
+                    warn!(source = %name, error = %e, retry_in = ?wait, "source recovery failed");
                     tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(wait) => {}
                         _ = shutdown.cancelled() => return Ok(()),
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
                 }
             }
         }
         let mut poll = Duration::ZERO;
-        let mut fetch_backoff = Duration::from_millis(100);
+        let mut fetch_backoff = Backoff::RECONNECT;
         while !shutdown.is_cancelled() {
             if !poll.is_zero() {
                 tokio::select! {
@@ -309,13 +312,12 @@ pub async fn run(
             };
             let batch = match fetched {
                 Ok(b) => {
-                    fetch_backoff = Duration::from_millis(100);
+                    fetch_backoff.succeeded();
                     b
                 }
                 Err(e) => {
-                    warn!(source = %name, error = %e, retry_in = ?fetch_backoff, "fetch failed");
-                    poll = fetch_backoff;
-                    fetch_backoff = (fetch_backoff * 2).min(Duration::from_secs(10));
+                    poll = fetch_backoff.failed();
+                    warn!(source = %name, error = %e, retry_in = ?poll, "fetch failed");
                     continue;
                 }
             };
@@ -336,7 +338,7 @@ pub async fn run(
                 batch.into_iter().map(|d| (d.message, d.ack)).unzip();
             // Commit before anything is acknowledged; retry the batch as it is while the
             // connection (and with it the source lock) holds.
-            let mut retry = Duration::from_millis(100);
+            let mut retry = Backoff::RECONNECT;
             let (recorded, duplicates) = loop {
                 match db.ingest(lock.as_mut(), &messages).await {
                     Ok(r) => break r,
@@ -344,14 +346,14 @@ pub async fn run(
                         return Err(e)
                     }
                     Err(e) => {
-                        warn!(source = %name, error = %e, messages = n, retry_in = ?retry,
+                        let wait = retry.failed();
+                        warn!(source = %name, error = %e, messages = n, retry_in = ?wait,
                               "recording the batch failed; it is not acknowledged until it commits");
                         tokio::select! {
-                            _ = tokio::time::sleep(retry) => {}
+                            _ = tokio::time::sleep(wait) => {}
                             // Unacknowledged: the broker delivers the batch again.
                             _ = shutdown.cancelled() => return Ok(()),
                         }
-                        retry = (retry * 2).min(Duration::from_secs(10));
                         if let Some(l) = lock.as_mut() {
                             if !l.alive().await {
                                 // The source lock went with the connection; another daemon may

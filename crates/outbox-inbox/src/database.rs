@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use outbox_core::{Result, Store};
 use outbox_db::Backend;
-use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{PgPool, SqlitePool};
 
 use crate::daemon::InboxDb;
@@ -48,18 +47,7 @@ impl InboxDatabase {
                 })
             }
             _ => {
-                let options = outbox_sqlite::connect_options(url)?;
-                let pool = SqlitePoolOptions::new()
-                    .max_connections(pool_size.max(1))
-                    .acquire_timeout(Duration::from_secs(10))
-                    .connect_with(options)
-                    .await
-                    .map_err(|e| {
-                        outbox_sqlite::map_sqlx_error(
-                            &format!("opening SQLite database {}", outbox_core::redact::url(url)),
-                            e,
-                        )
-                    })?;
+                let pool = outbox_sqlite::connect_pool_sized(url, pool_size).await?;
                 Ok(Self::Sqlite { pool })
             }
         }

@@ -36,6 +36,11 @@ pub async fn migrate_postgres(pool: &PgPool, schema: &InboxSchema) -> Result<Vec
         .begin()
         .await
         .map_err(|e| map_sqlx_error(&ctx("begin"), e))?;
+    // Like the outbox's migration: no statement timeout for an upgrade.
+    sqlx::raw_sql("SET LOCAL statement_timeout = 0")
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("settings"), e))?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
         .bind(format!("outbox-inbox-migrate:{}", schema.tables().as_str()))
         .execute(&mut *tx)
@@ -68,36 +73,14 @@ pub async fn migrate_sqlite(pool: &SqlitePool) -> Result<Vec<i32>> {
         .begin_with("BEGIN IMMEDIATE")
         .await
         .map_err(|e| err("begin", e))?;
-    sqlx::raw_sql(
-        "CREATE TABLE IF NOT EXISTS inbox_migrations (
-             version    INTEGER PRIMARY KEY,
-             name       TEXT    NOT NULL,
-             applied_at TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
+    let applied = outbox_sqlite::apply_pending(
+        &mut tx,
+        "inbox_migrations",
+        SQLITE_MIGRATIONS,
+        str::to_string,
+        &ctx,
     )
-    .execute(&mut *tx)
-    .await
-    .map_err(|e| err("creating inbox_migrations", e))?;
-    let done: Vec<i32> = sqlx::query_scalar("SELECT version FROM inbox_migrations")
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| err("reading applied versions", e))?;
-    let mut applied = Vec::new();
-    for (version, name, sql) in SQLITE_MIGRATIONS {
-        if done.contains(version) {
-            continue;
-        }
-        sqlx::raw_sql(sql)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| err(&format!("applying {version} {name}"), e))?;
-        sqlx::query("INSERT INTO inbox_migrations (version, name) VALUES (?1, ?2)")
-            .bind(version)
-            .bind(name)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| err("recording the version", e))?;
-        applied.push(*version);
-    }
+    .await?;
     tx.commit().await.map_err(|e| err("commit", e))?;
     Ok(applied)
 }

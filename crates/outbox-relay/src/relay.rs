@@ -115,20 +115,23 @@ impl Relay {
             let wake_tx = wake_tx.clone();
             let stop = shutdown.clone();
             tokio::spawn(async move {
-                let mut delay = Duration::from_millis(200);
+                let mut backoff = outbox_core::Backoff::RECONNECT;
                 loop {
-                    tokio::select! {
+                    let delay = tokio::select! {
                         r = store.listen(wake_tx.clone()) => match r {
                             Ok(()) => return, // the store has no notifications: poll only
-                            Err(error) => warn!(%error, retry_in = ?delay, "notification listener stopped; polling meanwhile"),
+                            Err(error) => {
+                                let delay = backoff.failed();
+                                warn!(%error, retry_in = ?delay, "notification listener stopped; polling meanwhile");
+                                delay
+                            }
                         },
                         _ = stop.cancelled() => return,
-                    }
+                    };
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
                         _ = stop.cancelled() => return,
                     }
-                    delay = (delay * 2).min(Duration::from_secs(10));
                 }
             })
         }).map(AbortOnDrop);

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use outbox_core::retry::RetryDecision;
+use outbox_core::Backoff;
 use outbox_core::{
     ClaimLimits, Envelope, Error, ErrorKind, MemberId, Message, Outcome, Result, SinkError, Store,
 };
@@ -21,36 +22,11 @@ use crate::deliver::{envelope, key_units};
 use crate::lane::{Lane, Lanes};
 use crate::metrics::RelayMetrics;
 
-/// Backoff after a store error: starts small, doubles, capped, reset on success. Keeps a relay
-/// alive through a database restart without hammering it or flooding the log.
-struct StoreBackoff {
-    next: Duration,
-    failures: u32,
-}
-
-impl StoreBackoff {
-    const MIN: Duration = Duration::from_millis(100);
-    const MAX: Duration = Duration::from_secs(10);
-
-    fn new() -> Self {
-        Self {
-            next: Self::MIN,
-            failures: 0,
-        }
-    }
-
-    fn ok(&mut self, member: &MemberId) {
-        if self.failures > 0 {
-            info!(%member, failures = self.failures, "store reachable again");
-        }
-        *self = Self::new();
-    }
-
-    fn failed(&mut self) -> Duration {
-        self.failures += 1;
-        let d = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        d
+/// After a store call succeeds: says once that the store is back, after failures.
+fn store_reachable(member: &MemberId, backoff: &mut Backoff) {
+    let failures = backoff.succeeded();
+    if failures > 0 {
+        info!(%member, failures, "store reachable again");
     }
 }
 
@@ -143,7 +119,7 @@ impl Worker {
             next_rebalance: Instant::now(),
             renewed_at: Instant::now(),
         };
-        let mut backoff = StoreBackoff::new();
+        let mut backoff = Backoff::RECONNECT;
         let mut reported = CircuitState::Closed;
         // Wait before the next claim; doubles while claims come back empty.
         let mut poll = Duration::ZERO;
@@ -161,7 +137,7 @@ impl Worker {
                     .await
                 {
                     Ok(p) => {
-                        backoff.ok(&self.id);
+                        store_reachable(&self.id, &mut backoff);
                         if p != lease.partitions {
                             info!(member = %self.id, partitions = p.len(), "partitions assigned");
                         }
@@ -268,7 +244,7 @@ impl Worker {
             };
             let batch = match claimed {
                 Ok(b) => {
-                    backoff.ok(&self.id);
+                    store_reachable(&self.id, &mut backoff);
                     b
                 }
                 Err(error) => {
@@ -782,7 +758,7 @@ impl Worker {
             .iter()
             .filter(|o| matches!(o, Outcome::Published { .. }))
             .count() as u64;
-        let mut backoff = StoreBackoff::new();
+        let mut backoff = Backoff::RECONNECT;
         for attempt in 1..=5 {
             match self
                 .store_call("complete", self.store.complete(&self.id, &outcomes))

@@ -15,10 +15,12 @@ mod tables;
 mod writer;
 
 pub use error::map_sqlx_error;
-pub use migrate::{check_schema, migrate, migrate_tables, MIGRATIONS, SCHEMA_VERSION};
+pub use migrate::{
+    apply_pending, check_schema, migrate, migrate_tables, MIGRATIONS, SCHEMA_VERSION,
+};
 pub use store::{
-    connect_options, connect_pool, database_path, remove_database, SqliteStore, BUSY_TIMEOUT,
-    DEFAULT_PATH, PARTITIONS,
+    connect_options, connect_pool, connect_pool_sized, database_path, remove_database, SqliteStore,
+    BUSY_TIMEOUT, DEFAULT_PATH, PARTITIONS,
 };
 pub use tables::{Tables, DEFAULT_PREFIX};
 pub use writer::{enqueue, enqueue_many, Writer};

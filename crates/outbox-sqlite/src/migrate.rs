@@ -70,6 +70,53 @@ pub async fn check_schema(pool: &SqlitePool, path: &std::path::Path) -> Result<(
     }
 }
 
+/// Applies, in `tx` (begun with `BEGIN IMMEDIATE`, which serialises migrators), the
+/// `migrations` that the ledger table `ledger` has not recorded yet, in order, recording each as
+/// it goes; creates the ledger first. `render` fills the SQL's placeholders; `ledger` is a
+/// table name of the caller's, never user input. The one runner of every SQLite table set (the
+/// outbox's, the inbox's), as `outbox_postgres::apply_pending` is on PostgreSQL.
+pub async fn apply_pending(
+    tx: &mut sqlx::SqliteConnection,
+    ledger: &str,
+    migrations: &[(i32, &str, &str)],
+    render: impl Fn(&str) -> String,
+    ctx: &dyn Fn(&str) -> String,
+) -> Result<Vec<i32>> {
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE IF NOT EXISTS {ledger} (
+             version    INTEGER PRIMARY KEY,
+             name       TEXT    NOT NULL,
+             applied_at TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
+    ))
+    .execute(&mut *tx)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx(&format!("creating {ledger}")), e))?;
+    let done: Vec<i32> = sqlx::query_scalar(&format!("SELECT version FROM {ledger}"))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
+    let mut applied = Vec::new();
+    for (version, name, sql) in migrations {
+        if done.contains(version) {
+            continue;
+        }
+        sqlx::raw_sql(&render(sql))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
+        sqlx::query(&format!(
+            "INSERT INTO {ledger} (version, name) VALUES (?1, ?2)"
+        ))
+        .bind(version)
+        .bind(name)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("recording the version"), e))?;
+        applied.push(*version);
+    }
+    Ok(applied)
+}
+
 /// Applies the migrations the database lacks, all in one transaction, and records them in
 /// `outbox_migrations`. Safe to run concurrently (from several processes too) and repeatedly:
 /// the transaction starts with `BEGIN IMMEDIATE`, so a second migrator waits for the first
@@ -87,39 +134,14 @@ pub async fn migrate_tables(pool: &SqlitePool, tables: &Tables) -> Result<Vec<i3
         .begin_with("BEGIN IMMEDIATE")
         .await
         .map_err(|e| map_sqlx_error(&ctx("begin"), e))?;
-    sqlx::raw_sql(&tables.render(
-        "CREATE TABLE IF NOT EXISTS outbox_migrations (
-             version    INTEGER PRIMARY KEY,
-             name       TEXT    NOT NULL,
-             applied_at TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))",
-    ))
-    .execute(&mut *tx)
-    .await
-    .map_err(|e| map_sqlx_error(&ctx("creating outbox_migrations"), e))?;
-    let done: Vec<i32> =
-        sqlx::query_scalar(&tables.render("SELECT version FROM outbox_migrations"))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
-    let mut applied = Vec::new();
-    for (version, name, sql) in MIGRATIONS {
-        if done.contains(version) {
-            continue;
-        }
-        sqlx::raw_sql(&tables.render(sql))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
-        sqlx::query(
-            &tables.render("INSERT INTO outbox_migrations (version, name) VALUES (?1, ?2)"),
-        )
-        .bind(version)
-        .bind(name)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("recording the version"), e))?;
-        applied.push(*version);
-    }
+    let applied = apply_pending(
+        &mut tx,
+        &tables.render("outbox_migrations"),
+        MIGRATIONS,
+        |sql| tables.render(sql),
+        &ctx,
+    )
+    .await?;
     tx.commit()
         .await
         .map_err(|e| map_sqlx_error(&ctx("commit"), e))?;

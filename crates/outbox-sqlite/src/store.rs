@@ -163,11 +163,18 @@ pub fn remove_database(path: &std::path::Path) {
 }
 
 /// Opens a pool to the SQLite file `url` names (see [`connect_options`]), creating the file if
-/// missing. Fails at once if the file cannot be opened.
+/// missing, with [`MAX_CONNECTIONS`] connections. Fails at once if the file cannot be opened.
 pub async fn connect_pool(url: &str) -> Result<SqlitePool> {
+    connect_pool_sized(url, MAX_CONNECTIONS).await
+}
+
+/// [`connect_pool`] with at most `max_connections` connections: the one place a SQLite pool is
+/// set up (WAL, `synchronous = FULL`, the busy timeout, a 10 s acquire timeout), whoever opens
+/// the file (the outbox, the inbox, the demo's ledger).
+pub async fn connect_pool_sized(url: &str, max_connections: u32) -> Result<SqlitePool> {
     let options = connect_options(url)?;
     SqlitePoolOptions::new()
-        .max_connections(MAX_CONNECTIONS)
+        .max_connections(max_connections.max(1))
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(options)
         .await
