@@ -35,12 +35,12 @@ pub enum Command {
     Status(StatusArgs),
     /// Measure the outbox against real PostgreSQL and NATS: drain, latency, write cost, held
     /// snapshots, idle CPU.
-    Bench(BenchArgs),
+    Bench(outbox_bench::Args),
     /// Tell the outbox story end to end in under a minute: SQLite and a file, no server needed.
-    Demo(DemoArgs),
+    Demo(outbox_demo::Args),
     /// Check the guarantees under faults: workload, relay processes, kill -9, SIGSTOP, broker
     /// and database restarts, and a checker (lost, phantoms, order, duplicates).
-    Verify(VerifyArgs),
+    Verify(outbox_verify::Args),
     /// Housekeeping once: create storage segments ahead of the writers and drop the ones every
     /// relay has passed and whose retention ran out (the relay does this every 30 s).
     Maintain(MaintainArgs),
@@ -65,8 +65,13 @@ pub enum Command {
 pub struct InboxArgs {
     #[command(flatten)]
     pub db: DbArgs,
-    /// Source URL: nats://host:4222?stream=S[&durable=D][&subject=F][&ack_wait=30s] or
-    /// redis://host:6379?stream=K[&group=G][&consumer=C][&start=0]. Env: OUTBOX_INBOX_SOURCE.
+    /// Source URL, one of: nats://host:4222?stream=S[&durable=D][&subject=F][&ack_wait=30s];
+    /// redis://host:6379?stream=K[&group=G][&consumer=C][&start=0|$];
+    /// kafka://host:9092[,host:9092]?topic=T[&group=G][&start=earliest|latest];
+    /// amqp://user:pass@host:5672/%2f?queue=Q[&ack_timeout=5s];
+    /// sqs://?queue=NAME_OR_URL[&region=R][&endpoint=URL][&visibility_timeout=60s][&wait=1s];
+    /// mqtt://host:1883?topic=FILTER[&client_id=C][&session_expiry=7d]. Each also takes
+    /// `name=` (the `source` column). Env: OUTBOX_INBOX_SOURCE.
     #[arg(long, value_name = "URL")]
     pub source: Option<String>,
     /// Messages per batch: one fetch, one transaction, one round of acknowledgements (default
@@ -275,226 +280,6 @@ pub struct StatusArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
-}
-
-/// What `outbox bench` measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BenchMode {
-    /// Fill a backlog, drain it with the relay, then with a naive relay, per key count.
-    Backlog,
-    /// Producers commit one row per transaction at a fixed rate; measure commit→ack latency.
-    Steady,
-    /// Write-path cost: business UPDATE plus one outbox row per transaction, through the writer
-    /// API, a raw SQL insert and a naive seed-style table, beside the UPDATE alone.
-    Writers,
-    /// A steady load twice: without, then with a REPEATABLE READ snapshot held open.
-    IdleTx,
-    /// No traffic: CPU used by the relay and by PostgreSQL.
-    Idle,
-    /// The receiving side: ingest NATS -> PostgreSQL by `outbox inbox`, and handlers by the
-    /// inbox processor, each beside a naive consumer doing one transaction per message.
-    Inbox,
-    /// One transaction of --rows rows (the acceptance figure uses 1,000,000), committed while the
-    /// relay drains other keys, beside the same rows written as 1,000 transactions: drain rates and claim
-    /// times.
-    BigTx,
-}
-
-/// `outbox bench` options.
-#[derive(Debug, Clone, Args)]
-pub struct BenchArgs {
-    /// Database URL (default postgres://root@127.0.0.1:5432/test). Env: DATABASE_URL.
-    #[arg(long, value_name = "URL")]
-    pub database_url: Option<String>,
-    /// The sink to measure (default: NATS, see --nats). Any sink URL `outbox relay` takes works
-    /// in backlog mode, where it is drained side by side with NATS in the same run; the other
-    /// modes measure NATS only. Env: OUTBOX_SINK.
-    #[arg(long, value_name = "URL")]
-    pub sink: Option<String>,
-    /// The NATS server of the baseline runs (default nats://127.0.0.1:4222).
-    #[arg(long, value_name = "URL")]
-    pub nats: Option<String>,
-    /// Which measurement.
-    #[arg(long, value_enum, default_value_t = BenchMode::Backlog)]
-    pub mode: BenchMode,
-    /// Backlog size for the relay.
-    #[arg(long, default_value_t = 100_000)]
-    pub rows: usize,
-    /// Backlog size for the naive relay (it is slow; default min(rows, 20000); inbox mode:
-    /// messages for the naive consumers, default min(rows, 5000)).
-    #[arg(long)]
-    pub naive_rows: Option<usize>,
-    /// Distinct ordering keys. Backlog mode takes a comma list (e.g. 1,10,1000) and runs once
-    /// per value; other modes take one value.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "1000",
-        value_name = "N[,N...]"
-    )]
-    pub keys: Vec<usize>,
-    /// Backlog mode: skip the ANALYZE after filling (production tables have statistics, so
-    /// the default runs it).
-    #[arg(long)]
-    pub no_analyze: bool,
-    /// Payload size in bytes.
-    #[arg(long, default_value_t = 200)]
-    pub payload_bytes: usize,
-    /// Relay workers.
-    #[arg(long, default_value_t = 2)]
-    pub workers: usize,
-    /// Rows per claim.
-    #[arg(long, default_value_t = 1000)]
-    pub batch_size: usize,
-    /// Steady and idle-tx modes: events per second, one row per transaction.
-    #[arg(long, default_value_t = 1000)]
-    pub rate: u32,
-    /// How long to measure: steady (default 20s), writers (each variant, default 20s),
-    /// idle-tx (each of its two runs, default 10m), idle (default 30s).
-    #[arg(long, value_name = "DURATION")]
-    pub duration: Option<Dur>,
-    /// Steady and idle-tx modes: producer connections.
-    #[arg(long, default_value_t = 16)]
-    pub producers: usize,
-    /// Writers mode: client connections, each running transactions back to back.
-    #[arg(long, default_value_t = 16)]
-    pub clients: usize,
-    /// Writers mode: rows of the pgbench-like accounts table.
-    #[arg(long, default_value_t = 100_000)]
-    pub accounts: usize,
-    /// Let the relay wake on LISTEN/NOTIFY (opt-in; by default it polls).
-    #[arg(long)]
-    pub listen: bool,
-    /// Accepted for old scripts: polling is now the default.
-    #[arg(long, hide = true, conflicts_with = "listen")]
-    pub no_listen: bool,
-    /// Relays claim each batch only after the one before it is recorded (see `outbox relay
-    /// --no-read-ahead`): the baseline the read ahead is measured against.
-    #[arg(long)]
-    pub no_read_ahead: bool,
-    /// The relay's poll interval (default: the relay's own default).
-    #[arg(long, value_name = "DURATION")]
-    pub poll_interval: Option<Dur>,
-    /// JetStream storage of the bench stream: file or memory.
-    #[arg(long, default_value = "file", value_parser = ["file", "memory"])]
-    pub storage: String,
-    /// Skip the naive relay (backlog mode).
-    #[arg(long)]
-    pub skip_naive: bool,
-    /// Print the results as one JSON object as well.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
-}
-
-/// `outbox demo` options.
-#[derive(Debug, Clone, Args)]
-pub struct DemoArgs {
-    /// Database (default sqlite://<dir>/payments.db, recreated). A postgres:// URL uses the
-    /// schema `outbox_demo` (dropped and recreated) unless --schema is given.
-    #[arg(long, value_name = "URL")]
-    pub database_url: Option<String>,
-    /// Schema for a PostgreSQL demo (default outbox_demo; dropped and recreated).
-    #[arg(long, value_name = "NAME")]
-    pub schema: Option<String>,
-    /// Broker (default file:<dir>/events.jsonl, recreated). nats://host:port uses a stream of
-    /// its own, deleted at the end.
-    #[arg(long, value_name = "URL")]
-    pub sink: Option<String>,
-    /// Folder for the demo's files.
-    #[arg(long, value_name = "PATH", default_value = "outbox-demo")]
-    pub dir: std::path::PathBuf,
-    /// Seconds the broker stays away in the outage scene.
-    #[arg(long, default_value_t = 5)]
-    pub outage_seconds: u64,
-    /// Partition lease of the demo relays: how long the crashed relay's work waits.
-    #[arg(long, default_value = "2s")]
-    pub lease: Dur,
-}
-
-/// Length and size of an `outbox verify` run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Profile {
-    /// About a minute: for CI.
-    Short,
-    /// Ten minutes of load: for releases and `docs/guarantees.md`.
-    Long,
-}
-
-/// `outbox verify` options.
-#[derive(Debug, Clone, Args)]
-pub struct VerifyArgs {
-    /// Database (default DATABASE_URL). A postgres:// run uses a fresh schema of its own; a
-    /// sqlite:// run uses a fresh file in a temporary folder when no path is given.
-    #[arg(long, value_name = "URL")]
-    pub database_url: Option<String>,
-    /// Broker: nats://host:port (a stream of its own), kafka://… (a topic of its own),
-    /// amqp://… (an exchange and queue of its own), redis://… (a stream of its own), mqtt://…
-    /// (a topic of its own, read by a persistent-session subscriber), sqs://… (a queue of its
-    /// own), sns://… (a topic of its own, read through a subscribed queue), http(s)://…
-    /// (a signed receiver of its own; the URL's fragment, e.g. #secret_env=NAME, is kept),
-    /// file:path.jsonl or stdout:. Env: OUTBOX_SINK
-    /// (keeps a token or password off the command line). Relays get it through the
-    /// environment, never as an argument.
-    #[arg(
-        long,
-        value_name = "URL",
-        default_value = "nats://127.0.0.1:4222",
-        env = "OUTBOX_SINK",
-        hide_env_values = true
-    )]
-    pub sink: String,
-    /// Profile: short (about a minute) or long (ten minutes).
-    #[arg(long, value_enum, default_value_t = Profile::Short)]
-    pub profile: Profile,
-    /// Load duration (overrides the profile).
-    #[arg(long)]
-    pub duration: Option<Dur>,
-    /// Relay processes.
-    #[arg(long)]
-    pub relays: Option<usize>,
-    /// Producer tasks writing through the writer API, all on the same keys.
-    #[arg(long)]
-    pub producers: Option<usize>,
-    /// Producer tasks writing the plain SQL `INSERT` without the per-key lock, on keys of their
-    /// own (a quarter as many as --keys); their order is reported, not required. 0: none.
-    #[arg(long)]
-    pub raw_producers: Option<usize>,
-    /// Ordering keys of the writer-API producers.
-    #[arg(long)]
-    pub keys: Option<usize>,
-    /// Seed of the fault schedule (default: random, printed).
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Relay partition lease.
-    #[arg(long, default_value = "3s")]
-    pub lease: Dur,
-    /// Pause between faults.
-    #[arg(long, default_value = "4s")]
-    pub fault_interval: Dur,
-    /// Fault kinds to inject: kill, pause, broker, db (broker and db need the commands below).
-    #[arg(long, value_delimiter = ',', default_value = "kill,pause,broker,db")]
-    pub faults: Vec<String>,
-    /// Shell command that stops the broker (for the `broker` fault).
-    #[arg(long, value_name = "CMD")]
-    pub broker_stop_cmd: Option<String>,
-    /// Shell command that starts the broker again.
-    #[arg(long, value_name = "CMD")]
-    pub broker_start_cmd: Option<String>,
-    /// Shell command that restarts the database (for the `db` fault).
-    #[arg(long, value_name = "CMD")]
-    pub db_restart_cmd: Option<String>,
-    /// Output format of the report.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    pub format: Format,
-    /// Keep the schema / file and the stream afterwards for inspection.
-    #[arg(long)]
-    pub keep: bool,
-    /// Go on through the receiving side (PostgreSQL and a nats:// sink): `outbox inbox`
-    /// daemons consume the broker into an inbox, handler processes apply each message's effect,
-    /// `kill` and `pause` hit them too, and every effect must be applied exactly once and in
-    /// per-key order.
-    #[arg(long)]
-    pub through_inbox: bool,
 }
 
 /// The hidden handler process of `outbox verify --through-inbox`.

@@ -7,6 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use outbox_core::options::{self, Bounds, Shown as _};
+pub use outbox_core::options::{Dur, Size as ByteSize};
 use outbox_core::route::RouteBuilder;
 use outbox_core::{
     DestinationPattern, DestinationRules, DestinationTemplate, OnFailed, RetryPolicy, RouteSpec,
@@ -25,59 +26,6 @@ pub const DEFAULT_CONFIG_FILE: &str = "outbox.toml";
 pub struct ConfigError(pub String);
 
 type Result<T> = std::result::Result<T, ConfigError>;
-
-/// A duration in the one grammar of `outbox_core::options` (`500ms`, `5s`, `1m30s`, `30`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dur(pub Duration);
-
-impl FromStr for Dur {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        options::parse_duration(s)
-            .map(Dur)
-            .map_err(|expected| format!("`{s}` is not a duration: expected {expected}"))
-    }
-}
-
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-/// A size in bytes in the one grammar of `outbox_core::options` (`16MiB`, `512KiB`, `16MB`
-/// (powers of 1000) or a plain number of bytes); in the file, a string or an integer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ByteSize(pub usize);
-
-impl FromStr for ByteSize {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        options::parse_size(s)
-            .ok()
-            .and_then(|n| usize::try_from(n).ok())
-            .map(ByteSize)
-            .ok_or_else(|| {
-                format!("`{s}` is not a size: expected a size such as 1048576, 512KiB or 16MiB")
-            })
-    }
-}
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Number(usize),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Number(n) => Ok(ByteSize(n)),
-            Raw::Text(s) => s.parse().map_err(serde::de::Error::custom),
-        }
-    }
-}
 
 /// The file: every key optional.
 #[derive(Debug, Default, Deserialize)]
@@ -142,7 +90,7 @@ pub struct RelaySection {
     /// Longest retry delay.
     pub backoff_max: Option<Dur>,
     /// `block` or `skip`: what a failed message means for the rest of its key.
-    pub on_failed: Option<OnFailedSetting>,
+    pub on_failed: Option<OnFailed>,
     /// NATS-style patterns (`orders.>`, `payments.*.created`) confining every destination; a
     /// row rendering outside them ends `failed`.
     pub allow_destinations: Option<Vec<String>>,
@@ -184,25 +132,6 @@ impl RouteSection {
             }
         }
         b.build()
-    }
-}
-
-/// `on_failed` as written in the file.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnFailedSetting {
-    /// Later messages of the key wait.
-    Block,
-    /// Later messages of the key flow on.
-    Skip,
-}
-
-impl From<OnFailedSetting> for OnFailed {
-    fn from(s: OnFailedSetting) -> Self {
-        match s {
-            OnFailedSetting::Block => OnFailed::Block,
-            OnFailedSetting::Skip => OnFailed::Skip,
-        }
     }
 }
 
@@ -550,12 +479,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
         .map_or(defaults.retry.base, |d| d.0);
     let max = pick(args.backoff_max, &["OUTBOX_BACKOFF_MAX"], f.backoff_max)?
         .map_or(defaults.retry.max, |d| d.0);
-    let on_failed = pick(
-        args.on_failed,
-        &["OUTBOX_ON_FAILED"],
-        f.on_failed.map(OnFailed::from),
-    )?
-    .unwrap_or_default();
+    let on_failed = pick(args.on_failed, &["OUTBOX_ON_FAILED"], f.on_failed)?.unwrap_or_default();
     at_most(max, Duration::from_secs(86_400), "backoff max")?;
     if base > max {
         return Err(ConfigError(format!(

@@ -75,6 +75,57 @@ pub fn parse_bool(text: &str) -> Result<bool, String> {
     }
 }
 
+/// A duration setting (a flag, an environment variable, a config file value) in the module's
+/// grammar; in a file, a string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl std::str::FromStr for Dur {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_duration(s)
+            .map(Dur)
+            .map_err(|expected| format!("`{s}` is not a duration: expected {expected}"))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A size setting in bytes, in the module's grammar; in a file, a string or an integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub usize);
+
+impl std::str::FromStr for Size {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_size(s)
+            .ok()
+            .and_then(|n| usize::try_from(n).ok())
+            .map(Size)
+            .ok_or_else(|| format!("`{s}` is not a size: expected {SIZE_EXPECTED}"))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Size {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(usize),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Number(n) => Ok(Size(n)),
+            Raw::Text(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 /// The range a value must lie in, inclusive at both ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds<T> {

@@ -128,7 +128,7 @@ impl Outcome {
 }
 
 /// What a `failed` message means for the later messages of its key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnFailed {
     /// Later messages of the key wait until the failed one is redriven or removed: per-key

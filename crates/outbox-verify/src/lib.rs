@@ -13,6 +13,7 @@
 //! the broker into an inbox, handler processes apply each message's effect, the faults hit them
 //! too, and [`effects`] judges every effect applied exactly once and in per-key order.
 
+mod args;
 pub mod checker;
 pub mod effects;
 pub mod faults;
@@ -22,5 +23,6 @@ pub mod report;
 mod run;
 pub mod workload;
 
+pub use args::{Args, Format, Profile};
 pub use report::Report;
 pub use run::{run, Outcome, Settings};

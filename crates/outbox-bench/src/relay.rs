@@ -12,8 +12,8 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use super::scratch::Scratch;
-use super::Ctx;
+use crate::scratch::Scratch;
+use crate::Ctx;
 
 /// How long [`RelayUnderTest::settle`] waits.
 const SETTLE: Duration = Duration::from_secs(3);
@@ -31,7 +31,7 @@ pub struct RelayUnderTest {
 impl RelayUnderTest {
     /// Starts a relay with the bench's settings (workers, batch, listen, poll interval).
     pub async fn start(ctx: &Ctx, scratch: &Scratch) -> anyhow::Result<Self> {
-        let sink = outbox_sinks::connect(&ctx.nats_url).await?;
+        let sink = outbox_sinks::connect(&ctx.options.nats_url).await?;
         let destination =
             DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
         Self::start_with(ctx, scratch, sink, destination).await
@@ -46,10 +46,10 @@ impl RelayUnderTest {
     ) -> anyhow::Result<Self> {
         let application_name = format!("outbox_bench_relay_{}", scratch.suffix);
         // The relay's own session settings (JIT off, timeouts), as `outbox relay` has them.
-        let options =
-            outbox_postgres::connect_options(&ctx.db)?.application_name(&application_name);
+        let options = outbox_postgres::connect_options(&ctx.options.database_url)?
+            .application_name(&application_name);
         let pool = PgPoolOptions::new()
-            .max_connections(ctx.args.workers.max(1) as u32 * 2 + 2)
+            .max_connections(ctx.options.workers.max(1) as u32 * 2 + 2)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
@@ -107,14 +107,11 @@ impl Drop for RelayUnderTest {
 fn config(ctx: &Ctx, destination: DestinationTemplate) -> RelayConfig {
     let defaults = RelayConfig::default();
     RelayConfig {
-        batch_size: ctx.args.batch_size,
-        workers: ctx.args.workers,
-        listen: ctx.args.listen,
-        read_ahead: !ctx.args.no_read_ahead,
-        poll_interval: ctx
-            .args
-            .poll_interval
-            .map_or(defaults.poll_interval, |d| d.0),
+        batch_size: ctx.options.batch_size,
+        workers: ctx.options.workers,
+        listen: ctx.options.listen,
+        read_ahead: ctx.options.read_ahead,
+        poll_interval: ctx.options.poll_interval.unwrap_or(defaults.poll_interval),
         destination,
         member_prefix: "bench".into(),
         ..defaults

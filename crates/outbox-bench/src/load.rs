@@ -9,7 +9,7 @@ use outbox_postgres::{Schema, Writer};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::latency::Latency;
+use crate::latency::Latency;
 
 /// Rows per transaction when filling a backlog.
 const FILL_TX_ROWS: usize = 1000;

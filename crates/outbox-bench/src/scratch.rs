@@ -6,6 +6,8 @@ use async_nats::jetstream;
 use outbox_postgres::{migrate, Schema};
 use sqlx::PgPool;
 
+use crate::{sql, Storage};
+
 /// A schema and a stream with a random suffix, so runs never share state.
 pub struct Scratch {
     pub pool: PgPool,
@@ -23,12 +25,12 @@ impl Scratch {
     pub async fn new(
         pool: &PgPool,
         js: &jetstream::Context,
-        storage: &str,
+        storage: Storage,
         tag: &str,
     ) -> anyhow::Result<Self> {
         let suffix = format!("{:012x}", fastrand::u64(..) & 0xffff_ffff_ffff);
         let schema = Schema::new(&format!("outbox_bench_{tag}_{suffix}"))?;
-        sqlx::raw_sql(&schema.render("CREATE SCHEMA {schema}"))
+        sqlx::raw_sql(&schema.render(sql::CREATE_SCHEMA))
             .execute(pool)
             .await
             .context("creating the scratch schema")?;
@@ -38,7 +40,7 @@ impl Scratch {
             js,
             &stream,
             vec![format!("{subject_prefix}.>")],
-            storage != "memory",
+            storage.durable(),
         )
         .await;
         let scratch = Self {
@@ -60,7 +62,7 @@ impl Scratch {
     pub async fn with_outbox(
         pool: &PgPool,
         js: &jetstream::Context,
-        storage: &str,
+        storage: Storage,
         tag: &str,
     ) -> anyhow::Result<Self> {
         let scratch = Self::new(pool, js, storage, tag).await?;
@@ -86,16 +88,13 @@ impl Scratch {
     /// `ANALYZE`s every table of the schema, so the planner works with statistics as it would
     /// in production rather than on a freshly filled, never analysed table.
     pub async fn analyze(&self) -> anyhow::Result<()> {
-        let tables: Vec<String> = sqlx::query_scalar(
-            "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
-             JOIN pg_namespace n ON n.oid = c.relnamespace
-             WHERE n.nspname = $1 AND c.relkind IN ('r', 'p')",
-        )
-        .bind(self.schema.as_str())
-        .fetch_all(&self.pool)
-        .await?;
+        let tables: Vec<String> = sqlx::query_scalar(sql::SCRATCH_TABLES)
+            .bind(self.schema.as_str())
+            .fetch_all(&self.pool)
+            .await?;
         if !tables.is_empty() {
-            sqlx::raw_sql(&format!("ANALYZE {}", tables.join(", ")))
+            // Names quoted by the catalog query's `format('%I.%I')`.
+            sqlx::raw_sql(&sql::ANALYZE.replace("{tables}", &tables.join(", ")))
                 .execute(&self.pool)
                 .await
                 .context("ANALYZE of the scratch tables")?;
@@ -107,21 +106,11 @@ impl Scratch {
     /// any depth; and of every table of the schema together. Statistics reach
     /// `pg_stat_user_tables` about a second after the backends' transactions.
     pub async fn dead_tuples(&self, table: &str) -> anyhow::Result<DeadTuples> {
-        let (table_dead, schema_dead): (i64, i64) = sqlx::query_as(
-            "WITH RECURSIVE tree AS (
-                 SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                 WHERE n.nspname = $1 AND c.relname = $2
-                 UNION ALL
-                 SELECT i.inhrelid FROM pg_inherits i JOIN tree t ON i.inhparent = t.oid)
-             SELECT (SELECT coalesce(sum(s.n_dead_tup), 0)::int8
-                     FROM tree JOIN pg_stat_user_tables s ON s.relid = tree.oid),
-                    (SELECT coalesce(sum(n_dead_tup), 0)::int8
-                     FROM pg_stat_user_tables WHERE schemaname = $1)",
-        )
-        .bind(self.schema.as_str())
-        .bind(table)
-        .fetch_one(&self.pool)
-        .await?;
+        let (table_dead, schema_dead): (i64, i64) = sqlx::query_as(sql::DEAD_TUPLES)
+            .bind(self.schema.as_str())
+            .bind(table)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(DeadTuples {
             table: table_dead,
             schema: schema_dead,
@@ -131,7 +120,7 @@ impl Scratch {
     /// Drops the schema and the stream (best effort: a failure leaves a named leftover, never
     /// a wrong figure).
     pub async fn drop(self) {
-        if let Err(error) = sqlx::raw_sql(&self.schema.render("DROP SCHEMA {schema} CASCADE"))
+        if let Err(error) = sqlx::raw_sql(&self.schema.render(sql::DROP_SCHEMA))
             .execute(&self.pool)
             .await
         {

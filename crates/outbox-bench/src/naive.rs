@@ -13,29 +13,12 @@ use outbox_postgres::Schema;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
-use super::latency::Latency;
-
-/// The seed-style table, `{schema}.naive_outbox`.
-const TABLE: &str = "
-CREATE TABLE {schema}.naive_outbox (
-    id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
-    aggregate_type text        NOT NULL,
-    aggregate_id   text        NOT NULL,
-    event_type     text        NOT NULL,
-    payload        jsonb       NOT NULL,
-    status         text        NOT NULL DEFAULT 'PENDING',
-    created_at     timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX naive_outbox_status_created_idx ON {schema}.naive_outbox (status, created_at);";
-
-/// The insert an application of the seed articles runs, one row per business transaction.
-pub const INSERT: &str =
-    "INSERT INTO {schema}.naive_outbox (aggregate_type, aggregate_id, event_type, payload)
-                          VALUES ($1, $2, $3, $4::jsonb)";
+use crate::latency::Latency;
+use crate::sql;
 
 /// Creates the seed-style table in `schema`.
 pub async fn create(pool: &PgPool, schema: &Schema) -> anyhow::Result<()> {
-    sqlx::raw_sql(&schema.render(TABLE))
+    sqlx::raw_sql(&schema.render(sql::NAIVE_OUTBOX))
         .execute(pool)
         .await
         .context("creating the naive outbox table")?;
@@ -52,12 +35,7 @@ pub async fn fill(
     pad: &str,
     latency: &Arc<Latency>,
 ) -> anyhow::Result<()> {
-    let sql = schema.render(
-        "INSERT INTO {schema}.naive_outbox (aggregate_type, aggregate_id, event_type, payload)
-         SELECT 'bench', key, 'created', payload::jsonb
-         FROM unnest($1::text[], $2::text[]) AS r(key, payload)
-         RETURNING id",
-    );
+    let insert = schema.render(sql::NAIVE_FILL);
     for start in (0..rows).step_by(1000) {
         let end = (start + 1000).min(rows);
         let keys: Vec<String> = (start..end)
@@ -67,7 +45,7 @@ pub async fn fill(
             .map(|i| serde_json::json!({ "n": i, "pad": pad }).to_string())
             .collect();
         let mut tx = pool.begin().await?;
-        let ids: Vec<Uuid> = sqlx::query_scalar(&sql)
+        let ids: Vec<Uuid> = sqlx::query_scalar(&insert)
             .bind(&keys)
             .bind(&payloads)
             .fetch_all(&mut *tx)
@@ -87,11 +65,8 @@ pub async fn drain(
     js: &jetstream::Context,
     prefix: &str,
 ) -> anyhow::Result<(Duration, u64)> {
-    let select = schema.render(
-        "SELECT id, event_type, payload::text AS payload FROM {schema}.naive_outbox
-         WHERE status = 'PENDING' ORDER BY created_at LIMIT 100 FOR UPDATE SKIP LOCKED",
-    );
-    let update = schema.render("UPDATE {schema}.naive_outbox SET status = 'SENT' WHERE id = $1");
+    let select = schema.render(sql::NAIVE_CLAIM);
+    let update = schema.render(sql::NAIVE_MARK_SENT);
     let started = Instant::now();
     let mut published = 0u64;
     loop {

@@ -3,7 +3,7 @@
 //! seed-style table, and compare events/s.
 //!
 //! With `--sink`, the same backlog is also drained into the bench's discarding sink (see
-//! [`super::discard`]): the engine alone, so the report says whether the sink or the engine
+//! the `discard` module): the engine alone, so the report says whether the sink or the engine
 //! sets the pace.
 //!
 //! Drain time runs from starting the relay to the relay's `published` counter reaching the
@@ -12,7 +12,6 @@
 //! backlog published, without the relay's start-up and its last partial batches. Latency is commit→ack at the broker, so it includes the time a row
 //! waited in the backlog.
 
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,12 +19,12 @@ use outbox_core::DestinationTemplate;
 use outbox_relay::RelayMetrics;
 use serde::Serialize;
 
-use super::discard::DiscardSink;
-use super::latency::Probe;
-use super::load::fill;
-use super::relay::RelayUnderTest;
-use super::scratch::Scratch;
-use super::{naive, Ctx, Drain, DrainTiming};
+use crate::discard::DiscardSink;
+use crate::latency::Probe;
+use crate::load::fill;
+use crate::relay::RelayUnderTest;
+use crate::scratch::Scratch;
+use crate::{naive, Ctx, Drain, DrainTiming, Report};
 
 /// How long a drain may publish nothing before the run is abandoned: a relay that makes
 /// progress is waited for, however slow its sink (SQS with one key publishes a few hundred a
@@ -51,8 +50,8 @@ struct Run {
 }
 
 /// Runs backlog mode.
-pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    let a = &ctx.args;
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
+    let a = &ctx.options;
     let naive_rows = a.naive_rows.unwrap_or(a.rows.min(20_000));
     println!(
         "outbox bench: backlog of {} events (naive relay: {naive_rows}), {} B payloads, keys {:?}, \
@@ -61,12 +60,12 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         a.payload_bytes,
         a.keys,
         a.storage,
-        if a.no_analyze { "no ANALYZE" } else { "ANALYZE after filling" },
+        if a.analyze { "ANALYZE after filling" } else { "no ANALYZE" },
         a.workers,
         a.batch_size,
         ctx.wake_up()
     );
-    if let Some(url) = &ctx.sink_url {
+    if let Some(url) = &ctx.options.sink_url {
         println!(
             "  and the relay into {} (latency stamped per reader poll)",
             outbox_core::redact::url(url)
@@ -74,7 +73,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     }
     let mut runs = Vec::new();
     for &keys in &a.keys {
-        let (sink, engine) = match &ctx.sink_url {
+        let (sink, engine) = match &ctx.options.sink_url {
             Some(url) => {
                 let (d, orders_keys) = sink_drain(ctx, url, keys).await?;
                 println!("  keys {keys:>6}  sink:  {}", line(&d));
@@ -89,12 +88,12 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         };
         let relay = relay_drain(ctx, keys).await?;
         println!("  keys {keys:>6}  relay: {}", line(&relay));
-        let naive = if a.skip_naive {
-            None
-        } else {
+        let naive = if a.naive {
             let n = naive_drain(ctx, keys, naive_rows).await?;
             println!("  keys {keys:>6}  naive: {}", line(&n));
             Some(n)
+        } else {
+            None
         };
         let speedup = naive
             .as_ref()
@@ -109,14 +108,10 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         });
     }
     print_summary(&runs);
-    if ctx.json() {
-        println!(
-            "{}",
-            serde_json::json!({ "mode": "backlog", "rows": a.rows, "naive_rows": naive_rows,
-                                "analyze": !a.no_analyze, "listen": a.listen, "runs": runs })
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(Report::line(
+        serde_json::json!({ "mode": "backlog", "rows": a.rows, "naive_rows": naive_rows,
+                            "analyze": a.analyze, "listen": a.listen, "runs": runs }),
+    ))
 }
 
 fn line(d: &Drain) -> String {
@@ -162,17 +157,17 @@ fn print_summary(runs: &[Run]) {
 
 /// Fills, analyses and drains a backlog of `--rows` with the relay in a scratch schema.
 async fn relay_drain(ctx: &Ctx, keys: usize) -> anyhow::Result<Drain> {
-    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "relay").await?;
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "relay").await?;
     let result = relay_drain_in(ctx, &scratch, keys).await;
     scratch.drop().await;
     result
 }
 
 async fn relay_drain_in(ctx: &Ctx, scratch: &Scratch, keys: usize) -> anyhow::Result<Drain> {
-    let rows = ctx.args.rows;
+    let rows = ctx.options.rows;
     let probe = Probe::start(&scratch.js, &scratch.stream).await?;
     fill_analysed(ctx, scratch, keys, &probe, true).await?;
-    let sink = outbox_sinks::connect(&ctx.nats_url).await?;
+    let sink = outbox_sinks::connect(&ctx.options.nats_url).await?;
     let destination =
         DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
     let timing = timed_drain(ctx, scratch, sink, destination).await?;
@@ -183,7 +178,7 @@ async fn relay_drain_in(ctx: &Ctx, scratch: &Scratch, keys: usize) -> anyhow::Re
 /// scratch schema and a scratch destination of that sink; the sink's own reader checks that
 /// every message arrived. Also says whether the sink orders keys itself.
 async fn sink_drain(ctx: &Ctx, url: &str, keys: usize) -> anyhow::Result<(Drain, bool)> {
-    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "sink").await?;
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "sink").await?;
     let result = sink_drain_in(ctx, url, &scratch, keys).await;
     scratch.drop().await;
     result
@@ -195,9 +190,9 @@ async fn sink_drain_in(
     scratch: &Scratch,
     keys: usize,
 ) -> anyhow::Result<(Drain, bool)> {
-    let rows = ctx.args.rows;
+    let rows = ctx.options.rows;
     let mut options = outbox_sinks::read::ScratchOptions::new("bench");
-    options.durable = ctx.args.storage != "memory";
+    options.durable = ctx.options.storage.durable();
     let place = outbox_sinks::read::scratch(url, &options).await?;
     let probe = Probe::from_reader(place.reader);
     fill_analysed(ctx, scratch, keys, &probe, true).await?;
@@ -218,7 +213,7 @@ async fn sink_drain_in(
 /// Fills, analyses and drains a backlog of `--rows` into the discarding sink, which
 /// acknowledges each message as it is handed over: the engine's own ceiling.
 async fn engine_drain(ctx: &Ctx, keys: usize, orders_keys: bool) -> anyhow::Result<Drain> {
-    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "engine").await?;
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "engine").await?;
     let result = engine_drain_in(ctx, &scratch, keys, orders_keys).await;
     scratch.drop().await;
     result
@@ -230,7 +225,7 @@ async fn engine_drain_in(
     keys: usize,
     orders_keys: bool,
 ) -> anyhow::Result<Drain> {
-    let rows = ctx.args.rows;
+    let rows = ctx.options.rows;
     let probe = Probe::recorded_elsewhere();
     fill_analysed(ctx, scratch, keys, &probe, false).await?;
     let sink = Arc::new(DiscardSink::new(probe.latency(), orders_keys));
@@ -253,7 +248,7 @@ async fn fill_analysed(
     probe: &Probe,
     report: bool,
 ) -> anyhow::Result<()> {
-    let rows = ctx.args.rows;
+    let rows = ctx.options.rows;
     let took = fill(
         &scratch.pool,
         &scratch.schema,
@@ -270,7 +265,7 @@ async fn fill_analysed(
             rows as f64 / took.as_secs_f64()
         );
     }
-    if !ctx.args.no_analyze {
+    if ctx.options.analyze {
         scratch.analyze().await?;
     }
     Ok(())
@@ -286,14 +281,14 @@ async fn timed_drain(
 ) -> anyhow::Result<DrainTiming> {
     let started = Instant::now();
     let relay = RelayUnderTest::start_with(ctx, scratch, sink, destination).await?;
-    let drained = wait_published(relay.metrics(), ctx.args.rows as u64, started).await;
+    let drained = wait_published(relay.metrics(), ctx.options.rows as u64, started).await;
     relay.stop().await;
     drained
 }
 
 /// Fills and drains `rows` with the naive relay, in a scratch schema holding only its table.
 async fn naive_drain(ctx: &Ctx, keys: usize, rows: usize) -> anyhow::Result<Drain> {
-    let scratch = Scratch::new(&ctx.pool, &ctx.js, &ctx.args.storage, "naive").await?;
+    let scratch = Scratch::new(&ctx.pool, &ctx.js, ctx.options.storage, "naive").await?;
     let result = naive_drain_in(ctx, &scratch, keys, rows).await;
     scratch.drop().await;
     result
@@ -316,7 +311,7 @@ async fn naive_drain_in(
         &probe.latency(),
     )
     .await?;
-    if !ctx.args.no_analyze {
+    if ctx.options.analyze {
         scratch.analyze().await?;
     }
     let (took, published) = naive::drain(

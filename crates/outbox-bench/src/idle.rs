@@ -13,14 +13,13 @@
 //! one that isolates the relay.
 
 use std::collections::HashMap;
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::relay::RelayUnderTest;
-use super::scratch::Scratch;
-use super::{verdict, Ctx};
+use crate::relay::RelayUnderTest;
+use crate::scratch::Scratch;
+use crate::{sql, verdict, Ctx, Report};
 
 /// Default measuring time.
 const DEFAULT_DURATION: Duration = Duration::from_secs(30);
@@ -45,14 +44,14 @@ struct Idle {
 }
 
 /// Runs idle mode.
-pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     let duration = ctx.duration(DEFAULT_DURATION);
     println!(
         "outbox bench: idle, no traffic for {duration:?}, relay {} workers, {}",
-        ctx.args.workers,
+        ctx.options.workers,
         ctx.wake_up()
     );
-    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "idle").await?;
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "idle").await?;
     let result = measure(ctx, &scratch, duration).await;
     scratch.drop().await;
     let idle = result?;
@@ -72,28 +71,22 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         idle.claims,
         idle.claims as f64 / idle.seconds
     );
-    if ctx.json() {
-        println!(
-            "{}",
-            serde_json::json!({ "mode": "idle", "listen": ctx.args.listen, "idle": idle,
-                                "target_percent": TARGET_PERCENT })
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(Report::line(
+        serde_json::json!({ "mode": "idle", "listen": ctx.options.listen, "idle": idle,
+                            "target_percent": TARGET_PERCENT }),
+    ))
 }
 
 async fn measure(ctx: &Ctx, scratch: &Scratch, duration: Duration) -> anyhow::Result<Idle> {
     let relay = RelayUnderTest::start(ctx, scratch).await?;
     relay.settle().await;
-    let backends: Vec<u32> = sqlx::query_scalar::<_, i32>(
-        "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
-    )
-    .bind(&relay.application_name)
-    .fetch_all(&scratch.pool)
-    .await?
-    .into_iter()
-    .filter_map(|p| u32::try_from(p).ok())
-    .collect();
+    let backends: Vec<u32> = sqlx::query_scalar::<_, i32>(sql::RELAY_BACKENDS)
+        .bind(&relay.application_name)
+        .fetch_all(&scratch.pool)
+        .await?
+        .into_iter()
+        .filter_map(|p| u32::try_from(p).ok())
+        .collect();
     let claims_before = relay.claims();
     let (own_before, pg_before, started) = (own_ticks()?, postgres_ticks(), Instant::now());
     tokio::time::sleep(duration).await;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use outbox_core::{Envelope, Sink, SinkError};
 
-use super::latency::Latency;
+use crate::latency::Latency;
 
 /// Acknowledges every envelope as it is handed over, recording each receipt in the run's
 /// latency ledger (so the figures are commit→relay hand-over).
@@ -61,7 +61,7 @@ mod tests {
 
     #[tokio::test]
     async fn every_message_is_acknowledged_and_its_receipt_recorded() {
-        let probe = super::super::latency::Probe::recorded_elsewhere();
+        let probe = crate::latency::Probe::recorded_elsewhere();
         let latency = probe.latency();
         let batch: Vec<Envelope> = (0..3)
             .map(|i| Envelope {

@@ -8,17 +8,16 @@
 //! its buckets, and the longest of the run). Targets: the big transaction drains at 80% or more of the
 //! small ones' rate, and no claim takes more than 100 ms.
 
-use std::process::ExitCode;
 use std::time::Duration;
 
 use outbox_postgres::Writer;
 use serde::Serialize;
 
-use super::latency::Probe;
-use super::load::{message, paced, Paced};
-use super::relay::RelayUnderTest;
-use super::scratch::Scratch;
-use super::{verdict, Ctx};
+use crate::latency::Probe;
+use crate::load::{message, paced, Paced};
+use crate::relay::RelayUnderTest;
+use crate::scratch::Scratch;
+use crate::{verdict, Ctx, Report};
 
 /// Target: the big transaction's rate over the small ones'.
 const RATE_TARGET: f64 = 0.8;
@@ -59,16 +58,16 @@ struct Run {
 }
 
 /// Runs big-tx mode.
-pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    let rows = ctx.args.rows;
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
+    let rows = ctx.options.rows;
     let keys = ctx.single_keys()?;
     println!(
         "outbox bench: big-tx, {rows} rows over {keys} keys written as one transaction and as \
          {SMALL_TRANSACTIONS} transactions, other keys flowing at {} events/s; relay {} workers, \
          batch {}, {}",
-        ctx.args.rate,
-        ctx.args.workers,
-        ctx.args.batch_size,
+        ctx.options.rate,
+        ctx.options.workers,
+        ctx.options.batch_size,
         ctx.wake_up()
     );
     let small = one_run(ctx, rows, keys, false).await?;
@@ -88,14 +87,10 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         verdict(worst <= CLAIM_TARGET_MS),
         big.undelivered + small.undelivered
     );
-    if ctx.json() {
-        println!(
-            "{}",
-            serde_json::json!({ "mode": "big-tx", "rows": rows, "keys": keys,
-                                "small": small, "big": big, "big_over_small": ratio })
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(Report::line(
+        serde_json::json!({ "mode": "big-tx", "rows": rows, "keys": keys,
+                            "small": small, "big": big, "big_over_small": ratio }),
+    ))
 }
 
 fn print_run(r: &Run) {
@@ -116,7 +111,7 @@ fn print_run(r: &Run) {
 }
 
 async fn one_run(ctx: &Ctx, rows: usize, keys: usize, one: bool) -> anyhow::Result<Run> {
-    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "bigtx").await?;
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "bigtx").await?;
     let result = measure(ctx, &scratch, rows, keys, one).await;
     scratch.drop().await;
     result
@@ -139,7 +134,7 @@ async fn measure(
     let stop_others = tokio_util::sync::CancellationToken::new();
     let others = {
         let spec = Paced {
-            rate: ctx.args.rate,
+            rate: ctx.options.rate,
             producers: 4,
             duration: Duration::from_secs(24 * 3600),
             keys: 1000,

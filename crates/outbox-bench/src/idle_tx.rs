@@ -12,18 +12,17 @@
 //! and the floor audit's count of rows below their window's seq floor (0 unless the engine's
 //! floor is read wrong), every 5 s.
 
-use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use serde::Serialize;
 use sqlx::{Connection as _, PgConnection};
 
-use super::latency::{LatencyFigures, Probe};
-use super::load::{paced, Paced, Produced};
-use super::relay::{ClaimCost, RelayUnderTest};
-use super::scratch::{DeadTuples, Scratch};
-use super::{verdict, Ctx};
+use crate::latency::{LatencyFigures, Probe};
+use crate::load::{paced, Paced, Produced};
+use crate::relay::{ClaimCost, RelayUnderTest};
+use crate::scratch::{DeadTuples, Scratch};
+use crate::{sql, verdict, Ctx, Report};
 
 /// Default length of each of the two runs.
 const DEFAULT_DURATION: Duration = Duration::from_secs(600);
@@ -56,10 +55,10 @@ struct Run {
 }
 
 /// Runs idle-tx mode.
-pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     let spec = Paced {
-        rate: ctx.args.rate,
-        producers: ctx.args.producers,
+        rate: ctx.options.rate,
+        producers: ctx.options.producers,
         duration: ctx.duration(DEFAULT_DURATION),
         keys: ctx.single_keys()?,
         pad: ctx.pad(),
@@ -72,7 +71,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         spec.producers,
         ctx.wake_up()
     );
-    let autovacuum: String = sqlx::query_scalar("SHOW autovacuum")
+    let autovacuum: String = sqlx::query_scalar(sql::SHOW_AUTOVACUUM)
         .fetch_one(&ctx.pool)
         .await?;
     if autovacuum != "on" {
@@ -82,12 +81,11 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     print_run("without", &without);
     let with = one_run(ctx, &spec, true).await?;
     print_run("with held snapshot", &with);
-    report(ctx, &without, &with);
-    Ok(ExitCode::SUCCESS)
+    Ok(report(ctx, &without, &with))
 }
 
 async fn one_run(ctx: &Ctx, spec: &Paced, hold: bool) -> anyhow::Result<Run> {
-    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "idletx").await?;
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "idletx").await?;
     let result = measure(ctx, &scratch, spec, hold).await;
     scratch.drop().await;
     result
@@ -175,13 +173,9 @@ async fn measure(ctx: &Ctx, scratch: &Scratch, spec: &Paced, hold: bool) -> anyh
 
 /// Sessions of this database, other than ours, holding a snapshot taken more than 5 s ago.
 async fn other_snapshots(scratch: &Scratch) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity
-         WHERE datname = current_database() AND pid <> pg_backend_pid()
-           AND backend_xmin IS NOT NULL AND xact_start < now() - interval '5 seconds'",
-    )
-    .fetch_one(&scratch.pool)
-    .await?)
+    Ok(sqlx::query_scalar(sql::OTHER_SNAPSHOTS)
+        .fetch_one(&scratch.pool)
+        .await?)
 }
 
 /// A connection holding a REPEATABLE READ transaction whose snapshot is taken.
@@ -192,28 +186,22 @@ struct Holder {
 
 impl Holder {
     async fn open(ctx: &Ctx, scratch: &Scratch) -> anyhow::Result<Self> {
-        sqlx::raw_sql(&scratch.schema.render(
-            "CREATE TABLE {schema}.report (id integer); INSERT INTO {schema}.report VALUES (1)",
-        ))
-        .execute(&scratch.pool)
-        .await?;
-        let mut conn = PgConnection::connect(&ctx.db)
+        sqlx::raw_sql(&scratch.schema.render(sql::HELD_REPORT))
+            .execute(&scratch.pool)
+            .await?;
+        let mut conn = PgConnection::connect(&ctx.options.database_url)
             .await
             .context("opening the connection that holds the snapshot")?;
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        let pid: i32 = sqlx::query_scalar(sql::BACKEND_PID)
             .fetch_one(&mut conn)
             .await?;
-        sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        sqlx::raw_sql(sql::BEGIN_REPEATABLE_READ)
             .execute(&mut conn)
             .await?;
         // The first query takes the snapshot, which the transaction keeps to its end.
-        sqlx::raw_sql(
-            &scratch
-                .schema
-                .render("SELECT 1 FROM {schema}.report LIMIT 1"),
-        )
-        .execute(&mut conn)
-        .await?;
+        sqlx::raw_sql(&scratch.schema.render(sql::HELD_READ))
+            .execute(&mut conn)
+            .await?;
         let holder = Self { conn, pid };
         if holder.xmin_age(scratch).await?.is_none() {
             anyhow::bail!("the held transaction shows no snapshot (backend_xmin is null)");
@@ -223,17 +211,15 @@ impl Holder {
 
     /// Transaction ids consumed since the snapshot was taken.
     async fn xmin_age(&self, scratch: &Scratch) -> anyhow::Result<Option<i32>> {
-        Ok(
-            sqlx::query_scalar("SELECT age(backend_xmin) FROM pg_stat_activity WHERE pid = $1")
-                .bind(self.pid)
-                .fetch_optional(&scratch.pool)
-                .await?
-                .flatten(),
-        )
+        Ok(sqlx::query_scalar(sql::XMIN_AGE)
+            .bind(self.pid)
+            .fetch_optional(&scratch.pool)
+            .await?
+            .flatten())
     }
 
     async fn close(mut self) {
-        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut self.conn).await;
+        let _ = sqlx::raw_sql(sql::ROLLBACK).execute(&mut self.conn).await;
         let _ = self.conn.close().await;
     }
 }
@@ -299,7 +285,7 @@ fn cells(r: &Run) -> [String; 10] {
     ]
 }
 
-fn report(ctx: &Ctx, without: &Run, with: &Run) {
+fn report(ctx: &Ctx, without: &Run, with: &Run) -> Report {
     println!(
         "  {:<32} {:>14} {:>20}",
         "", "without", "with held snapshot"
@@ -320,15 +306,10 @@ fn report(ctx: &Ctx, without: &Run, with: &Run) {
     });
     println!("  p99 with / without: {p99_line}; target ≤ {P99_TARGET}");
     println!("  claim end / start with the snapshot held: {claim_line}; target ≤ {CLAIM_TARGET}");
-    if ctx.json() {
-        println!(
-            "{}",
-            serde_json::json!({
-                "mode": "idle-tx", "rate": ctx.args.rate, "listen": ctx.args.listen,
-                "without": without, "with": with,
-                "p99_with_over_without": p99_ratio, "p99_target": P99_TARGET,
-                "claim_end_over_start_with": with.claim_end_over_start, "claim_target": CLAIM_TARGET,
-            })
-        );
-    }
+    Report::line(serde_json::json!({
+        "mode": "idle-tx", "rate": ctx.options.rate, "listen": ctx.options.listen,
+        "without": without, "with": with,
+        "p99_with_over_without": p99_ratio, "p99_target": P99_TARGET,
+        "claim_end_over_start_with": with.claim_end_over_start, "claim_target": CLAIM_TARGET,
+    }))
 }

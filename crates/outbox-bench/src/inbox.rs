@@ -12,7 +12,6 @@
 //!    durable) processes `--naive-rows` messages from the broker one transaction per message:
 //!    the dedupe claim, the same row, commit, ack.
 
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,8 +26,8 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::scratch::Scratch;
-use super::Ctx;
+use crate::scratch::Scratch;
+use crate::{sql, Ctx, Report};
 
 /// Longest one measured phase may take.
 const PHASE_LIMIT: Duration = Duration::from_secs(600);
@@ -52,8 +51,9 @@ impl Rate {
     }
 }
 
+/// The figures of a run.
 #[derive(Debug, Serialize)]
-struct Report {
+struct Figures {
     rows: usize,
     naive_rows: usize,
     keys: usize,
@@ -173,8 +173,8 @@ fn id_and_key(m: &async_nats::jetstream::Message) -> (Uuid, String) {
 }
 
 /// Runs inbox mode.
-pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    let a = &ctx.args;
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
+    let a = &ctx.options;
     let keys = ctx.single_keys()?;
     let rows = a.rows;
     let naive_rows = a.naive_rows.unwrap_or(rows.min(5_000)).min(rows);
@@ -185,17 +185,18 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
          processor 2 workers × 8 handlers",
         a.payload_bytes, a.storage
     );
-    let s = Scratch::new(&ctx.pool, &ctx.js, &a.storage, "inbox").await?;
+    let s = Scratch::new(&ctx.pool, &ctx.js, a.storage, "inbox").await?;
     let result = measure(ctx, &s, rows, naive_rows, keys, batch).await;
-    let queue = format!("{}_inbox", s.schema.as_str());
-    let _ = sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {queue} CASCADE"))
-        .execute(&s.pool)
-        .await;
+    // The inbox's processing queue lives in a schema of its own beside the scratch one.
+    if let Ok(inbox) = InboxSchema::new(s.schema.as_str()) {
+        let _ = sqlx::raw_sql(&inbox.queue().render(sql::DROP_SCHEMA_IF_EXISTS))
+            .execute(&s.pool)
+            .await;
+    }
     s.drop().await;
     let report = result?;
-    if ctx.json() {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
+    // In JSON the report stands in for the text summary.
+    if !ctx.json() {
         println!(
             "  ingest   NATS -> PostgreSQL   outbox inbox {:>9.0} msg/s ({} in {:.2} s)   naive, one transaction per message {:>7.0} msg/s ({} in {:.2} s)   {:.1}x",
             report.ingest_inbox.messages_per_second,
@@ -217,7 +218,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
             report.handlers_speedup
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Report::pretty(&report)
 }
 
 async fn measure(
@@ -227,24 +228,19 @@ async fn measure(
     naive_rows: usize,
     keys: usize,
     batch: usize,
-) -> anyhow::Result<Report> {
+) -> anyhow::Result<Figures> {
     let schema = InboxSchema::new(s.schema.as_str())?;
     outbox_inbox::migrate_postgres(&s.pool, &schema).await?;
-    let name = s.schema.as_str();
-    sqlx::raw_sql(&format!(
-        "CREATE TABLE {name}.bench_effects (message_id uuid NOT NULL, key text NOT NULL);
-         CREATE TABLE {name}.naive_inbox (id uuid PRIMARY KEY, key text NOT NULL,
-                                          received_at timestamptz NOT NULL DEFAULT now());"
-    ))
-    .execute(&s.pool)
-    .await?;
+    sqlx::raw_sql(&s.schema.render(sql::INBOX_TABLES))
+        .execute(&s.pool)
+        .await?;
     publish(s, rows, keys, &ctx.pad()).await?;
 
     // Ingest: the daemon.
     let source = NatsSource::connect(
         NatsSourceConfig::from_url(&format!(
             "{}?stream={}&durable=bench-inbox",
-            ctx.nats_url, s.stream
+            ctx.options.nats_url, s.stream
         ))?,
         batch,
     )
@@ -252,7 +248,7 @@ async fn measure(
     let metrics = Arc::new(IngestMetrics::default());
     let stop = CancellationToken::new();
     let db = InboxDb::Postgres {
-        options: Box::new(outbox_postgres::connect_options(&ctx.db)?),
+        options: Box::new(outbox_postgres::connect_options(&ctx.options.database_url)?),
         schema: schema.clone(),
     };
     let started = Instant::now();
@@ -284,16 +280,14 @@ async fn measure(
         s,
         "bench-naive-ingest",
         naive_rows,
-        &[format!(
-            "INSERT INTO {name}.naive_inbox (id, key) VALUES ($1, $2) ON CONFLICT DO NOTHING"
-        )],
+        &[s.schema.render(sql::NAIVE_INBOX_INSERT)],
         id_and_key,
     )
     .await?;
     let ingest_naive = Rate::new(naive_rows as u64, took);
 
     // Handlers: the processor over the inbox's queue.
-    let insert = format!("INSERT INTO {name}.bench_effects (message_id, key) VALUES ($1, $2)");
+    let insert = s.schema.render(sql::EFFECT_INSERT);
     let handlers = Handlers::new().on_fn("created", move |tx, m| {
         let insert = insert.clone();
         Box::pin(async move {
@@ -305,7 +299,7 @@ async fn measure(
             Ok(())
         })
     });
-    let pool = outbox_postgres::connect_pool(&ctx.db, 24).await?;
+    let pool = outbox_postgres::connect_pool(&ctx.options.database_url, 24).await?;
     let processor = InboxProcessor::postgres(
         pool.clone(),
         schema,
@@ -334,7 +328,7 @@ async fn measure(
     stop.cancel();
     task.await?;
     pool.close().await;
-    let effects: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {name}.bench_effects"))
+    let effects: i64 = sqlx::query_scalar(&s.schema.render(sql::EFFECTS_COUNT))
         .fetch_one(&s.pool)
         .await?;
     anyhow::ensure!(
@@ -348,22 +342,19 @@ async fn measure(
         "bench-naive-handler",
         naive_rows,
         &[
-            format!(
-                "INSERT INTO {name}.processed_messages (consumer, message_id) VALUES ('naive', $1) \
-                 ON CONFLICT DO NOTHING RETURNING $2::text"
-            ),
-            format!("INSERT INTO {name}.bench_effects (message_id, key) VALUES ($1, $2)"),
+            s.schema.render(sql::NAIVE_HANDLER_CLAIM),
+            s.schema.render(sql::EFFECT_INSERT),
         ],
         id_and_key,
     )
     .await?;
     let handlers_naive = Rate::new(naive_rows as u64, took);
 
-    Ok(Report {
+    Ok(Figures {
         rows,
         naive_rows,
         keys,
-        payload_bytes: ctx.args.payload_bytes,
+        payload_bytes: ctx.options.payload_bytes,
         batch_size: batch,
         ingest_speedup: ingest_inbox.messages_per_second
             / ingest_naive.messages_per_second.max(1e-9),

@@ -1,23 +1,22 @@
 //! Steady mode: producers commit one row per transaction at `--rate` through the writer API
 //! while the relay drains to NATS; commit→ack is measured at the broker for every message.
 
-use std::process::ExitCode;
 use std::time::Duration;
 
-use super::latency::Probe;
-use super::load::{paced, Paced, Produced};
-use super::relay::RelayUnderTest;
-use super::scratch::Scratch;
-use super::{Ctx, Drain};
+use crate::latency::Probe;
+use crate::load::{paced, Paced, Produced};
+use crate::relay::RelayUnderTest;
+use crate::scratch::Scratch;
+use crate::{Ctx, Drain, Report};
 
 /// Default length of the load.
 const DEFAULT_DURATION: Duration = Duration::from_secs(20);
 
 /// Runs steady mode.
-pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     let spec = Paced {
-        rate: ctx.args.rate,
-        producers: ctx.args.producers,
+        rate: ctx.options.rate,
+        producers: ctx.options.producers,
         duration: ctx.duration(DEFAULT_DURATION),
         keys: ctx.single_keys()?,
         pad: ctx.pad(),
@@ -26,7 +25,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         "outbox bench: steady load of {} events/s for {:?}, one row per transaction over {} connections, {}",
         spec.rate, spec.duration, spec.producers, ctx.wake_up()
     );
-    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "steady").await?;
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "steady").await?;
     let result = measure(ctx, &scratch, &spec).await;
     scratch.drop().await;
     let (produced, drain) = result?;
@@ -36,13 +35,9 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         produced.events_per_second,
         drain.latency.line()
     );
-    if ctx.json() {
-        println!(
-            "{}",
-            serde_json::json!({ "mode": "steady", "listen": ctx.args.listen, "relay": drain })
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(Report::line(
+        serde_json::json!({ "mode": "steady", "listen": ctx.options.listen, "relay": drain }),
+    ))
 }
 
 async fn measure(ctx: &Ctx, scratch: &Scratch, spec: &Paced) -> anyhow::Result<(Produced, Drain)> {

@@ -11,7 +11,6 @@
 //! starts with the same full-page-write debt. No relay runs: this is the write path alone.
 //! TPS = committed transactions / wall time of the variant. The target is a/c and b/c ≥ 90%.
 
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -21,8 +20,8 @@ use serde::Serialize;
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, Postgres};
 
-use super::scratch::Scratch;
-use super::{naive, verdict, Ctx};
+use crate::scratch::Scratch;
+use crate::{naive, sql, verdict, Ctx, Report};
 
 /// Default time per variant.
 const DEFAULT_DURATION: Duration = Duration::from_secs(20);
@@ -74,18 +73,17 @@ struct Tps {
 }
 
 /// Runs writers mode.
-pub async fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     let duration = ctx.duration(DEFAULT_DURATION);
     println!(
         "outbox bench: writers, {} clients, {:?} per variant, accounts table of {} rows, {} B payloads",
-        ctx.args.clients, duration, ctx.args.accounts, ctx.args.payload_bytes
+        ctx.options.clients, duration, ctx.options.accounts, ctx.options.payload_bytes
     );
-    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, &ctx.args.storage, "writers").await?;
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "writers").await?;
     let result = measure(ctx, &scratch, duration).await;
     scratch.drop().await;
     let tps = result?;
-    report(ctx, &tps);
-    Ok(ExitCode::SUCCESS)
+    Ok(report(ctx, &tps))
 }
 
 async fn measure(
@@ -93,16 +91,13 @@ async fn measure(
     scratch: &Scratch,
     duration: Duration,
 ) -> anyhow::Result<Vec<(Variant, Tps)>> {
-    create_accounts(scratch, ctx.args.accounts).await?;
+    create_accounts(scratch, ctx.options.accounts).await?;
     naive::create(&scratch.pool, &scratch.schema).await?;
     let s = &scratch.schema;
     let statements = Statements {
-        update: s.render("UPDATE {schema}.accounts SET balance = balance + 1 WHERE id = $1"),
-        raw_insert: s.render(
-            "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
-             VALUES ($1, $2, $3, $4::jsonb)",
-        ),
-        naive_insert: s.render(naive::INSERT),
+        update: s.render(sql::ACCOUNT_CREDIT),
+        raw_insert: s.render(sql::OUTBOX_RAW_INSERT),
+        naive_insert: s.render(sql::NAIVE_INSERT),
         writer: Writer::new(s),
     };
     // Variants alternate in rounds (each a slice of the duration, the order rotated every
@@ -150,23 +145,14 @@ async fn measure(
 /// A pgbench-like accounts table: integer key, balance, 84 bytes of filler; vacuumed and
 /// analysed like `pgbench -i` leaves it.
 async fn create_accounts(scratch: &Scratch, rows: usize) -> anyhow::Result<()> {
-    sqlx::raw_sql(&scratch.schema.render(
-        "CREATE TABLE {schema}.accounts (
-             id      integer  PRIMARY KEY,
-             balance bigint   NOT NULL DEFAULT 0,
-             filler  char(84) NOT NULL DEFAULT '')",
-    ))
-    .execute(&scratch.pool)
-    .await?;
-    sqlx::query(
-        &scratch
-            .schema
-            .render("INSERT INTO {schema}.accounts (id) SELECT generate_series(1, $1)"),
-    )
-    .bind(i32::try_from(rows.max(1)).context("--accounts is too large")?)
-    .execute(&scratch.pool)
-    .await?;
-    sqlx::raw_sql(&scratch.schema.render("VACUUM ANALYZE {schema}.accounts"))
+    sqlx::raw_sql(&scratch.schema.render(sql::ACCOUNTS))
+        .execute(&scratch.pool)
+        .await?;
+    sqlx::query(&scratch.schema.render(sql::ACCOUNTS_FILL))
+        .bind(i32::try_from(rows.max(1)).context("--accounts is too large")?)
+        .execute(&scratch.pool)
+        .await?;
+    sqlx::raw_sql(&scratch.schema.render(sql::ACCOUNTS_VACUUM))
         .execute(&scratch.pool)
         .await?;
     Ok(())
@@ -175,7 +161,7 @@ async fn create_accounts(scratch: &Scratch, rows: usize) -> anyhow::Result<()> {
 /// `CHECKPOINT`, so a variant does not inherit the previous one's dirty pages. Needs superuser
 /// or `pg_checkpoint`; without them the variants simply run without it.
 async fn checkpoint(scratch: &Scratch) {
-    if let Err(error) = sqlx::raw_sql("CHECKPOINT").execute(&scratch.pool).await {
+    if let Err(error) = sqlx::raw_sql(sql::CHECKPOINT).execute(&scratch.pool).await {
         tracing::debug!(%error, "CHECKPOINT refused; variants run without it");
     }
 }
@@ -188,11 +174,11 @@ async fn run_variant(
     duration: Duration,
 ) -> anyhow::Result<Tps> {
     // Connections first, so every client starts at the same instant.
-    let mut conns = Vec::with_capacity(ctx.args.clients);
-    for _ in 0..ctx.args.clients.max(1) {
+    let mut conns = Vec::with_capacity(ctx.options.clients);
+    for _ in 0..ctx.options.clients.max(1) {
         conns.push(scratch.pool.acquire().await?);
     }
-    let accounts = i32::try_from(ctx.args.accounts.max(1)).context("--accounts is too large")?;
+    let accounts = i32::try_from(ctx.options.accounts.max(1)).context("--accounts is too large")?;
     let pad = ctx.pad();
     let started = Instant::now();
     let deadline = started + duration;
@@ -257,7 +243,7 @@ async fn client(
     Ok(committed)
 }
 
-fn report(ctx: &Ctx, results: &[(Variant, Tps)]) {
+fn report(ctx: &Ctx, results: &[(Variant, Tps)]) -> Report {
     let tps = |v: Variant| {
         results
             .iter()
@@ -275,26 +261,21 @@ fn report(ctx: &Ctx, results: &[(Variant, Tps)]) {
         verdict(b >= TARGET_RATIO),
         TARGET_RATIO * 100.0
     );
-    if ctx.json() {
-        let by_name: serde_json::Map<String, serde_json::Value> = results
-            .iter()
-            .map(|(v, t)| {
-                let name = match v {
-                    Variant::WriterApi => "writer_api",
-                    Variant::RawSql => "raw_sql",
-                    Variant::Naive => "naive_table",
-                    Variant::UpdateOnly => "update_only",
-                };
-                (name.to_string(), serde_json::json!(t))
-            })
-            .collect();
-        println!(
-            "{}",
-            serde_json::json!({
-                "mode": "writers", "clients": ctx.args.clients, "accounts": ctx.args.accounts,
-                "variants": by_name,
-                "ratios": { "writer_api_vs_naive": a, "raw_sql_vs_naive": b, "target": TARGET_RATIO },
-            })
-        );
-    }
+    let by_name: serde_json::Map<String, serde_json::Value> = results
+        .iter()
+        .map(|(v, t)| {
+            let name = match v {
+                Variant::WriterApi => "writer_api",
+                Variant::RawSql => "raw_sql",
+                Variant::Naive => "naive_table",
+                Variant::UpdateOnly => "update_only",
+            };
+            (name.to_string(), serde_json::json!(t))
+        })
+        .collect();
+    Report::line(serde_json::json!({
+        "mode": "writers", "clients": ctx.options.clients, "accounts": ctx.options.accounts,
+        "variants": by_name,
+        "ratios": { "writer_api_vs_naive": a, "raw_sql_vs_naive": b, "target": TARGET_RATIO },
+    }))
 }

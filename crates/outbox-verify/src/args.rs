@@ -1,0 +1,164 @@
+//! `outbox verify`'s flags, next to what they configure: the binary parses them (`clap`) and
+//! hands them over; [`Args::settings`] turns the profile and flags (and the database URL from
+//! the environment) into the checker's [`Settings`].
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use outbox_core::options::Dur;
+
+use crate::workload::Shape;
+use crate::Settings;
+
+/// Output of the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Human-readable, with the run announced as it goes.
+    Text,
+    /// One JSON object.
+    Json,
+}
+
+/// Length and size of an `outbox verify` run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// About a minute: for CI.
+    Short,
+    /// Ten minutes of load: for releases and `docs/guarantees.md`.
+    Long,
+}
+
+/// `outbox verify` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Database (default DATABASE_URL). A postgres:// run uses a fresh schema of its own; a
+    /// sqlite:// run uses a fresh file in a temporary folder when no path is given.
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<String>,
+    /// Broker: nats://host:port (a stream of its own), kafka://… (a topic of its own),
+    /// amqp://… (an exchange and queue of its own), redis://… (a stream of its own), mqtt://…
+    /// (a topic of its own, read by a persistent-session subscriber), sqs://… (a queue of its
+    /// own), sns://… (a topic of its own, read through a subscribed queue), http(s)://…
+    /// (a signed receiver of its own; the URL's fragment, e.g. #secret_env=NAME, is kept),
+    /// file:path.jsonl or stdout:. Env: OUTBOX_SINK
+    /// (keeps a token or password off the command line). Relays get it through the
+    /// environment, never as an argument.
+    #[arg(
+        long,
+        value_name = "URL",
+        default_value = "nats://127.0.0.1:4222",
+        env = "OUTBOX_SINK",
+        hide_env_values = true
+    )]
+    pub sink: String,
+    /// Profile: short (about a minute) or long (ten minutes).
+    #[arg(long, value_enum, default_value_t = Profile::Short)]
+    pub profile: Profile,
+    /// Load duration (overrides the profile).
+    #[arg(long)]
+    pub duration: Option<Dur>,
+    /// Relay processes.
+    #[arg(long)]
+    pub relays: Option<usize>,
+    /// Producer tasks writing through the writer API, all on the same keys.
+    #[arg(long)]
+    pub producers: Option<usize>,
+    /// Producer tasks writing the plain SQL `INSERT` without the per-key lock, on keys of their
+    /// own (a quarter as many as --keys); their order is reported, not required. 0: none.
+    #[arg(long)]
+    pub raw_producers: Option<usize>,
+    /// Ordering keys of the writer-API producers.
+    #[arg(long)]
+    pub keys: Option<usize>,
+    /// Seed of the fault schedule (default: random, printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Relay partition lease.
+    #[arg(long, default_value = "3s")]
+    pub lease: Dur,
+    /// Pause between faults.
+    #[arg(long, default_value = "4s")]
+    pub fault_interval: Dur,
+    /// Fault kinds to inject: kill, pause, broker, db (broker and db need the commands below).
+    #[arg(long, value_delimiter = ',', default_value = "kill,pause,broker,db")]
+    pub faults: Vec<String>,
+    /// Shell command that stops the broker (for the `broker` fault).
+    #[arg(long, value_name = "CMD")]
+    pub broker_stop_cmd: Option<String>,
+    /// Shell command that starts the broker again.
+    #[arg(long, value_name = "CMD")]
+    pub broker_start_cmd: Option<String>,
+    /// Shell command that restarts the database (for the `db` fault).
+    #[arg(long, value_name = "CMD")]
+    pub db_restart_cmd: Option<String>,
+    /// Output format of the report.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Keep the schema / file and the stream afterwards for inspection.
+    #[arg(long)]
+    pub keep: bool,
+    /// Go on through the receiving side (PostgreSQL and a nats:// sink): `outbox inbox`
+    /// daemons consume the broker into an inbox, handler processes apply each message's effect,
+    /// `kill` and `pause` hit them too, and every effect must be applied exactly once and in
+    /// per-key order.
+    #[arg(long)]
+    pub through_inbox: bool,
+}
+
+impl Args {
+    /// The checker's settings for these flags: the profile's duration, relays and workload
+    /// unless a flag overrides them, and the fault kinds whose commands were given (a kind
+    /// without its command is skipped, saying so on stderr). `program` is the `outbox` binary
+    /// the relays run as.
+    pub fn settings(&self, program: std::path::PathBuf) -> anyhow::Result<Settings> {
+        let (d, r, p, rp, k) = match self.profile {
+            Profile::Short => (Duration::from_secs(40), 3, 4, 2, 64),
+            Profile::Long => (Duration::from_secs(600), 3, 8, 4, 500),
+        };
+        let keys = self.keys.unwrap_or(k).max(1);
+        let shape = Shape {
+            producers: self.producers.unwrap_or(p).max(1),
+            keys,
+            raw_producers: self.raw_producers.unwrap_or(rp),
+            raw_keys: (keys / 4).max(2),
+        };
+        let mut kinds: Vec<String> = Vec::new();
+        for f in &self.faults {
+            match f.as_str() {
+                "kill" | "pause" => kinds.push(f.clone()),
+                "broker" if self.broker_stop_cmd.is_some() && self.broker_start_cmd.is_some() => {
+                    kinds.push(f.clone())
+                }
+                "db" if self.db_restart_cmd.is_some() => kinds.push(f.clone()),
+                "broker" | "db" => {
+                    eprintln!("verify: fault `{f}` skipped: pass its command (--{f}-…-cmd)")
+                }
+                other => anyhow::bail!("verify: unknown fault `{other}` (kill, pause, broker, db)"),
+            }
+        }
+        let database_url = self
+            .database_url
+            .clone()
+            .or_else(|| std::env::var("OUTBOX_DATABASE_URL").ok())
+            .or_else(|| std::env::var("DATABASE_URL").ok())
+            .context("verify needs --database-url (or OUTBOX_DATABASE_URL / DATABASE_URL)")?;
+        Ok(Settings {
+            database_url,
+            sink_url: self.sink.clone(),
+            duration: self.duration.map_or(d, |x| x.0),
+            relays: self.relays.unwrap_or(r).max(1),
+            shape,
+            seed: self.seed.unwrap_or_else(|| fastrand::u64(..)),
+            faults: kinds,
+            fault_interval: self.fault_interval.0,
+            lease: self.lease.0,
+            broker_stop: self.broker_stop_cmd.clone(),
+            broker_start: self.broker_start_cmd.clone(),
+            db_restart: self.db_restart_cmd.clone(),
+            keep: self.keep,
+            program,
+            announce: self.format == Format::Text,
+            through_inbox: self.through_inbox,
+        })
+    }
+}
