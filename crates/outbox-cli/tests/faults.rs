@@ -10,12 +10,12 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{assert_key_order, deliveries, interleaved, wait_state, PrivateNats, World};
+use common::{assert_key_order, interleaved, wait_state, World};
 use outbox_core::{NewMessage, Store};
 use outbox_relay::{CircuitState, Relay};
 use outbox_sinks::nats::{NatsConfig, NatsSink};
+use outbox_testkit::relay::{read_distinct, triples, RunningRelay};
 use outbox_testkit::sinks::PoisonKeySink;
-use tokio_util::sync::CancellationToken;
 
 /// Delivers `msgs` with `sink`; returns how long until every message outside `except_key` was
 /// published.
@@ -29,9 +29,8 @@ async fn time_to_deliver_others(
     // With no poison the excepted key flows too, and the baseline waits for everything.
     let others = msgs.iter().filter(|m| m.aggregate_id != except_key).count() as i64;
     let others = if poisoned { others } else { msgs.len() as i64 };
-    let stop = CancellationToken::new();
     let started = Instant::now();
-    let h = tokio::spawn(Relay::new(w.dyn_store(), sink, w.relay_config()).run(stop.clone()));
+    let relay = RunningRelay::start(w.dyn_store(), sink, w.relay_config());
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         // A poison key never publishes, so every published message is another key's.
@@ -46,8 +45,7 @@ async fn time_to_deliver_others(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let took = started.elapsed();
-    stop.cancel();
-    h.await.unwrap();
+    relay.stop().await;
     took
 }
 
@@ -123,7 +121,7 @@ async fn poison_key_blocks_only_itself_and_other_keys_flow_at_normal_speed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
-    let mut nats = PrivateNats::start();
+    let mut nats = tokio::task::block_in_place(outbox_testkit::brokers::nats);
     let w = World::with_stream(false).await;
     let client = async_nats::connect(nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(client);
@@ -131,21 +129,15 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
         .await
         .unwrap();
     let keys = common::keys("k", 10);
-    let sink = NatsSink::connect(
-        NatsConfig::from_url(&format!("{}?ack_timeout=500ms", nats.url())).unwrap(),
-    )
-    .await
-    .unwrap();
+    let sink = common::nats_sink(&nats.url()).await;
     let mut cfg = w.relay_config();
     cfg.retry.max_attempts = 1000;
-    let relay = Relay::new(w.dyn_store(), Arc::new(sink), cfg);
-    let breaker = relay.breaker();
-    let stop = CancellationToken::new();
-    let h = tokio::spawn(relay.run(stop.clone()));
+    let relay = RunningRelay::start(w.dyn_store(), Arc::new(sink), cfg);
+    let breaker = relay.breaker.clone();
 
     w.store().insert(&interleaved(&keys, 0..10)).await.unwrap();
     w.wait_drained(Duration::from_secs(30)).await;
-    nats.down();
+    tokio::task::block_in_place(|| nats.stop());
     w.store().insert(&interleaved(&keys, 10..20)).await.unwrap();
     wait_state(&breaker, CircuitState::Open, Duration::from_secs(30)).await;
     // `outbox status` sees it too: the members report their circuit.
@@ -187,7 +179,7 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
         attempts_later - attempts_open <= 4,
         "an open circuit must not hammer: {attempts_open} -> {attempts_later}"
     );
-    nats.up();
+    tokio::task::block_in_place(|| nats.start());
     wait_state(&breaker, CircuitState::Closed, Duration::from_secs(60)).await;
     w.wait_drained(Duration::from_secs(60)).await;
     assert!(w
@@ -196,48 +188,19 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
         .members
         .iter()
         .all(|m| m.circuit == "closed"));
-    stop.cancel();
-    h.await.unwrap();
+    relay.stop().await;
 
-    // Everything arrived, in order per key (read back from the private server).
-    let info = js
-        .get_stream(&w.stream)
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .state
-        .messages;
-    assert_eq!(
-        info, 200,
-        "every message must reach the restarted broker exactly once"
-    );
-    let consumer: async_nats::jetstream::consumer::PullConsumer = js
-        .get_stream(&w.stream)
-        .await
-        .unwrap()
-        .create_consumer(async_nats::jetstream::consumer::pull::Config {
-            ack_policy: async_nats::jetstream::consumer::AckPolicy::None,
-            ..Default::default()
-        })
+    // Everything arrived once, in order per key (read back from the private server).
+    let mut reader = outbox_sinks::nats::NatsReader::open(js, &w.stream)
         .await
         .unwrap();
-    use futures::StreamExt;
-    let mut msgs = consumer.messages().await.unwrap();
-    let mut got = Vec::new();
-    for _ in 0..200 {
-        got.push(
-            tokio::time::timeout(Duration::from_secs(5), msgs.next())
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap(),
-        );
-    }
-    assert!(assert_key_order(deliveries(&got))
-        .values()
-        .all(|&n| n == 20));
+    let got = read_distinct(&mut reader, 200, Duration::from_secs(30)).await;
+    assert_eq!(
+        got.len(),
+        200,
+        "every message reaches the restarted broker once"
+    );
+    assert!(assert_key_order(triples(&got)).values().all(|&n| n == 20));
     w.drop_all().await;
 }
 
@@ -246,7 +209,7 @@ async fn breaker_opens_when_the_broker_stops_and_closes_when_it_returns() {
 /// due seq, so a rejected message there used to be probed for ever while everything waited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejected_probe_spends_attempts_so_the_circuit_closes_and_the_rest_flows() {
-    let mut nats = PrivateNats::start();
+    let mut nats = tokio::task::block_in_place(outbox_testkit::brokers::nats);
     let w = World::with_stream(false).await;
     let client = async_nats::connect(nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(client);
@@ -254,21 +217,15 @@ async fn a_rejected_probe_spends_attempts_so_the_circuit_closes_and_the_rest_flo
     outbox_sinks::nats::create_stream(&js, &w.stream, vec![format!("{}.good.>", w.prefix)], true)
         .await
         .unwrap();
-    let sink = NatsSink::connect(
-        NatsConfig::from_url(&format!("{}?ack_timeout=500ms", nats.url())).unwrap(),
-    )
-    .await
-    .unwrap();
+    let sink = common::nats_sink(&nats.url()).await;
     let mut cfg = w.relay_config();
     cfg.workers = 1;
     cfg.breaker_threshold = 1;
     cfg.retry.max_attempts = 4;
-    let relay = Relay::new(w.dyn_store(), Arc::new(sink), cfg);
-    let breaker = relay.breaker();
-    let stop = CancellationToken::new();
-    let h = tokio::spawn(relay.run(stop.clone()));
+    let relay = RunningRelay::start(w.dyn_store(), Arc::new(sink), cfg);
+    let breaker = relay.breaker.clone();
 
-    nats.down();
+    tokio::task::block_in_place(|| nats.stop());
     let bad = NewMessage::new("bad", "bad-key", "placed", serde_json::json!({ "n": 0 }));
     w.store().insert(std::slice::from_ref(&bad)).await.unwrap();
     let good = common::interleaved(&common::keys("g", 5), 0..4)
@@ -311,7 +268,7 @@ async fn a_rejected_probe_spends_attempts_so_the_circuit_closes_and_the_rest_flo
     );
     assert!(before < 4, "the outage alone must not fail the message");
 
-    nats.up();
+    tokio::task::block_in_place(|| nats.start());
     wait_state(&breaker, CircuitState::Closed, Duration::from_secs(60)).await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -326,8 +283,7 @@ async fn a_rejected_probe_spends_attempts_so_the_circuit_closes_and_the_rest_flo
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(attempts().await, 4, "failed after exactly its budget");
-    stop.cancel();
-    h.await.unwrap();
+    relay.stop().await;
     w.drop_all().await;
 }
 
@@ -337,13 +293,12 @@ async fn a_rejected_probe_spends_attempts_so_the_circuit_closes_and_the_rest_flo
 async fn disruptive_relay_survives_a_postgres_restart_and_delivers_everything() {
     let w = World::new().await;
     let keys = common::keys("k", 20);
-    let stop = CancellationToken::new();
     let sink = NatsSink::connect(NatsConfig::from_url(&common::nats_url()).unwrap())
         .await
         .unwrap();
     let relay = Relay::new(w.dyn_store(), Arc::new(sink), w.relay_config());
     let metrics = relay.metrics();
-    let h = tokio::spawn(relay.run(stop.clone()));
+    let relay = RunningRelay::spawn(relay);
     w.store().insert(&interleaved(&keys, 0..20)).await.unwrap();
     w.wait_drained(Duration::from_secs(30)).await;
 
@@ -390,15 +345,14 @@ async fn disruptive_relay_survives_a_postgres_restart_and_delivers_everything() 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
-        !h.is_finished(),
+        !relay.is_finished(),
         "the relay must keep running through the restart"
     );
-    stop.cancel();
-    h.await.unwrap();
+    relay.stop().await;
     assert_eq!(outbox_relay::RelayMetrics::get(&metrics.published), 800);
     let got = w.read_all(800, Duration::from_secs(30)).await;
     assert_eq!(got.len(), 800);
-    assert!(assert_key_order(deliveries(&got))
+    assert!(assert_key_order(common::deliveries(&got))
         .values()
         .all(|&n| n == 40));
     w.drop_all().await;

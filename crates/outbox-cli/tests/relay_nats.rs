@@ -1,4 +1,7 @@
-//! The relay end to end against the real PostgreSQL and NATS JetStream on this machine.
+//! The relay end to end against the real PostgreSQL and NATS JetStream on this machine: the
+//! engine's behaviour (several relays, failures, policies, panics, hot keys, read-ahead), with
+//! NATS as the broker. What every sink must do is the conformance suite's
+//! (`outbox-sinks/tests/conformance.rs`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,8 +15,8 @@ use common::{header, payload_json, World};
 use outbox_core::{NewMessage, Sink, Store};
 use outbox_relay::{Relay, RelayMetrics};
 use outbox_sinks::nats::{NatsConfig, NatsSink};
+use outbox_testkit::relay::RunningRelay;
 use outbox_testkit::sinks::{FlakySink, RecordingSink};
-use tokio_util::sync::CancellationToken;
 
 async fn nats() -> NatsSink {
     NatsSink::connect(NatsConfig::from_url(&common::nats_url()).unwrap())
@@ -21,10 +24,12 @@ async fn nats() -> NatsSink {
         .unwrap()
 }
 
-fn spawn(relay: Relay) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    let stop = CancellationToken::new();
-    let h = tokio::spawn(relay.run(stop.clone()));
-    (stop, h)
+/// Relays everything `w` holds to the shared NATS, until nothing is pending.
+async fn drain_to_nats(w: &World) {
+    let sink = Arc::new(nats().await);
+    let relay = RunningRelay::start(w.dyn_store(), sink, w.relay_config());
+    w.wait_drained(Duration::from_secs(20)).await;
+    relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,14 +56,7 @@ async fn minimal_sql_insert_is_relayed_with_id_and_headers() {
         .unwrap();
     assert_eq!(id.get_version_num(), 7, "SQL default id must be a UUIDv7");
 
-    let (stop, h) = spawn(Relay::new(
-        w.dyn_store(),
-        Arc::new(nats().await),
-        w.relay_config(),
-    ));
-    w.wait_drained(Duration::from_secs(20)).await;
-    stop.cancel();
-    h.await.unwrap();
+    drain_to_nats(&w).await;
 
     let got = w.read_all(1, Duration::from_secs(10)).await;
     assert_eq!(got.len(), 1);
@@ -99,14 +97,7 @@ async fn rolled_back_transaction_publishes_nothing() {
     writer.enqueue(&mut tx, &kept).await.unwrap();
     tx.commit().await.unwrap();
 
-    let (stop, h) = spawn(Relay::new(
-        w.dyn_store(),
-        Arc::new(nats().await),
-        w.relay_config(),
-    ));
-    w.wait_drained(Duration::from_secs(20)).await;
-    stop.cancel();
-    h.await.unwrap();
+    drain_to_nats(&w).await;
     let got = w.read_all(1, Duration::from_secs(10)).await;
     assert_eq!(got.len(), 1, "only the committed message may be published");
     assert_eq!(
@@ -153,7 +144,11 @@ async fn three_relays_deliver_every_row_in_key_order_and_none_twice() {
         acked.push(sink.acked());
         let mut cfg = w.relay_config();
         cfg.batch_size = 300;
-        relays.push(spawn(Relay::new(w.dyn_store(), Arc::new(sink), cfg)));
+        relays.push(RunningRelay::spawn(Relay::new(
+            w.dyn_store(),
+            Arc::new(sink),
+            cfg,
+        )));
     }
     // Let the six workers settle on their shares, then write while they run.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -172,9 +167,8 @@ async fn three_relays_deliver_every_row_in_key_order_and_none_twice() {
         w.store().insert(chunk).await.unwrap();
     }
     w.wait_drained(Duration::from_secs(120)).await;
-    for (stop, h) in relays {
-        stop.cancel();
-        h.await.unwrap();
+    for relay in relays {
+        relay.stop().await;
     }
     // Every relay took part, and no message was acknowledged twice across the three.
     let mut total: HashMap<uuid::Uuid, u32> = HashMap::new();
@@ -207,10 +201,9 @@ async fn sink_failing_then_recovering_delivers_everything_in_order() {
     // Eight failed calls in a row: more than the breaker's threshold, so the circuit opens,
     // probes, and must close again for everything to arrive.
     let sink = Arc::new(FlakySink::failing_first(nats().await, 8));
-    let (stop, h) = spawn(Relay::new(w.dyn_store(), sink.clone(), w.relay_config()));
+    let relay = RunningRelay::spawn(Relay::new(w.dyn_store(), sink.clone(), w.relay_config()));
     w.wait_drained(Duration::from_secs(60)).await;
-    stop.cancel();
-    h.await.unwrap();
+    relay.stop().await;
     assert_eq!(sink.failures(), 8);
     let got = w.read_all(keys * per_key, Duration::from_secs(20)).await;
     assert_eq!(got.len(), keys * per_key);
@@ -220,16 +213,8 @@ async fn sink_failing_then_recovering_delivers_everything_in_order() {
     w.drop_all().await;
 }
 
-async fn wait_failed(w: &World, n: i64) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while w.stats().await.failed < n {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "messages never ended failed: {:?}",
-            w.stats().await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+async fn wait_failed(w: &World, n: usize) {
+    outbox_testkit::relay::wait_failed(w.dyn_store().as_ref(), n, Duration::from_secs(30)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -249,10 +234,9 @@ async fn message_exhausting_its_attempts_ends_failed_with_its_error() {
     // Refused every time: rejections spend attempts. (An unavailable broker would open the
     // circuit instead, and an outage never pushes messages into `failed`.)
     let sink: Arc<dyn Sink> = Arc::new(FlakySink::always_rejecting(nats().await));
-    let (stop, h) = spawn(Relay::new(w.dyn_store(), sink, cfg));
+    let relay = RunningRelay::spawn(Relay::new(w.dyn_store(), sink, cfg));
     wait_failed(&w, 2).await;
-    stop.cancel();
-    h.await.unwrap();
+    relay.stop().await;
     let rows: Vec<(uuid::Uuid, String, i32, Option<String>)> =
         sqlx::query_as(&w.schema.render(
             "SELECT id, state, attempts, last_error FROM {schema}.outbox_parked ORDER BY seq",
@@ -291,10 +275,9 @@ async fn permanent_error_fails_at_once() {
         .await
         .unwrap();
     let sink: Arc<dyn Sink> = Arc::new(FlakySink::permanently_failing(nats().await));
-    let (stop, h) = spawn(Relay::new(w.dyn_store(), sink, w.relay_config()));
+    let relay = RunningRelay::spawn(Relay::new(w.dyn_store(), sink, w.relay_config()));
     wait_failed(&w, 1).await;
-    stop.cancel();
-    h.await.unwrap();
+    relay.stop().await;
     let attempts: i32 = sqlx::query_scalar(
         &w.schema
             .render("SELECT attempts FROM {schema}.outbox_parked"),
@@ -303,41 +286,6 @@ async fn permanent_error_fails_at_once() {
     .await
     .unwrap();
     assert_eq!(attempts, 1);
-    w.drop_all().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn subject_without_stream_is_a_clear_error_naming_it() {
-    let w = World::with_stream(false).await;
-    w.store()
-        .insert(&[NewMessage::new(
-            "order",
-            "a",
-            "placed",
-            serde_json::json!({}),
-        )])
-        .await
-        .unwrap();
-    let mut cfg = w.relay_config();
-    cfg.retry.max_attempts = 2;
-    let started = std::time::Instant::now();
-    let (stop, h) = spawn(Relay::new(w.dyn_store(), Arc::new(nats().await), cfg));
-    wait_failed(&w, 1).await;
-    stop.cancel();
-    h.await.unwrap();
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "a missing stream must not hang the relay"
-    );
-    let err: String = sqlx::query_scalar(
-        &w.schema
-            .render("SELECT last_error FROM {schema}.outbox_parked"),
-    )
-    .fetch_one(&w.pool)
-    .await
-    .unwrap();
-    assert!(err.contains(&format!("{}.order.placed", w.prefix)), "{err}");
-    assert!(err.contains("no JetStream stream"), "{err}");
     w.drop_all().await;
 }
 
@@ -351,15 +299,14 @@ async fn malformed_headers_fail_the_row_visibly_and_others_flow() {
     .execute(&w.pool)
     .await
     .unwrap();
-    let (stop, h) = spawn(Relay::new(
+    let relay = RunningRelay::spawn(Relay::new(
         w.dyn_store(),
         Arc::new(nats().await),
         w.relay_config(),
     ));
     wait_failed(&w, 1).await;
     w.wait_drained(Duration::from_secs(20)).await;
-    stop.cancel();
-    h.await.unwrap();
+    relay.stop().await;
     let err: String = sqlx::query_scalar(
         &w.schema
             .render("SELECT last_error FROM {schema}.outbox_parked WHERE state = 'failed'"),
@@ -387,11 +334,10 @@ async fn skip_policy_delivers_the_rest_of_a_key_whose_head_failed() {
     .unwrap();
     let mut cfg = w.relay_config();
     cfg.on_failed = outbox_core::OnFailed::Skip;
-    let (stop, h) = spawn(Relay::new(w.dyn_store(), Arc::new(nats().await), cfg));
+    let relay = RunningRelay::spawn(Relay::new(w.dyn_store(), Arc::new(nats().await), cfg));
     wait_failed(&w, 1).await;
     w.wait_drained(Duration::from_secs(20)).await;
-    stop.cancel();
-    h.await.unwrap();
+    relay.stop().await;
     let got = w.read_all(2, Duration::from_secs(10)).await;
     let ns: Vec<u64> = got
         .iter()
@@ -433,11 +379,10 @@ async fn a_panicking_worker_is_replaced_and_its_rows_are_delivered() {
     let mut cfg = w.relay_config();
     cfg.workers = 1;
     let sink = PanicsOnce(nats().await, std::sync::atomic::AtomicBool::new(false));
-    let (stop, h) = spawn(Relay::new(w.dyn_store(), Arc::new(sink), cfg));
+    let relay = RunningRelay::spawn(Relay::new(w.dyn_store(), Arc::new(sink), cfg));
     // The dead worker's lease (3 s) must expire before its replacement may take its partitions.
     w.wait_drained(Duration::from_secs(60)).await;
-    stop.cancel();
-    h.await.unwrap();
+    relay.stop().await;
     let got = w.read_all(50, Duration::from_secs(10)).await;
     assert_complete_and_ordered(&got, 5, 10);
     w.drop_all().await;
@@ -479,11 +424,10 @@ async fn rows_aimed_at_system_subjects_forged_headers_or_outside_the_allow_list_
             &format!("{}.>", w.prefix),
         )
         .unwrap()]);
-    let (stop, h) = spawn(Relay::new(w.dyn_store(), Arc::new(nats().await), cfg));
+    let relay = RunningRelay::spawn(Relay::new(w.dyn_store(), Arc::new(nats().await), cfg));
     wait_failed(&w, 3).await;
     w.wait_drained(Duration::from_secs(20)).await;
-    stop.cancel();
-    h.await.unwrap();
+    relay.stop().await;
 
     // The other rows flowed, with their own headers.
     let got = w.read_all(3, Duration::from_secs(10)).await;
@@ -556,10 +500,9 @@ async fn a_sink_that_orders_keys_gets_a_hot_key_many_at_a_time_in_order() {
     let sink = Arc::new(outbox_testkit::sinks::KeyOrderingSink::default());
     let mut cfg = w.relay_config();
     cfg.batch_size = 500;
-    let (stop, h) = spawn(Relay::new(w.dyn_store(), sink.clone(), cfg));
+    let relay = RunningRelay::spawn(Relay::new(w.dyn_store(), sink.clone(), cfg));
     w.wait_drained(Duration::from_secs(60)).await;
-    stop.cancel();
-    h.await.unwrap();
+    relay.stop().await;
     // One key, yet whole batches per call: not one round trip per message.
     assert!(
         sink.most_of_one_key_in_a_call() >= 100,
@@ -585,10 +528,9 @@ async fn a_failure_inside_a_keys_run_parks_the_rest_of_the_key_whatever_the_sink
     let sink = Arc::new(outbox_testkit::sinks::KeyOrderingSink::failing_once_at(
         "k2", 7,
     ));
-    let (stop, h) = spawn(Relay::new(w.dyn_store(), sink.clone(), w.relay_config()));
+    let relay = RunningRelay::spawn(Relay::new(w.dyn_store(), sink.clone(), w.relay_config()));
     w.wait_drained(Duration::from_secs(60)).await;
-    stop.cancel();
-    h.await.unwrap();
+    relay.stop().await;
     assert!(sink.most_of_one_key_in_a_call() > 1);
     let got = common::assert_key_order(stored_order(&sink.stored()));
     for k in &keys {
@@ -613,10 +555,9 @@ async fn a_backlog_is_read_ahead_and_still_arrives_once_in_key_order() {
         cfg.read_ahead = read_ahead;
         let relay = Relay::new(w.dyn_store(), Arc::new(nats().await), cfg);
         let metrics = relay.metrics();
-        let (stop, h) = spawn(relay);
+        let relay = RunningRelay::spawn(relay);
         w.wait_drained(Duration::from_secs(60)).await;
-        stop.cancel();
-        h.await.unwrap();
+        relay.stop().await;
         let adopted = RelayMetrics::get(&metrics.read_ahead);
         let batches = RelayMetrics::get(&metrics.batches);
         if read_ahead {

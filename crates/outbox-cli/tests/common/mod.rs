@@ -3,19 +3,21 @@
 
 #![allow(dead_code, clippy::unwrap_used)] // each test binary uses a different subset
 
-use std::collections::{HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use futures::StreamExt;
-use outbox_core::{DestinationTemplate, NewMessage, Store};
+use outbox_core::{DestinationTemplate, Store};
 use outbox_postgres::{connect_pool, migrate, PgStore, Schema};
 use outbox_relay::RelayConfig;
 use sqlx::PgPool;
 
-pub mod outage;
+// The testkit's harness, under the names the tests have used; each binary uses a subset.
+#[allow(unused_imports)]
+pub use outbox_testkit::process::{sigterm, wait_exit, Signal};
+#[allow(unused_imports)]
+pub use outbox_testkit::relay::{assert_key_order, interleaved, keys, wait_state};
 
 pub fn database_url() -> String {
     std::env::var("OUTBOX_TEST_DATABASE_URL")
@@ -94,6 +96,14 @@ impl World {
             lease: Duration::from_secs(3),
             member_prefix: "test".into(),
             ..RelayConfig::default()
+        }
+    }
+
+    /// [`World::relay_config`] routing every row to `destination` (a template).
+    pub fn relay_config_to(&self, destination: &str) -> RelayConfig {
+        RelayConfig {
+            destination: DestinationTemplate::parse(destination).unwrap(),
+            ..self.relay_config()
         }
     }
 
@@ -184,6 +194,27 @@ pub fn payload_json(m: &async_nats::jetstream::Message) -> serde_json::Value {
     serde_json::from_slice(&m.payload).unwrap()
 }
 
+/// A NATS sink for `url` that waits 500 ms for an acknowledgement (inside the publish deadline
+/// of [`World::relay_config`]'s 3 s lease): for the tests that stop or restrict a private
+/// server.
+pub async fn nats_sink(url: &str) -> outbox_sinks::nats::NatsSink {
+    let cfg = outbox_sinks::nats::NatsConfig::from_url(&format!("{url}?ack_timeout=500ms"));
+    outbox_sinks::nats::NatsSink::connect(cfg.unwrap())
+        .await
+        .unwrap()
+}
+
+/// One `payment` / `p-42` / `created` message, payload `{"amount": 1000}`: for tests that look
+/// at how one message travels.
+pub fn payment() -> outbox_core::NewMessage {
+    outbox_core::NewMessage::new(
+        "payment",
+        "p-42",
+        "created",
+        serde_json::json!({"amount": 1000}),
+    )
+}
+
 /// Path of the `outbox` binary built for these tests.
 pub fn outbox_bin() -> &'static str {
     env!("CARGO_BIN_EXE_outbox")
@@ -200,65 +231,6 @@ pub fn deliveries(msgs: &[async_nats::jetstream::Message]) -> Vec<(String, Strin
             )
         })
         .collect()
-}
-
-/// Asserts that each key's messages arrived, at their first delivery, as n = 0, 1, 2, … with no
-/// gap (a redelivered message may repeat later; it must never be new and out of order).
-/// Returns how many distinct messages each key got.
-pub fn assert_key_order(
-    deliveries: impl IntoIterator<Item = (String, String, u64)>,
-) -> HashMap<String, u64> {
-    let mut seen = HashSet::new();
-    let mut next: HashMap<String, u64> = HashMap::new();
-    for (id, key, n) in deliveries {
-        if !seen.insert(id) {
-            continue;
-        }
-        let expect = next.entry(key.clone()).or_insert(0);
-        assert_eq!(n, *expect, "key {key}: got message {n}, expected {expect}");
-        *expect += 1;
-    }
-    next
-}
-
-/// Sends SIGTERM to `child`.
-pub fn sigterm(child: &std::process::Child) {
-    let ok = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(ok.success());
-}
-
-/// Waits for `child` to exit, at most `limit`.
-pub fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "process did not exit within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Messages `n` in `ns` for every key, interleaved (n = 0 of every key, then n = 1, …) so every
-/// batch holds many keys and several messages per key. Payload `{"n": n}`.
-pub fn interleaved(keys: &[String], ns: std::ops::Range<usize>) -> Vec<NewMessage> {
-    ns.flat_map(|n| {
-        keys.iter().map(move |k| {
-            NewMessage::new("order", k.clone(), "changed", serde_json::json!({ "n": n }))
-        })
-    })
-    .collect()
-}
-
-/// `count` keys named `prefix0`, `prefix1`, …
-pub fn keys(prefix: &str, count: usize) -> Vec<String> {
-    (0..count).map(|i| format!("{prefix}{i}")).collect()
 }
 
 /// The `outbox` binary run in `cwd`, with no configuration leaking in from the caller's
@@ -289,100 +261,35 @@ pub fn outbox_command(cwd: &std::path::Path) -> std::process::Command {
     c
 }
 
-/// A nats-server of this test's own, on a free port, with its own store: it can be stopped
-/// and started without disturbing anything else on the machine.
-pub struct PrivateNats {
-    port: u16,
-    dir: std::path::PathBuf,
-    child: Option<Child>,
-}
+/// A nats-server of this test's own with JetStream (the testkit's
+/// [`outbox_testkit::brokers::nats`]), under the names the inbox and routing tests use.
+pub struct PrivateNats(outbox_testkit::process::PrivateServer);
 
 impl PrivateNats {
     pub fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::env::temp_dir().join(outbox_testkit::unique_name("nats"));
-        let mut me = Self {
-            port,
-            dir,
-            child: None,
-        };
-        me.up();
-        me
+        Self(outbox_testkit::brokers::nats())
     }
 
     pub fn up(&mut self) {
-        let child = Command::new("nats-server")
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server must be installed");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "private nats-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.0.start();
     }
 
+    /// Kills the server (SIGKILL).
     pub fn down(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.0.stop();
     }
 
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        self.0.url()
     }
 
     /// Sends `sig` (`-STOP`, `-CONT`) to the server while it runs.
     pub fn signal(&self, sig: &str) {
-        if let Some(c) = &self.child {
-            let ok = Command::new("kill")
-                .args([sig, &c.id().to_string()])
-                .status()
-                .unwrap();
-            assert!(ok.success());
-        }
-    }
-}
-
-impl Drop for PrivateNats {
-    fn drop(&mut self) {
-        self.down();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// Waits until `breaker` is in state `want`, failing the test after `limit`.
-pub async fn wait_state(
-    breaker: &outbox_relay::Breaker,
-    want: outbox_relay::CircuitState,
-    limit: std::time::Duration,
-) {
-    let deadline = std::time::Instant::now() + limit;
-    while breaker.snapshot().0 != want {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "circuit never became {want:?} within {limit:?}: {:?}",
-            breaker.snapshot()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        self.0.signal(match sig {
+            "-STOP" => Signal::Stop,
+            "-CONT" => Signal::Cont,
+            "-TERM" => Signal::Term,
+            _ => Signal::Kill,
+        });
     }
 }
