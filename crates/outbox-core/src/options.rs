@@ -399,12 +399,7 @@ impl QueryOptions {
         key: &str,
         parse: impl FnOnce(&str) -> Result<T, String>,
     ) -> Result<Option<T>, Error> {
-        match self.str(key) {
-            None => Ok(None),
-            Some(v) => parse(v)
-                .map(Some)
-                .map_err(|expected| invalid(self.role, key, v, &expected)),
-        }
+        self.parsed(key, parse, redact::is_secret_name(key))
     }
 
     /// As `typed`, for values that are never secrets: the error shows them.
@@ -413,11 +408,20 @@ impl QueryOptions {
         key: &str,
         parse: impl FnOnce(&str) -> Result<T, String>,
     ) -> Result<Option<T>, Error> {
+        self.parsed(key, parse, false)
+    }
+
+    fn parsed<T>(
+        &self,
+        key: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+        hide: bool,
+    ) -> Result<Option<T>, Error> {
         match self.str(key) {
             None => Ok(None),
             Some(v) => parse(v)
                 .map(Some)
-                .map_err(|expected| invalid_shown(self.role, key, v, &expected, false)),
+                .map_err(|expected| invalid_shown(self.role, key, v, &expected, hide)),
         }
     }
 

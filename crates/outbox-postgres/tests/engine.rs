@@ -13,7 +13,7 @@ use outbox_postgres::{connect_pool, migrate, PgStore, Schema, Writer, MIGRATIONS
 use sqlx::{PgPool, Row};
 
 mod common;
-use common::{database_url, drain, msg, setup, teardown};
+use common::{claim_buffers, database_url, drain, msg, setup, teardown};
 
 /// A transaction that stays open while relays claim and record other rows around it is
 /// delivered once it commits: once, and in key order after what its key already had.
@@ -73,15 +73,6 @@ async fn rolled_back_transaction_is_never_delivered() {
     let s = store.stats().await.unwrap();
     assert_eq!((s.pending, s.published), (0, 2));
     teardown(&pool, &schema).await;
-}
-
-/// Buffers one claim of `limit` rows per partition reads, from EXPLAIN (ANALYZE, BUFFERS) of
-/// the very statement the store runs for member `m`, with its settings.
-async fn claim_buffers(store: &PgStore, m: &MemberId, parts: &[i32], limit: usize) -> i64 {
-    let plan = store.explain_claim(m, parts, limit, true).await.unwrap();
-    let root = &plan[0]["Plan"];
-    root["Shared Hit Blocks"].as_i64().unwrap_or(0)
-        + root["Shared Read Blocks"].as_i64().unwrap_or(0)
 }
 
 /// With 1, 10 and 1,000 keys, with and without planner statistics, the cost of a claim

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{drain, msg, publish_all, setup, teardown};
+use common::{claim_buffers, drain, msg, publish_all, setup, teardown};
 use outbox_core::{ClaimLimits, MemberId, OnFailed, Outcome, Store};
 use outbox_postgres::{PgStore, Schema};
 use serde_json::Value;
@@ -312,15 +312,6 @@ async fn an_abandoned_record_is_cancelled_and_its_retry_records_the_batch_once()
     );
     assert!(drain(&store, &m, &parts).await.is_empty());
     teardown(&pool, &schema).await;
-}
-
-/// The buffers a claim of `rows` per partition reads, from EXPLAIN (ANALYZE, BUFFERS) of the
-/// very statement the store runs.
-async fn claim_buffers(store: &PgStore, m: &MemberId, parts: &[i32], rows: usize) -> i64 {
-    let plan = store.explain_claim(m, parts, rows, true).await.unwrap();
-    let root = &plan[0]["Plan"];
-    root["Shared Hit Blocks"].as_i64().unwrap_or(0)
-        + root["Shared Read Blocks"].as_i64().unwrap_or(0)
 }
 
 /// A transaction of 200,000 rows, open across many claims while other keys flow and then

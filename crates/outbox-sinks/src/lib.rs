@@ -92,18 +92,7 @@ pub fn check(url: &str) -> Result<(), Error> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
     match scheme {
         #[cfg(feature = "file")]
-        "file" => {
-            let path = url
-                .strip_prefix("file://")
-                .or_else(|| url.strip_prefix("file:"))
-                .unwrap_or("");
-            if path.is_empty() {
-                return Err(Error::config(format!(
-                    "sink `{url}`: expected file:path.jsonl"
-                )));
-            }
-            Ok(())
-        }
+        "file" => file::FileSink::path_of(url).map(|_| ()),
         #[cfg(feature = "stdout")]
         "stdout" => Ok(()),
         // Every other sink this build has reads its whole URL for its ack timeout.

@@ -8,6 +8,24 @@ use async_trait::async_trait;
 use outbox_core::{Envelope, Sink, SinkError, SinkErrorKind};
 use uuid::Uuid;
 
+/// The parts of `Sink` a wrapper takes from the sink it wraps (`self.inner`): its name, its ack
+/// timeout and whether it orders keys itself. Only `publish` is the wrapper's own.
+macro_rules! wraps_inner {
+    () => {
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+
+        fn ack_timeout(&self) -> Option<std::time::Duration> {
+            self.inner.ack_timeout()
+        }
+
+        fn orders_keys(&self) -> bool {
+            self.inner.orders_keys()
+        }
+    };
+}
+
 /// Fails its first `fail_first` publish calls (every message of a failed call, as
 /// [`SinkErrorKind::Unavailable`], as a broker that is down would), then passes everything to
 /// the inner sink. With `fail_first = u64::MAX` it never recovers; [`FlakySink::permanently_failing`]
@@ -64,17 +82,7 @@ impl<S: Sink> FlakySink<S> {
 
 #[async_trait]
 impl<S: Sink> Sink for FlakySink<S> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn ack_timeout(&self) -> Option<std::time::Duration> {
-        self.inner.ack_timeout()
-    }
-
-    fn orders_keys(&self) -> bool {
-        self.inner.orders_keys()
-    }
+    wraps_inner!();
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         if self.calls.fetch_add(1, Ordering::SeqCst) < self.fail_first {
@@ -115,17 +123,7 @@ impl<S: Sink> RecordingSink<S> {
 
 #[async_trait]
 impl<S: Sink> Sink for RecordingSink<S> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn ack_timeout(&self) -> Option<std::time::Duration> {
-        self.inner.ack_timeout()
-    }
-
-    fn orders_keys(&self) -> bool {
-        self.inner.orders_keys()
-    }
+    wraps_inner!();
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         let results = self.inner.publish(batch).await;
@@ -205,17 +203,7 @@ impl<S: Sink> PoisonKeySink<S> {
 
 #[async_trait]
 impl<S: Sink> Sink for PoisonKeySink<S> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn ack_timeout(&self) -> Option<std::time::Duration> {
-        self.inner.ack_timeout()
-    }
-
-    fn orders_keys(&self) -> bool {
-        self.inner.orders_keys()
-    }
+    wraps_inner!();
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         let pass: Vec<Envelope> = batch
@@ -457,17 +445,7 @@ impl<S: Sink> OutageSink<S> {
 
 #[async_trait]
 impl<S: Sink> Sink for OutageSink<S> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn ack_timeout(&self) -> Option<std::time::Duration> {
-        self.inner.ack_timeout()
-    }
-
-    fn orders_keys(&self) -> bool {
-        self.inner.orders_keys()
-    }
+    wraps_inner!();
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         if self.down.load(Ordering::SeqCst) {
@@ -523,17 +501,7 @@ impl<S: Sink> CrashingSink<S> {
 
 #[async_trait]
 impl<S: Sink> Sink for CrashingSink<S> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn ack_timeout(&self) -> Option<std::time::Duration> {
-        self.inner.ack_timeout()
-    }
-
-    fn orders_keys(&self) -> bool {
-        self.inner.orders_keys()
-    }
+    wraps_inner!();
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         let results = self.inner.publish(batch).await;

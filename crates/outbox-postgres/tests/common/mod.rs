@@ -71,3 +71,13 @@ pub async fn publish_all(store: &Arc<PgStore>, m: &MemberId, got: &[outbox_core:
         .collect();
     store.complete(m, &outcomes).await.unwrap();
 }
+
+/// The buffers a claim of `rows` per partition reads, from EXPLAIN (ANALYZE, BUFFERS) of the
+/// very statement the store runs for member `m`, with its settings (the generic plan a relay
+/// settles on).
+pub async fn claim_buffers(store: &PgStore, m: &MemberId, parts: &[i32], rows: usize) -> i64 {
+    let plan = store.explain_claim(m, parts, rows, true).await.unwrap();
+    let root = &plan[0]["Plan"];
+    root["Shared Hit Blocks"].as_i64().unwrap_or(0)
+        + root["Shared Read Blocks"].as_i64().unwrap_or(0)
+}

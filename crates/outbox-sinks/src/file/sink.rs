@@ -104,6 +104,12 @@ impl FileSink {
 
     /// Parses `file:path` or `file://path`.
     pub fn from_url(url: &str) -> Result<Self, Error> {
+        Self::open(Self::path_of(url)?)
+    }
+
+    /// The path a `file:path.jsonl` (or `file://path.jsonl`) URL names, checked without
+    /// touching the file.
+    pub fn path_of(url: &str) -> Result<&str, Error> {
         let path = url
             .strip_prefix("file://")
             .or_else(|| url.strip_prefix("file:"))
@@ -113,7 +119,7 @@ impl FileSink {
                 "sink `{url}`: expected file:path.jsonl"
             )));
         }
-        Self::open(path)
+        Ok(path)
     }
 
     /// The file written to.
