@@ -81,8 +81,10 @@ async fn the_claims_floor_never_exceeds_the_sequence_while_writers_draw_fast() {
     let reader = {
         let (pool, schema, seq, stop) = (pool.clone(), schema.clone(), seq.clone(), stop.clone());
         tokio::spawn(async move {
-            let sql = schema
-                .render("SELECT {schema}.outbox_seq_floor(), pg_sequence_last_value($1::regclass)");
+            let sql = schema.render(
+                "SELECT {schema}.outbox_seq_floor(), \
+                 coalesce(pg_sequence_last_value($1::regclass), 0)",
+            );
             let (mut reads, mut above) = (0u64, Vec::new());
             while !stop.load(Ordering::Relaxed) {
                 let (floor, high): (i64, i64) = sqlx::query_as(&sql)
