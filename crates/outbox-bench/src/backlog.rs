@@ -19,6 +19,7 @@ use outbox_core::DestinationTemplate;
 use outbox_relay::RelayMetrics;
 use serde::Serialize;
 
+use crate::cpu::CpuMeter;
 use crate::discard::DiscardSink;
 use crate::latency::Probe;
 use crate::load::fill;
@@ -118,8 +119,10 @@ fn line(d: &Drain) -> String {
     let steady = d
         .steady_events_per_second
         .map_or(String::new(), |s| format!(" ({s:.0} from 10% to 90%)"));
+    let cpu = d.cpu.map_or(String::new(), |c| format!("; {}", c.line()));
     format!(
-        "{} events in {:.2} s = {:>7.0} events/s{steady}; commit→ack {} (backlog wait included)",
+        "{} events in {:.2} s = {:>7.0} events/s{steady}; commit→ack {} (backlog wait \
+         included){cpu}",
         d.events,
         d.seconds,
         d.events_per_second,
@@ -280,10 +283,14 @@ async fn timed_drain(
     destination: DestinationTemplate,
 ) -> anyhow::Result<DrainTiming> {
     let started = Instant::now();
+    let meter = CpuMeter::start();
     let relay = RelayUnderTest::start_with(ctx, scratch, sink, destination).await?;
     let drained = wait_published(relay.metrics(), ctx.options.rows as u64, started).await;
     relay.stop().await;
-    drained
+    drained.map(|mut t| {
+        t.cpu = meter.per_message(ctx.options.rows as u64);
+        t
+    })
 }
 
 /// Fills and drains `rows` with the naive relay, in a scratch schema holding only its table.
@@ -314,6 +321,7 @@ async fn naive_drain_in(
     if ctx.options.analyze {
         scratch.analyze().await?;
     }
+    let meter = CpuMeter::start();
     let (took, published) = naive::drain(
         &scratch.pool,
         &scratch.schema,
@@ -328,6 +336,7 @@ async fn naive_drain_in(
         took,
         tenth: None,
         ninth_tenth: None,
+        cpu: meter.per_message(published),
     };
     finish(scratch, probe, rows as u64, timing).await
 }
@@ -362,6 +371,7 @@ async fn wait_published(
         took: Duration::ZERO,
         tenth: None,
         ninth_tenth: None,
+        cpu: None,
     };
     let mut last = (0, started);
     loop {

@@ -13,6 +13,7 @@ use std::time::Duration;
 use outbox_postgres::Writer;
 use serde::Serialize;
 
+use crate::cpu::{CpuMeter, CpuPerMessage};
 use crate::latency::Probe;
 use crate::load::{message, paced, Paced};
 use crate::relay::RelayUnderTest;
@@ -55,6 +56,11 @@ struct Run {
     claim_max_ms: f64,
     /// Rows that never reached the broker.
     undelivered: u64,
+    /// CPU each row cost the relay, PostgreSQL and the broker until the last row reached the
+    /// broker, the other keys' load included: from the commit for the one transaction; from
+    /// the first write for the thousand, whose writing overlaps their drain and is counted
+    /// with it (this process writes them: the relay's share is the higher for it).
+    cpu: Option<CpuPerMessage>,
 }
 
 /// Runs big-tx mode.
@@ -108,6 +114,9 @@ fn print_run(r: &Run) {
         r.claim_max_ms,
         r.undelivered
     );
+    if let Some(c) = r.cpu {
+        println!("    {}", c.line());
+    }
 }
 
 async fn one_run(ctx: &Ctx, rows: usize, keys: usize, one: bool) -> anyhow::Result<Run> {
@@ -155,6 +164,7 @@ async fn measure(
     let writer = Writer::new(&scratch.schema);
     let pad = ctx.pad();
     let written = tokio::time::Instant::now();
+    let mut meter = CpuMeter::start();
     let claims_before = relay.metrics().claim_times.snapshot();
     let first_commit;
     if one {
@@ -169,6 +179,8 @@ async fn measure(
         }
         let sent = ledger.stamp();
         first_commit = tokio::time::Instant::now();
+        // Writing the rows is not the drain's cost: count from the commit.
+        meter = CpuMeter::start();
         tx.commit().await?;
         ledger.committed(ids, sent);
     } else {
@@ -236,6 +248,7 @@ async fn measure(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let drained = tokio::time::Instant::now();
+    let cpu = meter.per_message(rows as u64);
     let claims = relay.metrics().claim_times.snapshot().since(&claims_before);
     stop_others.cancel();
     others.await??;
@@ -261,5 +274,6 @@ async fn measure(
         claim_p99_ms: claims.quantile_ms(0.99),
         claim_max_ms: claims.max_micros as f64 / 1e3,
         undelivered,
+        cpu,
     })
 }

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::cpu::{own_ticks, ticks_of, USER_HZ};
 use crate::relay::RelayUnderTest;
 use crate::scratch::Scratch;
 use crate::{sql, verdict, Ctx, Report};
@@ -25,8 +26,6 @@ use crate::{sql, verdict, Ctx, Report};
 const DEFAULT_DURATION: Duration = Duration::from_secs(30);
 /// Target: relay plus PostgreSQL, in % of one core.
 const TARGET_PERCENT: f64 = 5.0;
-/// Clock ticks per second in `/proc/<pid>/stat` (`USER_HZ`, 100 on every Linux target).
-const USER_HZ: f64 = 100.0;
 
 /// CPU used during the window, in % of one core.
 #[derive(Debug, Serialize)]
@@ -88,11 +87,11 @@ async fn measure(ctx: &Ctx, scratch: &Scratch, duration: Duration) -> anyhow::Re
         .filter_map(|p| u32::try_from(p).ok())
         .collect();
     let claims_before = relay.claims();
-    let (own_before, pg_before, started) = (own_ticks()?, postgres_ticks(), Instant::now());
+    let (own_before, pg_before, started) = (own_ticks()?, ticks_of(&["postgres"]), Instant::now());
     tokio::time::sleep(duration).await;
     let (own_after, pg_after, seconds) = (
         own_ticks()?,
-        postgres_ticks(),
+        ticks_of(&["postgres"]),
         started.elapsed().as_secs_f64(),
     );
     let claims = claims_before.until(relay.claims()).claims;
@@ -114,60 +113,4 @@ async fn measure(ctx: &Ctx, scratch: &Scratch, duration: Duration) -> anyhow::Re
         together_percent: relay_process_percent + postgres_percent,
         claims,
     })
-}
-
-/// utime + stime of this process, in clock ticks.
-fn own_ticks() -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    parse_stat(&stat)
-        .map(|(_, ticks)| ticks)
-        .ok_or_else(|| anyhow::anyhow!("/proc/self/stat has an unexpected format"))
-}
-
-/// utime + stime of every process named `postgres`, by pid, in clock ticks.
-fn postgres_ticks() -> HashMap<u32, u64> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return HashMap::new();
-    };
-    dir.filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            // A process may exit between listing and reading: skip it.
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let (comm, ticks) = parse_stat(&stat)?;
-            (comm == "postgres").then_some((pid, ticks))
-        })
-        .collect()
-}
-
-/// `(comm, utime + stime)` from the text of `/proc/<pid>/stat`. `comm` is in parentheses and
-/// may hold spaces, so fields are counted from the last `)`: utime and stime are fields 14
-/// and 15 of the line, the 12th and 13th after it.
-fn parse_stat(stat: &str) -> Option<(&str, u64)> {
-    let open = stat.find('(')?;
-    let close = stat.rfind(')')?;
-    let comm = stat.get(open + 1..close)?;
-    let mut rest = stat.get(close + 1..)?.split_whitespace().skip(11);
-    let utime: u64 = rest.next()?.parse().ok()?;
-    let stime: u64 = rest.next()?.parse().ok()?;
-    Some((comm, utime + stime))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stat_fields_are_counted_after_the_command_name() {
-        let line = "2212 (postgres) S 2211 2211 2211 0 -1 4194368 3010 0 0 0 17 42 0 0 20 0 1 0 \
-                    1234 226881536 5000 18446744073709551615 0 0 0 0 0 0 0 4096 16385 0 0 0 17 1 0 0";
-        assert_eq!(parse_stat(line), Some(("postgres", 59)));
-        let odd = "7 (a b) c) R 1 1 1 0 -1 0 0 0 0 0 3 4 0 0 20 0 1 0 1 1 1";
-        assert_eq!(parse_stat(odd), Some(("a b) c", 7)));
-    }
-
-    #[test]
-    fn this_process_has_a_readable_stat() {
-        assert!(own_ticks().is_ok());
-    }
 }

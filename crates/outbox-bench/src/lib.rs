@@ -21,6 +21,7 @@
 mod args;
 mod backlog;
 mod big_tx;
+mod cpu;
 mod discard;
 mod idle;
 mod idle_tx;
@@ -250,6 +251,9 @@ pub(crate) struct Drain {
     pub steady_events_per_second: Option<f64>,
     /// Commit→ack at the broker.
     pub latency: LatencyFigures,
+    /// CPU each message cost the relay, PostgreSQL and the broker during the drain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<cpu::CpuPerMessage>,
 }
 
 impl Drain {
@@ -261,6 +265,7 @@ impl Drain {
             events_per_second: events as f64 / took.as_secs_f64(),
             steady_events_per_second: None,
             latency,
+            cpu: None,
         }
     }
 
@@ -268,6 +273,7 @@ impl Drain {
     pub fn drained(events: u64, timing: &DrainTiming, latency: LatencyFigures) -> Self {
         Self {
             steady_events_per_second: timing.steady_rate(events),
+            cpu: timing.cpu,
             ..Self::of(events, timing.took, latency)
         }
     }
@@ -296,6 +302,8 @@ pub(crate) struct DrainTiming {
     pub tenth: Option<Duration>,
     /// From the relay's start to 90% of the backlog published.
     pub ninth_tenth: Option<Duration>,
+    /// CPU per message over the whole drain.
+    pub cpu: Option<cpu::CpuPerMessage>,
 }
 
 impl DrainTiming {
@@ -352,6 +360,7 @@ mod tests {
 
     fn timing(took: u64, tenth: Option<u64>, ninth: Option<u64>) -> DrainTiming {
         DrainTiming {
+            cpu: None,
             took: Duration::from_millis(took),
             tenth: tenth.map(Duration::from_millis),
             ninth_tenth: ninth.map(Duration::from_millis),
