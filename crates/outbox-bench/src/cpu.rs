@@ -73,11 +73,6 @@ impl CpuMeter {
             broker_us: us(used(&self.broker, &now.broker)),
         })
     }
-
-    /// Ticks PostgreSQL used since `self`, for callers that report a share of a core.
-    pub fn postgres_ticks_since(&self) -> u64 {
-        used(&self.postgres, &ticks_of(&["postgres"]))
-    }
 }
 
 /// Ticks used between two readings: a process that started in between counts from zero; one
