@@ -12,7 +12,6 @@
 //! every other session on the server, so on a shared machine the relay-backends figure is the
 //! one that isolates the relay.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;

@@ -63,6 +63,7 @@ async fn measure(ctx: &Ctx, scratch: &Scratch, spec: &Paced) -> anyhow::Result<(
             events_per_second: produced.events_per_second,
             steady_events_per_second: None,
             latency,
+            cpu: None,
         },
     ))
 }
