@@ -4,8 +4,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::time::Duration;
 
 use outbox_inbox::redis_dedupe::RedisDedupe;
@@ -14,9 +12,9 @@ use uuid::Uuid;
 #[tokio::test]
 async fn a_redis_claim_wins_once_per_ttl_and_can_be_released() {
     let prefix = outbox_testkit::unique_name("dedupe");
-    let d = RedisDedupe::connect(&common::redis_url(), &prefix)
-        .await
-        .unwrap();
+    let url =
+        std::env::var("OUTBOX_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let d = RedisDedupe::connect(&url, &prefix).await.unwrap();
     let id = Uuid::now_v7();
     let ttl = Duration::from_millis(400);
     assert!(d.claim("billing", id, ttl).await.unwrap());

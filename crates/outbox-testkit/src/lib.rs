@@ -1,11 +1,14 @@
 //! Test support shared by every backend and sink: unique per-test names, the store conformance
 //! suite every `Store` must pass, the sink conformance suite every sink must pass (feature
-//! `sinks`), private brokers and the process harness behind them, a TCP proxy for network
-//! faults, relay helpers, and sink wrappers that inject faults or record deliveries around a
-//! real sink.
+//! `sinks`), the inbox backend suite both inbox databases must pass, the source conformance
+//! suite every `outbox inbox` source must pass, private brokers and the process harness behind
+//! them, a TCP proxy for network faults, relay helpers, and sink wrappers that inject faults or
+//! record deliveries around a real sink.
 
 pub mod brokers;
 pub mod conformance;
+pub mod inbox_backends;
+pub mod inbox_suite;
 pub mod process;
 pub mod proxy;
 pub mod relay;
@@ -14,6 +17,7 @@ pub mod sink_fixtures;
 #[cfg(feature = "sinks")]
 pub mod sink_suite;
 pub mod sinks;
+pub mod source_suite;
 #[cfg(feature = "sinks")]
 pub mod stdout_process;
 
