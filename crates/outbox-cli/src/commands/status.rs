@@ -1,67 +1,50 @@
-//! `outbox status`: the outbox's health at a glance.
+//! `outbox status`: the outbox's health at a glance, once or refreshed with `--watch`.
 
+use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
-use crate::cli::Format;
+use outbox_core::status::Report;
+use outbox_core::RouteSpec;
+
+use crate::cli::{Format, StatusArgs};
 use crate::config::DbSettings;
 
-pub async fn run(db: DbSettings, inbox: bool, format: Format) -> anyhow::Result<ExitCode> {
-    let (store, place) = super::open_store(&db, inbox).await?;
-    let s = store.stats().await?;
-    match format {
-        Format::Json => println!("{}", serde_json::to_string(&s)?),
-        Format::Text => {
-            let age = s
-                .oldest_pending_age_seconds
-                .map_or_else(|| "-".to_string(), |a| format!("{a:.1}s"));
-            println!("{:<20}{place}", if inbox { "inbox" } else { "outbox" });
-            println!("pending             {}", s.pending);
-            println!("oldest pending age  {age}");
-            println!("retrying            {}", s.retrying);
-            println!("blocked keys        {}", s.blocked_keys);
-            println!("parked              {}", s.parked);
-            if s.partitions_at_parking_cap > 0 {
-                println!(
-                    "partitions stopped  {} (parking cap reached: a key is stuck behind a failing message)",
-                    s.partitions_at_parking_cap
-                );
+/// Prints the report once, or with `--watch` at every interval until SIGINT/SIGTERM (exit 0).
+/// A failed read while watching is reported on stderr and the next refresh tries again.
+pub async fn run(
+    db: DbSettings,
+    args: &StatusArgs,
+    routes: &[RouteSpec],
+) -> anyhow::Result<ExitCode> {
+    let (store, place) = super::open_store(&db, args.inbox).await?;
+    let title = format!("{:<20}{place}", if args.inbox { "inbox" } else { "outbox" });
+    let show = |r: &Report| -> anyhow::Result<()> {
+        let mut out = std::io::stdout().lock();
+        let text = match (args.format, args.watch) {
+            (Format::Json, _) => serde_json::to_string(r)? + "\n",
+            (Format::Text, Some(every)) if out.is_terminal() => {
+                r.render_screen(&title, args.inbox, every.0)
             }
-            println!("failed              {}", s.failed);
-            if inbox {
-                println!("handled             {}", s.published);
-            } else {
-                println!("published           {}", s.published);
-            }
-            println!("relay members       {}", s.members.len());
-            for m in &s.members {
-                let err = m
-                    .sink_error
-                    .as_deref()
-                    .map(|e| format!("  sink error: {e}"))
-                    .unwrap_or_default();
-                println!(
-                    "  {}  partitions={}  circuit={}  heartbeat={}{err}",
-                    m.member,
-                    m.partitions,
-                    m.circuit,
-                    m.heartbeat_at.to_rfc3339()
-                );
-            }
-            if !s.blocked.is_empty() {
-                println!(
-                    "blocked keys (head message waiting or failed; later messages of the key wait)"
-                );
-                for b in &s.blocked {
-                    println!(
-                        "  {}  {} after {} attempt(s): {}",
-                        b.key,
-                        b.state,
-                        b.attempts,
-                        b.last_error.as_deref().unwrap_or("-")
-                    );
-                }
-            }
+            (Format::Text, _) => r.render_text(&title, args.inbox),
+        };
+        Ok(out.write_all(text.as_bytes()).and_then(|()| out.flush())?)
+    };
+    let Some(interval) = args.watch else {
+        show(&Report::collect(&*store, routes).await?)?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    let stop = crate::shutdown::on_signal();
+    while let Some(r) = stop
+        .run_until_cancelled(Report::collect(&*store, routes))
+        .await
+    {
+        match r {
+            Ok(r) => show(&r)?,
+            Err(e) => eprintln!("error: {}", outbox_core::redact::sanitize(&e.to_string())),
         }
+        let _ = stop
+            .run_until_cancelled(tokio::time::sleep(interval.0))
+            .await;
     }
     Ok(ExitCode::SUCCESS)
 }
