@@ -87,6 +87,11 @@ pub struct InboxArgs {
     /// longer). Env: OUTBOX_INBOX_RETENTION.
     #[arg(long, value_name = "DURATION")]
     pub retention: Option<Dur>,
+    /// Serve /metrics (Prometheus), /livez and /readyz on this address, e.g. 127.0.0.1:9464
+    /// (default: off). Bind 0.0.0.0 only where the probes must be reached from outside the
+    /// host (a Kubernetes pod). Env: OUTBOX_INBOX_METRICS_ADDR.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Print the settings as resolved (passwords masked), then exit.
     #[arg(long)]
     pub print_config: bool,
@@ -254,6 +259,16 @@ pub struct RelayArgs {
     /// go to --sink (and end `failed` when there is none). Replaces `[[relay.routes]]`.
     #[arg(long, value_name = "RULE")]
     pub route: Vec<String>,
+    /// Serve /metrics (Prometheus), /livez and /readyz on this address, e.g. 127.0.0.1:9464
+    /// (default: off). Bind 0.0.0.0 only where the probes must be reached from outside the
+    /// host (a Kubernetes pod). Env: OUTBOX_METRICS_ADDR.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// /readyz fails once every sink's circuit has been open for longer than this (default
+    /// 15s): the relay cannot make progress, though a restart would not help (see
+    /// docs/operations.md). Env: OUTBOX_UNREADY_AFTER.
+    #[arg(long, value_name = "DURATION")]
+    pub unready_after: Option<Dur>,
     /// Print the settings as resolved from file, environment and flags (passwords masked), then
     /// exit without connecting to anything.
     #[arg(long)]
@@ -280,6 +295,10 @@ pub struct StatusArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+    /// Refresh every INTERVAL (default 2s) until Ctrl-C: the text view is redrawn on a
+    /// terminal; with --format json, one JSON object per line per refresh.
+    #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s")]
+    pub watch: Option<Dur>,
 }
 
 /// The hidden handler process of `outbox verify --through-inbox`.

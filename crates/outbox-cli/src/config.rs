@@ -55,6 +55,8 @@ pub struct InboxSection {
     pub poll_interval: Option<Dur>,
     /// How long processed inbox rows and claims are kept.
     pub retention: Option<Dur>,
+    /// Address of /metrics, /livez and /readyz.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// `[relay]` in `outbox.toml`; see `outbox relay --help` for each key's meaning.
@@ -96,6 +98,10 @@ pub struct RelaySection {
     pub allow_destinations: Option<Vec<String>>,
     /// `[[relay.routes]]`: routing rules, first match wins.
     pub routes: Option<Vec<RouteSection>>,
+    /// Address of /metrics, /livez and /readyz.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// How long every sink's circuit may be open before /readyz fails.
+    pub unready_after: Option<Dur>,
 }
 
 /// One `[[relay.routes]]` table; see `outbox relay --help` (`--route`) for each key.
@@ -251,6 +257,10 @@ pub struct RelaySettings {
     pub routes: Vec<RouteSpec>,
     /// Engine settings.
     pub relay: RelayConfig,
+    /// Where to serve /metrics, /livez and /readyz (`None`: not at all).
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// How long every sink's circuit may be open before /readyz fails.
+    pub unready_after: Duration,
 }
 
 /// Everything `outbox inbox` needs.
@@ -262,6 +272,8 @@ pub struct InboxSettings {
     pub source: String,
     /// Daemon settings.
     pub daemon: outbox_inbox::daemon::DaemonConfig,
+    /// Where to serve /metrics, /livez and /readyz (`None`: not at all).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Resolves `outbox inbox` settings.
@@ -299,8 +311,14 @@ pub fn inbox(loaded: &Loaded, args: &crate::cli::InboxArgs) -> Result<InboxSetti
     .map_or(defaults.poll_interval, |d| d.0);
     let retention = pick(args.retention, &["OUTBOX_INBOX_RETENTION"], f.retention)?
         .map_or(defaults.retention, |d| d.0);
+    let metrics_addr = pick(
+        args.metrics_addr,
+        &["OUTBOX_INBOX_METRICS_ADDR"],
+        f.metrics_addr,
+    )?;
     Ok(InboxSettings {
         db,
+        metrics_addr,
         source,
         daemon: outbox_inbox::daemon::DaemonConfig {
             batch,
@@ -319,6 +337,16 @@ pub fn retention(loaded: &Loaded, flag: Option<Dur>) -> Result<Duration> {
     )
 }
 
+/// The routing rules of `[[relay.routes]]` in the file (`outbox status` groups its backlog by
+/// them; the relay's `--route` flags replace them).
+pub fn file_routes(loaded: &Loaded) -> Result<Vec<RouteSpec>> {
+    let routes = loaded.file.relay.routes.iter().flatten().enumerate();
+    routes
+        .map(|(i, r)| r.spec(i + 1))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| ConfigError(format!("{}: {e}", loaded.file_key("relay.routes"))))
+}
+
 /// Resolves `outbox relay` settings and checks every value.
 pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     let f = &loaded.file.relay;
@@ -331,13 +359,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
             .collect::<std::result::Result<_, _>>()
             .map_err(|e| ConfigError(format!("--route: {e}")))?
     } else {
-        f.routes
-            .iter()
-            .flatten()
-            .enumerate()
-            .map(|(i, r)| r.spec(i + 1))
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| ConfigError(format!("{}: {e}", loaded.file_key("relay.routes"))))?
+        file_routes(loaded)?
     };
     let sink = pick(args.sink.clone(), &["OUTBOX_SINK"], f.sink.clone())?;
     if sink.is_none() && routes.is_empty() {
@@ -486,8 +508,18 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
             "backoff base {base:?} is longer than backoff max {max:?}"
         )));
     }
+    let metrics_addr = pick(args.metrics_addr, &["OUTBOX_METRICS_ADDR"], f.metrics_addr)?;
+    let unready_after = pick(
+        args.unready_after,
+        &["OUTBOX_UNREADY_AFTER"],
+        f.unready_after,
+    )?
+    .map_or(outbox_observe::DEFAULT_UNREADY_AFTER, |d| d.0);
+    at_most(unready_after, Duration::from_secs(86_400), "unready after")?;
     Ok(RelaySettings {
         db,
+        metrics_addr,
+        unready_after,
         sink,
         routes,
         relay: RelayConfig {

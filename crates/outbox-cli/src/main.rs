@@ -4,6 +4,7 @@
 mod cli;
 mod commands;
 mod config;
+mod observe;
 mod shutdown;
 
 use std::process::ExitCode;

@@ -5,6 +5,7 @@
 //! (`outbox-sinks`) implement the traits, and `outbox-relay` drives them.
 
 pub mod error;
+pub mod gauges;
 pub mod message;
 pub mod options;
 pub mod redact;
@@ -13,10 +14,12 @@ pub mod route;
 pub mod routing;
 pub mod secret;
 pub mod sink;
+pub mod status;
 pub mod store;
 
 pub use bytes::Bytes;
 pub use error::{Error, ErrorKind, Result};
+pub use gauges::{Gauges, PinAge};
 pub use message::{Message, NewMessage};
 pub use retry::{Backoff, RetryPolicy};
 pub use route::{Glob, RouteMatch, RouteSpec};

@@ -75,10 +75,21 @@ pub struct RouteMatch {
 impl RouteMatch {
     /// Whether `m` satisfies every field of the rule.
     pub fn matches(&self, m: &Message) -> bool {
+        self.matches_fields(&m.aggregate_type, &m.event_type, m.topic.as_deref())
+    }
+
+    /// Whether a row with these fields satisfies every field of the rule (what
+    /// [`RouteMatch::matches`] tests, for callers holding the fields without a message).
+    pub fn matches_fields(
+        &self,
+        aggregate_type: &str,
+        event_type: &str,
+        topic: Option<&str>,
+    ) -> bool {
         let field = |g: &Option<Glob>, v: &str| g.as_ref().is_none_or(|g| g.matches(v));
-        field(&self.aggregate_type, &m.aggregate_type)
-            && field(&self.event_type, &m.event_type)
-            && match (&self.topic, m.topic.as_deref().filter(|t| !t.is_empty())) {
+        field(&self.aggregate_type, aggregate_type)
+            && field(&self.event_type, event_type)
+            && match (&self.topic, topic.filter(|t| !t.is_empty())) {
                 (None, _) => true,
                 (Some(g), Some(t)) => g.matches(t),
                 (Some(_), None) => false,

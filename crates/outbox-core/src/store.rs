@@ -362,6 +362,27 @@ pub trait Store: Send + Sync {
     /// Counts for `outbox status`.
     async fn stats(&self) -> Result<Stats>;
 
+    /// The figures a metrics scrape exports ([`crate::Gauges`]), in one statement whose cost
+    /// does not grow with the backlog (a pending count stops at a cap), never one per
+    /// partition. Read-only. The default derives them from [`Store::stats`].
+    async fn gauges(&self) -> Result<crate::Gauges> {
+        Ok(crate::Gauges::from_stats(&self.stats().await?))
+    }
+
+    /// Whether the database answers: the cheapest round trip the store has (`SELECT 1`), for
+    /// readiness probes. The default reads [`Store::stats`].
+    async fn ping(&self) -> Result<()> {
+        self.stats().await.map(drop)
+    }
+
+    /// The rest of `outbox status`, for stores that can give it: each partition's owner, epoch
+    /// and position, what keeps storage from being dropped, and the pending messages by
+    /// partition and type (see [`crate::status`]). Read-only, a few statements, never one per
+    /// partition. The default gives nothing.
+    async fn status_detail(&self) -> Result<crate::status::StatusDetail> {
+        Ok(crate::status::StatusDetail::default())
+    }
+
     /// Housekeeping a relay runs now and then: storage created ahead of the writers, and
     /// storage every reader has passed dropped once `retention` has run out since. Never
     /// removes a message that is pending or parked. Stores without such upkeep do nothing.

@@ -20,7 +20,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outbox_core::{Backoff, Error, ErrorKind, Result};
 use sqlx::postgres::PgConnectOptions;
@@ -31,6 +31,7 @@ use tracing::{debug, info, warn};
 use crate::message::InboxMessage;
 use crate::source::{AckToken, Source, SourceRetention};
 use crate::tables::InboxSchema;
+use crate::telemetry::DaemonMetrics;
 use crate::tx::InboxTx;
 
 /// Default messages per batch (one transaction and one acknowledgement round per batch).
@@ -72,6 +73,10 @@ pub struct IngestMetrics {
     pub batches: AtomicU64,
     /// Acknowledgement rounds that failed (their messages come again and are absorbed).
     pub ack_failures: AtomicU64,
+    /// Beaten at every step of the daemon's loop (a fetch, a batch's commit attempt, its
+    /// acknowledgement, a wait), for the `/livez` probe: a step is bounded by the source's
+    /// fetch wait, the database's statement timeout or a backoff of at most 10 s.
+    pub pulse: Arc<outbox_relay::Pulse>,
 }
 
 impl IngestMetrics {
@@ -182,13 +187,20 @@ impl InboxDb {
 
     /// Connects and takes the source's lock, waiting as a standby while another daemon holds
     /// it. `None` when shut down first.
-    async fn lock(&self, source: &str, shutdown: &CancellationToken) -> Result<Option<PgLock>> {
+    async fn lock(
+        &self,
+        source: &str,
+        shutdown: &CancellationToken,
+        pulse: &outbox_relay::Pulse,
+    ) -> Result<Option<PgLock>> {
         let InboxDb::Postgres { options, schema } = self else {
             return Ok(None);
         };
         let mut standby_logged = false;
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         loop {
+            // Standing by, or waiting for the database, is a step of the loop like any other.
+            pulse.beat();
             if shutdown.is_cancelled() {
                 return Ok(None);
             }
@@ -250,6 +262,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let name = source.name().to_string();
+    let m = DaemonMetrics::new(&name);
+    let pulse = metrics.pulse.clone();
     info!(source = %source.describe(), batch = config.batch, "inbox ingest starting");
     match source.retention().await {
         Ok(kept) => {
@@ -261,7 +275,7 @@ pub async fn run(
     }
     'session: loop {
         let mut lock = match &db {
-            InboxDb::Postgres { .. } => match db.lock(&name, &shutdown).await? {
+            InboxDb::Postgres { .. } => match db.lock(&name, &shutdown, &pulse).await? {
                 Some(l) => Some(l),
                 None => return Ok(()),
             },
@@ -271,6 +285,7 @@ pub async fn run(
         // never acknowledged comes first.
         let mut backoff = Backoff::RECONNECT;
         loop {
+            pulse.beat();
             match source.recover().await {
                 Ok(()) => break,
                 Err(e) => {
@@ -286,6 +301,7 @@ pub async fn run(
         let mut poll = Duration::ZERO;
         let mut fetch_backoff = Backoff::RECONNECT;
         while !shutdown.is_cancelled() {
+            pulse.beat();
             if !poll.is_zero() {
                 tokio::select! {
                     _ = tokio::time::sleep(poll) => {}
@@ -310,6 +326,7 @@ pub async fn run(
                 r = source.fetch(config.batch) => r,
                 _ = shutdown.cancelled() => break,
             };
+            pulse.beat();
             let batch = match fetched {
                 Ok(b) => {
                     fetch_backoff.succeeded();
@@ -334,14 +351,21 @@ pub async fn run(
             };
             let n = batch.len() as u64;
             IngestMetrics::add(&metrics.fetched, n);
+            m.received.increment(n);
             let (messages, acks): (Vec<InboxMessage>, Vec<AckToken>) =
                 batch.into_iter().map(|d| (d.message, d.ack)).unzip();
             // Commit before anything is acknowledged; retry the batch as it is while the
             // connection (and with it the source lock) holds.
             let mut retry = Backoff::RECONNECT;
             let (recorded, duplicates) = loop {
-                match db.ingest(lock.as_mut(), &messages).await {
-                    Ok(r) => break r,
+                let started = Instant::now();
+                let ingested = db.ingest(lock.as_mut(), &messages).await;
+                pulse.beat();
+                match ingested {
+                    Ok(r) => {
+                        m.ingest_duration.record(started.elapsed().as_secs_f64());
+                        break r;
+                    }
                     Err(e) if e.kind() == ErrorKind::Config || e.kind() == ErrorKind::Schema => {
                         return Err(e)
                     }
@@ -369,8 +393,12 @@ pub async fn run(
             IngestMetrics::add(&metrics.recorded, recorded);
             IngestMetrics::add(&metrics.duplicates, duplicates);
             IngestMetrics::add(&metrics.batches, 1);
-            if let Err(e) = source.ack(acks).await {
+            m.duplicates.increment(duplicates);
+            let acked = source.ack(acks).await;
+            pulse.beat();
+            if let Err(e) = acked {
                 IngestMetrics::add(&metrics.ack_failures, 1);
+                m.ack_failures.increment(1);
                 warn!(source = %name, error = %e, "acknowledging failed; those messages come again and are absorbed");
             }
             debug!(source = %name, fetched = n, recorded, duplicates, "batch ingested");

@@ -33,6 +33,7 @@ pub mod retention;
 pub mod source;
 pub mod sqlite;
 mod tables;
+pub mod telemetry;
 mod tx;
 
 pub use database::InboxDatabase;

@@ -350,16 +350,31 @@ where
         }
         // The inbox row has the broker's headers; the queue row only what the engine needs.
         let message = rows.remove(&e.id).unwrap_or_else(|| envelope_message(e));
+        let failure = |kind: &'static str| {
+            metrics::counter!(crate::telemetry::HANDLER_FAILURES,
+                "type" => message.message_type.clone(), "kind" => kind)
+            .increment(1)
+        };
         let Some(handler) = self.handlers.get(&message.message_type) else {
+            failure("no_handler");
             return Err(SinkError::invalid(format!(
                 "inbox: no handler for message type `{}`; register one and redrive",
                 message.message_type
             )));
         };
-        handler
-            .handle(tx, &message)
-            .await
-            .map_err(HandlerError::into_sink_error)
+        let started = std::time::Instant::now();
+        let handled = handler.handle(tx, &message).await;
+        metrics::histogram!(crate::telemetry::HANDLER_DURATION,
+            "type" => message.message_type.clone())
+        .record(started.elapsed().as_secs_f64());
+        if let Err(e) = &handled {
+            failure(match e.kind {
+                HandlerErrorKind::Transient => "transient",
+                HandlerErrorKind::Permanent => "permanent",
+                HandlerErrorKind::Unavailable => "unavailable",
+            });
+        }
+        handled.map_err(HandlerError::into_sink_error)
     }
 
     /// Handles `group` in one transaction; a result per message, final only once committed.
@@ -415,6 +430,17 @@ where
             // Whether it committed is unknown: the retry's claims tell.
             let e = SinkError::unavailable(format!("inbox: commit: {err}"));
             return results.into_iter().map(|r| r.and(Err(e.clone()))).collect();
+        }
+        for (e, r) in group.iter().zip(&results) {
+            if r.is_ok() {
+                let kind = e
+                    .headers
+                    .iter()
+                    .find(|(k, _)| k == HEADER_EVENT_TYPE)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default();
+                metrics::counter!(crate::telemetry::HANDLED, "type" => kind).increment(1);
+            }
         }
         results
     }

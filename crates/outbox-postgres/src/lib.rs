@@ -5,6 +5,7 @@
 //! into it, and only after [`Schema::new`] validated it.
 
 mod error;
+mod gauges;
 mod migrate;
 mod retention;
 mod schema;
@@ -13,6 +14,7 @@ mod ticket;
 mod writer;
 
 pub use error::map_sqlx_error;
+pub use gauges::GAUGES_PENDING_CAP;
 pub use migrate::{
     apply_pending, check_schema, migrate, notify_installed, set_notify, MIGRATIONS, SCHEMA_VERSION,
 };

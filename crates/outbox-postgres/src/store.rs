@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use futures::TryStreamExt;
+use outbox_core::status::{
+    KeptBecause, PartitionStatus, PendingCell, Position, RetentionPin, RetentionStatus, Segment,
+    StatusDetail,
+};
 use outbox_core::store::MemberStatus;
 use outbox_core::{
     BlockedKey, ClaimLimits, FailedMessage, Maintenance, MemberId, Message, NewMessage, OnFailed,
@@ -91,6 +95,9 @@ struct Queries {
     report_health: String,
     failed: String,
     redrive: String,
+    status_pending: String,
+    status_partitions: String,
+    status_retention: String,
 }
 
 impl Queries {
@@ -112,6 +119,9 @@ impl Queries {
             report_health: schema.render(include_str!("../queries/report_health.sql")),
             failed: schema.render(include_str!("../queries/failed.sql")),
             redrive: schema.render(include_str!("../queries/redrive.sql")),
+            status_pending: schema.render(include_str!("../queries/status_pending.sql")),
+            status_partitions: schema.render(include_str!("../queries/status_partitions.sql")),
+            status_retention: schema.render(include_str!("../queries/status_retention.sql")),
         }
     }
 }
@@ -1427,6 +1437,77 @@ impl Store for PgStore {
         })
     }
 
+    async fn status_detail(&self) -> Result<StatusDetail> {
+        let err = |e| map_sqlx_error("reading the status detail", e);
+        let pending = sqlx::query(&self.q.status_pending)
+            .bind(PENDING_COUNT_CAP)
+            .bind(STATUS_GROUPS)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err)?
+            .iter()
+            .map(|r| {
+                Ok(PendingCell {
+                    partition: r.try_get("partition")?,
+                    aggregate_type: r.try_get("aggregate_type")?,
+                    event_type: r.try_get("event_type")?,
+                    topic: r.try_get("topic")?,
+                    pending: r.try_get("pending")?,
+                    oldest_pending_age_seconds: r.try_get("oldest_pending_age_seconds")?,
+                })
+            })
+            .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
+            .map_err(err)?;
+        let partitions = sqlx::query(&self.q.status_partitions)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err)?
+            .iter()
+            .map(|r| {
+                let position = match r.try_get::<Option<DateTime<Utc>>, _>("done_at")? {
+                    Some(done_at) => Some(Position {
+                        done_xmin: r.try_get("done_xmin")?,
+                        done_xmax: r.try_get("done_xmax")?,
+                        cursor: r.try_get("cursor")?,
+                        done_at,
+                        published: r.try_get("published")?,
+                    }),
+                    None => None,
+                };
+                Ok(PartitionStatus {
+                    partition: r.try_get("partition")?,
+                    owner: r.try_get("owner")?,
+                    epoch: r.try_get("epoch")?,
+                    lease_until: r.try_get("lease_until")?,
+                    pending: 0,
+                    oldest_pending_age_seconds: None,
+                    parked: r.try_get("parked")?,
+                    failed: r.try_get("failed")?,
+                    position,
+                })
+            })
+            .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
+            .map_err(err)?;
+        let r = sqlx::query(&self.q.status_retention)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(err)?;
+        let retention = retention_status(&r).map_err(err)?;
+        Ok(StatusDetail {
+            partitions,
+            retention: Some(retention),
+            pending,
+        })
+    }
+
+    async fn gauges(&self) -> Result<outbox_core::Gauges> {
+        crate::gauges::read(&self.pool, &self.schema, self.parked_cap).await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        crate::gauges::ping(&self.pool).await
+    }
+
     async fn report_health(
         &self,
         member: &MemberId,
@@ -1494,6 +1575,69 @@ impl Store for PgStore {
         self.writer.enqueue_many(&mut tx, messages).await?;
         tx.commit().await.map_err(|e| map_sqlx_error("commit", e))
     }
+}
+
+/// Groups of pending messages (partition, aggregate type, event type, topic) `status_detail`
+/// reads at most, oldest first.
+const STATUS_GROUPS: i64 = 10_000;
+
+/// The retention part of `outbox status` from the row of `status_retention.sql`: the oldest
+/// segment, why it is kept, and what pins the horizon. A running transaction pins it when its
+/// id is at or below the horizon (every position taken while it runs stops there); otherwise
+/// the partition with the oldest position does.
+fn retention_status(
+    r: &sqlx::postgres::PgRow,
+) -> std::result::Result<RetentionStatus, sqlx::Error> {
+    let next_xid: i64 = r.try_get("next_xid")?;
+    let horizon: Option<i64> = r.try_get("horizon")?;
+    let oldest_segment = match r.try_get::<Option<String>, _>("oldest_name")? {
+        Some(name) => Some(Segment {
+            name,
+            lo: r.try_get("oldest_lo")?,
+            hi: r.try_get("oldest_hi")?,
+            closed_at: r.try_get("oldest_closed_at")?,
+            bytes: r.try_get("oldest_bytes")?,
+        }),
+        None => None,
+    };
+    let kept_because = oldest_segment.as_ref().map(|s| {
+        if s.hi > next_xid || s.closed_at.is_none() {
+            KeptBecause::Open
+        } else if horizon.is_none_or(|h| h < s.hi) {
+            KeptBecause::Horizon
+        } else {
+            KeptBecause::Retention
+        }
+    });
+    let running: Option<i64> = r.try_get("running_xid")?;
+    let pinned_by = match (running, horizon) {
+        (Some(xid), Some(h)) if xid <= h => Some(RetentionPin::Transaction {
+            xid,
+            pid: r.try_get("running_pid")?,
+            age_seconds: r.try_get("running_age_seconds")?,
+            state: r.try_get("running_state")?,
+            application_name: r.try_get("running_application")?,
+            database: r.try_get("running_database")?,
+            user: r.try_get("running_user")?,
+            prepared: r.try_get("running_prepared")?,
+        }),
+        (_, Some(_)) => Some(RetentionPin::Partition {
+            partition: r.try_get("pin_partition")?,
+            owner: r.try_get("pin_owner")?,
+            done_at: r.try_get("pin_done_at")?,
+            behind_seconds: r.try_get("pin_behind_seconds")?,
+        }),
+        (_, None) => None,
+    };
+    Ok(RetentionStatus {
+        segments: r.try_get("segments")?,
+        bytes: r.try_get("bytes")?,
+        next_xid,
+        horizon,
+        oldest_segment,
+        kept_because,
+        pinned_by,
+    })
 }
 
 impl From<PgStore> for std::sync::Arc<dyn Store> {

@@ -60,6 +60,9 @@ struct Inner {
     reopen_at: Instant,
     probe_started: Instant,
     last_error: Option<String>,
+    /// When the circuit last left `Closed` (`None` while closed): how long the sink has been
+    /// considered down, for metrics and the readiness probe.
+    opened_at: Option<Instant>,
 }
 
 /// One breaker per sink, shared by the workers of a relay process.
@@ -82,6 +85,7 @@ impl Breaker {
                 reopen_at: Instant::now(),
                 probe_started: Instant::now(),
                 last_error: None,
+                opened_at: None,
             }),
         }
     }
@@ -126,6 +130,7 @@ impl Breaker {
             s.consecutive = 0;
             s.cooldown = MIN_COOLDOWN;
             s.last_error = None;
+            s.opened_at = None;
             return;
         }
         let Some(error) = unavailable else {
@@ -148,6 +153,7 @@ impl Breaker {
             }
             CircuitState::Closed if s.consecutive >= self.threshold => {
                 s.state = CircuitState::Open;
+                s.opened_at = Some(Instant::now());
                 s.reopen_at = Instant::now() + s.cooldown;
                 warn!(sink = %self.sink, %error, failures = s.consecutive, next_probe_in = ?s.cooldown,
                       "circuit opened: the broker keeps failing; pausing publishes");
@@ -165,6 +171,20 @@ impl Breaker {
                 s.reopen_at = Instant::now();
             }
         }
+    }
+
+    /// How long the circuit has been open or half-open without closing since it opened;
+    /// `None` while closed.
+    pub fn not_closed_for(&self) -> Option<Duration> {
+        self.inner
+            .lock()
+            .ok()
+            .and_then(|s| s.opened_at.map(|t| t.elapsed()))
+    }
+
+    /// The sink this breaker guards, as the sink names itself.
+    pub fn sink(&self) -> &str {
+        &self.sink
     }
 
     /// Current state and the last broker error.
@@ -196,9 +216,11 @@ mod tests {
             matches!(b.permit(), Permit::Wait(_)),
             "only one probe at a time"
         );
+        assert!(b.not_closed_for().is_some(), "open since the threshold");
         b.record(true, None);
         assert_eq!(b.permit(), Permit::Proceed);
         assert_eq!(b.snapshot(), (CircuitState::Closed, None));
+        assert_eq!(b.not_closed_for(), None, "closed again");
     }
 
     #[test]

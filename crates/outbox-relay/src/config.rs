@@ -123,6 +123,17 @@ impl RelayConfig {
             .min(self.lease_margin())
     }
 
+    /// How long a worker may go without finishing a step of its loop before the liveness probe
+    /// calls it wedged: twice the longest step the settings allow (a store call, a publish
+    /// call, or the reconnect backoff's longest pause, 10 s). 30 s with the defaults.
+    pub fn live_bound(&self) -> Duration {
+        let step = self
+            .store_timeout
+            .max(self.lease_margin())
+            .max(Duration::from_secs(10));
+        step * 2
+    }
+
     /// Checks that a sink's `ack_timeout` fits in a third of the lease: a relay must be able to
     /// wait for an acknowledgement and still hold its partitions. The error names both values.
     pub fn check_ack_timeout(&self, ack_timeout: Duration) -> Result<(), String> {

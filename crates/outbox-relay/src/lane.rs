@@ -10,6 +10,7 @@ use outbox_core::{DestinationTemplate, Message, RouteMatch, Sink};
 
 use crate::breaker::{Breaker, CircuitState, Permit};
 use crate::config::RelayConfig;
+use crate::telemetry::LaneMetrics;
 
 /// A routing rule with its sink, as `Relay::with_routes` takes it.
 pub struct Route {
@@ -32,12 +33,15 @@ pub(crate) struct Lane {
     pub(crate) destination: DestinationTemplate,
     /// Deadline of one `publish` call (see [`RelayConfig::publish_deadline`]).
     pub(crate) publish_deadline: Duration,
+    /// Its metrics' handles, labelled with its sink and route.
+    pub(crate) metrics: LaneMetrics,
 }
 
 impl Lane {
     pub(crate) fn new(route: Route, config: &RelayConfig) -> Self {
         let breaker = Arc::new(Breaker::new(route.sink.name(), config.breaker_threshold));
         Self {
+            metrics: LaneMetrics::new(route.sink.name(), &route.name),
             publish_deadline: config.publish_deadline(route.sink.ack_timeout()),
             destination: route
                 .destination

@@ -11,13 +11,16 @@
 pub mod breaker;
 mod config;
 mod deliver;
+pub mod health;
 mod lane;
 mod metrics;
 mod relay;
+pub mod telemetry;
 mod worker;
 
 pub use breaker::{Breaker, CircuitState};
 pub use config::RelayConfig;
+pub use health::{CircuitView, MemberHealth, Pulse, RelayHealth, Verdict};
 pub use lane::Route;
 pub use metrics::{ClaimTimes, ClaimTimesSnapshot, RelayMetrics};
 pub use relay::Relay;

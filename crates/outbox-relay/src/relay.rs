@@ -10,8 +10,10 @@ use tracing::{info, warn};
 
 use crate::breaker::Breaker;
 use crate::config::RelayConfig;
+use crate::health::{MemberHealth, RelayHealth};
 use crate::lane::{Lane, Lanes, Route};
 use crate::metrics::RelayMetrics;
+use crate::telemetry::EngineMetrics;
 use crate::worker::Worker;
 
 /// A relay process: `workers` members that each own a share of the partitions.
@@ -20,6 +22,8 @@ pub struct Relay {
     lanes: Arc<Lanes>,
     config: RelayConfig,
     metrics: Arc<RelayMetrics>,
+    engine: Arc<EngineMetrics>,
+    health: Arc<RelayHealth>,
 }
 
 impl Relay {
@@ -68,13 +72,29 @@ impl Relay {
                 );
             }
         }
-        let lanes = routes.into_iter().map(|r| Lane::new(r, &config)).collect();
+        let lanes: Vec<Lane> = routes.into_iter().map(|r| Lane::new(r, &config)).collect();
+        let health = RelayHealth::new(
+            lanes
+                .iter()
+                .map(|l| (l.name.clone(), l.breaker.clone()))
+                .collect(),
+            config.live_bound(),
+            config.lease,
+        );
         Self {
             store,
             lanes: Arc::new(Lanes(lanes)),
             config,
             metrics: Arc::new(RelayMetrics::default()),
+            engine: Arc::new(EngineMetrics::new()),
+            health: Arc::new(health),
         }
+    }
+
+    /// Liveness and readiness of this relay's workers and sinks, live while it runs (what the
+    /// `/livez` and `/readyz` probes read).
+    pub fn health(&self) -> Arc<RelayHealth> {
+        self.health.clone()
     }
 
     /// Counters of this relay, live while it runs.
@@ -94,12 +114,17 @@ impl Relay {
         wake: &watch::Receiver<u64>,
         shutdown: &CancellationToken,
     ) -> Worker {
+        let id = MemberId::random(&format!("{}-w{i}", self.config.member_prefix));
+        let health = Arc::new(MemberHealth::new(id.to_string(), i));
+        self.health.register(health.clone());
         Worker {
-            id: MemberId::random(&format!("{}-w{i}", self.config.member_prefix)),
+            id,
             store: self.store.clone(),
             lanes: self.lanes.clone(),
             cfg: self.config.clone(),
             metrics: self.metrics.clone(),
+            engine: self.engine.clone(),
+            health,
             wake: wake.clone(),
             shutdown: shutdown.clone(),
         }

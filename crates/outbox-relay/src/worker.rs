@@ -19,8 +19,10 @@ use tracing::{debug, info, warn};
 use crate::breaker::{CircuitState, Permit, MIN_COOLDOWN};
 use crate::config::{RelayConfig, MIN_POLL_INTERVAL};
 use crate::deliver::{envelope, key_units};
+use crate::health::MemberHealth;
 use crate::lane::{Lane, Lanes};
 use crate::metrics::RelayMetrics;
+use crate::telemetry::EngineMetrics;
 
 /// After a store call succeeds: says once that the store is back, after failures.
 fn store_reachable(member: &MemberId, backoff: &mut Backoff) {
@@ -37,6 +39,10 @@ pub(crate) struct Worker {
     pub(crate) lanes: Arc<Lanes>,
     pub(crate) cfg: RelayConfig,
     pub(crate) metrics: Arc<RelayMetrics>,
+    /// The engine's metric handles (the lanes hold their own).
+    pub(crate) engine: Arc<EngineMetrics>,
+    /// What the probes read: beaten at every step of the loop (see `crate::health`).
+    pub(crate) health: Arc<MemberHealth>,
     pub(crate) wake: watch::Receiver<u64>,
     pub(crate) shutdown: CancellationToken,
 }
@@ -127,6 +133,7 @@ impl Worker {
         // for: published next if the store adopts it (see `Store::claim_ahead`).
         let mut ahead: Option<(Vec<i32>, Vec<Message>)> = None;
         while !self.shutdown.is_cancelled() {
+            self.health.pulse.beat();
             // Kept only by an iteration that goes straight on to claim: a pause, a rebalance
             // failure or a wait for the breaker drops it.
             let read_before = ahead.take();
@@ -138,6 +145,7 @@ impl Worker {
                 {
                     Ok(p) => {
                         store_reachable(&self.id, &mut backoff);
+                        self.health.leased(p.len());
                         if p != lease.partitions {
                             info!(member = %self.id, partitions = p.len(), "partitions assigned");
                         }
@@ -152,6 +160,7 @@ impl Worker {
                         let d = backoff.failed();
                         warn!(member = %self.id, %error, retry_in = ?d, "rebalance failed");
                         lease.partitions.clear();
+                        self.health.lease_lost();
                         self.pause(d).await;
                         continue;
                     }
@@ -271,11 +280,13 @@ impl Worker {
             };
             RelayMetrics::add(&self.metrics.batches, 1);
             let t_publish = Instant::now();
+            self.engine.batch_messages.record(batch.len() as f64);
             // A full batch means a backlog: read the next batch while this one is published,
             // so a hot key's claims cost no time of their own. Within the bytes this batch
             // leaves of the worker's share, so both together stay within it; not at all when
             // that is under half (large payloads: the read would come back short anyway).
             let held: usize = batch.iter().map(|m| m.payload.len()).sum();
+            self.engine.batch_bytes.record(held as f64);
             let ahead_limits = ClaimLimits {
                 rows: limit,
                 bytes: limits.bytes.saturating_sub(held),
@@ -352,6 +363,7 @@ impl Worker {
         } else {
             debug!(member = %self.id, "partitions released");
         }
+        self.health.pulse.stop();
     }
 
     /// Counts a claim statement begun at `started` (a read ahead included; a batch adopted from
@@ -361,6 +373,7 @@ impl Worker {
         RelayMetrics::add(&self.metrics.claims, 1);
         RelayMetrics::add(&self.metrics.claim_micros, micros);
         self.metrics.claim_times.record(micros);
+        self.engine.claim_duration.record(micros as f64 / 1e6);
     }
 
     /// How often to heartbeat and rebalance: at most every second, so a new member gets its
@@ -494,7 +507,7 @@ impl Worker {
                                 names.join(", ")
                             );
                             warn!(member = %self.id, id = %m.id, error = %why, "message has no route");
-                            outcomes.push(self.failure(m, SinkError::invalid(why)));
+                            outcomes.push(self.failure(m, SinkError::invalid(why), None));
                             keys[k].clear();
                             break;
                         };
@@ -518,7 +531,10 @@ impl Worker {
                             Ok(e) => sent.get_or_insert_with(|| (l, Vec::new())).1.push((i, e)),
                             Err(why) => {
                                 warn!(member = %self.id, id = %m.id, error = %why, "message cannot be published as stored");
-                                outcomes.push(self.failure(m, SinkError::invalid(why)));
+                                lane.metrics
+                                    .error(outbox_core::SinkErrorKind::Invalid)
+                                    .increment(1);
+                                outcomes.push(self.failure(m, SinkError::invalid(why), Some(lane)));
                                 keys[k].clear();
                                 break;
                             }
@@ -546,6 +562,8 @@ impl Worker {
             while let Some(Some(more)) = in_flight.next().now_or_never() {
                 answered.push(more);
             }
+            self.health.pulse.beat();
+            let acked_at = chrono::Utc::now();
             for (l, call, results) in answered {
                 let lane = &lanes[l];
                 lane.breaker.record(
@@ -577,6 +595,16 @@ impl Worker {
                                 lane.sink.name()
                             )))
                         });
+                        match &result {
+                            Ok(()) => {
+                                lane.metrics.published.increment(1);
+                                let waited = (acked_at - m.created_at).num_microseconds();
+                                lane.metrics
+                                    .latency
+                                    .record(waited.unwrap_or(0).max(0) as f64 / 1e6);
+                            }
+                            Err(e) => lane.metrics.error(e.kind).increment(1),
+                        }
                         match result {
                             Ok(()) => outcomes.push(Outcome::Published { seq: m.seq }),
                             // A routed probe that found its broker still down says nothing
@@ -591,7 +619,7 @@ impl Worker {
                                 if e.is_unavailable() {
                                     unavailable.insert(m.seq);
                                 }
-                                outcomes.push(self.failure(m, e));
+                                outcomes.push(self.failure(m, e, Some(lane)));
                             }
                         }
                     }
@@ -624,7 +652,12 @@ impl Worker {
         l: usize,
         call: LaneCall,
     ) -> (usize, LaneCall, Vec<Result<(), SinkError>>) {
-        let results = self.publish_call(&self.lanes.0[l], &call.envelopes).await;
+        let lane = &self.lanes.0[l];
+        let started = Instant::now();
+        let results = self.publish_call(lane, &call.envelopes).await;
+        lane.metrics
+            .publish_duration
+            .record(started.elapsed().as_secs_f64());
         (l, call, results)
     }
 
@@ -632,6 +665,7 @@ impl Worker {
     /// spending no attempt.
     fn deferral(&self, m: &Message, lane: &Lane, delay: Duration) -> Outcome {
         RelayMetrics::add(&self.metrics.deferred, 1);
+        lane.metrics.deferred.increment(1);
         let (_, error) = lane.breaker.snapshot();
         Outcome::Deferred {
             seq: m.seq,
@@ -680,7 +714,12 @@ impl Worker {
     /// connection that went silent. Stores must tolerate a dropped call (see `Store`).
     async fn store_call<T>(&self, what: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
         let deadline = self.cfg.store_timeout;
-        match tokio::time::timeout(deadline, call).await {
+        // Each end of a store call is a step of the loop: the call itself is bounded by the
+        // deadline, so a worker silent for longer is wedged elsewhere.
+        self.health.pulse.beat();
+        let answer = tokio::time::timeout(deadline, call).await;
+        self.health.pulse.beat();
+        match answer {
             Ok(r) => r,
             Err(_) => Err(Error::new(
                 ErrorKind::Timeout,
@@ -704,6 +743,7 @@ impl Worker {
                 Ok(n) if n == lease.partitions.len() => {
                     lease.valid_until = now + self.cfg.lease;
                     lease.renewed_at = now;
+                    self.health.leased(n);
                 }
                 Ok(_) => {
                     // A partition was taken over while we published: stop and rebalance.
@@ -718,15 +758,19 @@ impl Worker {
         lease.valid_until > Instant::now() + self.cfg.lease_margin()
     }
 
-    /// The outcome of a failed attempt. Retries are logged once per call by the caller (an
-    /// outage fails thousands of messages; one line says it); final failures one by one.
-    fn failure(&self, m: &Message, e: SinkError) -> Outcome {
+    /// The outcome of a failed attempt, counted for `lane` (`None`: the row matched no route).
+    /// Retries are logged once per call by the caller (an outage fails thousands of messages;
+    /// one line says it); final failures one by one.
+    fn failure(&self, m: &Message, e: SinkError, lane: Option<&Lane>) -> Outcome {
         let attempts = u32::try_from(m.attempts).unwrap_or(0).saturating_add(1);
         match self.cfg.retry.decide(attempts, e.retriable()) {
             RetryDecision::RetryAfter(delay) => {
                 // The broker's own `Retry-After`, when it gave one, is a floor.
                 let delay = e.retry_after.map_or(delay, |wait| delay.max(wait));
                 RelayMetrics::add(&self.metrics.retried, 1);
+                if let Some(lane) = lane {
+                    lane.metrics.retries.increment(1);
+                }
                 debug!(member = %self.id, id = %m.id, key = %m.aggregate_id, attempts, error = %e.message,
                        kind = %e.kind, retry_in = ?delay, "publish failed; will retry");
                 Outcome::Retry {
@@ -737,6 +781,10 @@ impl Worker {
             }
             RetryDecision::Fail => {
                 RelayMetrics::add(&self.metrics.failed, 1);
+                match lane {
+                    Some(lane) => lane.metrics.failed.increment(1),
+                    None => self.engine.unrouted_failed.increment(1),
+                }
                 warn!(member = %self.id, id = %m.id, key = %m.aggregate_id, attempts, error = %e.message,
                       kind = %e.kind, "message failed; it stays in the outbox as `failed`");
                 Outcome::Failed {
@@ -760,14 +808,19 @@ impl Worker {
             .count() as u64;
         let mut backoff = Backoff::RECONNECT;
         for attempt in 1..=5 {
+            let started = Instant::now();
             match self
                 .store_call("complete", self.store.complete(&self.id, &outcomes))
                 .await
             {
                 Ok(changed) => {
+                    self.engine
+                        .record_duration
+                        .record(started.elapsed().as_secs_f64());
                     let fenced = outcomes.len() as u64 - changed.min(outcomes.len() as u64);
                     if fenced > 0 {
                         RelayMetrics::add(&self.metrics.fenced, fenced);
+                        self.engine.fenced.increment(fenced);
                         warn!(member = %self.id, fenced, "results not recorded: partitions changed owner");
                     }
                     RelayMetrics::add(&self.metrics.published, published.saturating_sub(fenced));

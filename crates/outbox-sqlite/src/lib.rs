@@ -9,12 +9,14 @@
 //! `RETURNING`, `UPDATE … FROM`); the bundled library is newer.
 
 mod error;
+mod gauges;
 mod migrate;
 mod store;
 mod tables;
 mod writer;
 
 pub use error::map_sqlx_error;
+pub use gauges::GAUGES_PENDING_CAP;
 pub use migrate::{
     apply_pending, check_schema, migrate, migrate_tables, MIGRATIONS, SCHEMA_VERSION,
 };

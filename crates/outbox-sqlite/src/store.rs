@@ -10,6 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures::TryStreamExt;
+use outbox_core::status::{PartitionStatus, PendingCell, StatusDetail};
 use outbox_core::store::MemberStatus;
 use outbox_core::{
     BlockedKey, ClaimLimits, Error, ErrorKind, FailedMessage, Maintenance, MemberId, Message,
@@ -58,6 +59,12 @@ const REPORT_HEALTH: &str = include_str!("../queries/report_health.sql");
 const FAILED: &str = include_str!("../queries/failed.sql");
 const REDRIVE_AUDIT: &str = include_str!("../queries/redrive_audit.sql");
 const REDRIVE: &str = include_str!("../queries/redrive.sql");
+const STATUS_PENDING: &str = include_str!("../queries/status_pending.sql");
+const STATUS_PARTITIONS: &str = include_str!("../queries/status_partitions.sql");
+
+/// Groups of pending messages (partition, aggregate type, event type, topic) `status_detail`
+/// reads at most, oldest first.
+const STATUS_GROUPS: i64 = 10_000;
 
 /// Every statement, rendered for one table set.
 #[derive(Debug)]
@@ -81,6 +88,8 @@ struct Queries {
     redrive_audit: String,
     redrive: String,
     purge: String,
+    status_pending: String,
+    status_partitions: String,
 }
 
 impl Queries {
@@ -105,6 +114,8 @@ impl Queries {
             redrive_audit: t.render(REDRIVE_AUDIT),
             redrive: t.render(REDRIVE),
             purge: t.render("DELETE FROM outbox WHERE state = 'published' AND published_at < ?1"),
+            status_pending: t.render(STATUS_PENDING),
+            status_partitions: t.render(STATUS_PARTITIONS),
         }
     }
 }
@@ -573,6 +584,68 @@ impl Store for SqliteStore {
             rows_deleted: done.rows_affected(),
             ..Maintenance::default()
         })
+    }
+
+    /// Partitions with their owners and the backlog by type; no retention figures (SQLite
+    /// deletes published rows by age, and has no horizon to hold) and no positions (rows are
+    /// marked).
+    async fn status_detail(&self) -> Result<StatusDetail> {
+        let err = |e| map_sqlx_error("reading the status detail", e);
+        let now = now_ms();
+        let pending = sqlx::query(&self.q.status_pending)
+            .bind(now)
+            .bind(STATUS_GROUPS)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err)?
+            .iter()
+            .map(|r| {
+                Ok(PendingCell {
+                    partition: r.try_get("partition")?,
+                    aggregate_type: r.try_get("aggregate_type")?,
+                    event_type: r.try_get("event_type")?,
+                    topic: r.try_get("topic")?,
+                    pending: r.try_get("pending")?,
+                    oldest_pending_age_seconds: r.try_get("oldest_pending_age_seconds")?,
+                })
+            })
+            .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
+            .map_err(err)?;
+        let partitions = sqlx::query(&self.q.status_partitions)
+            .bind(now)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err)?
+            .iter()
+            .map(|r| {
+                let lease: Option<i64> = r.try_get("lease_until")?;
+                Ok(PartitionStatus {
+                    partition: r.try_get("partition")?,
+                    owner: r.try_get("owner")?,
+                    epoch: r.try_get("epoch")?,
+                    lease_until: lease.and_then(DateTime::from_timestamp_millis),
+                    pending: 0,
+                    oldest_pending_age_seconds: None,
+                    parked: r.try_get("parked")?,
+                    failed: r.try_get("failed")?,
+                    position: None,
+                })
+            })
+            .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
+            .map_err(err)?;
+        Ok(StatusDetail {
+            partitions,
+            retention: None,
+            pending,
+        })
+    }
+
+    async fn gauges(&self) -> Result<outbox_core::Gauges> {
+        crate::gauges::read(&self.pool, &self.tables, now_ms()).await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        crate::gauges::ping(&self.pool).await
     }
 
     async fn report_health(

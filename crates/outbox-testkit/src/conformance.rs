@@ -51,7 +51,8 @@ macro_rules! store_conformance_suite {
             parked_key_is_released_in_order_behind_its_head,
             claim_respects_the_byte_bound_but_passes_one_oversized_row,
             a_complete_dropped_mid_way_records_when_called_again,
-            redrive_releases_a_failed_head_and_its_key_flows_in_order
+            redrive_releases_a_failed_head_and_its_key_flows_in_order,
+            gauges_agree_with_stats_and_the_database_answers_a_ping
         );
     };
 }
@@ -927,4 +928,57 @@ pub async fn a_complete_dropped_mid_way_records_when_called_again(store: Arc<dyn
         "the batch must be recorded by the dropped call or its retry"
     );
     assert_eq!(store.stats().await.unwrap().published, 2);
+}
+
+/// `gauges` (what a metrics scrape reads, in one cheap statement) agrees with `stats` on every
+/// figure both give: pending (waiting for a retry included, failed excluded), retrying, parked,
+/// failed, and whether anything is pending at all; `ping` answers.
+pub async fn gauges_agree_with_stats_and_the_database_answers_a_ping(store: Arc<dyn Store>) {
+    store.ping().await.unwrap();
+    let empty = store.gauges().await.unwrap();
+    assert_eq!(
+        (empty.pending, empty.retrying, empty.parked, empty.failed),
+        (0, 0, 0, 0)
+    );
+    assert_eq!(empty.oldest_pending_age_seconds, None);
+    assert!(!empty.pending_capped);
+    store
+        .insert(&[msg("a", 1), msg("b", 1), msg("c", 1), msg("d", 1)])
+        .await
+        .unwrap();
+    let (m, parts) = sole_member(&store).await;
+    let got = claim_all(&store, &m, &parts).await;
+    assert_eq!(got.len(), 4);
+    store
+        .complete(
+            &m,
+            &[
+                Outcome::Published { seq: got[0].seq },
+                Outcome::Retry {
+                    seq: got[1].seq,
+                    error: "later".into(),
+                    delay: Duration::from_secs(3600),
+                },
+                Outcome::Failed {
+                    seq: got[2].seq,
+                    error: "nope".into(),
+                },
+                Outcome::Published { seq: got[3].seq },
+            ],
+        )
+        .await
+        .unwrap();
+    store.insert(&[msg("e", 1), msg("e", 2)]).await.unwrap();
+    let s = store.stats().await.unwrap();
+    let g = store.gauges().await.unwrap();
+    assert_eq!(
+        (g.pending, g.retrying, g.parked, g.failed),
+        (s.pending, s.retrying, s.parked, s.failed),
+        "gauges {g:?} against stats {s:?}"
+    );
+    assert_eq!((g.pending, g.retrying, g.failed), (3, 1, 1), "{g:?}");
+    let age = g.oldest_pending_age_seconds.expect("something is pending");
+    assert!((0.0..3600.0).contains(&age), "age {age}");
+    assert!(!g.pending_capped);
+    assert!(g.retention_pins.iter().all(|p| p.age_seconds >= 0.0));
 }

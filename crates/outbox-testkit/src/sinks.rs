@@ -514,6 +514,77 @@ impl<S: Sink> Sink for CrashingSink<S> {
     }
 }
 
+/// Wedges its relay's worker the way no deadline can cut: once [armed](BlockingSink::arm), the
+/// next call blocks the thread that polls it (a synchronous wait inside async code, as a
+/// blocking client or a `std` lock held elsewhere would) until [`BlockingSink::release`]. The
+/// relay's publish deadline is a timer on that same task, so it never fires: only a liveness
+/// probe sees the worker stop. Run the relay on a multi-threaded runtime with threads to spare.
+pub struct BlockingSink<S> {
+    inner: S,
+    armed: AtomicBool,
+    gate: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+    blocked: AtomicU64,
+}
+
+impl<S: Sink> BlockingSink<S> {
+    /// Wraps `inner`, disarmed: calls pass through.
+    pub fn new(inner: S) -> Self {
+        Self {
+            inner,
+            armed: AtomicBool::new(false),
+            gate: std::sync::Mutex::new(false),
+            opened: std::sync::Condvar::new(),
+            blocked: AtomicU64::new(0),
+        }
+    }
+
+    /// Makes the next call block its thread until released.
+    pub fn arm(&self) {
+        if let Ok(mut open) = self.gate.lock() {
+            *open = false;
+        }
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Calls blocked so far (the one blocking now included).
+    pub fn blocked(&self) -> u64 {
+        self.blocked.load(Ordering::SeqCst)
+    }
+
+    /// Lets the blocked call (and any later one) through.
+    pub fn release(&self) {
+        self.armed.store(false, Ordering::SeqCst);
+        if let Ok(mut open) = self.gate.lock() {
+            *open = true;
+        }
+        self.opened.notify_all();
+    }
+}
+
+#[async_trait]
+impl<S: Sink> Sink for BlockingSink<S> {
+    wraps_inner!();
+
+    async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            self.blocked.fetch_add(1, Ordering::SeqCst);
+            // Deliberately synchronous: this is the bug being simulated.
+            let mut open = self
+                .gate
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            while !*open {
+                open = self
+                    .opened
+                    .wait(open)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        }
+        self.inner.publish(batch).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

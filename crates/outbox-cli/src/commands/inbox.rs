@@ -14,6 +14,10 @@ use crate::config::InboxSettings;
 
 /// How often the daemon runs the queue's maintenance and the inbox retention.
 const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(30);
+/// How long the ingest loop may go without finishing a step before /livez fails: a fetch waits
+/// at most its source's wait (SQS: 20 s), a commit the database's statement timeout, a pause
+/// 10 s; twice the longest with room to spare.
+const INGEST_LIVE_BOUND: Duration = Duration::from_secs(120);
 
 pub async fn run(s: InboxSettings, print_config: bool) -> anyhow::Result<ExitCode> {
     if print_config {
@@ -24,10 +28,15 @@ pub async fn run(s: InboxSettings, print_config: bool) -> anyhow::Result<ExitCod
             "batch_size": s.daemon.batch,
             "poll_interval": humantime::format_duration(s.daemon.poll_interval).to_string(),
             "retention": humantime::format_duration(s.daemon.retention).to_string(),
+            "metrics_addr": s.metrics_addr.map(|a| a.to_string()),
         });
         println!("{}", serde_json::to_string_pretty(&settings)?);
         return Ok(ExitCode::SUCCESS);
     }
+    let observe = match s.metrics_addr {
+        Some(addr) => Some(crate::observe::start(addr, &crate::observe::INBOX_METRICS).await?),
+        None => None,
+    };
     let db = InboxDatabase::open(&s.db.url, &s.db.schema, 4).await?;
     if let Err(e) = db.check().await {
         if e.kind() == ErrorKind::Schema {
@@ -49,6 +58,17 @@ pub async fn run(s: InboxSettings, print_config: bool) -> anyhow::Result<ExitCod
           source = %source.describe(), "inbox configured");
     let shutdown = crate::shutdown::on_signal();
     let metrics = Arc::new(IngestMetrics::default());
+    let server = observe.map(|o| {
+        let ingest = outbox_observe::Loop {
+            name: format!("ingest of {}", source.name()),
+            pulse: metrics.pulse.clone(),
+            bound: INGEST_LIVE_BOUND,
+        };
+        o.serve(
+            outbox_observe::Target::inbox(db.queue(), vec![ingest]),
+            shutdown.clone(),
+        )
+    });
     let housekeeping = tokio::spawn(daemon::housekeeping(
         db.clone(),
         s.daemon.retention,
@@ -65,6 +85,9 @@ pub async fn run(s: InboxSettings, print_config: bool) -> anyhow::Result<ExitCod
     .await;
     shutdown.cancel();
     housekeeping.abort();
+    if let Some(server) = server {
+        let _ = server.await;
+    }
     info!(
         fetched = IngestMetrics::get(&metrics.fetched),
         recorded = IngestMetrics::get(&metrics.recorded),

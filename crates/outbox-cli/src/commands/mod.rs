@@ -57,7 +57,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Relay(args) => relay::run(config::relay(&loaded, &args)?, args.print_config).await,
         Command::Status(args) => {
-            status::run(config::db(&loaded, &args.db)?, args.inbox, args.format).await
+            let routes = config::file_routes(&loaded)?;
+            status::run(config::db(&loaded, &args.db)?, &args, &routes).await
         }
         Command::Bench(args) => bench::run(args).await,
         Command::Demo(args) => demo::run(args).await,

@@ -81,12 +81,21 @@ pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCod
             "backoff_base": humantime::format_duration(r.retry.base).to_string(),
             "backoff_max": humantime::format_duration(r.retry.max).to_string(),
             "on_failed": r.on_failed,
+            "metrics_addr": s.metrics_addr.map(|a| a.to_string()),
+            "unready_after": humantime::format_duration(s.unready_after).to_string(),
         });
         println!("{}", serde_json::to_string_pretty(&settings)?);
         return Ok(ExitCode::SUCCESS);
     }
-    // Pool: each worker claims and marks on its own, plus LISTEN and lease renewals.
-    let pool_size = (s.relay.workers as u32) * 2 + 2;
+    // Installed before anything registers a metric, and bound before anything connects: an
+    // address in use is reported at once.
+    let observe = match s.metrics_addr {
+        Some(addr) => Some(crate::observe::start(addr, &crate::observe::RELAY_METRICS).await?),
+        None => None,
+    };
+    // Pool: each worker claims and marks on its own, plus LISTEN and lease renewals, plus
+    // the scrape's query and the readiness probe's round trip.
+    let pool_size = (s.relay.workers as u32) * 2 + 2 + u32::from(observe.is_some());
     let database =
         outbox_db::open_with_deadline(&s.db.url, &s.db.schema, pool_size, s.relay.store_timeout)
             .await?;
@@ -99,8 +108,15 @@ pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCod
           sink = %s.sink.as_deref().map(outbox_core::redact::url).unwrap_or_default(),
           routes = s.routes.len(), "relay configured");
     let shutdown = crate::shutdown::on_signal();
-    Relay::with_routes(store, routes, s.relay)?
-        .run(shutdown)
-        .await;
+    let relay = Relay::with_routes(store.clone(), routes, s.relay)?;
+    let server = observe.map(|o| {
+        let target = outbox_observe::Target::relay(store, relay.health(), s.unready_after);
+        o.serve(target, shutdown.clone())
+    });
+    relay.run(shutdown.clone()).await;
+    shutdown.cancel();
+    if let Some(server) = server {
+        let _ = server.await;
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,66 @@
+//! [`Gauges`]: the store figures a metrics scrape exports (`outbox_pending_messages`,
+//! `outbox_oldest_pending_age_seconds`, …), read by [`crate::Store::gauges`] in one cheap
+//! statement so that a scrape every few seconds costs the database next to nothing, however
+//! large the backlog.
+
+use serde::Serialize;
+
+/// What a metrics scrape reads from a store. Every figure is of the whole outbox (all
+/// partitions, all routes): a store cannot tell a row's route, which the relay's routing rules
+/// decide (`outbox status` breaks the backlog down by route).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Gauges {
+    /// Messages not yet published, waiting for a retry included, failed ones excluded; counted
+    /// up to the store's cap (see `pending_capped`).
+    pub pending: i64,
+    /// Whether `pending` stopped at the store's counting cap: the backlog is at least that.
+    pub pending_capped: bool,
+    /// How long the oldest pending message has waited at most, in seconds; `None` when nothing
+    /// is pending. See each store for exactly what it measures (PostgreSQL: the time since the
+    /// partition's reader last caught up, for partitions with anything pending, and the age of
+    /// the oldest parked message still to deliver).
+    pub oldest_pending_age_seconds: Option<f64>,
+    /// Messages waiting for a retry after a failed attempt.
+    pub retrying: i64,
+    /// Messages set aside from the main flow: retrying or failed heads and the messages queued
+    /// behind them in their key.
+    pub parked: i64,
+    /// Messages that ended `failed` (redrivable).
+    pub failed: i64,
+    /// Partitions that hold the parking cap and stopped advancing.
+    pub partitions_at_parking_cap: i64,
+    /// Storage segments kept (PostgreSQL); `None` for stores without segments.
+    pub segments: Option<i64>,
+    /// What holds retention back, each with its age; empty for stores without a retention
+    /// horizon (SQLite deletes published rows by age, nothing can pin it).
+    pub retention_pins: Vec<PinAge>,
+}
+
+/// One kind of thing that can hold retention back, and how long it has.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PinAge {
+    /// `position` (the least advanced partition's position: a stuck partition or relay),
+    /// `transaction` (the oldest running transaction that holds a transaction id), or
+    /// `prepared` (the oldest prepared transaction).
+    pub pin: &'static str,
+    /// Seconds it has held retention (0 when there is none of that kind).
+    pub age_seconds: f64,
+}
+
+impl Gauges {
+    /// The figures [`crate::Stats`] already holds, for stores without a cheaper statement of
+    /// their own (the default of [`crate::Store::gauges`]).
+    pub fn from_stats(s: &crate::Stats) -> Self {
+        Self {
+            pending: s.pending,
+            pending_capped: false,
+            oldest_pending_age_seconds: s.oldest_pending_age_seconds,
+            retrying: s.retrying,
+            parked: s.parked,
+            failed: s.failed,
+            partitions_at_parking_cap: s.partitions_at_parking_cap,
+            segments: None,
+            retention_pins: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The metrics set at scrape time: the store's figures (one statement per scrape), the
+//! circuits and the partitions owned. Their names for the relay ([`RELAY`]) and for the
+//! inbox's processing queue ([`INBOX`]), and their catalogue entries.
+
+use outbox_relay::telemetry::{MetricDef, MetricKind};
+
+/// The names under which a [`crate::Target`] exports its store's figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreNames {
+    /// Messages not yet handled (counted up to the store's cap).
+    pub pending: &'static str,
+    /// 1 when `pending` stopped at the store's cap.
+    pub pending_capped: &'static str,
+    /// Age of the oldest message not yet handled, at most.
+    pub oldest_age: &'static str,
+    /// Messages waiting for a retry.
+    pub retrying: &'static str,
+    /// Messages parked.
+    pub parked: &'static str,
+    /// Messages failed.
+    pub failed: &'static str,
+    /// Partitions at the parking cap.
+    pub at_parking_cap: &'static str,
+    /// Segments kept.
+    pub segments: &'static str,
+    /// Age of what holds retention, by kind.
+    pub retention_pin: &'static str,
+    /// Whether the scrape's query answered.
+    pub store_up: &'static str,
+    /// How long the scrape's query took.
+    pub query_duration: &'static str,
+}
+
+/// The relay's store figures.
+pub const RELAY: StoreNames = StoreNames {
+    pending: "outbox_pending_messages",
+    pending_capped: "outbox_pending_capped",
+    oldest_age: "outbox_oldest_pending_age_seconds",
+    retrying: "outbox_retrying_messages",
+    parked: "outbox_parked_messages",
+    failed: "outbox_failed_messages",
+    at_parking_cap: "outbox_partitions_at_parking_cap",
+    segments: "outbox_segments",
+    retention_pin: "outbox_retention_pin_age_seconds",
+    store_up: "outbox_store_up",
+    query_duration: "outbox_store_query_duration_seconds",
+};
+
+/// The inbox processing queue's figures (`outbox inbox`): what was received and not yet
+/// handled.
+pub const INBOX: StoreNames = StoreNames {
+    pending: "outbox_inbox_pending_messages",
+    pending_capped: "outbox_inbox_pending_capped",
+    oldest_age: "outbox_inbox_lag_seconds",
+    retrying: "outbox_inbox_retrying_messages",
+    parked: "outbox_inbox_parked_messages",
+    failed: "outbox_inbox_failed_messages",
+    at_parking_cap: "outbox_inbox_partitions_at_parking_cap",
+    segments: "outbox_inbox_segments",
+    retention_pin: "outbox_inbox_retention_pin_age_seconds",
+    store_up: "outbox_inbox_store_up",
+    query_duration: "outbox_inbox_store_query_duration_seconds",
+};
+
+/// The circuit state per sink: 0 closed, 1 half-open, 2 open.
+pub(crate) const CIRCUIT_STATE: &str = "outbox_circuit_state";
+/// Seconds the circuit has been open or half-open (0 while closed).
+pub(crate) const CIRCUIT_OPEN: &str = "outbox_circuit_open_seconds";
+/// Partitions each worker owns.
+pub(crate) const PARTITIONS_OWNED: &str = "outbox_partitions_owned";
+/// Seconds since each worker last finished a step.
+pub(crate) const WORKER_SILENCE: &str = "outbox_worker_last_step_age_seconds";
+
+const fn gauge(
+    name: &'static str,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> MetricDef {
+    MetricDef {
+        name,
+        kind: MetricKind::Gauge,
+        labels,
+        help,
+        buckets: &[],
+    }
+}
+
+const fn store_catalogue(n: StoreNames, what: &'static [&'static str; 11]) -> [MetricDef; 11] {
+    [
+        gauge(n.pending, &[], what[0]),
+        gauge(n.pending_capped, &[], what[1]),
+        gauge(n.oldest_age, &[], what[2]),
+        gauge(n.retrying, &[], what[3]),
+        gauge(n.parked, &[], what[4]),
+        gauge(n.failed, &[], what[5]),
+        gauge(n.at_parking_cap, &[], what[6]),
+        gauge(n.segments, &[], what[7]),
+        gauge(n.retention_pin, &["pin"], what[8]),
+        gauge(n.store_up, &[], what[9]),
+        gauge(n.query_duration, &[], what[10]),
+    ]
+}
+
+const RELAY_STORE: [MetricDef; 11] = store_catalogue(
+    RELAY,
+    &[
+        "Messages not yet published (waiting for a retry included, failed excluded), read at \
+         scrape time; counted up to 1,000 per partition (64,000 in all; see \
+         outbox_pending_capped).",
+        "1 when outbox_pending_messages stopped at the counting cap: the backlog is at least \
+         that.",
+        "How long the oldest pending message has waited at most, in seconds (0 when nothing \
+         is pending). PostgreSQL: time since the partition's reader last caught up, for \
+         partitions with anything pending, and the oldest parked message still to deliver.",
+        "Messages waiting for a retry after a failed attempt.",
+        "Messages set aside from the flow: retrying or failed heads and the messages queued \
+         behind them in their key.",
+        "Messages that ended failed (redrive them with `outbox redrive`).",
+        "Partitions holding the parking cap: they stopped advancing until their parked keys \
+         drain.",
+        "Storage segments kept (PostgreSQL).",
+        "Seconds each kind of thing has held retention back (PostgreSQL): pin=\"position\" \
+         the least advanced partition's position, pin=\"transaction\" the oldest running \
+         transaction holding a transaction id, pin=\"prepared\" the oldest prepared \
+         transaction.",
+        "1 when the scrape's store query answered, 0 when it failed or timed out (the store \
+         figures then keep their last values).",
+        "Seconds the scrape's store query took.",
+    ],
+);
+
+const INBOX_STORE: [MetricDef; 11] = store_catalogue(
+    INBOX,
+    &[
+        "Inbox messages received and not yet handled (retries included, failed excluded); \
+         counted up to 64,000.",
+        "1 when outbox_inbox_pending_messages stopped at the counting cap.",
+        "How long the oldest inbox message not yet handled has waited at most, in seconds (0 \
+         when none): the handlers' lag.",
+        "Inbox messages waiting for a retry after their handler failed.",
+        "Inbox messages set aside from the flow (retrying or failed heads and the messages \
+         behind them in their key).",
+        "Inbox messages whose handler gave up (redrive them with `outbox redrive --inbox`).",
+        "Processing-queue partitions holding the parking cap.",
+        "Storage segments of the processing queue (PostgreSQL).",
+        "Seconds each kind of thing has held the processing queue's retention back \
+         (PostgreSQL; pin as for outbox_retention_pin_age_seconds).",
+        "1 when the scrape's store query answered, 0 when it failed or timed out.",
+        "Seconds the scrape's store query took.",
+    ],
+);
+
+const RELAY_LIVE: [MetricDef; 4] = [
+    gauge(
+        CIRCUIT_STATE,
+        &["sink", "route"],
+        "Circuit breaker of each sink: 0 closed, 1 half-open (one probe in flight), 2 open \
+         (the broker is considered down; its messages wait without spending attempts).",
+    ),
+    gauge(
+        CIRCUIT_OPEN,
+        &["sink", "route"],
+        "Seconds the sink's circuit has been open or half-open since it opened (0 while \
+         closed).",
+    ),
+    gauge(
+        PARTITIONS_OWNED,
+        &["member"],
+        "Partitions each worker (relay member) of this process owns.",
+    ),
+    gauge(
+        WORKER_SILENCE,
+        &["member"],
+        "Seconds since each worker last finished a step of its loop; /livez fails past the \
+         live bound.",
+    ),
+];
+
+/// Every metric a relay's [`crate::Target`] sets at scrape time.
+pub const RELAY_CATALOGUE: &[MetricDef] = &[
+    RELAY_STORE[0],
+    RELAY_STORE[1],
+    RELAY_STORE[2],
+    RELAY_STORE[3],
+    RELAY_STORE[4],
+    RELAY_STORE[5],
+    RELAY_STORE[6],
+    RELAY_STORE[7],
+    RELAY_STORE[8],
+    RELAY_STORE[9],
+    RELAY_STORE[10],
+    RELAY_LIVE[0],
+    RELAY_LIVE[1],
+    RELAY_LIVE[2],
+    RELAY_LIVE[3],
+];
+
+/// Every metric an inbox [`crate::Target`] sets at scrape time.
+pub const INBOX_CATALOGUE: &[MetricDef] = &[
+    INBOX_STORE[0],
+    INBOX_STORE[1],
+    INBOX_STORE[2],
+    INBOX_STORE[3],
+    INBOX_STORE[4],
+    INBOX_STORE[5],
+    INBOX_STORE[6],
+    INBOX_STORE[7],
+    INBOX_STORE[8],
+    INBOX_STORE[9],
+    INBOX_STORE[10],
+];

@@ -1,0 +1,188 @@
+//! [`Target`]: what one process exposes: its store's figures, set just before each render, and
+//! the verdicts of its probes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_core::Store;
+use outbox_relay::{CircuitState, Pulse, RelayHealth, Verdict};
+use tracing::debug;
+
+use crate::catalogue::{
+    StoreNames, CIRCUIT_OPEN, CIRCUIT_STATE, INBOX, PARTITIONS_OWNED, RELAY, WORKER_SILENCE,
+};
+
+/// Default of `--unready-after`: how long every sink's circuit may stay open before `/readyz`
+/// fails.
+pub const DEFAULT_UNREADY_AFTER: Duration = Duration::from_secs(15);
+
+/// A scrape's store query gives up after this long (the figures keep their last values and
+/// the store gauge says 0).
+const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// `/readyz`'s database round trip gives up after this long.
+const PING_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A loop of the process other than the relay's workers, judged by `/livez`: a name, its pulse,
+/// and how long it may stay silent.
+#[derive(Debug, Clone)]
+pub struct Loop {
+    /// Shown in the probe's body.
+    pub name: String,
+    /// Beaten by the loop at every step.
+    pub pulse: Arc<Pulse>,
+    /// Longest silence that is not a wedge.
+    pub bound: Duration,
+}
+
+/// What one `outbox relay` or `outbox inbox` process exposes.
+pub struct Target {
+    store: Arc<dyn Store>,
+    names: StoreNames,
+    relay: Option<Arc<RelayHealth>>,
+    loops: Vec<Loop>,
+    unready_after: Duration,
+    /// One scrape's store query at a time: concurrent scrapes wait for it rather than adding
+    /// load.
+    collecting: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("names", &self.names.pending)
+            .field("loops", &self.loops)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Target {
+    /// A relay: `store`'s figures under the `outbox_` names, its workers and circuits from
+    /// `health`; `/readyz` fails once every sink's circuit has been open for longer than
+    /// `unready_after`.
+    pub fn relay(store: Arc<dyn Store>, health: Arc<RelayHealth>, unready_after: Duration) -> Self {
+        Self {
+            store,
+            names: RELAY,
+            relay: Some(health),
+            loops: Vec::new(),
+            unready_after,
+            collecting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The inbox ingest daemon: its processing queue's figures (`queue`, an outbox store) under
+    /// the `outbox_inbox_` names, and its `loops` judged by `/livez`.
+    pub fn inbox(queue: Arc<dyn Store>, loops: Vec<Loop>) -> Self {
+        Self {
+            store: queue,
+            names: INBOX,
+            relay: None,
+            loops,
+            unready_after: DEFAULT_UNREADY_AFTER,
+            collecting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Sets the scrape-time gauges: the store's figures (one `Store::gauges` call, bounded by
+    /// a timeout), the circuits, the partitions owned and each worker's last step.
+    pub async fn collect(&self) {
+        let _one = self.collecting.lock().await;
+        let n = &self.names;
+        let started = Instant::now();
+        let read = tokio::time::timeout(QUERY_TIMEOUT, self.store.gauges()).await;
+        metrics::gauge!(n.query_duration).set(started.elapsed().as_secs_f64());
+        match read {
+            Ok(Ok(g)) => {
+                metrics::gauge!(n.store_up).set(1.0);
+                metrics::gauge!(n.pending).set(g.pending as f64);
+                metrics::gauge!(n.pending_capped).set(if g.pending_capped { 1.0 } else { 0.0 });
+                metrics::gauge!(n.oldest_age).set(g.oldest_pending_age_seconds.unwrap_or(0.0));
+                metrics::gauge!(n.retrying).set(g.retrying as f64);
+                metrics::gauge!(n.parked).set(g.parked as f64);
+                metrics::gauge!(n.failed).set(g.failed as f64);
+                metrics::gauge!(n.at_parking_cap).set(g.partitions_at_parking_cap as f64);
+                if let Some(s) = g.segments {
+                    metrics::gauge!(n.segments).set(s as f64);
+                }
+                for p in &g.retention_pins {
+                    metrics::gauge!(n.retention_pin, "pin" => p.pin).set(p.age_seconds);
+                }
+            }
+            Ok(Err(error)) => {
+                debug!(%error, "metrics: the store's figures could not be read");
+                metrics::gauge!(n.store_up).set(0.0);
+            }
+            Err(_) => {
+                debug!("metrics: the store's figures were not read in time");
+                metrics::gauge!(n.store_up).set(0.0);
+            }
+        }
+        let Some(health) = &self.relay else { return };
+        for c in health.circuits() {
+            let labels = [("sink", c.sink.clone()), ("route", c.route.clone())];
+            let state = match c.state {
+                CircuitState::Closed => 0.0,
+                CircuitState::HalfOpen => 1.0,
+                CircuitState::Open => 2.0,
+            };
+            metrics::gauge!(CIRCUIT_STATE, &labels).set(state);
+            metrics::gauge!(CIRCUIT_OPEN, &labels).set(c.open_for.map_or(0.0, |d| d.as_secs_f64()));
+        }
+        for m in health.members() {
+            let member = m.member.clone();
+            metrics::gauge!(PARTITIONS_OWNED, "member" => member.clone())
+                .set(m.partitions() as f64);
+            if let Some(silent) = m.pulse.silent_for() {
+                metrics::gauge!(WORKER_SILENCE, "member" => member).set(silent.as_secs_f64());
+            }
+        }
+    }
+
+    /// `/livez`: every loop finished a step within its bound (the relay's workers within the
+    /// relay's live bound).
+    pub fn live(&self) -> Verdict {
+        let loops = Verdict::of(
+            self.loops
+                .iter()
+                .filter_map(|l| {
+                    let silent = l.pulse.silent_for()?;
+                    Some((
+                        silent <= l.bound,
+                        format!(
+                            "{}: last step {:.1}s ago (bound {:.0}s)",
+                            l.name,
+                            silent.as_secs_f64(),
+                            l.bound.as_secs_f64()
+                        ),
+                    ))
+                })
+                .collect(),
+        );
+        match &self.relay {
+            Some(h) => h.liveness().and(loops),
+            None => loops,
+        }
+    }
+
+    /// `/readyz`: the database answers a round trip now, and (a relay) every worker holds its
+    /// lease or waits for its share, and not every sink's circuit has been open for longer than
+    /// `--unready-after`.
+    pub async fn ready(&self) -> Verdict {
+        let ping = match tokio::time::timeout(PING_TIMEOUT, self.store.ping()).await {
+            Ok(Ok(())) => (true, "database: answers".to_string()),
+            Ok(Err(e)) => (false, format!("database: {e}")),
+            Err(_) => (
+                false,
+                format!(
+                    "database: no answer within {:.0}s",
+                    PING_TIMEOUT.as_secs_f64()
+                ),
+            ),
+        };
+        let db = Verdict::of(vec![ping]);
+        match &self.relay {
+            Some(h) => db.and(h.readiness(self.unready_after)),
+            None => db,
+        }
+    }
+}
