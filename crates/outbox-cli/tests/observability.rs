@@ -100,6 +100,16 @@ async fn wait_probe(port: u16, path: &str, status: u16) -> String {
     panic!("{path} did not answer {status} within {WAIT:?}; last: {last:?}");
 }
 
+/// A NATS server of the test's own (so it can be stopped) holding the test's stream.
+async fn private_nats_with_stream(w: &World) -> common::PrivateNats {
+    let nats = common::PrivateNats::start();
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    outbox_sinks::nats::create_stream(&js, &w.stream, vec![format!("{}.>", w.prefix)], true)
+        .await
+        .unwrap();
+    nats
+}
+
 /// `outbox relay` with its metrics on a port of its own, killed when dropped.
 struct RelayProcess {
     child: Child,
@@ -255,11 +265,7 @@ fn save_scrape(name: &str, text: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_oldest_pending_age_tracks_a_row_held_back_by_a_stopped_broker() {
     let w = World::with_stream(false).await;
-    let mut nats = common::PrivateNats::start();
-    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-    outbox_sinks::nats::create_stream(&js, &w.stream, vec![format!("{}.>", w.prefix)], true)
-        .await
-        .unwrap();
+    let mut nats = private_nats_with_stream(&w).await;
     let relay = RelayProcess::start(&w, &format!("{}?ack_timeout=500ms", nats.url()), &[]);
     wait_probe(relay.port, "/readyz", 200).await;
     w.store().insert(&[order("a", "order", 0)]).await.unwrap();
@@ -297,11 +303,7 @@ async fn the_oldest_pending_age_tracks_a_row_held_back_by_a_stopped_broker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_fails_while_every_circuit_is_open_and_passes_when_the_broker_returns() {
     let w = World::with_stream(false).await;
-    let mut nats = common::PrivateNats::start();
-    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-    outbox_sinks::nats::create_stream(&js, &w.stream, vec![format!("{}.>", w.prefix)], true)
-        .await
-        .unwrap();
+    let mut nats = private_nats_with_stream(&w).await;
     let relay = RelayProcess::start(
         &w,
         &format!("{}?ack_timeout=500ms", nats.url()),

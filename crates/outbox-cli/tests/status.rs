@@ -18,6 +18,20 @@ use serde_json::Value;
 use sqlx::{Connection as _, PgConnection, PgPool};
 
 /// A migrated outbox in a schema of its own.
+/// `n` messages `order.placed` of order `o-1` (one key, one partition).
+fn placed_orders(n: i32) -> Vec<outbox_core::NewMessage> {
+    (0..n)
+        .map(|i| {
+            outbox_core::NewMessage::new(
+                "order",
+                "o-1",
+                "order.placed",
+                serde_json::json!({ "n": i }),
+            )
+        })
+        .collect()
+}
+
 async fn outbox_schema() -> (PgPool, Schema) {
     let pool = connect_pool(&database_url(), 4).await.unwrap();
     let schema = Schema::new(&outbox_testkit::unique_name("st")).unwrap();
@@ -136,16 +150,7 @@ async fn status_json_shows_partitions_the_transaction_pinning_retention_and_rout
         n += 1;
     };
     let pay_partition = partition_of(&pool, &pay_key).await;
-    let orders: Vec<_> = (0..5)
-        .map(|i| {
-            outbox_core::NewMessage::new(
-                "order",
-                "o-1",
-                "order.placed",
-                serde_json::json!({ "n": i }),
-            )
-        })
-        .collect();
+    let orders = placed_orders(5);
     store.insert(&orders).await.unwrap();
     store
         .insert(&[outbox_core::NewMessage::new(
@@ -336,16 +341,7 @@ async fn sqlite_status_shows_partitions_and_the_backlog_by_type_without_retentio
     let pool = outbox_sqlite::connect_pool(&url).await.unwrap();
     outbox_sqlite::migrate(&pool).await.unwrap();
     let store = outbox_sqlite::SqliteStore::new(pool.clone());
-    let orders: Vec<_> = (0..3)
-        .map(|i| {
-            outbox_core::NewMessage::new(
-                "order",
-                "o-1",
-                "order.placed",
-                serde_json::json!({ "n": i }),
-            )
-        })
-        .collect();
+    let orders = placed_orders(3);
     store.insert(&orders).await.unwrap();
     let part: i64 = sqlx::query_scalar("SELECT partition FROM outbox LIMIT 1")
         .fetch_one(&pool)
