@@ -291,6 +291,7 @@ async fn watch_prints_one_json_object_per_refresh_until_sigint_or_sigterm() {
         )])
         .await
         .unwrap();
+    let mut pending = 1;
     for signal in ["-INT", "-TERM"] {
         let mut child = outbox_command(&std::env::temp_dir())
             .args([
@@ -314,10 +315,21 @@ async fn watch_prints_one_json_object_per_refresh_until_sigint_or_sigterm() {
             seen.push(serde_json::from_str(&line).unwrap());
         }
         for v in &seen {
-            assert_eq!(v["pending"], 1, "{v}");
+            assert_eq!(v["pending"], pending, "{v}");
             assert_eq!(v["partitions"].as_array().unwrap().len(), 64, "{v}");
         }
         assert_ne!(seen[0]["at"], seen[1]["at"], "each line is a new refresh");
+        // A refresh reads the database again: a row written now shows up in a later line.
+        store.insert(&placed_orders(1)).await.unwrap();
+        pending += 1;
+        loop {
+            let line = lines.next().expect("watch ended early").unwrap();
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v["pending"] == pending {
+                break;
+            }
+            assert_eq!(v["pending"], pending - 1, "{v}");
+        }
         let ok = Command::new("kill")
             .args([signal, &child.id().to_string()])
             .status()
