@@ -154,6 +154,12 @@ impl Latency {
         }
     }
 
+    /// Messages whose commit and receipt are both recorded: rows of this ledger that reached
+    /// the broker (receipts of ids it never records, as another load's, are not counted).
+    pub fn delivered(&self) -> u64 {
+        self.ledger().samples.len() as u64
+    }
+
     /// Committed messages not received yet.
     pub fn outstanding(&self) -> u64 {
         self.ledger().committed.len() as u64

@@ -120,11 +120,25 @@ impl Scratch {
     /// Drops the schema and the stream (best effort: a failure leaves a named leftover, never
     /// a wrong figure).
     pub async fn drop(self) {
-        if let Err(error) = sqlx::raw_sql(&self.schema.render(sql::DROP_SCHEMA))
-            .execute(&self.pool)
-            .await
-        {
-            tracing::warn!(schema = self.schema.as_str(), %error, "could not drop the scratch schema");
+        // A load stopped mid-statement leaves that statement running on the server (sqlx does
+        // not cancel it); if it then waits for a lock the drop took, one of the two is picked
+        // as a deadlock victim. Either way the next try finds the statement gone.
+        for attempt in 1..=5 {
+            match sqlx::raw_sql(&self.schema.render(sql::DROP_SCHEMA))
+                .execute(&self.pool)
+                .await
+            {
+                Ok(_) => break,
+                Err(sqlx::Error::Database(e))
+                    if e.code().as_deref() == Some("40P01") && attempt < 5 =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Err(error) => {
+                    tracing::warn!(schema = self.schema.as_str(), %error, "could not drop the scratch schema");
+                    break;
+                }
+            }
         }
         if let Err(error) = self.js.delete_stream(&self.stream).await {
             tracing::warn!(stream = %self.stream, %error, "could not delete the bench stream");
