@@ -55,6 +55,17 @@ async fn minimal_sql_insert_is_relayed_with_id_and_headers() {
         .await
         .unwrap();
     assert_eq!(id.get_version_num(), 7, "SQL default id must be a UUIDv7");
+    assert_eq!(id.get_variant(), uuid::Variant::RFC4122);
+    // Its first 48 bits are the insert's Unix time in milliseconds.
+    let (secs, _) = id
+        .get_timestamp()
+        .expect("a v7 id has a timestamp")
+        .to_unix();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(now.abs_diff(secs) < 60, "id time {secs}, now {now}");
 
     drain_to_nats(&w).await;
 

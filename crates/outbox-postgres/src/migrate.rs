@@ -29,10 +29,15 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "compare-and-append positions, txid probes from the cursor",
         include_str!("../migrations/0005_engine_v2_1.sql"),
     ),
+    (
+        6,
+        "UUIDv7 default in PL/pgSQL",
+        include_str!("../migrations/0006_uuid_plpgsql.sql"),
+    ),
 ];
 
 /// The schema version this crate's relay and writer need: the last of [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// Creates `schema` if needed and applies the migrations it lacks, in one transaction per run.
 /// Safe to run concurrently and repeatedly. Returns the versions applied now (empty when the

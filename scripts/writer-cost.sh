@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Where a raw-SQL writer's cost goes: the plainest insert (four columns, no id) through pgbench
+# into the naive table and into the outbox, alternated in one run, and into variants of the
+# outbox that each take one thing away, so the gap to the naive table is split into its parts:
+#
+#   naive          the seed articles' table (gen_random_uuid() default, status column)
+#   outbox         the outbox as `outbox migrate` makes it
+#   outbox+id      the same, the id passed (gen_random_uuid()): what the SQL UUIDv7 default costs
+#   flat           a plain table with the outbox's columns, defaults and indexes: what routing
+#                  into the txid-ranged segment costs
+#   flat-nohash    the same without the generated partition column: what hashing the key costs
+#
+# Usage: scripts/writer-cost.sh [DATABASE_URL] [SECONDS per round] [ROUNDS] [CLIENTS]
+# Needs pgbench (Debian's postgresql-contrib or postgresql client packages) and an `outbox`
+# binary (OUTBOX_BIN, default: the release build in CARGO_TARGET_DIR).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+url="${1:-postgres://root@127.0.0.1:5432/test}"
+secs="${2:-10}"
+rounds="${3:-3}"
+clients="${4:-16}"
+target="${CARGO_TARGET_DIR:-/var/tmp/outbox-target}"
+bin="${OUTBOX_BIN:-$target/release/outbox}"
+schema="writer_cost_$(head -c4 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+work=$(mktemp -d)
+cleanup() {
+  psql -q "$url" -c "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$bin" migrate --database-url "$url" --schema "$schema" >/dev/null
+psql -q -v ON_ERROR_STOP=1 "$url" <<SQL
+CREATE TABLE $schema.naive_outbox (
+    id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+    aggregate_type text        NOT NULL,
+    aggregate_id   text        NOT NULL,
+    event_type     text        NOT NULL,
+    payload        jsonb       NOT NULL,
+    status         text        NOT NULL DEFAULT 'PENDING',
+    created_at     timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX ON $schema.naive_outbox (status, created_at);
+CREATE TABLE $schema.flat (
+    id uuid NOT NULL DEFAULT $schema.outbox_uuid_v7(),
+    aggregate_type text NOT NULL, aggregate_id text NOT NULL, event_type text NOT NULL,
+    payload jsonb NOT NULL, headers jsonb NOT NULL DEFAULT '{}'::jsonb, topic text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    txid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    seq bigint GENERATED ALWAYS AS IDENTITY,
+    partition smallint NOT NULL
+        GENERATED ALWAYS AS (((hashtext(aggregate_id) & 2147483647) % 64)::smallint) STORED,
+    CHECK (created_at BETWEEN '1900-01-01' AND '9999-12-31'));
+CREATE INDEX ON $schema.flat (partition, seq) INCLUDE (txid);
+CREATE INDEX ON $schema.flat (partition, txid, seq);
+CREATE TABLE $schema.flat_nohash (LIKE $schema.flat INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+ALTER TABLE $schema.flat_nohash ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY;
+ALTER TABLE $schema.flat_nohash ALTER COLUMN partition SET DEFAULT 0;
+CREATE INDEX ON $schema.flat_nohash (partition, seq) INCLUDE (txid);
+CREATE INDEX ON $schema.flat_nohash (partition, txid, seq);
+SQL
+
+payload='{"order_id": 42, "amount_cents": 1999, "currency": "EUR", "lines": [1, 2, 3]}'
+insert() { # table, extra column, extra value
+  printf '\\set k random(1, 1000)\nINSERT INTO %s.%s (%saggregate_type, aggregate_id, event_type, payload) VALUES (%s'"'"'order'"'"', '"'"'order-'"'"' || :k, '"'"'order.placed'"'"', '"'"'%s'"'"');\n' \
+    "$schema" "$1" "$2" "$3" "$payload"
+}
+insert naive_outbox "" "" > "$work/naive.sql"
+insert outbox "" "" > "$work/outbox.sql"
+insert outbox "id, " "gen_random_uuid(), " > "$work/outbox+id.sql"
+insert flat "" "" > "$work/flat.sql"
+insert flat_nohash "" "" > "$work/flat-nohash.sql"
+variants=(naive outbox outbox+id flat flat-nohash)
+
+echo "writer cost: $clients clients, ${secs} s per run, $rounds rounds, variants alternated; schema $schema"
+for r in $(seq 1 "$rounds"); do
+  for v in "${variants[@]}"; do
+    tps=$(pgbench -n -c "$clients" -j 2 -T "$secs" -f "$work/$v.sql" "$url" 2>/dev/null |
+          sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+    echo "$v $tps" >> "$work/results"
+    printf '  round %s  %-12s %10.0f tps\n' "$r" "$v" "$tps"
+  done
+done
+python3 - "$work/results" <<'PY'
+import sys, statistics
+runs = {}
+for line in open(sys.argv[1]):
+    v, tps = line.split()
+    runs.setdefault(v, []).append(float(tps))
+naive = statistics.median(runs["naive"])
+print("median tps, and over the naive table's median:")
+for v, t in runs.items():
+    m = statistics.median(t)
+    print(f"  {v:<12} {m:10.0f}  {m / naive:5.2f}")
+PY
