@@ -355,7 +355,7 @@ async fn migrate_upgrades_a_version_one_outbox_in_place() {
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(migrate(&pool, &schema).await.unwrap(), vec![3, 4, 5]);
+    assert_eq!(migrate(&pool, &schema).await.unwrap(), vec![3, 4, 5, 6]);
     let store = Arc::new(PgStore::new(pool.clone(), schema.clone()));
     let s = store.stats().await.unwrap();
     assert_eq!((s.failed, s.retrying), (1, 1));
