@@ -55,6 +55,9 @@ pub enum Command {
     /// Consume a broker into the inbox table until stopped (SIGINT/SIGTERM): batches recorded
     /// once per message id, the broker acknowledged only after the insert committed.
     Inbox(InboxArgs),
+    /// Serve the web console until stopped: overview, partitions, failed messages and redrive,
+    /// retention, the inbox, a message's journey. Loopback by default.
+    Console(ConsoleArgs),
     /// The inbox handler process `outbox verify --through-inbox` starts (not for users).
     #[command(hide = true)]
     VerifyInboxHandler(VerifyInboxHandlerArgs),
@@ -299,6 +302,15 @@ pub struct StatusArgs {
     /// terminal; with --format json, one JSON object per line per refresh.
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s")]
     pub watch: Option<Dur>,
+}
+
+/// `outbox console` options.
+#[derive(Debug, Clone, Args)]
+pub struct ConsoleArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub console: outbox_console::Options,
 }
 
 /// The hidden handler process of `outbox verify --through-inbox`.

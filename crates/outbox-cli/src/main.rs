@@ -30,9 +30,10 @@ fn main() -> ExitCode {
         | cli::Command::Redrive(_) => "warn,sqlx=error",
         // sqlx warns about each broken pooled connection during a database restart; the relay
         // reports the outage itself, once per backoff step.
-        cli::Command::Relay(_) | cli::Command::Inbox(_) | cli::Command::VerifyInboxHandler(_) => {
-            "info,sqlx=error"
-        }
+        cli::Command::Relay(_)
+        | cli::Command::Inbox(_)
+        | cli::Command::Console(_)
+        | cli::Command::VerifyInboxHandler(_) => "info,sqlx=error",
     };
     init_tracing(&cli.log_format, default_filter);
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod gauges;
+pub mod journey;
 pub mod message;
 pub mod options;
 pub mod redact;
@@ -20,6 +21,7 @@ pub mod store;
 pub use bytes::Bytes;
 pub use error::{Error, ErrorKind, Result};
 pub use gauges::{Gauges, PinAge};
+pub use journey::{Journey, JourneyQuery, JourneyState, JourneyStep};
 pub use message::{Message, NewMessage};
 pub use retry::{Backoff, RetryPolicy};
 pub use route::{Glob, RouteMatch, RouteSpec};

@@ -402,6 +402,21 @@ pub trait Store: Send + Sync {
     /// Returns how many messages were redriven.
     async fn redrive(&self, scope: &RedriveScope, reason: &str) -> Result<u64>;
 
+    /// Finds the messages `query` names (one by id, or a key's latest `limit`, newest first) and
+    /// what the store knows of each: its write, parking, attempts, redrives and publication
+    /// (see [`crate::journey`]). Read-only. The default answers that the store cannot tell.
+    async fn journey(
+        &self,
+        query: &crate::JourneyQuery,
+        limit: usize,
+    ) -> Result<Vec<crate::Journey>> {
+        let _ = (query, limit);
+        Err(crate::Error::new(
+            crate::ErrorKind::Other,
+            "this store does not keep what a message's journey needs; use PostgreSQL",
+        ))
+    }
+
     /// Inserts `messages` in one transaction of the store's own. Applications should use the
     /// backend's transactional `enqueue` instead, inside their business transaction.
     async fn insert(&self, messages: &[NewMessage]) -> Result<()>;

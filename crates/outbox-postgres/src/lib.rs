@@ -6,6 +6,7 @@
 
 mod error;
 mod gauges;
+mod journey;
 mod migrate;
 mod retention;
 mod schema;

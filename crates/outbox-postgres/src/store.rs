@@ -1566,6 +1566,14 @@ impl Store for PgStore {
         Ok(released.len() as u64)
     }
 
+    async fn journey(
+        &self,
+        query: &outbox_core::JourneyQuery,
+        limit: usize,
+    ) -> Result<Vec<outbox_core::Journey>> {
+        crate::journey::journey(&self.pool, &self.schema, query, limit).await
+    }
+
     async fn insert(&self, messages: &[NewMessage]) -> Result<()> {
         let mut tx = self
             .pool

@@ -78,14 +78,16 @@ fn msg(key: &str, n: u32) -> NewMessage {
     NewMessage::new("order", key, "placed", serde_json::json!({ "n": n }))
 }
 
-async fn sole_member(store: &Arc<dyn Store>) -> (MemberId, Vec<i32>) {
+/// A lone member of `store` and the partitions it took.
+pub async fn sole_member(store: &Arc<dyn Store>) -> (MemberId, Vec<i32>) {
     let m = MemberId::random("conformance");
     let parts = store.rebalance(&m, LEASE).await.unwrap();
     assert!(!parts.is_empty(), "a lone member must own partitions");
     (m, parts)
 }
 
-async fn claim_all(
+/// Everything `m` can claim now from `parts`.
+pub async fn claim_all(
     store: &Arc<dyn Store>,
     m: &MemberId,
     parts: &[i32],

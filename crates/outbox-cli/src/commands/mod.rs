@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 mod bench;
+mod console;
 mod demo;
 mod inbox;
 mod maintain;
@@ -87,6 +88,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .await
         }
         Command::Inbox(args) => inbox::run(config::inbox(&loaded, &args)?, args.print_config).await,
+        Command::Console(args) => {
+            let routes = config::file_routes(&loaded)?;
+            console::run(config::db(&loaded, &args.db)?, routes, args.console).await
+        }
         Command::VerifyInboxHandler(args) => verify::inbox_handler(args).await,
     }
 }

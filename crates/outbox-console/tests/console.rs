@@ -1,0 +1,325 @@
+//! The console over a real PostgreSQL outbox, driven over HTTP as a browser would: the token,
+//! the figures against `outbox status --format json`'s report, a redrive with a reason that
+//! makes a failed message flow in key order, its journey, and the refusals (no token, a
+//! cross-site POST, a stale CSRF token, a read-only console).
+
+// Test code: a failed expectation should panic with its message.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_console::{Console, Options, Side};
+use outbox_core::{NewMessage, Outcome, Store};
+use outbox_postgres::{connect_pool, migrate, PgStore, Schema};
+use outbox_testkit::conformance::{claim_all, sole_member};
+use reqwest::{redirect, StatusCode};
+use tokio_util::sync::CancellationToken;
+
+const TOKEN: &str = "console-test-token-0123456789";
+
+fn database_url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into())
+}
+
+struct Running {
+    base: String,
+    store: Arc<dyn Store>,
+    stop: CancellationToken,
+    drop_schema: String,
+    pool: sqlx::PgPool,
+}
+
+impl Running {
+    async fn end(self) {
+        self.stop.cancel();
+        let _ = sqlx::raw_sql(&self.drop_schema).execute(&self.pool).await;
+    }
+}
+
+async fn console(read_only: bool) -> Running {
+    let pool = connect_pool(&database_url(), 4)
+        .await
+        .expect("PostgreSQL must be running for these tests");
+    let schema = Schema::new(&outbox_testkit::unique_name("console")).unwrap();
+    migrate(&pool, &schema).await.unwrap();
+    let store: Arc<dyn Store> = Arc::new(PgStore::new(pool.clone(), schema.clone()));
+    let options = Options {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        token: Some(TOKEN.into()),
+        read_only,
+        sample_every: Duration::from_secs(1),
+    };
+    options.validate().unwrap();
+    let stop = CancellationToken::new();
+    let side = Side {
+        store: store.clone(),
+        place: schema.render("test schema {schema}"),
+    };
+    let c = Console::new(
+        side,
+        Err("no inbox in this test".into()),
+        vec![],
+        &options,
+        &stop,
+    );
+    let bound = outbox_console::bind(options.listen).await.unwrap();
+    let base = format!("http://{}", bound.local_addr().unwrap());
+    tokio::spawn(outbox_console::serve(bound, c, stop.clone()));
+    Running {
+        base,
+        store,
+        stop,
+        drop_schema: schema.render("DROP SCHEMA {schema} CASCADE"),
+        pool,
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+async fn get(base: &str, path: &str) -> (StatusCode, String) {
+    let r = client()
+        .get(format!("{base}{path}"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    (r.status(), r.text().await.unwrap())
+}
+
+/// The value of the first `name="<field>" value="…"` in `html`.
+fn field(html: &str, name: &str) -> String {
+    let at = html
+        .find(&format!("name=\"{name}\" value=\""))
+        .unwrap_or_else(|| panic!("no field {name} in {html}"));
+    let rest = &html[at + name.len() + 15..];
+    rest[..rest.find('"').unwrap()].to_string()
+}
+
+/// The text of the element tagged `data-figure="<name>"` (a card's value, or a span).
+fn figure(html: &str, name: &str) -> String {
+    let at = html
+        .find(&format!("data-figure=\"{name}\""))
+        .unwrap_or_else(|| panic!("no figure {name} in {html}"));
+    let rest = &html[at..];
+    let rest = &rest[rest.find('>').unwrap() + 1..];
+    let rest = rest.strip_prefix("<div class=\"v\">").unwrap_or(rest);
+    rest[..rest.find('<').unwrap()].to_string()
+}
+
+fn msg(key: &str, n: u32) -> NewMessage {
+    NewMessage::new("order", key, "placed", serde_json::json!({ "n": n })).header(
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_with_a_reason_makes_a_failed_message_flow_in_key_order_and_its_journey_tells_it()
+{
+    let c = console(false).await;
+    let a: Vec<_> = (0..3).map(|n| msg("k1", n)).collect();
+    let other = msg("k2", 0);
+    c.store.insert(&a).await.unwrap();
+    c.store.insert(std::slice::from_ref(&other)).await.unwrap();
+    let (m, parts) = sole_member(&c.store).await;
+    let got = claim_all(&c.store, &m, &parts).await;
+    assert_eq!(got.len(), 4);
+    let head = got.iter().find(|r| r.id == a[0].id).unwrap().seq;
+    let outcomes: Vec<Outcome> = got
+        .iter()
+        .filter(|r| r.aggregate_id == "k2")
+        .map(|r| Outcome::Published { seq: r.seq })
+        .chain([Outcome::Failed {
+            seq: head,
+            error: "broker said no: message too large".into(),
+        }])
+        .collect();
+    c.store.complete(&m, &outcomes).await.unwrap();
+
+    // The overview shows what `outbox status --format json` reports.
+    let (status, json) = get(&c.base, "/?format=json").await;
+    assert_eq!(status, StatusCode::OK);
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let (status, page) = get(&c.base, "/").await;
+    assert_eq!(status, StatusCode::OK);
+    for name in ["pending", "failed", "parked", "retrying", "blocked_keys"] {
+        assert_eq!(
+            figure(&page, name),
+            report[name].to_string(),
+            "{name} on the overview"
+        );
+    }
+    assert_eq!(figure(&page, "failed"), "1");
+    assert!(page.contains("<svg class=\"chart\""), "charts are drawn");
+    assert!(!page.contains("<script"), "no script on any page");
+    let (_, parts_page) = get(&c.base, "/partitions").await;
+    assert_eq!(
+        figure(&parts_page, "partitions_owned"),
+        report["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| !p["owner"].is_null())
+            .count()
+            .to_string()
+    );
+    let (_, retention) = get(&c.base, "/retention").await;
+    assert_eq!(
+        figure(&retention, "segments"),
+        report["retention"]["segments"].to_string()
+    );
+
+    // Failed, filtered by key and error; the preview lists what the redrive will do.
+    let (_, failed) = get(&c.base, "/failed?key=k1&error=TOO+LARGE").await;
+    assert_eq!(figure(&failed, "failed_shown"), "1");
+    assert!(failed.contains(&a[0].id.to_string()));
+    let (_, none) = get(&c.base, "/failed?key=k2").await;
+    assert_eq!(figure(&none, "failed_shown"), "0");
+    let (_, preview) = get(&c.base, "/redrive?key=k1").await;
+    assert_eq!(figure(&preview, "redrive_count"), "1");
+    let csrf = field(&preview, "csrf");
+    let ids = field(&preview, "ids");
+    assert_eq!(ids, a[0].id.to_string());
+
+    let post = |form: Vec<(&'static str, String)>, origin: &'static str| {
+        let url = format!("{}/redrive", c.base);
+        async move {
+            let mut r = client().post(url).bearer_auth(TOKEN).form(&form);
+            if !origin.is_empty() {
+                r = r.header("origin", origin);
+            }
+            let r = r.send().await.unwrap();
+            (r.status(), r.text().await.unwrap())
+        }
+    };
+    let own = Box::leak(c.base.clone().into_boxed_str());
+    let good = |reason: &str| {
+        vec![
+            ("csrf", csrf.clone()),
+            ("ids", ids.clone()),
+            ("reason", reason.to_string()),
+        ]
+    };
+    // Refused: another site, a stale CSRF token, no reason. Nothing is redriven by them.
+    let (s, body) = post(good("x"), "http://evil.example").await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
+    let mut stale = good("x");
+    stale[0].1 = "not-the-token".into();
+    assert_eq!(post(stale, own).await.0, StatusCode::FORBIDDEN);
+    assert_eq!(post(good("  "), own).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(c.store.failed(10).await.unwrap().len(), 1);
+
+    let (s, done) = post(good("raised the broker's size limit"), own).await;
+    assert_eq!(s, StatusCode::OK, "{done}");
+    assert_eq!(figure(&done, "redriven"), "1");
+    assert!(c.store.failed(10).await.unwrap().is_empty());
+
+    // It flows first, its key's waiting messages behind it, in order.
+    let released = claim_all(&c.store, &m, &parts).await;
+    let want: Vec<_> = a.iter().map(|x| x.id).collect();
+    assert_eq!(released.iter().map(|r| r.id).collect::<Vec<_>>(), want);
+    let outcomes: Vec<_> = released
+        .iter()
+        .map(|r| Outcome::Published { seq: r.seq })
+        .collect();
+    c.store.complete(&m, &outcomes).await.unwrap();
+
+    // Its journey: written, the failed attempt, the redrive with its reason, published.
+    let (s, journey) = get(&c.base, &format!("/messages?id={}", a[0].id)).await;
+    assert_eq!(s, StatusCode::OK, "{journey}");
+    assert_eq!(figure(&journey, "state"), "published");
+    let order = [
+        "<strong>written</strong>",
+        "<strong>failed</strong>",
+        "1 failed attempt(s); last error: broker said no: message too large",
+        "<strong>redriven</strong>",
+        "raised the broker&#39;s size limit (console)",
+        "<strong>published</strong>",
+    ];
+    let mut from = 0;
+    for step in order {
+        let at = journey[from..]
+            .find(step)
+            .unwrap_or_else(|| panic!("{step} missing or out of order in {journey}"));
+        from += at + step.len();
+    }
+    assert!(journey.contains("traceparent"), "headers are shown");
+    let (_, by_key) = get(&c.base, "/messages?key=k1").await;
+    assert_eq!(by_key.matches("class=\"journey\"").count(), 3);
+    let (s, bad) = get(&c.base, "/messages?id=not-a-uuid").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(bad.contains("is not a message id"));
+    c.end().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_needs_the_token_and_a_link_with_it_sets_a_cookie() {
+    let c = console(false).await;
+    let r = client().get(format!("{}/", c.base)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert!(r.text().await.unwrap().contains("needs its token"));
+    let r = client()
+        .get(format!("{}/failed", c.base))
+        .bearer_auth("wrong-token-wrong-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = client()
+        .get(format!("{}/failed?key=a&token={TOKEN}", c.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()["location"], "/failed?key=a");
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
+    let r = client()
+        .get(format!("{}/failed?key=a", c.base))
+        .header("cookie", cookie.split(';').next().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .contains("default-src 'none'"));
+    let (s, _) = get(&c.base, "/inbox").await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "no inbox: said so");
+    c.end().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_console_shows_pages_and_refuses_actions() {
+    let c = console(true).await;
+    c.store.insert(&[msg("k", 0)]).await.unwrap();
+    let (s, failed) = get(&c.base, "/failed").await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(
+        !failed.contains("redrive…"),
+        "no redrive link when read-only"
+    );
+    let (s, _) = get(&c.base, "/redrive?key=k").await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let r = client()
+        .post(format!("{}/redrive", c.base))
+        .bearer_auth(TOKEN)
+        .form(&[("ids", uuid::Uuid::now_v7().to_string())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(r.text().await.unwrap().contains("read-only"));
+    let (s, journey) = get(&c.base, "/messages?key=k").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(figure(&journey, "state"), "pending");
+    c.end().await;
+}
