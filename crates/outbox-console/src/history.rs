@@ -84,6 +84,14 @@ impl History {
             .collect()
     }
 
+    /// Seconds since the oldest sample kept (0 before the first).
+    pub fn reach(&self) -> f64 {
+        let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        samples
+            .front()
+            .map_or(0.0, |s| s.at.elapsed().as_secs_f64())
+    }
+
     /// The lag (age of the oldest pending message, seconds) at each sample.
     pub fn lag(&self) -> Vec<(f64, f64)> {
         self.series(|s| s.oldest_age)

@@ -131,6 +131,17 @@ pub fn age(seconds: Option<f64>) -> String {
     }
 }
 
+/// Bytes as people read them: `512 B`, `12.3 KiB`, `4.0 MiB`, `1.2 GiB`.
+pub fn bytes(n: i64) -> String {
+    let n = n.max(0) as f64;
+    match n {
+        n if n < 1024.0 => format!("{n:.0} B"),
+        n if n < 1048576.0 => format!("{:.1} KiB", n / 1024.0),
+        n if n < 1073741824.0 => format!("{:.1} MiB", n / 1048576.0),
+        n => format!("{:.1} GiB", n / 1073741824.0),
+    }
+}
+
 /// A line chart of `points` (seconds before now, value) over the last `span` seconds, as inline
 /// SVG with its maximum and time range written on it; `unit` follows the values.
 pub fn chart(id: &str, title: &str, unit: &str, span: f64, points: &[(f64, f64)]) -> String {
@@ -187,6 +198,8 @@ mod tests {
         assert_eq!(age(Some(0.42)), "0.4 s");
         assert_eq!(age(Some(185.0)), "3 min 5 s");
         assert_eq!(age(Some(7800.0)), "2 h 10 min");
+        assert_eq!(bytes(900), "900 B");
+        assert_eq!(bytes(3 * 1048576), "3.0 MiB");
     }
 
     #[test]

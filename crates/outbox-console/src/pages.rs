@@ -9,7 +9,8 @@ use outbox_core::status::{KeptBecause, Report, RetentionPin};
 use outbox_core::{BlockedKey, FailedMessage, Journey};
 
 use crate::history::{History, SPAN};
-use crate::html::{age, card, chart, esc, table, url_value};
+
+use crate::html::{age, bytes, card, chart, esc, table, url_value};
 
 /// Which messages a failed-list or a redrive concerns: every field that is set must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -90,8 +91,14 @@ pub fn overview(r: &Report, history: &History, inbox: bool) -> String {
             s.failed
         );
     }
-    out += "<h2>The last hour</h2>";
-    let span = SPAN.as_secs_f64();
+    // The charts reach back as far as the console has sampled, up to an hour, so a console
+    // started a minute ago draws a minute, not a line squeezed against the right edge.
+    let span = history.reach().clamp(60.0, SPAN.as_secs_f64());
+    let _ = write!(
+        out,
+        "<h2>The last {}</h2><p class=\"muted\">Sampled by this console while it runs.</p>",
+        age(Some(span))
+    );
     out += &chart(
         "rate",
         &format!("{done} per second"),
@@ -375,12 +382,7 @@ pub fn retention(r: &Report) -> String {
     };
     let mut out = String::from("<div class=\"cards\">");
     out += &card("segments", "segments", &ret.segments.to_string(), false);
-    out += &card(
-        "bytes",
-        "on disk",
-        &format!("{:.1} MiB", ret.bytes as f64 / 1048576.0),
-        false,
-    );
+    out += &card("bytes", "on disk", &bytes(ret.bytes), false);
     out += &card(
         "next_xid",
         "next transaction id",
