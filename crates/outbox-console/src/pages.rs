@@ -510,3 +510,54 @@ pub fn journey(asked: &str, found: &[Journey], prefix: &str) -> String {
     }
     out
 }
+
+/// The inbox's side of a journey (the same database): received, its handler's attempts and
+/// redrives, handled; or that it has not arrived.
+pub fn receipt(found: &Result<Vec<Journey>, String>) -> String {
+    let mut out = String::from("<section class=\"receipt\"><h2>In the inbox</h2>");
+    match found {
+        Err(e) => {
+            let _ = write!(
+                out,
+                "<p class=\"err\">The inbox could not be read: {}</p>",
+                esc(e)
+            );
+        }
+        Ok(found) if found.is_empty() => {
+            out += "<p>Now <strong data-figure=\"inbox_state\">not received</strong></p>\
+                    <p class=\"muted\">The inbox in this database has not recorded it (yet, or \
+                    its consumer reads another broker).</p>";
+        }
+        Ok(found) => {
+            for j in found {
+                let state = match j.state.as_str() {
+                    "published" => "handled",
+                    s => s,
+                };
+                let _ = write!(
+                    out,
+                    "<p>Now <strong data-figure=\"inbox_state\">{state}</strong></p>\
+                     <ol class=\"timeline\">"
+                );
+                for s in &j.steps {
+                    // The inbox's queue is an outbox store: its words, in the inbox's terms.
+                    let (what, detail) = match s.what.as_str() {
+                        "written" => ("received", s.detail.clone()),
+                        "published" => ("handled", "its handler succeeded".to_string()),
+                        w => (w, s.detail.clone()),
+                    };
+                    let _ = write!(
+                        out,
+                        "<li class=\"{c}\"><strong>{w}</strong> <span class=\"muted\">{at}</span><br>{d}</li>",
+                        c = esc(&s.what),
+                        w = esc(what),
+                        at = s.at.map_or("time not kept".into(), |t| esc(&t.to_rfc3339())),
+                        d = esc(&detail),
+                    );
+                }
+                out += "</ol>";
+            }
+        }
+    }
+    out + "</section>"
+}

@@ -283,7 +283,7 @@ async fn get(
                 .unwrap_or_default();
             let active = format!("{prefix}/messages");
             let found = if asked.is_empty() {
-                Vec::new()
+                (Vec::new(), None)
             } else {
                 let query = match (q.get("id").filter(|s| !s.trim().is_empty()), q.get("key")) {
                     (Some(id), _) => match id.trim().parse() {
@@ -305,15 +305,16 @@ async fn get(
                     (None, None) => unreachable_query(),
                 };
                 match store.journey(&query, 20).await {
-                    Ok(found) => found,
+                    Ok(found) => (found, receipt(console, inbox, &query).await),
                     Err(e) => return failed_read("Message journey", e),
                 }
             };
-            shown(
-                "Message journey",
-                &active,
-                pages::journey(&asked, &found, prefix),
-            )
+            let (found, receipt) = found;
+            let mut body = pages::journey(&asked, &found, prefix);
+            if let Some(receipt) = receipt {
+                body += &pages::receipt(&receipt);
+            }
+            shown("Message journey", &active, body)
         }
         _ => html(
             StatusCode::NOT_FOUND,
@@ -325,6 +326,25 @@ async fn get(
             ),
         ),
     }
+}
+
+/// Where the inbox shares the database, what it did with the outbox message `query` names by
+/// id (the inbox keeps the outbox's message id): `None` when there is no inbox or no id, else
+/// its receipt and handling, or why they could not be read.
+async fn receipt(
+    console: &Console,
+    inbox: bool,
+    query: &JourneyQuery,
+) -> Option<Result<Vec<outbox_core::Journey>, String>> {
+    let (false, Ok(side), JourneyQuery::Id(_)) = (inbox, &console.inbox, query) else {
+        return None;
+    };
+    Some(
+        side.store
+            .journey(query, 1)
+            .await
+            .map_err(|e| e.to_string()),
+    )
 }
 
 /// `asked` is empty when neither an id nor a key was given, so this is never reached; kept as

@@ -26,6 +26,7 @@ fn database_url() -> String {
 struct Running {
     base: String,
     store: Arc<dyn Store>,
+    inbox: Option<Arc<dyn Store>>,
     stop: CancellationToken,
     drop_schema: String,
     pool: sqlx::PgPool,
@@ -35,10 +36,17 @@ impl Running {
     async fn end(self) {
         self.stop.cancel();
         let _ = sqlx::raw_sql(&self.drop_schema).execute(&self.pool).await;
+        let _ = sqlx::raw_sql(&self.drop_schema.replace(" CASCADE", "_inbox CASCADE"))
+            .execute(&self.pool)
+            .await;
     }
 }
 
 async fn console(read_only: bool) -> Running {
+    console_with(read_only, false).await
+}
+
+async fn console_with(read_only: bool, with_inbox: bool) -> Running {
     let pool = connect_pool(&database_url(), 4)
         .await
         .expect("PostgreSQL must be running for these tests");
@@ -57,19 +65,27 @@ async fn console(read_only: bool) -> Running {
         store: store.clone(),
         place: schema.render("test schema {schema}"),
     };
-    let c = Console::new(
-        side,
-        Err("no inbox in this test".into()),
-        vec![],
-        &options,
-        &stop,
-    );
+    let inbox = if with_inbox {
+        let db = outbox_inbox::InboxDatabase::open(&database_url(), &schema.render("{schema}"), 2)
+            .await
+            .unwrap();
+        db.migrate().await.unwrap();
+        Ok(Side {
+            store: db.queue(),
+            place: db.place(),
+        })
+    } else {
+        Err("no inbox in this test".into())
+    };
+    let inbox_store = inbox.as_ref().ok().map(|s| s.store.clone());
+    let c = Console::new(side, inbox, vec![], &options, &stop);
     let bound = outbox_console::bind(options.listen).await.unwrap();
     let base = format!("http://{}", bound.local_addr().unwrap());
     tokio::spawn(outbox_console::serve(bound, c, stop.clone()));
     Running {
         base,
         store,
+        inbox: inbox_store,
         stop,
         drop_schema: schema.render("DROP SCHEMA {schema} CASCADE"),
         pool,
@@ -321,5 +337,36 @@ async fn a_read_only_console_shows_pages_and_refuses_actions() {
     let (s, journey) = get(&c.base, "/messages?key=k").await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(figure(&journey, "state"), "pending");
+    c.end().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn where_the_inbox_shares_the_database_a_journey_ends_with_its_receipt_and_handling() {
+    let c = console_with(false, true).await;
+    let sent = msg("k", 0);
+    c.store.insert(std::slice::from_ref(&sent)).await.unwrap();
+    let (_, before) = get(&c.base, &format!("/messages?id={}", sent.id)).await;
+    assert_eq!(figure(&before, "inbox_state"), "not received");
+    // The inbox records it under the outbox's message id; its processor handles it.
+    let inbox = c.inbox.clone().unwrap();
+    inbox.insert(std::slice::from_ref(&sent)).await.unwrap();
+    let (m, parts) = sole_member(&inbox).await;
+    let got = claim_all(&inbox, &m, &parts).await;
+    assert_eq!(got.len(), 1);
+    inbox
+        .complete(&m, &[Outcome::Published { seq: got[0].seq }])
+        .await
+        .unwrap();
+    let (s, after) = get(&c.base, &format!("/messages?id={}", sent.id)).await;
+    assert_eq!(s, StatusCode::OK, "{after}");
+    assert_eq!(figure(&after, "inbox_state"), "handled");
+    assert!(after.contains("<strong>received</strong>") && after.contains("its handler succeeded"));
+    let (s, page) = get(&c.base, "/inbox").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        figure(&page, "published"),
+        "1",
+        "handled on the inbox overview"
+    );
     c.end().await;
 }

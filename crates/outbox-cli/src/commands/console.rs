@@ -15,10 +15,16 @@ pub async fn run(
 ) -> anyhow::Result<ExitCode> {
     options.validate().map_err(anyhow::Error::msg)?;
     let (store, place) = super::open_store(&db, false).await?;
+    // The inbox's pages only where its tables are: reading its counts tells.
     let inbox = match super::open_store(&db, true).await {
-        Ok((store, place)) => Ok(Side { store, place }),
+        Ok((store, place)) => match store.stats().await {
+            Ok(_) => Ok(Side { store, place }),
+            Err(e) => Err(format!(
+                "No inbox here ({e}); `outbox migrate --inbox` creates it."
+            )),
+        },
         Err(e) => Err(format!(
-            "No inbox in this database: {e}. Create it with `outbox migrate --inbox`."
+            "No inbox here ({e}); `outbox migrate --inbox` creates it."
         )),
     };
     let stop = crate::shutdown::on_signal();
