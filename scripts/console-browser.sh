@@ -70,8 +70,12 @@ EOF
 python3 "$work/receiver.py" "$work" "$hook" & pids+=($!)
 wait_port "$hook"
 
-"$OUTBOX_BIN" relay "${db[@]}" --sink "http://127.0.0.1:$hook/hooks" --max-attempts 2 \
-  --backoff-base 200ms >"$work/relay.log" 2>&1 & pids+=($!)
+# The relay serves the console too (--console), with the same token.
+token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+relay_console=$(free_port)
+OUTBOX_CONSOLE_TOKEN=$token "$OUTBOX_BIN" relay "${db[@]}" --sink "http://127.0.0.1:$hook/hooks" \
+  --max-attempts 2 --backoff-base 200ms --console "127.0.0.1:$relay_console" \
+  >"$work/relay.log" 2>&1 & pids+=($!)
 
 # acct-1's first payload is rejected: it fails and its key's later messages wait behind it.
 psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" >/dev/null <<EOF
@@ -92,7 +96,6 @@ done
 say "failed: $failed_id"
 
 port=$(free_port)
-token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 OUTBOX_CONSOLE_TOKEN=$token "$OUTBOX_BIN" console "${db[@]}" --listen "127.0.0.1:$port" \
   --sample-every 1s >"$work/console.log" 2>&1 & pids+=($!)
 wait_port "$port"
@@ -113,3 +116,9 @@ assert acct1 == sorted(acct1) and acct1[:1] == [0], f"acct-1 out of order: {acct
 assert sorted(got) == list(range(13)), f"{len(got)} of 13 messages arrived: {sorted(got)}"
 print(f"console-browser: all 13 messages arrived, acct-1 in order: {acct1}")
 EOF
+
+# The relay's own console (--console) answers the same report, behind the same token.
+curl -sf -H "Authorization: Bearer $token" "http://127.0.0.1:$relay_console/?format=json" |
+  python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["failed"] == 0 and r["published"] >= 13, r; print("console-browser: the relay'"'"'s --console answers: failed 0, published", r["published"])'
+code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$relay_console/")
+[ "$code" = 401 ] || { say "the relay's console answered $code without the token"; exit 1; }

@@ -267,6 +267,10 @@ pub struct RelayArgs {
     /// host (a Kubernetes pod). Env: OUTBOX_METRICS_ADDR.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Also serve the web console (as `outbox console`, outbox pages only) on this address,
+    /// e.g. 127.0.0.1:8080; its token from OUTBOX_CONSOLE_TOKEN.
+    #[arg(long, value_name = "ADDR")]
+    pub console: Option<std::net::SocketAddr>,
     /// /readyz fails once every sink's circuit has been open for longer than this (default
     /// 15s): the relay cannot make progress, though a restart would not help (see
     /// docs/operations.md). Env: OUTBOX_UNREADY_AFTER.

@@ -56,7 +56,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Purge(args) => {
             maintain::purge(config::db(&loaded, &args.db)?, args.older_than.0).await
         }
-        Command::Relay(args) => relay::run(config::relay(&loaded, &args)?, args.print_config).await,
+        Command::Relay(args) => {
+            relay::run(
+                config::relay(&loaded, &args)?,
+                args.print_config,
+                args.console,
+            )
+            .await
+        }
         Command::Status(args) => {
             let routes = config::file_routes(&loaded)?;
             status::run(config::db(&loaded, &args.db)?, &args, &routes).await

@@ -47,7 +47,11 @@ async fn connect_routes(s: &RelaySettings) -> anyhow::Result<Vec<Route>> {
     Ok(routes)
 }
 
-pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCode> {
+pub async fn run(
+    s: RelaySettings,
+    print_config: bool,
+    console: Option<std::net::SocketAddr>,
+) -> anyhow::Result<ExitCode> {
     if print_config {
         let r = &s.relay;
         let settings = serde_json::json!({
@@ -108,6 +112,10 @@ pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCod
           sink = %s.sink.as_deref().map(outbox_core::redact::url).unwrap_or_default(),
           routes = s.routes.len(), "relay configured");
     let shutdown = crate::shutdown::on_signal();
+    let console = match console {
+        Some(listen) => Some(start_console(listen, &s, store.clone(), &shutdown).await?),
+        None => None,
+    };
     let relay = Relay::with_routes(store.clone(), routes, s.relay)?;
     let server = observe.map(|o| {
         let target = outbox_observe::Target::relay(store, relay.health(), s.unready_after);
@@ -118,5 +126,41 @@ pub async fn run(s: RelaySettings, print_config: bool) -> anyhow::Result<ExitCod
     if let Some(server) = server {
         let _ = server.await;
     }
+    if let Some(console) = console {
+        let _ = console.await;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--console`: the web console over the relay's own store, bound before the relay starts so
+/// an address in use is reported at once.
+async fn start_console(
+    listen: std::net::SocketAddr,
+    s: &RelaySettings,
+    store: Arc<dyn outbox_core::Store>,
+    stop: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    use clap::Parser as _;
+    // The console's own defaults, then what the relay was given.
+    #[derive(clap::Parser)]
+    struct Defaults {
+        #[command(flatten)]
+        options: outbox_console::Options,
+    }
+    let mut options = Defaults::parse_from(["console"]).options;
+    options.listen = listen;
+    options.validate().map_err(anyhow::Error::msg)?;
+    let bound = outbox_console::bind(listen).await?;
+    let why = "the relay's console shows the outbox only: `outbox console` shows the inbox too";
+    let side = outbox_console::Side {
+        store,
+        place: outbox_core::redact::url(&s.db.url),
+    };
+    let console =
+        outbox_console::Console::new(side, Err(why.into()), s.routes.clone(), &options, stop);
+    Ok(tokio::spawn(outbox_console::serve(
+        bound,
+        console,
+        stop.clone(),
+    )))
 }
