@@ -95,6 +95,10 @@ pub struct InboxArgs {
     /// host (a Kubernetes pod). Env: OUTBOX_INBOX_METRICS_ADDR.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Export a receive span per batch, linked to each message's writer span, over OTLP/HTTP
+    /// to this collector, e.g. http://127.0.0.1:4318. Env: OUTBOX_OTLP_ENDPOINT.
+    #[arg(long, value_name = "URL", env = "OUTBOX_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// Print the settings as resolved (passwords masked), then exit.
     #[arg(long)]
     pub print_config: bool,
@@ -267,6 +271,10 @@ pub struct RelayArgs {
     /// host (a Kubernetes pod). Env: OUTBOX_METRICS_ADDR.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Export a publish span per batch, linked to each message's writer span, over OTLP/HTTP
+    /// to this collector, e.g. http://127.0.0.1:4318. Env: OUTBOX_OTLP_ENDPOINT.
+    #[arg(long, value_name = "URL", env = "OUTBOX_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// Also serve the web console (as `outbox console`, outbox pages only) on this address,
     /// e.g. 127.0.0.1:8080; its token from OUTBOX_CONSOLE_TOKEN.
     #[arg(long, value_name = "ADDR")]

@@ -17,6 +17,7 @@ pub mod secret;
 pub mod sink;
 pub mod status;
 pub mod store;
+pub mod trace;
 
 pub use bytes::Bytes;
 pub use error::{Error, ErrorKind, Result};

@@ -52,6 +52,41 @@ impl NewMessage {
         self
     }
 
+    /// Records the W3C trace context the message was written under: `traceparent` (checked) and
+    /// `tracestate`, in the headers every sink forwards. For a context taken from elsewhere (an
+    /// incoming request's headers); with the `otel` feature, [`NewMessage::with_current_trace`]
+    /// takes the current span's.
+    pub fn trace_context(
+        self,
+        traceparent: &str,
+        tracestate: Option<&str>,
+    ) -> Result<Self, crate::Error> {
+        let parent = crate::trace::TraceParent::parse(traceparent)
+            .map_err(|e| crate::Error::new(crate::ErrorKind::Malformed, e))?;
+        let m = self.header(crate::trace::HEADER_TRACEPARENT, parent.to_string());
+        Ok(match tracestate.filter(|s| !s.trim().is_empty()) {
+            Some(state) => m.header(crate::trace::HEADER_TRACESTATE, state.trim()),
+            None => m,
+        })
+    }
+
+    /// Records the current OpenTelemetry span's trace context (`traceparent`, `tracestate`),
+    /// so the relay's publish span links to it and the consumer's handler continues its trace.
+    /// Outside a valid span the message is left as it is.
+    #[cfg(feature = "otel")]
+    pub fn with_current_trace(self) -> Self {
+        match crate::trace::current() {
+            Some((parent, state)) => {
+                let m = self.header(crate::trace::HEADER_TRACEPARENT, parent.to_string());
+                match state {
+                    Some(state) => m.header(crate::trace::HEADER_TRACESTATE, state),
+                    None => m,
+                }
+            }
+            None => self,
+        }
+    }
+
     /// Sets a per-message destination that wins over the relay's template.
     pub fn topic(mut self, topic: impl Into<String>) -> Self {
         self.topic = Some(topic.into());

@@ -357,6 +357,7 @@ pub async fn run(
             // Commit before anything is acknowledged; retry the batch as it is while the
             // connection (and with it the source lock) holds.
             let mut retry = Backoff::RECONNECT;
+            let span = crate::spans::ReceiveSpan::start(&name, &messages);
             let (recorded, duplicates) = loop {
                 let started = Instant::now();
                 let ingested = db.ingest(lock.as_mut(), &messages).await;
@@ -390,6 +391,7 @@ pub async fn run(
                     }
                 }
             };
+            span.end(Ok((recorded, duplicates)));
             IngestMetrics::add(&metrics.recorded, recorded);
             IngestMetrics::add(&metrics.duplicates, duplicates);
             IngestMetrics::add(&metrics.batches, 1);

@@ -31,6 +31,7 @@ pub mod processor;
 pub mod redis_dedupe;
 pub mod retention;
 pub mod source;
+pub mod spans;
 pub mod sqlite;
 mod tables;
 pub mod telemetry;

@@ -363,7 +363,7 @@ where
             )));
         };
         let started = std::time::Instant::now();
-        let handled = handler.handle(tx, &message).await;
+        let handled = crate::spans::process(&message, handler.handle(tx, &message)).await;
         metrics::histogram!(crate::telemetry::HANDLER_DURATION,
             "type" => message.message_type.clone())
         .record(started.elapsed().as_secs_f64());

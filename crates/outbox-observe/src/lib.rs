@@ -11,13 +11,17 @@
 //!   a worker holds no lease, or every sink's circuit has been open for longer than
 //!   `--unready-after` (take it out of rotation and alert; a restart does not bring a broker
 //!   back). See `docs/operations.md`.
+//! - **Traces** (`--otlp-endpoint`): the relay's publish spans and the inbox's receive and
+//!   process spans, exported over OTLP/HTTP ([`install_tracing`]).
 
 mod catalogue;
 mod exporter;
+mod otlp;
 mod server;
 mod target;
 
 pub use catalogue::{StoreNames, INBOX, INBOX_CATALOGUE, RELAY, RELAY_CATALOGUE};
 pub use exporter::{Exporter, InstallError};
+pub use otlp::{install as install_tracing, traces_url, OtlpError, Tracing};
 pub use server::{bind, serve, Server};
 pub use target::{Loop, Target, DEFAULT_UNREADY_AFTER};

@@ -15,6 +15,7 @@ pub mod health;
 mod lane;
 mod metrics;
 mod relay;
+pub mod spans;
 pub mod telemetry;
 mod worker;
 

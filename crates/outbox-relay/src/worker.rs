@@ -654,7 +654,9 @@ impl Worker {
     ) -> (usize, LaneCall, Vec<Result<(), SinkError>>) {
         let lane = &self.lanes.0[l];
         let started = Instant::now();
+        let span = crate::spans::PublishSpan::start(lane.sink.name(), &lane.name, &call.envelopes);
         let results = self.publish_call(lane, &call.envelopes).await;
+        span.end(&results);
         lane.metrics
             .publish_duration
             .record(started.elapsed().as_secs_f64());

@@ -19,8 +19,8 @@ const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(30);
 /// 10 s; twice the longest with room to spare.
 const INGEST_LIVE_BOUND: Duration = Duration::from_secs(120);
 
-pub async fn run(s: InboxSettings, print_config: bool) -> anyhow::Result<ExitCode> {
-    if print_config {
+pub async fn run(s: InboxSettings, args: &crate::cli::InboxArgs) -> anyhow::Result<ExitCode> {
+    if args.print_config {
         let settings = serde_json::json!({
             "database_url": outbox_core::redact::url(&s.db.url),
             "schema": s.db.schema,
@@ -56,6 +56,10 @@ pub async fn run(s: InboxSettings, print_config: bool) -> anyhow::Result<ExitCod
     .await?;
     info!(database = %outbox_core::redact::url(&s.db.url), inbox = %db.place(),
           source = %source.describe(), "inbox configured");
+    let tracing = match &args.otlp_endpoint {
+        Some(url) => Some(outbox_observe::install_tracing(url, "outbox-inbox")?),
+        None => None,
+    };
     let shutdown = crate::shutdown::on_signal();
     let metrics = Arc::new(IngestMetrics::default());
     let server = observe.map(|o| {
@@ -94,6 +98,9 @@ pub async fn run(s: InboxSettings, print_config: bool) -> anyhow::Result<ExitCod
         duplicates = IngestMetrics::get(&metrics.duplicates),
         "inbox ingest stopped"
     );
+    if let Some(tracing) = tracing {
+        tracing.shutdown();
+    }
     result?;
     Ok(ExitCode::SUCCESS)
 }

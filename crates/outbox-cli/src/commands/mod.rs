@@ -56,14 +56,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Purge(args) => {
             maintain::purge(config::db(&loaded, &args.db)?, args.older_than.0).await
         }
-        Command::Relay(args) => {
-            relay::run(
-                config::relay(&loaded, &args)?,
-                args.print_config,
-                args.console,
-            )
-            .await
-        }
+        Command::Relay(args) => relay::run(config::relay(&loaded, &args)?, &args).await,
         Command::Status(args) => {
             let routes = config::file_routes(&loaded)?;
             status::run(config::db(&loaded, &args.db)?, &args, &routes).await
@@ -94,7 +87,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             )
             .await
         }
-        Command::Inbox(args) => inbox::run(config::inbox(&loaded, &args)?, args.print_config).await,
+        Command::Inbox(args) => inbox::run(config::inbox(&loaded, &args)?, &args).await,
         Command::Console(args) => {
             let routes = config::file_routes(&loaded)?;
             console::run(config::db(&loaded, &args.db)?, routes, args.console).await

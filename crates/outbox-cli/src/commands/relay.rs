@@ -47,12 +47,8 @@ async fn connect_routes(s: &RelaySettings) -> anyhow::Result<Vec<Route>> {
     Ok(routes)
 }
 
-pub async fn run(
-    s: RelaySettings,
-    print_config: bool,
-    console: Option<std::net::SocketAddr>,
-) -> anyhow::Result<ExitCode> {
-    if print_config {
+pub async fn run(s: RelaySettings, args: &crate::cli::RelayArgs) -> anyhow::Result<ExitCode> {
+    if args.print_config {
         let r = &s.relay;
         let settings = serde_json::json!({
             "database_url": outbox_core::redact::url(&s.db.url),
@@ -111,8 +107,12 @@ pub async fn run(
     info!(database = %outbox_core::redact::url(&s.db.url), outbox = %database.place(),
           sink = %s.sink.as_deref().map(outbox_core::redact::url).unwrap_or_default(),
           routes = s.routes.len(), "relay configured");
+    let tracing = match &args.otlp_endpoint {
+        Some(url) => Some(outbox_observe::install_tracing(url, "outbox-relay")?),
+        None => None,
+    };
     let shutdown = crate::shutdown::on_signal();
-    let console = match console {
+    let console = match args.console {
         Some(listen) => Some(start_console(listen, &s, store.clone(), &shutdown).await?),
         None => None,
     };
@@ -128,6 +128,9 @@ pub async fn run(
     }
     if let Some(console) = console {
         let _ = console.await;
+    }
+    if let Some(tracing) = tracing {
+        tracing.shutdown();
     }
     Ok(ExitCode::SUCCESS)
 }

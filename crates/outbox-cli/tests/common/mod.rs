@@ -252,6 +252,8 @@ pub fn outbox_command(cwd: &std::path::Path) -> std::process::Command {
         "OUTBOX_INBOX_BATCH_SIZE",
         "OUTBOX_INBOX_POLL_INTERVAL",
         "OUTBOX_INBOX_RETENTION",
+        "OUTBOX_OTLP_ENDPOINT",
+        "OUTBOX_CONSOLE_TOKEN",
     ] {
         c.env_remove(var);
     }
