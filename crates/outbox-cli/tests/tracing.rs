@@ -53,43 +53,44 @@ async fn receiver() -> (String, Arc<Mutex<Vec<Got>>>) {
                 return;
             };
             let sink = sink.clone();
-            let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let sink = sink.clone();
-                async move {
-                    let path = req.uri().path().to_string();
-                    let body = req.into_body().collect().await.unwrap().to_bytes();
-                    assert_eq!(path, "/v1/traces", "spans go to the OTLP traces path");
-                    let export = ExportTraceServiceRequest::decode(body).unwrap();
-                    let mut spans = sink.lock().unwrap();
-                    for rs in export.resource_spans {
-                        let service = rs
-                            .resource
-                            .iter()
-                            .flat_map(|r| r.attributes.iter())
-                            .find(|a| a.key == "service.name")
-                            .and_then(|a| a.value.as_ref())
-                            .map(|v| format!("{:?}", v.value))
-                            .unwrap_or_default();
-                        for ss in rs.scope_spans {
-                            for s in ss.spans {
-                                spans.push(Got {
-                                    name: s.name,
-                                    service: service.clone(),
-                                    trace: hex(&s.trace_id),
-                                    span: hex(&s.span_id),
-                                    parent: hex(&s.parent_span_id),
-                                    links: s
-                                        .links
-                                        .iter()
-                                        .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
-                                        .collect(),
-                                });
+            let service =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let sink = sink.clone();
+                    async move {
+                        let path = req.uri().path().to_string();
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        assert_eq!(path, "/v1/traces", "spans go to the OTLP traces path");
+                        let export = ExportTraceServiceRequest::decode(body).unwrap();
+                        let mut spans = sink.lock().unwrap();
+                        for rs in export.resource_spans {
+                            let service = rs
+                                .resource
+                                .iter()
+                                .flat_map(|r| r.attributes.iter())
+                                .find(|a| a.key == "service.name")
+                                .and_then(|a| a.value.as_ref())
+                                .map(|v| format!("{:?}", v.value))
+                                .unwrap_or_default();
+                            for ss in rs.scope_spans {
+                                for s in ss.spans {
+                                    spans.push(Got {
+                                        name: s.name,
+                                        service: service.clone(),
+                                        trace: hex(&s.trace_id),
+                                        span: hex(&s.span_id),
+                                        parent: hex(&s.parent_span_id),
+                                        links: s
+                                            .links
+                                            .iter()
+                                            .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
+                                            .collect(),
+                                    });
+                                }
                             }
                         }
+                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::new())))
                     }
-                    Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::new())))
-                }
-            });
+                });
             tokio::spawn(
                 hyper::server::conn::http1::Builder::new()
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), service),

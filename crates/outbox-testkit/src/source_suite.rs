@@ -170,6 +170,12 @@ pub trait Channel: Send {
     /// Called once no consumer runs.
     async fn assert_drained(&mut self, published: usize);
 
+    /// Waits, while a restarted daemon runs, until what a killed consumer had taken and never
+    /// acknowledged has come back and been taken again. Brokers that redeliver at once need
+    /// nothing (the default); SQS redelivers only after the visibility timeout, which can end
+    /// after everything else was ingested.
+    async fn await_redelivery(&mut self) {}
+
     /// Removes the channel from the broker.
     async fn cleanup(self: Box<Self>);
 }
@@ -649,6 +655,7 @@ async fn killed_mid_stream<B: InboxBackend>(f: &dyn SourceFixture, outbox: fn() 
     let restarted = Daemon::start(outbox, &b, &source, s.batch);
     wait_ingested(&b, all.len() as i64, WAIT).await;
     assert_ingested_once(&b, &all, f.order() != Order::None).await;
+    ch.await_redelivery().await;
     restarted.stop();
     ch.assert_drained(all.len()).await;
     ch.cleanup().await;

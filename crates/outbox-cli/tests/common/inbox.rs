@@ -801,6 +801,11 @@ impl Channel for SqsChannel {
         })
         .await;
     }
+    /// The killed daemon's messages come back after the 3 s visibility timeout: the queue is
+    /// empty once the running daemon took and deleted them.
+    async fn await_redelivery(&mut self) {
+        self.assert_drained(0).await;
+    }
     async fn cleanup(self: Box<Self>) {
         let _ = self
             .client
