@@ -228,6 +228,22 @@ async fn metrics_move_as_rows_are_published_parked_and_failed() {
         &[("pin", "position")]
     )
     .is_some());
+    // The backlog by route (read at the first scrape, then every 30 s).
+    assert!(
+        value(
+            &failed,
+            "outbox_route_pending_messages",
+            &[("route", "default")]
+        )
+        .is_some(),
+        "{failed}"
+    );
+    assert!(value(
+        &failed,
+        "outbox_route_oldest_pending_age_seconds",
+        &[("route", "default")]
+    )
+    .is_some());
     // What a scrape holds is what the catalogue (and so docs/operations.md) lists, no more.
     let documented = catalogue(&[
         outbox_relay::telemetry::CATALOGUE,

@@ -165,7 +165,7 @@ pub struct BlockedKey {
 }
 
 /// Counts for `outbox status`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Stats {
     /// Messages not yet published (including those waiting for a retry).
     pub pending: i64,

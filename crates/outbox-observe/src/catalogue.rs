@@ -70,6 +70,10 @@ pub(crate) const CIRCUIT_OPEN: &str = "outbox_circuit_open_seconds";
 pub(crate) const PARTITIONS_OWNED: &str = "outbox_partitions_owned";
 /// Seconds since each worker last finished a step.
 pub(crate) const WORKER_SILENCE: &str = "outbox_worker_last_step_age_seconds";
+/// Pending messages per route (read at most every [`crate::target`]'s route interval).
+pub(crate) const ROUTE_PENDING: &str = "outbox_route_pending_messages";
+/// Age of each route's oldest pending message.
+pub(crate) const ROUTE_OLDEST: &str = "outbox_route_oldest_pending_age_seconds";
 
 const fn gauge(
     name: &'static str,
@@ -150,7 +154,7 @@ const INBOX_STORE: [MetricDef; 11] = store_catalogue(
     ],
 );
 
-const RELAY_LIVE: [MetricDef; 4] = [
+const RELAY_LIVE: [MetricDef; 6] = [
     gauge(
         CIRCUIT_STATE,
         &["sink", "route"],
@@ -174,6 +178,18 @@ const RELAY_LIVE: [MetricDef; 4] = [
         "Seconds since each worker last finished a step of its loop; /livez fails past the \
          live bound.",
     ),
+    gauge(
+        ROUTE_PENDING,
+        &["route"],
+        "Pending messages of each route (the relay's routing rules, then `default`), as \
+         `outbox status` groups them; read at most every 30 s.",
+    ),
+    gauge(
+        ROUTE_OLDEST,
+        &["route"],
+        "Age in seconds of each route's oldest pending message (0 when none); read at most \
+         every 30 s.",
+    ),
 ];
 
 /// Every metric a relay's [`crate::Target`] sets at scrape time.
@@ -193,6 +209,8 @@ pub const RELAY_CATALOGUE: &[MetricDef] = &[
     RELAY_LIVE[1],
     RELAY_LIVE[2],
     RELAY_LIVE[3],
+    RELAY_LIVE[4],
+    RELAY_LIVE[5],
 ];
 
 /// Every metric an inbox [`crate::Target`] sets at scrape time.

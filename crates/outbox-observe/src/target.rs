@@ -9,7 +9,8 @@ use outbox_relay::{CircuitState, Pulse, RelayHealth, Verdict};
 use tracing::debug;
 
 use crate::catalogue::{
-    StoreNames, CIRCUIT_OPEN, CIRCUIT_STATE, INBOX, PARTITIONS_OWNED, RELAY, WORKER_SILENCE,
+    StoreNames, CIRCUIT_OPEN, CIRCUIT_STATE, INBOX, PARTITIONS_OWNED, RELAY, ROUTE_OLDEST,
+    ROUTE_PENDING, WORKER_SILENCE,
 };
 
 /// Default of `--unready-after`: how long every sink's circuit may stay open before `/readyz`
@@ -19,6 +20,9 @@ pub const DEFAULT_UNREADY_AFTER: Duration = Duration::from_secs(15);
 /// A scrape's store query gives up after this long (the figures keep their last values and
 /// the store gauge says 0).
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The backlog by route needs the status query (it reads the pending rows' types, capped per
+/// partition), so it is read at most this often, not at every scrape.
+const ROUTES_EVERY: Duration = Duration::from_secs(30);
 /// `/readyz`'s database round trip gives up after this long.
 const PING_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -41,9 +45,11 @@ pub struct Target {
     relay: Option<Arc<RelayHealth>>,
     loops: Vec<Loop>,
     unready_after: Duration,
+    /// The relay's routing rules, to group the backlog by route.
+    routes: Vec<outbox_core::RouteSpec>,
     /// One scrape's store query at a time: concurrent scrapes wait for it rather than adding
-    /// load.
-    collecting: tokio::sync::Mutex<()>,
+    /// load. Holds when the backlog by route was last read.
+    collecting: tokio::sync::Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Target {
@@ -66,8 +72,15 @@ impl Target {
             relay: Some(health),
             loops: Vec::new(),
             unready_after,
-            collecting: tokio::sync::Mutex::new(()),
+            routes: Vec::new(),
+            collecting: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// Exports the backlog per route of `routes` (the relay's rules; `default` is added).
+    pub fn with_routes(mut self, routes: Vec<outbox_core::RouteSpec>) -> Self {
+        self.routes = routes;
+        self
     }
 
     /// The inbox ingest daemon: its processing queue's figures (`queue`, an outbox store) under
@@ -79,14 +92,15 @@ impl Target {
             relay: None,
             loops,
             unready_after: DEFAULT_UNREADY_AFTER,
-            collecting: tokio::sync::Mutex::new(()),
+            routes: Vec::new(),
+            collecting: tokio::sync::Mutex::new(None),
         }
     }
 
     /// Sets the scrape-time gauges: the store's figures (one `Store::gauges` call, bounded by
     /// a timeout), the circuits, the partitions owned and each worker's last step.
     pub async fn collect(&self) {
-        let _one = self.collecting.lock().await;
+        let mut routes_read = self.collecting.lock().await;
         let n = &self.names;
         let started = Instant::now();
         let read = tokio::time::timeout(QUERY_TIMEOUT, self.store.gauges()).await;
@@ -118,6 +132,10 @@ impl Target {
             }
         }
         let Some(health) = &self.relay else { return };
+        if routes_read.is_none_or(|at| at.elapsed() >= ROUTES_EVERY) {
+            *routes_read = Some(Instant::now());
+            self.collect_routes().await;
+        }
         for c in health.circuits() {
             let labels = [("sink", c.sink.clone()), ("route", c.route.clone())];
             let state = match c.state {
@@ -135,6 +153,28 @@ impl Target {
             if let Some(silent) = m.pulse.silent_for() {
                 metrics::gauge!(WORKER_SILENCE, "member" => member).set(silent.as_secs_f64());
             }
+        }
+    }
+
+    /// The backlog by route, as `outbox status` groups it (one status query, bounded by a
+    /// timeout; on failure the gauges keep their last values).
+    async fn collect_routes(&self) {
+        let read = tokio::time::timeout(QUERY_TIMEOUT, self.store.status_detail()).await;
+        let Ok(Ok(detail)) = read else {
+            debug!("metrics: the backlog by route could not be read");
+            return;
+        };
+        let report = outbox_core::status::Report::new(
+            chrono::Utc::now(),
+            outbox_core::Stats::default(),
+            detail,
+            &self.routes,
+        );
+        for r in report.routes {
+            let route = r.route;
+            metrics::gauge!(ROUTE_PENDING, "route" => route.clone()).set(r.pending as f64);
+            metrics::gauge!(ROUTE_OLDEST, "route" => route)
+                .set(r.oldest_pending_age_seconds.unwrap_or(0.0));
         }
     }
 

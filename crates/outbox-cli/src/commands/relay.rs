@@ -118,7 +118,8 @@ pub async fn run(s: RelaySettings, args: &crate::cli::RelayArgs) -> anyhow::Resu
     };
     let relay = Relay::with_routes(store.clone(), routes, s.relay)?;
     let server = observe.map(|o| {
-        let target = outbox_observe::Target::relay(store, relay.health(), s.unready_after);
+        let target = outbox_observe::Target::relay(store, relay.health(), s.unready_after)
+            .with_routes(s.routes.clone());
         o.serve(target, shutdown.clone())
     });
     relay.run(shutdown.clone()).await;
