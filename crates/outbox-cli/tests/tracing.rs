@@ -306,3 +306,84 @@ async fn one_trace_goes_from_the_writer_through_the_relay_and_the_inbox_to_the_h
     .await;
     w.drop_all().await;
 }
+
+/// The header itself, sink by sink: a row from the Rust writer (`trace_context`) and a row
+/// from raw SQL (the `headers` column) each arrive at Kafka, NATS and a webhook with their
+/// `traceparent` and `tracestate` as written, read back by each broker's own reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traceparent_from_the_rust_writer_and_from_raw_sql_arrives_in_kafka_nats_and_http_headers()
+{
+    use outbox_sinks::read::{read_until, scratch, ScratchOptions};
+    let kafka =
+        std::env::var("OUTBOX_TEST_KAFKA_URL").unwrap_or_else(|_| "kafka://127.0.0.1:9092".into());
+    let rust_parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let raw_parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+    for url in [
+        kafka,
+        common::nats_url(),
+        "http://127.0.0.1:9/hook".to_string(),
+    ] {
+        let w = World::with_stream(false).await;
+        let s = scratch(&url, &ScratchOptions::new("trace"))
+            .await
+            .unwrap_or_else(|e| panic!("scratch on {url}: {e} (scripts/services.sh starts it)"));
+        let m = NewMessage::new("order", "t-1", "placed", serde_json::json!({"n": 1}))
+            .trace_context(rust_parent, Some("vendor=rust"))
+            .unwrap();
+        let mut tx = w.pool.begin().await.unwrap();
+        outbox_postgres::Writer::new(&w.schema)
+            .enqueue(&mut tx, &m)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        sqlx::query(&w.schema.render(
+            "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload, headers) \
+             VALUES ('order', 't-2', 'placed', '{\"n\": 2}', \
+                     jsonb_build_object('traceparent', $1::text, 'tracestate', 'vendor=sql'))",
+        ))
+        .bind(raw_parent)
+        .execute(&w.pool)
+        .await
+        .unwrap();
+        let sink = outbox_sinks::connect(&s.sink_url).await.unwrap();
+        let relay = outbox_testkit::relay::RunningRelay::start(
+            w.dyn_store(),
+            sink,
+            w.relay_config_to(&s.destination),
+        );
+        let mut reader = s.reader;
+        let got = read_until(reader.as_mut(), WAIT, |d| d.len() >= 2).await;
+        relay.stop().await;
+        let header = |key: &str, name: &str| {
+            got.delivered
+                .iter()
+                .find(|d| d.key == key)
+                .unwrap_or_else(|| panic!("{url}: nothing for {key}: {:?}", got.delivered))
+                .headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            header("t-1", "traceparent").as_deref(),
+            Some(rust_parent),
+            "{url}"
+        );
+        assert_eq!(
+            header("t-1", "tracestate").as_deref(),
+            Some("vendor=rust"),
+            "{url}"
+        );
+        assert_eq!(
+            header("t-2", "traceparent").as_deref(),
+            Some(raw_parent),
+            "{url}"
+        );
+        assert_eq!(
+            header("t-2", "tracestate").as_deref(),
+            Some("vendor=sql"),
+            "{url}"
+        );
+        w.drop_all().await;
+    }
+}
