@@ -364,26 +364,18 @@ async fn traceparent_from_the_rust_writer_and_from_raw_sql_arrives_in_kafka_nats
                 .find(|(k, _)| k.eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.clone())
         };
-        assert_eq!(
-            header("t-1", "traceparent").as_deref(),
-            Some(rust_parent),
-            "{url}"
-        );
-        assert_eq!(
-            header("t-1", "tracestate").as_deref(),
-            Some("vendor=rust"),
-            "{url}"
-        );
-        assert_eq!(
-            header("t-2", "traceparent").as_deref(),
-            Some(raw_parent),
-            "{url}"
-        );
-        assert_eq!(
-            header("t-2", "tracestate").as_deref(),
-            Some("vendor=sql"),
-            "{url}"
-        );
+        for (key, name, want) in [
+            ("t-1", "traceparent", rust_parent),
+            ("t-1", "tracestate", "vendor=rust"),
+            ("t-2", "traceparent", raw_parent),
+            ("t-2", "tracestate", "vendor=sql"),
+        ] {
+            assert_eq!(
+                header(key, name).as_deref(),
+                Some(want),
+                "{url}: {key} {name}"
+            );
+        }
         w.drop_all().await;
     }
 }
