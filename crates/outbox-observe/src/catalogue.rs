@@ -187,8 +187,8 @@ const RELAY_LIVE: [MetricDef; 6] = [
     gauge(
         ROUTE_OLDEST,
         &["route"],
-        "Age in seconds of each route's oldest pending message (0 when none); read at most \
-         every 30 s.",
+        "Age in seconds of each route's oldest pending message (0 when none); read every \
+         30 s, off the scrape's path.",
     ),
 ];
 

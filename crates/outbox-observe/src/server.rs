@@ -71,6 +71,7 @@ pub async fn serve(
             }
         })
     };
+    let routes = tokio::spawn(target.clone().run_routes(shutdown.clone()));
     loop {
         let accepted = tokio::select! {
             a = server.listener.accept() => a,
@@ -106,6 +107,7 @@ pub async fn serve(
         });
     }
     upkeep.abort();
+    routes.abort();
 }
 
 async fn answer(

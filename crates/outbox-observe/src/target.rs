@@ -21,8 +21,11 @@ pub const DEFAULT_UNREADY_AFTER: Duration = Duration::from_secs(15);
 /// the store gauge says 0).
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The backlog by route needs the status query (it reads the pending rows' types, capped per
-/// partition), so it is read at most this often, not at every scrape.
+/// partition: seconds with a million rows pending), so it is read this often, off the scrape's
+/// path, never inside a scrape.
 const ROUTES_EVERY: Duration = Duration::from_secs(30);
+/// The backlog-by-route query gives up after this long (the gauges keep their last values).
+const ROUTES_TIMEOUT: Duration = Duration::from_secs(25);
 /// `/readyz`'s database round trip gives up after this long.
 const PING_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -48,8 +51,8 @@ pub struct Target {
     /// The relay's routing rules, to group the backlog by route.
     routes: Vec<outbox_core::RouteSpec>,
     /// One scrape's store query at a time: concurrent scrapes wait for it rather than adding
-    /// load. Holds when the backlog by route was last read.
-    collecting: tokio::sync::Mutex<Option<Instant>>,
+    /// load.
+    collecting: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Target {
@@ -73,7 +76,7 @@ impl Target {
             loops: Vec::new(),
             unready_after,
             routes: Vec::new(),
-            collecting: tokio::sync::Mutex::new(None),
+            collecting: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -93,14 +96,14 @@ impl Target {
             loops,
             unready_after: DEFAULT_UNREADY_AFTER,
             routes: Vec::new(),
-            collecting: tokio::sync::Mutex::new(None),
+            collecting: tokio::sync::Mutex::new(()),
         }
     }
 
     /// Sets the scrape-time gauges: the store's figures (one `Store::gauges` call, bounded by
     /// a timeout), the circuits, the partitions owned and each worker's last step.
     pub async fn collect(&self) {
-        let mut routes_read = self.collecting.lock().await;
+        let _one = self.collecting.lock().await;
         let n = &self.names;
         let started = Instant::now();
         let read = tokio::time::timeout(QUERY_TIMEOUT, self.store.gauges()).await;
@@ -132,10 +135,6 @@ impl Target {
             }
         }
         let Some(health) = &self.relay else { return };
-        if routes_read.is_none_or(|at| at.elapsed() >= ROUTES_EVERY) {
-            *routes_read = Some(Instant::now());
-            self.collect_routes().await;
-        }
         for c in health.circuits() {
             let labels = [("sink", c.sink.clone()), ("route", c.route.clone())];
             let state = match c.state {
@@ -156,10 +155,28 @@ impl Target {
         }
     }
 
+    /// Reads the backlog by route every 30 s until `stop` (a relay's target only), so a scrape
+    /// never waits for it.
+    pub async fn run_routes(self: std::sync::Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        if self.relay.is_none() {
+            return;
+        }
+        loop {
+            self.collect_routes().await;
+            if stop
+                .run_until_cancelled(tokio::time::sleep(ROUTES_EVERY))
+                .await
+                .is_none()
+            {
+                return;
+            }
+        }
+    }
+
     /// The backlog by route, as `outbox status` groups it (one status query, bounded by a
     /// timeout; on failure the gauges keep their last values).
     async fn collect_routes(&self) {
-        let read = tokio::time::timeout(QUERY_TIMEOUT, self.store.status_detail()).await;
+        let read = tokio::time::timeout(ROUTES_TIMEOUT, self.store.status_detail()).await;
         let Ok(Ok(detail)) = read else {
             debug!("metrics: the backlog by route could not be read");
             return;
