@@ -182,7 +182,8 @@ const RELAY_LIVE: [MetricDef; 6] = [
         ROUTE_PENDING,
         &["route"],
         "Pending messages of each route (the relay's routing rules, then `default`), as \
-         `outbox status` groups them; read every 30 s, off the scrape's path.",
+         `outbox status` groups them, counted up to 1,000 per partition; read every 30 s, off \
+         the scrape's path.",
     ),
     gauge(
         ROUTE_OLDEST,

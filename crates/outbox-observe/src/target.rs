@@ -24,6 +24,9 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// partition: seconds with a million rows pending), so it is read this often, off the scrape's
 /// path, never inside a scrape.
 const ROUTES_EVERY: Duration = Duration::from_secs(30);
+/// Pending messages the backlog by route counts per partition, as `outbox_pending_messages`
+/// does: 64,000 rows read at most, however deep the backlog.
+const ROUTES_PENDING_CAP: i64 = 1000;
 /// The backlog-by-route query gives up after this long (the gauges keep their last values).
 const ROUTES_TIMEOUT: Duration = Duration::from_secs(25);
 /// `/readyz`'s database round trip gives up after this long.
@@ -176,15 +179,22 @@ impl Target {
     /// The backlog by route, as `outbox status` groups it (one status query, bounded by a
     /// timeout; on failure the gauges keep their last values).
     async fn collect_routes(&self) {
-        let read = tokio::time::timeout(ROUTES_TIMEOUT, self.store.status_detail()).await;
-        let Ok(Ok(detail)) = read else {
+        let read = tokio::time::timeout(
+            ROUTES_TIMEOUT,
+            self.store.pending_by_type(ROUTES_PENDING_CAP),
+        )
+        .await;
+        let Ok(Ok(pending)) = read else {
             debug!("metrics: the backlog by route could not be read");
             return;
         };
         let report = outbox_core::status::Report::new(
             chrono::Utc::now(),
             outbox_core::Stats::default(),
-            detail,
+            outbox_core::status::StatusDetail {
+                pending,
+                ..Default::default()
+            },
             &self.routes,
         );
         for r in report.routes {

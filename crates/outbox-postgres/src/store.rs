@@ -1437,10 +1437,10 @@ impl Store for PgStore {
         })
     }
 
-    async fn status_detail(&self) -> Result<StatusDetail> {
-        let err = |e| map_sqlx_error("reading the status detail", e);
-        let pending = sqlx::query(&self.q.status_pending)
-            .bind(PENDING_COUNT_CAP)
+    async fn pending_by_type(&self, cap: i64) -> Result<Vec<PendingCell>> {
+        let err = |e| map_sqlx_error("reading the backlog by type", e);
+        sqlx::query(&self.q.status_pending)
+            .bind(cap)
             .bind(STATUS_GROUPS)
             .fetch_all(&self.pool)
             .await
@@ -1457,7 +1457,12 @@ impl Store for PgStore {
                 })
             })
             .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
-            .map_err(err)?;
+            .map_err(err)
+    }
+
+    async fn status_detail(&self) -> Result<StatusDetail> {
+        let err = |e| map_sqlx_error("reading the status detail", e);
+        let pending = self.pending_by_type(PENDING_COUNT_CAP).await?;
         let partitions = sqlx::query(&self.q.status_partitions)
             .fetch_all(&self.pool)
             .await
