@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What metrics cost, measured side by side in one run (docs/operations.md, "What a scrape
 # costs"): the drain rate of a backlog with /metrics scraped every second against none
-# (alternating runs, same backlog, same relay settings), and the time of one scrape with a
+# (alternating runs, same backlog, same relay settings; the drain watched through the positions'
+# running totals, the relay's CPU read from /proc), and the time of one scrape with a
 # million rows pending (the relay's broker down, so they stay pending).
 #
 #   scripts/metrics-cost.sh [ROWS] [RUNS]      # default 200000 rows, 2 runs of each
@@ -30,21 +31,43 @@ fill() { # schema rows
 
 pending() { "$BIN" status --database-url "$DB" --schema "$1" --format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["pending"])'; }
 
-drain() { # schema scrape(0|1) -> seconds
-    local schema=$1 scrape=$2 port args=() t0 t1
+# Published so far: the positions' running totals (64 index probes; reads no message), so
+# watching the drain five times a second costs the database next to nothing.
+published() {
+    "${PSQL[@]}" -At -c "SELECT coalesce(sum(published), 0) FROM (SELECT DISTINCT ON (partition)
+        published FROM $1.outbox_positions ORDER BY partition, id DESC) AS p"
+}
+
+# CPU seconds (user + system) the process has used so far.
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"; }
+# CPU seconds every PostgreSQL process has used so far (the relay's sessions live through a
+# drain; the short psql sessions that watch it are not counted).
+pg_cpu() {
+    local total=0 p
+    for p in $(pgrep -x postgres); do total=$(awk -v t="$total" -v hz="$(getconf CLK_TCK)" '{ print t + ($14 + $15) / hz }' "/proc/$p/stat" 2>/dev/null || echo "$total"); done
+    echo "$total"
+}
+
+drain() { # schema rows scrape(0|1) -> "seconds relay-cpu-seconds postgres-cpu-seconds"
+    local schema=$1 rows=$2 scrape=$3 port args=() t0 t1 used scraper= pg0 pg1
+    pg0=$(pg_cpu)
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     [ "$scrape" = 1 ] && args=(--metrics-addr "127.0.0.1:$port")
     t0=$(date +%s.%N)
     "$BIN" relay --database-url "$DB" --schema "$schema" --sink stdout: "${args[@]}" >/dev/null &
     local relay=$!
     pids+=("$relay")
-    while [ "$(pending "$schema")" != 0 ]; do
-        if [ "$scrape" = 1 ]; then curl -s -o /dev/null "127.0.0.1:$port/metrics" || true; fi
-        sleep 1
-    done
+    if [ "$scrape" = 1 ]; then
+        (while sleep 1; do curl -s -o /dev/null "127.0.0.1:$port/metrics" || true; done) &
+        scraper=$!; pids+=("$scraper")
+    fi
+    while [ "$(published "$schema")" -lt "$rows" ]; do sleep 0.2; done
     t1=$(date +%s.%N)
+    used=$(cpu "$relay")
+    pg1=$(pg_cpu)
+    [ -n "$scraper" ] && { kill "$scraper"; wait "$scraper" 2>/dev/null || true; }
     kill "$relay"; wait "$relay" 2>/dev/null || true
-    python3 -c "print(f'{$t1 - $t0:.2f}')"
+    python3 -c "print(f'{$t1 - $t0:.2f} {$used:.2f} {$pg1 - $pg0:.2f}')"
 }
 
 # The stdout sink (to /dev/null): the cheapest broker there is, so the relay's own work (claim,
@@ -54,8 +77,8 @@ for i in $(seq 1 "$RUNS"); do
     for scrape in 0 1; do
         s="mcost_${i}_${scrape}_$$"
         fill "$s" "$ROWS"
-        secs=$(drain "$s" "$scrape")
-        echo "run $i scrape=$scrape: $secs s, $(python3 -c "print(round($ROWS / $secs))") rows/s"
+        read -r secs relay_cpu pg < <(drain "$s" "$ROWS" "$scrape")
+        echo "run $i scrape=$scrape: $secs s, $(python3 -c "print(round($ROWS / $secs))") rows/s, CPU per row: relay $(python3 -c "print(round($relay_cpu / $ROWS * 1e6, 1))") us, PostgreSQL $(python3 -c "print(round($pg / $ROWS * 1e6, 1))") us"
         "${PSQL[@]}" -c "DROP SCHEMA $s CASCADE"
     done
 done
