@@ -275,46 +275,38 @@ async fn get(
             shown(&title("Redrive"), &active, body)
         }
         "/messages" => {
-            let asked = q
-                .get("id")
-                .filter(|s| !s.trim().is_empty())
-                .or(q.get("key").filter(|s| !s.is_empty()))
-                .cloned()
-                .unwrap_or_default();
             let active = format!("{prefix}/messages");
-            let found = if asked.is_empty() {
-                (Vec::new(), None)
-            } else {
-                let query = match (q.get("id").filter(|s| !s.trim().is_empty()), q.get("key")) {
-                    (Some(id), _) => match id.trim().parse() {
-                        Ok(id) => JourneyQuery::Id(id),
-                        Err(_) => {
-                            let body = pages::journey("", &[], prefix)
-                                + &format!(
-                                    "<p class=\"err\">“{}” is not a message id (a UUID such as \
-                                     0190f1c2-7a1b-7c3d-8e4f-123456789abc).</p>",
-                                    esc(id)
-                                );
-                            return html(
-                                StatusCode::BAD_REQUEST,
-                                page("Message journey", &active, &side.place, &body),
-                            );
-                        }
-                    },
-                    (None, Some(key)) => JourneyQuery::Key(key.clone()),
-                    (None, None) => unreachable_query(),
-                };
-                match store.journey(&query, 20).await {
-                    Ok(found) => (found, receipt(console, inbox, &query).await),
-                    Err(e) => return failed_read("Message journey", e),
+            let (asked, query) = match journey_query(q) {
+                Ok(asked) => asked,
+                Err(bad) => {
+                    let body = pages::journey("", &[], prefix)
+                        + &format!(
+                            "<p class=\"err\">“{}” is not a message id (a UUID such as \
+                             0190f1c2-7a1b-7c3d-8e4f-123456789abc).</p>",
+                            esc(&bad)
+                        );
+                    return html(
+                        StatusCode::BAD_REQUEST,
+                        page("Message journey", &active, &side.place, &body),
+                    );
                 }
             };
-            let (found, receipt) = found;
-            let mut body = pages::journey(&asked, &found, prefix);
-            if let Some(receipt) = receipt {
-                body += &pages::receipt(&receipt);
+            let mut body = String::new();
+            let mut found = Vec::new();
+            if let Some(query) = &query {
+                found = match store.journey(query, 20).await {
+                    Ok(found) => found,
+                    Err(e) => return failed_read("Message journey", e),
+                };
+                if let Some(receipt) = receipt(console, inbox, query).await {
+                    body = pages::receipt(&receipt);
+                }
             }
-            shown("Message journey", &active, body)
+            shown(
+                "Message journey",
+                &active,
+                pages::journey(&asked, &found, prefix) + &body,
+            )
         }
         _ => html(
             StatusCode::NOT_FOUND,
@@ -347,10 +339,19 @@ async fn receipt(
     )
 }
 
-/// `asked` is empty when neither an id nor a key was given, so this is never reached; kept as
-/// a key lookup of nothing rather than a panic.
-fn unreachable_query() -> JourneyQuery {
-    JourneyQuery::Key(String::new())
+/// What the journey page was asked for: the text to show in its form and the lookup (`None`
+/// when neither an id nor a key was given), or the id that is not one.
+fn journey_query(q: &HashMap<String, String>) -> Result<(String, Option<JourneyQuery>), String> {
+    let id = q.get("id").map(|s| s.trim()).filter(|s| !s.is_empty());
+    let key = q.get("key").filter(|s| !s.is_empty());
+    match (id, key) {
+        (Some(id), _) => match id.parse() {
+            Ok(parsed) => Ok((id.to_string(), Some(JourneyQuery::Id(parsed)))),
+            Err(_) => Err(id.to_string()),
+        },
+        (None, Some(key)) => Ok((key.clone(), Some(JourneyQuery::Key(key.clone())))),
+        (None, None) => Ok((String::new(), None)),
+    }
 }
 
 fn read_only(console: &Console) -> Reply {
