@@ -1,6 +1,7 @@
 //! The last hour in memory, for the overview's charts: a sampler reads the store's cheap figures
-//! ([`Store::gauges`]) and its published count ([`Store::stats`]) at an interval, and keeps an
-//! hour of samples. The console keeps no state on disk: a restarted console starts a new hour.
+//! ([`Store::gauges`], one statement whose cost does not grow with the backlog) at an interval,
+//! and keeps an hour of samples. The console keeps no state on disk: a restarted console starts
+//! a new hour.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -17,10 +18,27 @@ pub const SPAN: Duration = Duration::from_secs(3600);
 #[derive(Debug, Clone, Copy)]
 struct Sample {
     at: Instant,
-    /// Messages published and still kept (falls when storage is dropped).
+    /// Messages published: PostgreSQL's running total; SQLite's count of those still kept
+    /// (falls when they are deleted by age).
     published: i64,
     pending: i64,
     oldest_age: f64,
+}
+
+/// One reading: the cheap scrape figures ([`Store::gauges`]), and the published count from
+/// them where the store keeps a running total (PostgreSQL), else from [`Store::stats`].
+async fn sample(store: &dyn Store) -> outbox_core::Result<Sample> {
+    let g = store.gauges().await?;
+    let published = match g.published {
+        Some(p) => p,
+        None => store.stats().await?.published,
+    };
+    Ok(Sample {
+        at: Instant::now(),
+        published,
+        pending: g.pending,
+        oldest_age: g.oldest_pending_age_seconds.unwrap_or(0.0),
+    })
 }
 
 /// The samples of the last [`SPAN`].
@@ -36,14 +54,9 @@ impl History {
         let h = history.clone();
         tokio::spawn(async move {
             loop {
-                match (store.gauges().await, store.stats().await) {
-                    (Ok(g), Ok(s)) => h.push(Sample {
-                        at: Instant::now(),
-                        published: s.published,
-                        pending: g.pending,
-                        oldest_age: g.oldest_pending_age_seconds.unwrap_or(0.0),
-                    }),
-                    (Err(e), _) | (_, Err(e)) => debug!(error = %e, "console: a sample failed"),
+                match sample(&*store).await {
+                    Ok(s) => h.push(s),
+                    Err(e) => debug!(error = %e, "console: a sample failed"),
                 }
                 if stop
                     .run_until_cancelled(tokio::time::sleep(every))

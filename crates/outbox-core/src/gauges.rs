@@ -22,6 +22,10 @@ pub struct Gauges {
     pub oldest_pending_age_seconds: Option<f64>,
     /// Messages waiting for a retry after a failed attempt.
     pub retrying: i64,
+    /// Messages published since the outbox was created, a running total that never falls
+    /// (PostgreSQL keeps it in its positions); `None` where the store keeps none (SQLite
+    /// deletes published rows by age).
+    pub published: Option<i64>,
     /// Messages set aside from the main flow: retrying or failed heads and the messages queued
     /// behind them in their key.
     pub parked: i64,
@@ -56,6 +60,7 @@ impl Gauges {
             pending_capped: false,
             oldest_pending_age_seconds: s.oldest_pending_age_seconds,
             retrying: s.retrying,
+            published: None,
             parked: s.parked,
             failed: s.failed,
             partitions_at_parking_cap: s.partitions_at_parking_cap,

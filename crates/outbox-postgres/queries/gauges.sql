@@ -24,7 +24,8 @@ WITH pos AS MATERIALIZED (
     SELECT lp.*, pg_current_snapshot() AS now_snap
     FROM generate_series(0, 63) AS g(partition)
     CROSS JOIN LATERAL (
-        SELECT x.partition, x.done, x.done_bound, x.done_floor, x.done_at, x.cur, x.cursor
+        SELECT x.partition, x.done, x.done_bound, x.done_floor, x.done_at, x.cur, x.cursor,
+               x.published
         FROM {schema}.outbox_positions AS x
         WHERE x.partition = g.partition
         ORDER BY x.id DESC
@@ -76,6 +77,7 @@ SELECT
       (SELECT min(done_at) FROM pend WHERE n > 0), parked.oldest_due))::float8
     AS oldest_pending_age_seconds,
   parked.retrying,
+  (SELECT coalesce(sum(published), 0)::int8 FROM pos) AS published,
   parked.parked,
   parked.failed,
   (SELECT count(*) FROM (SELECT partition FROM {schema}.outbox_parked GROUP BY partition

@@ -31,6 +31,7 @@ pub(crate) async fn read(pool: &PgPool, schema: &Schema, parked_cap: i64) -> Res
             .map_err(err)?
             .map(|s| s.max(0.0)),
         retrying: r.try_get("retrying").map_err(err)?,
+        published: Some(r.try_get("published").map_err(err)?),
         parked: r.try_get("parked").map_err(err)?,
         failed: r.try_get("failed").map_err(err)?,
         partitions_at_parking_cap: r.try_get("partitions_at_parking_cap").map_err(err)?,

@@ -34,6 +34,7 @@ pub(crate) async fn read(pool: &SqlitePool, tables: &Tables, now_ms: i64) -> Res
             .map_err(err)?
             .map(|s| s.max(0.0)),
         retrying,
+        published: None,
         parked: retrying + failed,
         failed,
         partitions_at_parking_cap: 0,
