@@ -40,8 +40,7 @@ impl<'db> Transaction<'db> {
             ),
             Database::Sqlite(s) => Inner::Sqlite(
                 s,
-                s.pool()
-                    .begin_with("BEGIN IMMEDIATE")
+                outbox_sqlite::begin_immediate(s.pool())
                     .await
                     .map_err(|e| outbox_sqlite::map_sqlx_error(&ctx, e))?,
             ),

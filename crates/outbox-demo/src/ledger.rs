@@ -75,7 +75,7 @@ impl Ledger {
             .collect();
         // IMMEDIATE: take SQLite's write lock at BEGIN, so the processor's transactions wait
         // for this one instead of failing an upgrade from a read lock.
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = outbox_sqlite::begin_immediate(&self.pool).await?;
         let flags = outbox_inbox::Inbox::default()
             .ingest_many(&mut tx, &messages)
             .await?;

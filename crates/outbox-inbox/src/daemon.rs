@@ -165,8 +165,7 @@ impl InboxDb {
                 flags
             }
             (InboxDb::Sqlite(pool), _) => {
-                let mut tx = pool
-                    .begin_with("BEGIN IMMEDIATE")
+                let mut tx = outbox_sqlite::begin_immediate(pool)
                     .await
                     .map_err(|e| outbox_sqlite::map_sqlx_error("inbox: begin", e))?;
                 let flags = tx

@@ -69,8 +69,7 @@ pub async fn migrate_sqlite(pool: &SqlitePool) -> Result<Vec<i32>> {
     outbox_sqlite::migrate_tables(pool, &crate::sqlite::queue_tables()).await?;
     let ctx = |what: &str| format!("migrating the SQLite inbox: {what}");
     let err = |what: &str, e| outbox_sqlite::map_sqlx_error(&ctx(what), e);
-    let mut tx = pool
-        .begin_with("BEGIN IMMEDIATE")
+    let mut tx = outbox_sqlite::begin_immediate(pool)
         .await
         .map_err(|e| err("begin", e))?;
     let applied = outbox_sqlite::apply_pending(

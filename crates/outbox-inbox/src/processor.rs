@@ -271,7 +271,7 @@ impl ProcessorBackend for Sqlite {
     /// `IMMEDIATE`: the handler's transaction will write, so it queues for the file's write
     /// lock at once rather than failing with `SQLITE_BUSY` half-way.
     async fn begin_handler(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        pool.begin_with("BEGIN IMMEDIATE").await
+        outbox_sqlite::begin_immediate(pool).await
     }
 
     async fn savepoint(

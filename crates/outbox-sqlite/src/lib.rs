@@ -21,8 +21,8 @@ pub use migrate::{
     apply_pending, check_schema, migrate, migrate_tables, MIGRATIONS, SCHEMA_VERSION,
 };
 pub use store::{
-    connect_options, connect_pool, connect_pool_sized, database_path, remove_database, SqliteStore,
-    BUSY_TIMEOUT, DEFAULT_PATH, PARTITIONS,
+    begin_immediate, connect_options, connect_pool, connect_pool_sized, database_path,
+    remove_database, SqliteStore, BUSY_TIMEOUT, DEFAULT_PATH, PARTITIONS,
 };
 pub use tables::{Tables, DEFAULT_PREFIX};
 pub use writer::{enqueue, enqueue_many, Writer};

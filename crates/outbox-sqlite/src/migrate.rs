@@ -130,8 +130,7 @@ pub async fn migrate(pool: &SqlitePool) -> Result<Vec<i32>> {
 /// so several outbox table sets can live in one file.
 pub async fn migrate_tables(pool: &SqlitePool, tables: &Tables) -> Result<Vec<i32>> {
     let ctx = |what: &str| format!("migrating the SQLite outbox `{}`: {what}", tables.prefix());
-    let mut tx = pool
-        .begin_with("BEGIN IMMEDIATE")
+    let mut tx = crate::begin_immediate(pool)
         .await
         .map_err(|e| map_sqlx_error(&ctx("begin"), e))?;
     let applied = apply_pending(

@@ -197,6 +197,28 @@ pub async fn connect_pool_sized(url: &str, max_connections: u32) -> Result<Sqlit
         })
 }
 
+/// Begins a `BEGIN IMMEDIATE` transaction (the file's write lock, taken at once) on `pool`,
+/// whether or not the caller is still waiting when it has begun.
+///
+/// sqlx runs a SQLite connection's BEGIN on the connection's worker thread. A caller dropped
+/// after the worker began but before it took the answer (a publish or store deadline, a
+/// shutdown) left no `Transaction` to end it: the connection went back to the pool inside a
+/// transaction nobody could commit or roll back, holding the write lock, and every writer of
+/// the file failed with "database is locked" from then on (an inbox processor on a loaded
+/// machine stopped for good that way). Begun in a task of its own, the BEGIN always ends as a
+/// `Transaction`, which rolls back when dropped.
+pub async fn begin_immediate(
+    pool: &SqlitePool,
+) -> std::result::Result<sqlx::Transaction<'static, sqlx::Sqlite>, sqlx::Error> {
+    let pool = pool.clone();
+    match tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await }).await {
+        Ok(begun) => begun,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // The runtime is shutting down.
+        Err(_) => Err(sqlx::Error::PoolClosed),
+    }
+}
+
 /// Per member: claimed row seq -> its partition's epoch at claim time.
 type ClaimedEpochs = std::collections::HashMap<String, std::collections::HashMap<i64, i64>>;
 
@@ -316,11 +338,7 @@ impl Store for SqliteStore {
         };
         // One writer at a time: everything below reads and changes ownership atomically, so two
         // members (or processes) cannot both take a partition.
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(err("begin"))?;
+        let mut tx = begin_immediate(&self.pool).await.map_err(err("begin"))?;
         // Taken after the lock: waiting for it must not shorten the lease we grant.
         let now = now_ms();
         let lease = millis(lease);
@@ -377,7 +395,7 @@ impl Store for SqliteStore {
 
     async fn renew(&self, member: &MemberId, lease: Duration) -> Result<usize> {
         let err = |e| map_sqlx_error("renewing partition leases", e);
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+        let mut tx = begin_immediate(&self.pool).await.map_err(err)?;
         let now = now_ms();
         sqlx::query(&self.q.beat)
             .bind(member.as_str())
@@ -490,7 +508,7 @@ impl Store for SqliteStore {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(member.as_str());
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+        let mut tx = begin_immediate(&self.pool).await.map_err(err)?;
         sqlx::query(&self.q.release_member)
             .bind(member.as_str())
             .execute(&mut *tx)
@@ -695,7 +713,7 @@ impl Store for SqliteStore {
             RedriveScope::Ids(ids) => (false, ids.iter().map(uuid::Uuid::to_string).collect()),
         };
         let ids = serde_json::Value::from(ids).to_string();
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.map_err(err)?;
+        let mut tx = begin_immediate(&self.pool).await.map_err(err)?;
         sqlx::query(&self.q.redrive_audit)
             .bind(all)
             .bind(&ids)
@@ -715,9 +733,7 @@ impl Store for SqliteStore {
     }
 
     async fn insert(&self, messages: &[NewMessage]) -> Result<()> {
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
+        let mut tx = begin_immediate(&self.pool)
             .await
             .map_err(|e| map_sqlx_error("begin", e))?;
         self.writer.enqueue_many(&mut tx, messages).await?;

@@ -57,10 +57,10 @@ impl Writer {
     /// Ordering: SQLite admits one writing transaction at a time per database file, so a second
     /// transaction that writes the same key waits (up to the busy timeout) until the first has
     /// committed before it draws its `seq`: `seq` order within a key is commit order without any
-    /// lock of ours. Open transactions that will write with
-    /// `pool.begin_with("BEGIN IMMEDIATE")`: a deferred transaction that read before it writes
-    /// can fail with `SQLITE_BUSY` (an [`ErrorKind::Timeout`]) when another writer committed
-    /// in between, where an immediate one would simply have waited.
+    /// lock of ours. Open transactions that will write with [`crate::begin_immediate`] (a
+    /// `BEGIN IMMEDIATE` that a dropped caller cannot leave open): a deferred transaction that
+    /// read before it writes can fail with `SQLITE_BUSY` (an [`ErrorKind::Timeout`]) when
+    /// another writer committed in between, where an immediate one would simply have waited.
     ///
     /// A message whose id already exists fails with [`ErrorKind::UniqueViolation`].
     pub async fn enqueue_many(

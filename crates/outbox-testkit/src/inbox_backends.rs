@@ -249,7 +249,7 @@ sqlx_backend!(SqliteInbox, Sqlite, {
     /// `IMMEDIATE`: the transaction writes, so it takes the file's write lock at once (a
     /// second writer waits for it) rather than failing half-way.
     async fn begin(&self) -> Self::Tx {
-        self.pool.begin_with("BEGIN IMMEDIATE").await.unwrap()
+        outbox_sqlite::begin_immediate(&self.pool).await.unwrap()
     }
 
     fn sql(&self, sql: &str) -> String {
