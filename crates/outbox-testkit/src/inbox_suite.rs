@@ -161,6 +161,7 @@ macro_rules! __inbox_cases {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
+                $crate::init_test_log();
                 let b = ::std::sync::Arc::new(
                     <$backend as $crate::inbox_suite::InboxBackend>::start().await,
                 );

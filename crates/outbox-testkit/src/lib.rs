@@ -21,6 +21,18 @@ pub mod source_suite;
 #[cfg(feature = "sinks")]
 pub mod stdout_process;
 
+/// Sends the test's logs to its output when `OUTBOX_TEST_LOG` names a filter (`debug`,
+/// `outbox_relay=debug`, …): a case that hangs in CI can then be rerun with what its relay did.
+/// Once per process; a no-op otherwise.
+pub fn init_test_log() {
+    if let Ok(filter) = std::env::var("OUTBOX_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 /// A lower-case name `prefix_<16 hex>`, unique per call: per-test schemas, streams, subjects.
 pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}_{:016x}", fastrand::u64(..))
