@@ -6,9 +6,10 @@
 -- Per partition, from its latest position (the `outbox_positions_latest_idx` probe, 64 of
 -- them, as stats.sql):
 --   * pending: the claim's own predicate (visible now, not passed by the position), counted up
---     to $1 rows per partition: index entries of (partition, txid, seq) only, no payload and no
---     other column, so a scrape reads at most 64 × $1 entries however deep the backlog; a
---     partition that reaches $1 sets `pending_capped`.
+--     to $1 rows per partition (pending_rows.sql): index entries of (partition, txid, seq) only,
+--     no payload and no other column, each range starting past what the position has passed,
+--     so a scrape reads at most about 64 × $1 entries however deep the backlog and however far
+--     a long window has drained; a partition that reaches $1 sets `pending_capped`.
 --   * the oldest pending age: for partitions with anything pending, the time since `done_at`,
 --     when the partition's reader last caught up (every row it has not passed committed after
 --     that snapshot was taken, so none has waited longer: an upper bound that needs no row
@@ -36,30 +37,7 @@ WITH pos AS MATERIALIZED (
     FROM pos
     CROSS JOIN LATERAL (
         SELECT count(*) AS n FROM (
-            SELECT 1 FROM (
-                SELECT a.seq, a.txid FROM {schema}.outbox AS a
-                WHERE a.partition = pos.partition AND a.seq > pos.done_floor
-                  AND a.txid >= pos.done_bound
-                  AND pg_visible_in_snapshot(a.txid, pos.now_snap)
-                UNION ALL
-                (SELECT r.seq, r.txid FROM {schema}.outbox AS r
-                 WHERE r.partition = pos.partition
-                   AND r.txid >= pg_snapshot_xmax(pos.done) AND r.txid < pos.done_bound
-                   AND pg_visible_in_snapshot(r.txid, pos.now_snap)
-                 OFFSET 0)
-                UNION ALL
-                (SELECT b.seq, b.txid
-                 FROM pg_snapshot_xip(pos.done) AS x(xid)
-                 CROSS JOIN LATERAL (
-                     SELECT o.seq, o.txid FROM {schema}.outbox AS o
-                     WHERE o.partition = pos.partition AND o.txid = x.xid
-                       AND pg_visible_in_snapshot(o.txid, pos.now_snap)
-                     OFFSET 0
-                 ) AS b)
-            ) AS u
-            WHERE NOT (pos.cur IS NOT NULL AND pg_visible_in_snapshot(u.txid, pos.cur)
-                       AND u.seq <= pos.cursor)
-            LIMIT $1
+{pending_rows}
         ) AS capped
     ) AS w
 ), parked AS MATERIALIZED (

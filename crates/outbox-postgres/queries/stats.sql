@@ -1,8 +1,9 @@
 -- Counts for `outbox status`, from the positions and the parked table; nothing here reads the
 -- message table's history. Pending is the claim's own predicate (visible now, not yet passed by
--- the partition's position), counted per partition up to $1 rows, plus the parked messages that
--- are not failed; partitions holding $2 parked messages have stopped advancing. The oldest pending age is the oldest of each partition's next window row and
--- of the parked messages still to deliver.
+-- the partition's position; pending_rows.sql), counted per partition up to $1 rows, plus the
+-- parked messages that are not failed; partitions holding $2 parked messages have stopped
+-- advancing. The oldest pending age is the oldest of the rows counted and of the parked
+-- messages still to deliver.
 WITH pos AS MATERIALIZED (
     SELECT lp.*, pg_current_snapshot() AS now_snap
     FROM generate_series(0, 63) AS g(partition)
@@ -17,30 +18,7 @@ WITH pos AS MATERIALIZED (
     SELECT pos.partition, w.seq, w.created_at
     FROM pos
     CROSS JOIN LATERAL (
-        SELECT u.seq, u.created_at FROM (
-            SELECT a.seq, a.created_at, a.txid FROM {schema}.outbox AS a
-            WHERE a.partition = pos.partition AND a.seq > pos.done_floor
-              AND a.txid >= pos.done_bound
-              AND pg_visible_in_snapshot(a.txid, pos.now_snap)
-            UNION ALL
-            (SELECT r.seq, r.created_at, r.txid FROM {schema}.outbox AS r
-             WHERE r.partition = pos.partition
-               AND r.txid >= pg_snapshot_xmax(pos.done) AND r.txid < pos.done_bound
-               AND pg_visible_in_snapshot(r.txid, pos.now_snap)
-             OFFSET 0)
-            UNION ALL
-            (SELECT b.seq, b.created_at, b.txid
-             FROM pg_snapshot_xip(pos.done) AS x(xid)
-             CROSS JOIN LATERAL (
-                 SELECT o.seq, o.created_at, o.txid FROM {schema}.outbox AS o
-                 WHERE o.partition = pos.partition AND o.txid = x.xid
-                   AND pg_visible_in_snapshot(o.txid, pos.now_snap)
-                 OFFSET 0
-             ) AS b)
-        ) AS u
-        WHERE NOT (pos.cur IS NOT NULL AND pg_visible_in_snapshot(u.txid, pos.cur)
-                   AND u.seq <= pos.cursor)
-        LIMIT $1
+{pending_rows}
     ) AS w
 )
 SELECT

@@ -17,33 +17,7 @@ WITH pos AS MATERIALIZED (
     SELECT pos.partition, w.seq, w.created_at, w.aggregate_type, w.event_type, w.topic
     FROM pos
     CROSS JOIN LATERAL (
-        SELECT u.seq, u.created_at, u.aggregate_type, u.event_type, u.topic FROM (
-            SELECT a.seq, a.created_at, a.txid, a.aggregate_type, a.event_type, a.topic
-            FROM {schema}.outbox AS a
-            WHERE a.partition = pos.partition AND a.seq > pos.done_floor
-              AND a.txid >= pos.done_bound
-              AND pg_visible_in_snapshot(a.txid, pos.now_snap)
-            UNION ALL
-            (SELECT r.seq, r.created_at, r.txid, r.aggregate_type, r.event_type, r.topic
-             FROM {schema}.outbox AS r
-             WHERE r.partition = pos.partition
-               AND r.txid >= pg_snapshot_xmax(pos.done) AND r.txid < pos.done_bound
-               AND pg_visible_in_snapshot(r.txid, pos.now_snap)
-             OFFSET 0)
-            UNION ALL
-            (SELECT b.seq, b.created_at, b.txid, b.aggregate_type, b.event_type, b.topic
-             FROM pg_snapshot_xip(pos.done) AS x(xid)
-             CROSS JOIN LATERAL (
-                 SELECT o.seq, o.created_at, o.txid, o.aggregate_type, o.event_type, o.topic
-                 FROM {schema}.outbox AS o
-                 WHERE o.partition = pos.partition AND o.txid = x.xid
-                   AND pg_visible_in_snapshot(o.txid, pos.now_snap)
-                 OFFSET 0
-             ) AS b)
-        ) AS u
-        WHERE NOT (pos.cur IS NOT NULL AND pg_visible_in_snapshot(u.txid, pos.cur)
-                   AND u.seq <= pos.cursor)
-        LIMIT $1
+{pending_rows}
     ) AS w
 ), rows AS (
     SELECT partition, created_at, aggregate_type, event_type, topic FROM pend

@@ -100,6 +100,16 @@ struct Queries {
     status_retention: String,
 }
 
+/// `sql` with its `{pending_rows}` replaced by `queries/pending_rows.sql`, the one statement of
+/// which rows are pending (shared by the status counts, the backlog by type and the scrape),
+/// returning `cols` (`o.`-qualified, each after a comma) beside seq and txid.
+pub(crate) fn with_pending_rows(sql: &str, cols: &str) -> String {
+    sql.replace(
+        "{pending_rows}",
+        &include_str!("../queries/pending_rows.sql").replace("{cols}", cols),
+    )
+}
+
 impl Queries {
     fn new(schema: &Schema) -> Self {
         Self {
@@ -113,13 +123,19 @@ impl Queries {
             give_back: schema.render(include_str!("../queries/give_back.sql")),
             acquire: schema.render(include_str!("../queries/acquire.sql")),
             release: schema.render(include_str!("../queries/release.sql")),
-            stats: schema.render(include_str!("../queries/stats.sql")),
+            stats: schema.render(&with_pending_rows(
+                include_str!("../queries/stats.sql"),
+                ", o.created_at",
+            )),
             members: schema.render(include_str!("../queries/members.sql")),
             blocked: schema.render(include_str!("../queries/blocked.sql")),
             report_health: schema.render(include_str!("../queries/report_health.sql")),
             failed: schema.render(include_str!("../queries/failed.sql")),
             redrive: schema.render(include_str!("../queries/redrive.sql")),
-            status_pending: schema.render(include_str!("../queries/status_pending.sql")),
+            status_pending: schema.render(&with_pending_rows(
+                include_str!("../queries/status_pending.sql"),
+                ", o.created_at, o.aggregate_type, o.event_type, o.topic",
+            )),
             status_partitions: schema.render(include_str!("../queries/status_partitions.sql")),
             status_retention: schema.render(include_str!("../queries/status_retention.sql")),
         }
