@@ -20,6 +20,16 @@ pub const DEFAULT_UNREADY_AFTER: Duration = Duration::from_secs(15);
 /// A scrape's store query gives up after this long (the figures keep their last values and
 /// the store gauge says 0).
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The store's figures are read by a scrape at most once per this long; a scrape in between
+/// serves the last values.
+const STORE_READ_MIN_EVERY: Duration = Duration::from_secs(1);
+/// ... and never more often than keeps their query to 1/this of the database's time: after a
+/// read that took 150 ms (a backlog just written, its pages not yet all-visible), the next
+/// comes 7.5 s later. A scrape a second then costs a drain what one every few seconds does.
+const STORE_READ_SHARE: u32 = 50;
+/// ... and at least once per this long, whatever the last read cost (a read that timed out
+/// after [`QUERY_TIMEOUT`] is tried again after this).
+const STORE_READ_MAX_EVERY: Duration = Duration::from_secs(30);
 /// The backlog by route needs the status query (it reads the pending rows' types, capped per
 /// partition: seconds with a million rows pending), so it is read this often, off the scrape's
 /// path, never inside a scrape.
@@ -54,8 +64,8 @@ pub struct Target {
     /// The relay's routing rules, to group the backlog by route.
     routes: Vec<outbox_core::RouteSpec>,
     /// One scrape's store query at a time: concurrent scrapes wait for it rather than adding
-    /// load.
-    collecting: tokio::sync::Mutex<()>,
+    /// load. Holds when the next one may run (see [`STORE_READ_SHARE`]).
+    collecting: tokio::sync::Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Target {
@@ -79,7 +89,7 @@ impl Target {
             loops: Vec::new(),
             unready_after,
             routes: Vec::new(),
-            collecting: tokio::sync::Mutex::new(()),
+            collecting: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -99,14 +109,28 @@ impl Target {
             loops,
             unready_after: DEFAULT_UNREADY_AFTER,
             routes: Vec::new(),
-            collecting: tokio::sync::Mutex::new(()),
+            collecting: tokio::sync::Mutex::new(None),
         }
     }
 
     /// Sets the scrape-time gauges: the store's figures (one `Store::gauges` call, bounded by
-    /// a timeout), the circuits, the partitions owned and each worker's last step.
+    /// a timeout, at most once a second and never more often than keeps it to 1/50 of the
+    /// database's time), the circuits, the partitions owned and each worker's last step.
     pub async fn collect(&self) {
-        let _one = self.collecting.lock().await;
+        let mut next_read = self.collecting.lock().await;
+        if next_read.is_none_or(|at| Instant::now() >= at) {
+            let started = Instant::now();
+            self.read_store().await;
+            let every = (started.elapsed() * STORE_READ_SHARE)
+                .clamp(STORE_READ_MIN_EVERY, STORE_READ_MAX_EVERY);
+            *next_read = Some(started + every);
+        }
+        drop(next_read);
+        self.read_relay();
+    }
+
+    /// The store's figures: one `Store::gauges` call under [`QUERY_TIMEOUT`].
+    async fn read_store(&self) {
         let n = &self.names;
         let started = Instant::now();
         let read = tokio::time::timeout(QUERY_TIMEOUT, self.store.gauges()).await;
@@ -137,6 +161,10 @@ impl Target {
                 metrics::gauge!(n.store_up).set(0.0);
             }
         }
+    }
+
+    /// The circuits, the partitions owned and each worker's last step: read from memory.
+    fn read_relay(&self) {
         let Some(health) = &self.relay else { return };
         for c in health.circuits() {
             let labels = [("sink", c.sink.clone()), ("route", c.route.clone())];

@@ -16,14 +16,16 @@ pub const GAUGES_PENDING_CAP: i64 = 1000;
 /// per-partition parking cap.
 pub(crate) async fn read(pool: &PgPool, schema: &Schema, parked_cap: i64) -> Result<Gauges> {
     let err = |e| map_sqlx_error("reading the outbox gauges", e);
-    let r = sqlx::query(&schema.render(&crate::store::with_pending_rows(
+    let sql = schema.render(&crate::store::with_pending_rows(
         include_str!("../queries/gauges.sql"),
         "",
-    )))
-    .bind(GAUGES_PENDING_CAP)
-    .bind(parked_cap)
-    .fetch_one(pool)
+    ));
+    let r = crate::store::read_backlog(
+        pool,
+        sqlx::query(&sql).bind(GAUGES_PENDING_CAP).bind(parked_cap),
+    )
     .await
+    .and_then(|rows| rows.into_iter().next().ok_or(sqlx::Error::RowNotFound))
     .map_err(err)?;
     let age = |name: &str| -> Result<f64> { r.try_get::<f64, _>(name).map_err(err) };
     Ok(Gauges {
