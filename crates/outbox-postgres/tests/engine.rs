@@ -13,7 +13,7 @@ use outbox_postgres::{connect_pool, migrate, PgStore, Schema, Writer, MIGRATIONS
 use sqlx::{PgPool, Row};
 
 mod common;
-use common::{claim_buffers, database_url, drain, msg, setup, teardown};
+use common::{claim_buffers, database_url, drain, msg, publish_all, setup, teardown};
 
 /// A transaction that stays open while relays claim and record other rows around it is
 /// delivered once it commits: once, and in key order after what its key already had.
@@ -880,11 +880,7 @@ async fn pending_counts_what_is_left_at_every_point_of_an_open_window() {
             .claim(&m, &parts, ClaimLimits::rows(60), OnFailed::Block)
             .await
             .unwrap();
-        let outcomes: Vec<_> = got
-            .iter()
-            .map(|r| Outcome::Published { seq: r.seq })
-            .collect();
-        store.complete(&m, &outcomes).await.unwrap();
+        publish_all(&store, &m, &got).await;
         left -= got.len() as i64;
         rounds += 1;
         if rounds == 3 {

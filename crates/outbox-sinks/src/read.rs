@@ -139,6 +139,8 @@ pub struct Scratch {
 /// Makes a scratch destination on the broker `url` names, and a reader of it.
 pub async fn scratch(url: &str, options: &ScratchOptions) -> Result<Scratch, Error> {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
+    // Read by every reader; a build with none (`-p outbox-sinks` alone) has no use for it.
+    let _ = &options;
     match scheme {
         #[cfg(feature = "nats")]
         "nats" | "tls" => crate::nats::scratch(url, options).await,
