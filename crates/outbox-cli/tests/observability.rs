@@ -313,6 +313,36 @@ async fn the_oldest_pending_age_tracks_a_row_held_back_by_a_stopped_broker() {
     w.drop_all().await;
 }
 
+/// Scrapes close together share one read of the store (at most one a second, so the query
+/// costs a drain nothing however often Prometheus asks), and a later scrape reads it again:
+/// five scrapes back to back show at most two values of the store query's duration, and a row
+/// written afterwards still shows as pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrapes_close_together_share_one_read_of_the_store() {
+    let w = World::with_stream(false).await;
+    let mut nats = private_nats_with_stream(&w).await;
+    let relay = RelayProcess::start(&w, &format!("{}?ack_timeout=500ms", nats.url()), &[]);
+    wait_probe(relay.port, "/readyz", 200).await;
+    let mut durations = Vec::new();
+    for _ in 0..5 {
+        let (_, m) = get(relay.port, "/metrics").await.unwrap();
+        durations.push(value(&m, "outbox_store_query_duration_seconds", &[]).unwrap());
+    }
+    durations.dedup();
+    assert!(
+        durations.len() <= 2,
+        "each scrape read the store: {durations:?}"
+    );
+    nats.down();
+    w.store().insert(&[order("a", "order", 0)]).await.unwrap();
+    wait_scrape(relay.port, "the row pending on a later read", |m| {
+        value(m, "outbox_pending_messages", &[]) == Some(1.0)
+    })
+    .await;
+    nats.up();
+    w.drop_all().await;
+}
+
 /// With the only sink's broker down, the circuit opens and, once it has been open longer than
 /// `--unready-after`, `/readyz` fails (naming the sinks) while `/livez` passes; when the broker
 /// returns, the circuit closes and `/readyz` passes again.

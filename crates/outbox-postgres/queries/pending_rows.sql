@@ -1,7 +1,8 @@
 -- The pending rows of one partition, at most $1 of them: the body of a LATERAL subquery, included
 -- by stats.sql, status_pending.sql and gauges.sql (`{pending_rows}`), with `pos` in scope
 -- (partition, done, done_bound, done_floor, cur, cursor, and now_snap: the reader's snapshot).
--- Returns (seq, txid{cols}); `{cols}` are further columns of the row, `o.`-qualified.
+-- Returns seq and txid, then whatever further columns of the row the including statement
+-- asks for (`o.`-qualified).
 --
 -- Pending is the claim's own predicate: visible in now_snap, not visible in `done`, and not
 -- passed by the open window (visible in `cur` with a seq at or below `cursor`). It is split the
@@ -11,8 +12,6 @@
 -- the partition's whole txid range read every one of those rows before its LIMIT; a scrape then
 -- cost the database 0.5–1.3 s in the middle of such a drain.
 --   N.  No open window (`cur` NULL): txids at or above `done_bound`, seq above `done_floor`.
--- Every part is ordered by its index, so a plan that reads a whole range into a bitmap before
--- the LIMIT applies is never cheaper.
 --   C.  An open window: txids at or above `done_bound` that `cur` sees committed, seq above
 --       max(cursor, done_floor), walked on (partition, seq).
 --   L.  An open window: txids at or above `done_bound` that `cur` does not see: its running
@@ -21,6 +20,8 @@
 --   R.  txids from xmax(done) up to `done_bound`, found by a loose scan (one probe per txid),
 --       and B. those `done` saw running (its xip list): per txid, one range of (partition,
 --       txid, seq) above the cursor when `cur` sees the txid committed, whole otherwise.
+-- Every part is ordered by its index and the statement runs with bitmap scans and sorts priced
+-- out (READ_BEGIN in store.rs), so no plan reads a whole range before the LIMIT applies.
 SELECT u.* FROM (
     -- N
     (SELECT o.seq, o.txid{cols} FROM {schema}.outbox AS o

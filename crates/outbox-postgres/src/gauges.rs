@@ -20,12 +20,11 @@ pub(crate) async fn read(pool: &PgPool, schema: &Schema, parked_cap: i64) -> Res
         include_str!("../queries/gauges.sql"),
         "",
     ));
-    let r = crate::store::read_backlog(
+    let r = crate::store::read_backlog_row(
         pool,
         sqlx::query(&sql).bind(GAUGES_PENDING_CAP).bind(parked_cap),
     )
     .await
-    .and_then(|rows| rows.into_iter().next().ok_or(sqlx::Error::RowNotFound))
     .map_err(err)?;
     let age = |name: &str| -> Result<f64> { r.try_get::<f64, _>(name).map_err(err) };
     Ok(Gauges {

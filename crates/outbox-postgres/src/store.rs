@@ -75,15 +75,31 @@ const CLAIM_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY; SET 
 pub(crate) const READ_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY; \
      SET LOCAL jit = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off";
 
+/// A query of the backlog's figures, run by [`read_backlog`].
+pub(crate) type BacklogQuery<'q> =
+    sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
 /// Runs `query` in a [`READ_BEGIN`] transaction on `pool`: the rows it returns.
 pub(crate) async fn read_backlog(
     pool: &PgPool,
-    query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    query: BacklogQuery<'_>,
 ) -> std::result::Result<Vec<sqlx::postgres::PgRow>, sqlx::Error> {
     let mut tx = pool.begin_with(READ_BEGIN).await?;
     let rows = query.fetch_all(&mut *tx).await?;
     tx.commit().await?;
     Ok(rows)
+}
+
+/// [`read_backlog`] of a query that returns one row.
+pub(crate) async fn read_backlog_row(
+    pool: &PgPool,
+    query: BacklogQuery<'_>,
+) -> std::result::Result<sqlx::postgres::PgRow, sqlx::Error> {
+    read_backlog(pool, query)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or(sqlx::Error::RowNotFound)
 }
 
 /// The store deadline [`connect_pool`] assumes: the relay's default (15 s).
@@ -1419,14 +1435,13 @@ impl Store for PgStore {
     }
 
     async fn stats(&self) -> Result<Stats> {
-        let r = read_backlog(
+        let r = read_backlog_row(
             &self.pool,
             sqlx::query(&self.q.stats)
                 .bind(PENDING_COUNT_CAP)
                 .bind(self.parked_cap),
         )
         .await
-        .and_then(|rows| rows.into_iter().next().ok_or(sqlx::Error::RowNotFound))
         .map_err(|e| map_sqlx_error("reading outbox counts", e))?;
         let get = |name: &str| -> Result<i64> {
             r.try_get::<i64, _>(name)
