@@ -10,11 +10,18 @@
 //! rows go out while later ones are still written: a rate from their first commit would count
 //! rows drained before the watch began, or a drain slowed by its own writing. Targets: the big transaction drains at 80% or more of the
 //! small ones' rate, and no claim takes more than 100 ms.
+//!
+//! Beside the claims, the machine's own floor in the same run: a `SELECT 1` round trip on a
+//! connection of its own every 20 ms, timed like a claim. A claim cannot be faster than the
+//! slowest of those: when one of them takes longer than the claim target, the machine (both
+//! cores busy, a stalled disk) stalled every statement at that moment, the claim's included.
 
 use std::time::Duration;
 
 use outbox_postgres::Writer;
+use outbox_relay::{ClaimTimes, ClaimTimesSnapshot};
 use serde::Serialize;
+use sqlx::Connection;
 
 use crate::cpu::{CpuMeter, CpuPerMessage};
 use crate::latency::Probe;
@@ -61,6 +68,9 @@ struct Run {
     claim_p50_ms: Option<f64>,
     claim_p99_ms: Option<f64>,
     claim_max_ms: f64,
+    /// The machine's floor over the same drain: a `SELECT 1` round trip every 20 ms on a
+    /// connection of its own (p50, p99 from the same buckets as the claims, the longest).
+    floor: Floor,
     /// Rows that never reached the broker.
     undelivered: u64,
     /// CPU each row cost the relay, PostgreSQL and the broker until the last row reached the
@@ -100,6 +110,13 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         verdict(worst <= CLAIM_TARGET_MS),
         big.undelivered + small.undelivered
     );
+    let floor = big.floor.max_ms.max(small.floor.max_ms);
+    if worst > CLAIM_TARGET_MS && floor > CLAIM_TARGET_MS {
+        println!(
+            "  the machine stalled a statement that does nothing for {floor:.1} ms in the same \
+             runs: no claim can be held under {CLAIM_TARGET_MS} ms here"
+        );
+    }
     Ok(Report::line(
         serde_json::json!({ "mode": "big-tx", "rows": rows, "keys": keys,
                             "small": small, "big": big, "big_over_small": ratio }),
@@ -159,9 +176,71 @@ fn print_run(r: &Run) {
         r.claim_max_ms,
         r.undelivered
     );
+    println!(
+        "    the machine's floor over the same drain: {} `SELECT 1` round trips (p50 {} ms, p99 {} ms, \
+         longest {:.1} ms), {} of them over {CLAIM_TARGET_MS} ms",
+        r.floor.round_trips,
+        r.floor.p50_ms.map_or("n/a".into(), |v| format!("{v:.2}")),
+        r.floor.p99_ms.map_or("n/a".into(), |v| format!("{v:.2}")),
+        r.floor.max_ms,
+        r.floor.over_target
+    );
     if let Some(c) = r.cpu {
         println!("    {}", c.line());
     }
+}
+
+/// Round trips of a statement that does nothing, timed while a drain runs.
+#[derive(Debug, Default, Serialize)]
+struct Floor {
+    round_trips: u64,
+    p50_ms: Option<f64>,
+    p99_ms: Option<f64>,
+    max_ms: f64,
+    /// Round trips longer than the claim target.
+    over_target: u64,
+}
+
+impl Floor {
+    fn of(times: &ClaimTimesSnapshot, over_target: u64) -> Self {
+        Self {
+            round_trips: times.count(),
+            p50_ms: times.quantile_ms(0.5),
+            p99_ms: times.quantile_ms(0.99),
+            max_ms: times.max_micros as f64 / 1e3,
+            over_target,
+        }
+    }
+}
+
+/// Times a `SELECT 1` on a connection of its own every 20 ms until `stop`: what any statement
+/// waits at that moment for the two cores and the server, a claim's floor.
+async fn machine_floor(
+    url: String,
+    stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<Floor> {
+    let options = outbox_postgres::connect_options(&url)?.application_name("outbox_bench_floor");
+    let mut conn = sqlx::PgConnection::connect_with(&options).await?;
+    let times = ClaimTimes::default();
+    let mut over = 0;
+    let target = Duration::from_secs_f64(CLAIM_TARGET_MS / 1e3);
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let started = std::time::Instant::now();
+        sqlx::query("SELECT 1").execute(&mut conn).await?;
+        let took = started.elapsed();
+        if took > target {
+            over += 1;
+        }
+        times.record(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+    }
+    conn.close().await.ok();
+    Ok(Floor::of(&times.snapshot(), over))
 }
 
 async fn one_run(ctx: &Ctx, rows: usize, keys: usize, one: bool) -> anyhow::Result<Run> {
@@ -215,6 +294,11 @@ async fn measure(
         ledger.clone(),
         rows as u64,
         stop_watch.clone(),
+    ));
+    let stop_floor = tokio_util::sync::CancellationToken::new();
+    let floor = tokio::spawn(machine_floor(
+        ctx.options.database_url.clone(),
+        stop_floor.clone(),
     ));
     let written = tokio::time::Instant::now();
     let mut meter = CpuMeter::start();
@@ -298,6 +382,8 @@ async fn measure(
     let delivered = watch.await?;
     let cpu = meter.per_message(rows as u64);
     let claims = relay.metrics().claim_times.snapshot().since(&claims_before);
+    stop_floor.cancel();
+    let floor = floor.await??;
     stop_others.cancel();
     others.await??;
     relay.stop().await;
@@ -322,6 +408,7 @@ async fn measure(
         claim_p50_ms: claims.quantile_ms(0.5),
         claim_p99_ms: claims.quantile_ms(0.99),
         claim_max_ms: claims.max_micros as f64 / 1e3,
+        floor,
         undelivered,
         cpu,
     })

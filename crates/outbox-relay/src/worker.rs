@@ -14,6 +14,7 @@ use outbox_core::{
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
 use crate::breaker::{CircuitState, Permit, MIN_COOLDOWN};
@@ -306,24 +307,10 @@ impl Worker {
                 if !read_ahead {
                     return Ok(Vec::new());
                 }
-                // The batch is recorded only once this read returns: bound it well inside the
-                // lease margin, so a slow read ahead cannot let the lease of a published batch
-                // lapse before it is recorded (a read dropped mid-way changes nothing).
-                let t = Instant::now();
-                let budget = self.cfg.store_timeout.min(self.cfg.lease_margin() / 2);
-                let read = tokio::time::timeout(
-                    budget,
-                    self.store
-                        .claim_ahead(&self.id, &parts, ahead_limits, self.cfg.on_failed),
-                )
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::new(
-                        ErrorKind::Timeout,
-                        format!("store claim ahead: no answer within {budget:?}; abandoned"),
-                    ))
-                });
-                self.count_claim(t);
+                let (read, took) = self.read_ahead(&parts, ahead_limits).await;
+                self.count_claim_took(took);
+                debug!(member = %self.id, rows = read.as_ref().map_or(0, Vec::len),
+                       took_ms = took.as_secs_f64() * 1e3, "read ahead");
                 read
             });
             ahead = match next {
@@ -366,10 +353,64 @@ impl Worker {
         self.health.pulse.stop();
     }
 
+    /// Reads the next batch of `parts` ahead ([`Store::claim_ahead`]) in a task of its own, while
+    /// this one publishes: the read's decoding runs on another core than the publish's
+    /// encoding, and its time is its own (polled beside the publish in one task, a read that
+    /// had returned waited for the publish's next pause to be seen). Dropping the returned
+    /// future aborts the read, which changes nothing, as for any claim dropped mid-way.
+    ///
+    /// Returns the read and how long it took.
+    fn read_ahead(
+        &self,
+        parts: &[i32],
+        limits: ClaimLimits,
+    ) -> impl Future<Output = (Result<Vec<Message>>, Duration)> {
+        // The batch is recorded only once this read returns: bound it well inside the lease
+        // margin, so a slow read ahead cannot let the lease of a published batch lapse before
+        // it is recorded.
+        let budget = self.cfg.store_timeout.min(self.cfg.lease_margin() / 2);
+        let (store, id, parts, on_failed) = (
+            self.store.clone(),
+            self.id.clone(),
+            parts.to_vec(),
+            self.cfg.on_failed,
+        );
+        let task = AbortOnDropHandle::new(tokio::spawn(async move {
+            let t = Instant::now();
+            let read =
+                tokio::time::timeout(budget, store.claim_ahead(&id, &parts, limits, on_failed))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::new(
+                            ErrorKind::Timeout,
+                            format!("store claim ahead: no answer within {budget:?}; abandoned"),
+                        ))
+                    });
+            (read, t.elapsed())
+        }));
+        async move {
+            let started = Instant::now();
+            task.await.unwrap_or_else(|e| {
+                (
+                    Err(Error::new(
+                        ErrorKind::Other,
+                        format!("store claim ahead: the read's task ended without an answer: {e}"),
+                    )),
+                    started.elapsed(),
+                )
+            })
+        }
+    }
+
     /// Counts a claim statement begun at `started` (a read ahead included; a batch adopted from
     /// one is no claim of its own).
     fn count_claim(&self, started: Instant) {
-        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.count_claim_took(started.elapsed());
+    }
+
+    /// Counts a claim statement that took `took`.
+    fn count_claim_took(&self, took: Duration) {
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         RelayMetrics::add(&self.metrics.claims, 1);
         RelayMetrics::add(&self.metrics.claim_micros, micros);
         self.metrics.claim_times.record(micros);
