@@ -390,15 +390,18 @@ impl Worker {
         }));
         async move {
             let started = Instant::now();
-            task.await.unwrap_or_else(|e| {
-                (
+            match task.await {
+                Ok(done) => done,
+                // A store that panics panics the worker, as when the read ran in its task.
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => (
                     Err(Error::new(
                         ErrorKind::Other,
                         format!("store claim ahead: the read's task ended without an answer: {e}"),
                     )),
                     started.elapsed(),
-                )
-            })
+                ),
+            }
         }
     }
 
