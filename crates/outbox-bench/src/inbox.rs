@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use async_nats::jetstream::consumer;
 use futures::StreamExt;
-use outbox_inbox::daemon::{DaemonConfig, InboxDb, IngestMetrics};
+use outbox_inbox::daemon::{DaemonConfig, IngestMetrics};
 use outbox_inbox::source::{NatsSource, NatsSourceConfig};
 use outbox_inbox::{Handlers, InboxProcessor, InboxSchema, ProcessorConfig};
 use outbox_relay::RelayMetrics;
@@ -247,10 +247,10 @@ async fn measure(
     .await?;
     let metrics = Arc::new(IngestMetrics::default());
     let stop = CancellationToken::new();
-    let db = InboxDb::Postgres {
-        options: Box::new(outbox_postgres::connect_options(&ctx.options.database_url)?),
-        schema: schema.clone(),
-    };
+    let db =
+        outbox_inbox::InboxDatabase::open(&ctx.options.database_url, schema.tables().as_str(), 2)
+            .await?
+            .daemon()?;
     let started = Instant::now();
     let daemon = tokio::spawn(outbox_inbox::daemon::run(
         db,
@@ -312,7 +312,7 @@ async fn measure(
             member_prefix: "bench-inbox".into(),
             ..ProcessorConfig::default()
         },
-    );
+    )?;
     let handled = processor.metrics();
     let stop = CancellationToken::new();
     let started = Instant::now();

@@ -171,6 +171,7 @@ async fn failed_inbox_messages_are_listed_and_redriven_from_the_command_line() {
     let stop = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(
         InboxProcessor::postgres(b.pool.clone(), b.schema.clone(), handlers, config)
+            .unwrap()
             .run(stop.clone()),
     );
     let cli = |args: &[&str]| {

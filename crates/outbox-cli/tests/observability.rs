@@ -543,9 +543,7 @@ async fn inbox_metrics_count_received_duplicates_lag_and_handler_outcomes() {
     // The handlers, in this process, with its own recorder.
     let exporter =
         outbox_observe::Exporter::install(&[outbox_inbox::telemetry::PROCESSOR_CATALOGUE]).unwrap();
-    let InboxDatabase::Postgres { pool, .. } = &db else {
-        unreachable!("a PostgreSQL URL")
-    };
+    let pool = db.tables().postgres().expect("a PostgreSQL URL").pool();
     let handlers = Handlers::new()
         .on_fn("ok", |_tx, _m| Box::pin(async { Ok(()) }))
         .on_fn("bad", |_tx, _m| {
@@ -559,7 +557,8 @@ async fn inbox_metrics_count_received_duplicates_lag_and_handler_outcomes() {
             lease: Duration::from_secs(3),
             ..ProcessorConfig::default()
         },
-    );
+    )
+    .unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     let running = tokio::spawn(processor.run(stop.clone()));
     let handled = wait_scrape(port, "nothing waiting, one failed", |m| {
@@ -594,7 +593,8 @@ async fn inbox_metrics_count_received_duplicates_lag_and_handler_outcomes() {
     let _ = daemon.kill();
     let _ = daemon.wait();
     let _ = js.delete_stream(&stream).await;
-    if let InboxDatabase::Postgres { pool, schema, .. } = &db {
+    if let Some(store) = db.tables().postgres() {
+        let (pool, schema) = (store.pool(), db.schema());
         for s in [schema.tables().as_str(), schema.queue().as_str()] {
             let _ = sqlx::raw_sql(&format!("DROP SCHEMA {s} CASCADE"))
                 .execute(pool)

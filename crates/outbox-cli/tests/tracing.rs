@@ -214,6 +214,7 @@ async fn one_trace_goes_from_the_writer_through_the_relay_and_the_inbox_to_the_h
             handlers,
             config,
         )
+        .unwrap()
         .run(stop.clone()),
     );
     let deadline = Instant::now() + WAIT;

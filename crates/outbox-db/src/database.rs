@@ -88,7 +88,19 @@ impl Database {
     pub async fn migrate(&self) -> Result<Vec<i32>> {
         match self {
             Self::Postgres(s) => outbox_postgres::migrate(s.pool(), s.schema()).await,
-            Self::Sqlite(s) => outbox_sqlite::migrate(s.pool()).await,
+            Self::Sqlite(s) => outbox_sqlite::migrate_tables(s.pool(), s.tables()).await,
+        }
+    }
+
+    /// Another outbox table set in the same database, sharing this one's pool: the schema
+    /// `place` on PostgreSQL, the tables prefixed `place` on SQLite (see
+    /// [`SqlxBackend`](crate::SqlxBackend) for what a place is). The inbox keeps its processing
+    /// queue in one.
+    pub fn sibling(&self, place: &str) -> Result<Database> {
+        use crate::SqlxBackend;
+        match self {
+            Self::Postgres(s) => sqlx::Postgres::database(s.pool().clone(), place),
+            Self::Sqlite(s) => sqlx::Sqlite::database(s.pool().clone(), place),
         }
     }
 
@@ -127,7 +139,12 @@ impl Database {
     pub async fn check(&self) -> Result<()> {
         match self {
             Self::Postgres(s) => outbox_postgres::check_schema(s.pool(), s.schema()).await,
-            Self::Sqlite(s) => outbox_sqlite::check_schema(s.pool(), &self.sqlite_path()).await,
+            Self::Sqlite(s) if s.tables() == &outbox_sqlite::Tables::default() => {
+                outbox_sqlite::check_schema(s.pool(), &self.sqlite_path()).await
+            }
+            // Another table set (a sibling): reading its figures fails with a `Schema` error
+            // when its tables are missing.
+            Self::Sqlite(s) => s.stats().await.map(drop),
         }
     }
 

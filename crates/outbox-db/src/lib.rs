@@ -6,15 +6,29 @@
 //! ([`Transaction`]) that write an application's rows and enqueue messages in one commit on
 //! either backend.
 //!
+//! Crates built on the outbox go through this one too: [`SqlxBackend`] is what they do with a
+//! caller's typed sqlx pool or transaction, [`Migrations`] their own tables beside an outbox,
+//! [`Session`] a lock held by a connection, [`Database::sibling`] another outbox table set (the
+//! inbox's processing queue). They name no backend crate.
+//!
 //! Adding a backend (MySQL/MariaDB is the next one): a [`Backend`] variant and its schemes in
-//! `backend.rs`, a [`Database`] variant, and one arm in each `match` the compiler then points at.
+//! `backend.rs`, a [`Database`] variant, an [`SqlxBackend`] impl, and one arm in each `match`
+//! the compiler then points at (here, and where other crates match [`SqlxTransaction`]).
 
 mod backend;
 mod database;
+mod migrations;
+mod session;
 mod sql;
+mod sqlx_backend;
 mod transaction;
 
 pub use backend::{Backend, ACCEPTED_SCHEMES};
 pub use database::{open, open_with_deadline, Database};
+pub use migrations::Migrations;
+/// A validated schema name (a plain lower-case identifier): the only text spliced into SQL.
+pub use outbox_postgres::Schema;
+pub use session::Session;
 pub use sql::{Param, Row};
-pub use transaction::Transaction;
+pub use sqlx_backend::SqlxBackend;
+pub use transaction::{SqlxTransaction, Transaction};

@@ -5,6 +5,7 @@
 //! PostgreSQL, `main` (the file's own schema) on SQLite. So `{schema}.outbox` names the outbox
 //! table on both. A MySQL backend would rewrite `$n` to `?` here.
 
+use chrono::{DateTime, Utc};
 use outbox_core::{Error, ErrorKind, Result};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
@@ -23,6 +24,10 @@ pub enum Param {
     Uuid(Uuid),
     /// JSON: `jsonb` on PostgreSQL, JSON text on SQLite.
     Json(serde_json::Value),
+    /// A point in time: `timestamptz` on PostgreSQL; on SQLite, RFC 3339 text in UTC with
+    /// milliseconds (`2026-12-04T10:00:00.000Z`), the form the SQLite tables' defaults write,
+    /// so comparing stored times with it compares times.
+    Time(DateTime<Utc>),
 }
 
 impl From<&str> for Param {
@@ -46,6 +51,12 @@ impl From<i64> for Param {
 impl From<Uuid> for Param {
     fn from(v: Uuid) -> Self {
         Self::Uuid(v)
+    }
+}
+
+impl From<DateTime<Utc>> for Param {
+    fn from(v: DateTime<Utc>) -> Self {
+        Self::Time(v)
     }
 }
 
@@ -77,6 +88,11 @@ fn encoding_error(e: sqlx::error::BoxDynError) -> Error {
     )
 }
 
+/// `t` as the SQLite tables store times.
+fn sqlite_time(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
 /// `params` as PostgreSQL arguments.
 pub(crate) fn pg_arguments(params: &[Param]) -> Result<PgArguments> {
     let mut args = PgArguments::default();
@@ -86,6 +102,7 @@ pub(crate) fn pg_arguments(params: &[Param]) -> Result<PgArguments> {
             Param::Int(v) => args.add(*v),
             Param::Uuid(v) => args.add(*v),
             Param::Json(v) => args.add(sqlx::types::Json(v.clone())),
+            Param::Time(v) => args.add(*v),
         }
         .map_err(encoding_error)?;
     }
@@ -102,6 +119,7 @@ pub(crate) fn sqlite_arguments(params: &[Param]) -> Result<SqliteArguments<'stat
             // `Uuid::to_string` is the lower-case hyphenated form; sqlx would bind a blob.
             Param::Uuid(v) => args.add(v.to_string()),
             Param::Json(v) => args.add(v.to_string()),
+            Param::Time(v) => args.add(sqlite_time(*v)),
         }
         .map_err(encoding_error)?;
     }
@@ -121,12 +139,24 @@ mod tests {
     }
 
     #[test]
+    fn times_bind_on_sqlite_as_the_tables_write_them() {
+        let t = DateTime::parse_from_rfc3339("2026-12-04T10:00:00.5+01:00")
+            .map(|t| t.with_timezone(&Utc))
+            .ok();
+        assert_eq!(
+            t.map(sqlite_time).as_deref(),
+            Some("2026-12-04T09:00:00.500Z")
+        );
+    }
+
+    #[test]
     fn every_parameter_kind_encodes_on_both_backends() {
         let params = [
             Param::from("t"),
             Param::from(7i64),
             Param::from(Uuid::nil()),
             Param::from(serde_json::json!({ "a": 1 })),
+            Param::from(DateTime::<Utc>::UNIX_EPOCH),
         ];
         assert!(pg_arguments(&params).is_ok());
         assert!(sqlite_arguments(&params).is_ok());

@@ -23,8 +23,18 @@ pub struct Transaction<'db> {
 }
 
 enum Inner<'db> {
-    Postgres(&'db PgStore, sqlx::Transaction<'static, Postgres>),
-    Sqlite(&'db SqliteStore, sqlx::Transaction<'static, Sqlite>),
+    Postgres(&'db PgStore, sqlx::Transaction<'db, Postgres>),
+    Sqlite(&'db SqliteStore, sqlx::Transaction<'db, Sqlite>),
+}
+
+/// The sqlx transaction under a [`Transaction`], typed, for code that has SQL of its own per
+/// database (the inbox's statements). Match it exhaustively: a new backend is a new variant,
+/// and the compiler then shows every place that needs its SQL.
+pub enum SqlxTransaction<'t, 'db> {
+    /// PostgreSQL's.
+    Postgres(&'t mut sqlx::Transaction<'db, Postgres>),
+    /// SQLite's.
+    Sqlite(&'t mut sqlx::Transaction<'db, Sqlite>),
 }
 
 impl<'db> Transaction<'db> {
@@ -46,6 +56,34 @@ impl<'db> Transaction<'db> {
             ),
         };
         Ok(Self { inner })
+    }
+
+    /// A transaction on `conn`, a PostgreSQL connection of the caller's own (a
+    /// [`crate::Session`]'s), writing to `store`'s tables.
+    pub(crate) async fn begin_on(
+        store: &'db PgStore,
+        conn: &'db mut sqlx::PgConnection,
+    ) -> Result<Self> {
+        let tx = sqlx::Connection::begin(conn).await.map_err(|e| {
+            outbox_postgres::map_sqlx_error(
+                &format!(
+                    "beginning a transaction on schema `{}`",
+                    store.schema().as_str()
+                ),
+                e,
+            )
+        })?;
+        Ok(Self {
+            inner: Inner::Postgres(store, tx),
+        })
+    }
+
+    /// The sqlx transaction itself, typed by backend.
+    pub fn sqlx(&mut self) -> SqlxTransaction<'_, 'db> {
+        match &mut self.inner {
+            Inner::Postgres(_, tx) => SqlxTransaction::Postgres(tx),
+            Inner::Sqlite(_, tx) => SqlxTransaction::Sqlite(tx),
+        }
     }
 
     /// Adds `message` to the outbox in this transaction, through the backend's writer (see the

@@ -124,3 +124,151 @@ async fn the_public_schema_is_never_destroyed() {
     let e = db.destroy().await.unwrap_err();
     assert_eq!(e.kind(), outbox_core::ErrorKind::Config);
 }
+
+/// What crates built on the outbox use, on either backend: a sibling table set that is an
+/// outbox of its own, a crate's own migrations beside it, times bound as parameters, and a
+/// session whose transactions run on its connection.
+async fn building_blocks_script(db: &Database, sibling: &str) {
+    db.migrate().await.unwrap();
+    let queue = db.sibling(sibling).unwrap();
+    assert_eq!(queue.backend(), db.backend());
+    assert!(
+        queue.check().await.is_err(),
+        "the sibling is not migrated yet"
+    );
+    assert!(!queue.migrate().await.unwrap().is_empty());
+    queue.check().await.unwrap();
+    let mut tx = queue.begin().await.unwrap();
+    tx.enqueue(&NewMessage::new("t", "k", "e", serde_json::json!({})))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(queue.store().stats().await.unwrap().pending, 1);
+    assert_eq!(
+        db.store().stats().await.unwrap().pending,
+        0,
+        "table sets apart"
+    );
+
+    // A crate's own tables: applied once, then recorded; each backend gets its own SQL.
+    let migrations = outbox_db::Migrations {
+        ledger: "extra_migrations",
+        lock: "outbox-db-test-extra",
+        postgres: &[(
+            1,
+            "extra",
+            "CREATE TABLE {schema}.extra (id bigint PRIMARY KEY, at timestamptz NOT NULL, tag text NOT NULL DEFAULT '{tag}')",
+        )],
+        sqlite: &[(
+            1,
+            "extra",
+            "CREATE TABLE extra (id INTEGER PRIMARY KEY, at TEXT NOT NULL, tag TEXT NOT NULL DEFAULT '{tag}')",
+        )],
+    };
+    let render = |sql: &str| sql.replace("{tag}", "rendered");
+    let (a, b) = tokio::join!(
+        db.apply_migrations(&migrations, &render),
+        db.apply_migrations(&migrations, &render)
+    );
+    let mut applied = [a.unwrap(), b.unwrap()];
+    applied.sort();
+    assert_eq!(
+        applied,
+        [vec![], vec![1]],
+        "concurrent migrators apply it once"
+    );
+
+    // Times compare as times on both backends.
+    let now = chrono::Utc::now();
+    for (id, at) in [(1i64, now - chrono::Duration::hours(2)), (2, now)] {
+        db.execute(
+            "INSERT INTO {schema}.extra (id, at) VALUES ($1, $2)",
+            &[id.into(), at.into()],
+        )
+        .await
+        .unwrap();
+    }
+    let old: Vec<(i64, String)> = db
+        .fetch_all(
+            "SELECT id, tag FROM {schema}.extra WHERE at < $1",
+            &[(now - chrono::Duration::hours(1)).into()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(old, vec![(1, "rendered".to_string())]);
+
+    // A session's transaction commits like any other.
+    let mut session = db.lock_session("outbox-db-test").await.unwrap().unwrap();
+    assert!(session.alive().await);
+    let mut tx = session.begin().await.unwrap();
+    tx.execute(
+        "INSERT INTO {schema}.extra (id, at) VALUES ($1, $2)",
+        &[3i64.into(), now.into()],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let (n,): (i64,) = db
+        .fetch_one("SELECT count(*) FROM {schema}.extra", &[])
+        .await
+        .unwrap();
+    assert_eq!(n, 3);
+}
+
+#[tokio::test]
+async fn postgres_siblings_migrations_times_and_sessions() {
+    let schema = outbox_testkit::unique_name("db");
+    let db = outbox_db::open(&database_url(), &schema, 4).await.unwrap();
+    let sibling = format!("{schema}_q");
+    building_blocks_script(&db, &sibling).await;
+    db.sibling(&sibling)
+        .unwrap()
+        .execute_script("DROP SCHEMA {schema} CASCADE")
+        .await
+        .unwrap();
+    db.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn sqlite_siblings_migrations_times_and_sessions() {
+    let dir = std::env::temp_dir().join(outbox_testkit::unique_name("outbox-db"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = outbox_db::open(
+        &format!("sqlite://{}", dir.join("x.db").display()),
+        "public",
+        4,
+    )
+    .await
+    .unwrap();
+    building_blocks_script(&db, "queue").await;
+    // SQLite has no session locks: a second session is granted as well.
+    let _first = db.lock_session("held").await.unwrap().unwrap();
+    assert!(db.lock_session("held").await.unwrap().is_some());
+    db.destroy().await.unwrap();
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn a_postgres_session_lock_is_held_until_its_session_ends() {
+    let db = outbox_db::open(&database_url(), "public", 2).await.unwrap();
+    let name = outbox_testkit::unique_name("lock");
+    let mut first = db.lock_session(&name).await.unwrap().expect("free");
+    assert!(
+        db.lock_session(&name).await.unwrap().is_none(),
+        "held by the first"
+    );
+    assert!(first.alive().await);
+    drop(first);
+    // The server lets the lock go when it sees the connection close.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if db.lock_session(&name).await.unwrap().is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lock outlived its session"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

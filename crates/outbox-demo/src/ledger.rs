@@ -36,7 +36,7 @@ impl Ledger {
     }
 
     /// The processor applying payments to the balance, once each.
-    pub fn processor(&self) -> InboxProcessor {
+    pub fn processor(&self) -> outbox_core::Result<InboxProcessor> {
         let handlers = Handlers::new().on_fn("payment.created", |tx, m| {
             Box::pin(async move {
                 let cents = m.payload["amount_cents"]

@@ -151,7 +151,7 @@ pub async fn run(options: Options) -> anyhow::Result<Summary> {
     let ledger_path = dir.join("ledger.db");
     let ledger = Ledger::open(&ledger_path).await?;
     let stop_ledger = CancellationToken::new();
-    let ledger_task = tokio::spawn(ledger.processor().run(stop_ledger.clone()));
+    let ledger_task = tokio::spawn(ledger.processor()?.run(stop_ledger.clone()));
     let store = db.store();
 
     println!(

@@ -22,15 +22,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::{Backoff, Error, ErrorKind, Result};
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{Connection, PgConnection, SqlitePool};
+use outbox_core::{Backoff, ErrorKind, Result};
+use outbox_db::Session;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::message::InboxMessage;
 use crate::source::{AckToken, Source, SourceRetention};
-use crate::tables::InboxSchema;
 use crate::telemetry::DaemonMetrics;
 use crate::tx::InboxTx;
 
@@ -86,23 +84,17 @@ impl IngestMetrics {
     }
 }
 
-/// The database the daemon writes to.
+/// The database the daemon writes to: an inbox, on any backend.
 #[derive(Debug, Clone)]
-pub enum InboxDb {
-    /// A PostgreSQL inbox: connection options (one connection of its own) and its schemas.
-    Postgres {
-        /// How to connect.
-        options: Box<PgConnectOptions>,
-        /// Where the inbox lives.
-        schema: InboxSchema,
-    },
-    /// A SQLite inbox in the file this pool opened.
-    Sqlite(SqlitePool),
+pub struct InboxDb {
+    db: crate::InboxDatabase,
 }
 
-/// The connection a PostgreSQL daemon ingests through, holding the source's lock.
-struct PgLock {
-    conn: PgConnection,
+impl InboxDb {
+    /// The daemon's view of `db`.
+    pub fn new(db: crate::InboxDatabase) -> Self {
+        Self { db }
+    }
 }
 
 /// The message `retention` of the inbox against what the source keeps, as a warning, if any.
@@ -145,41 +137,12 @@ fn humanize(d: Duration) -> String {
 }
 
 impl InboxDb {
-    /// Records `messages` in one transaction; returns (recorded now, duplicates).
-    async fn ingest(
-        &self,
-        pg: Option<&mut PgLock>,
-        messages: &[InboxMessage],
-    ) -> Result<(u64, u64)> {
-        let flags = match (self, pg) {
-            (InboxDb::Postgres { schema, .. }, Some(lock)) => {
-                let mut tx = lock
-                    .conn
-                    .begin()
-                    .await
-                    .map_err(|e| outbox_postgres::map_sqlx_error("inbox: begin", e))?;
-                let flags = tx.ingest_messages(schema, messages).await?;
-                tx.commit()
-                    .await
-                    .map_err(|e| outbox_postgres::map_sqlx_error("inbox: commit", e))?;
-                flags
-            }
-            (InboxDb::Sqlite(pool), _) => {
-                let mut tx = outbox_sqlite::begin_immediate(pool)
-                    .await
-                    .map_err(|e| outbox_sqlite::map_sqlx_error("inbox: begin", e))?;
-                let flags = tx
-                    .ingest_messages(&InboxSchema::default(), messages)
-                    .await?;
-                tx.commit()
-                    .await
-                    .map_err(|e| outbox_sqlite::map_sqlx_error("inbox: commit", e))?;
-                flags
-            }
-            (InboxDb::Postgres { .. }, None) => {
-                return Err(Error::new(ErrorKind::Connection, "inbox: no connection"))
-            }
-        };
+    /// Records `messages` in one transaction on the session's connection; returns (recorded
+    /// now, duplicates).
+    async fn ingest(&self, session: &mut Session, messages: &[InboxMessage]) -> Result<(u64, u64)> {
+        let mut tx = session.begin().await?;
+        let flags = tx.ingest_messages(self.db.schema(), messages).await?;
+        tx.commit().await?;
         let recorded = flags.iter().filter(|f| **f).count() as u64;
         Ok((recorded, flags.len() as u64 - recorded))
     }
@@ -191,10 +154,11 @@ impl InboxDb {
         source: &str,
         shutdown: &CancellationToken,
         pulse: &outbox_relay::Pulse,
-    ) -> Result<Option<PgLock>> {
-        let InboxDb::Postgres { options, schema } = self else {
-            return Ok(None);
-        };
+    ) -> Result<Option<Session>> {
+        let name = format!(
+            "outbox-inbox-source:{}:{source}",
+            self.db.schema().tables().as_str()
+        );
         let mut standby_logged = false;
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         loop {
@@ -203,29 +167,14 @@ impl InboxDb {
             if shutdown.is_cancelled() {
                 return Ok(None);
             }
-            let attempt = async {
-                let mut conn = PgConnection::connect_with(options.as_ref())
-                    .await
-                    .map_err(|e| outbox_postgres::map_sqlx_error("inbox: connecting", e))?;
-                let got: bool = sqlx::query_scalar(
-                    "SELECT pg_try_advisory_lock(hashtextextended('outbox-inbox-source:' || $1 || ':' || $2, 0))",
-                )
-                .bind(schema.tables().as_str())
-                .bind(source)
-                .fetch_one(&mut conn)
-                .await
-                .map_err(|e| outbox_postgres::map_sqlx_error("inbox: taking the source lock", e))?;
-                Ok::<_, Error>((conn, got))
-            };
-            let delay = match attempt.await {
-                Ok((conn, true)) => {
+            let delay = match self.db.tables().lock_session(&name).await {
+                Ok(Some(session)) => {
                     if standby_logged {
                         info!(source, "took over the source: this daemon ingests now");
                     }
-                    return Ok(Some(PgLock { conn }));
+                    return Ok(Some(session));
                 }
-                Ok((conn, false)) => {
-                    drop(conn);
+                Ok(None) => {
                     if !standby_logged {
                         info!(source, "another daemon ingests this source; standing by");
                         standby_logged = true;
@@ -273,12 +222,8 @@ pub async fn run(
         Err(e) => debug!(error = %e, "the source's retention is unknown"),
     }
     'session: loop {
-        let mut lock = match &db {
-            InboxDb::Postgres { .. } => match db.lock(&name, &shutdown, &pulse).await? {
-                Some(l) => Some(l),
-                None => return Ok(()),
-            },
-            InboxDb::Sqlite(_) => None,
+        let Some(mut session) = db.lock(&name, &shutdown, &pulse).await? else {
+            return Ok(());
         };
         // What a dead predecessor (or this daemon, before it lost its connection) fetched and
         // never acknowledged comes first.
@@ -313,11 +258,9 @@ pub async fn run(
             // which goes on with newer ones while these wait for redelivery (seen: five
             // messages fetched by a daemon whose pull had hung through the restart came back
             // 2 s late, after 800 newer ones). One `SELECT 1` per batch rules that out.
-            if let Some(l) = lock.as_mut() {
-                if !l.alive().await {
-                    warn!(source = %name, "lost the database connection and the source lock with it; fetching nothing until it is taken again");
-                    continue 'session;
-                }
+            if !session.alive().await {
+                warn!(source = %name, "lost the database connection and the source lock with it; fetching nothing until it is taken again");
+                continue 'session;
             }
             // Nothing fetched is acknowledged before it commits, so a fetch may be dropped
             // half-way when asked to stop: the broker delivers it again.
@@ -359,7 +302,7 @@ pub async fn run(
             let span = crate::spans::ReceiveSpan::start(&name, &messages);
             let (recorded, duplicates) = loop {
                 let started = Instant::now();
-                let ingested = db.ingest(lock.as_mut(), &messages).await;
+                let ingested = db.ingest(&mut session, &messages).await;
                 pulse.beat();
                 match ingested {
                     Ok(r) => {
@@ -378,14 +321,12 @@ pub async fn run(
                             // Unacknowledged: the broker delivers the batch again.
                             _ = shutdown.cancelled() => return Ok(()),
                         }
-                        if let Some(l) = lock.as_mut() {
-                            if !l.alive().await {
-                                // The source lock went with the connection; another daemon may
-                                // hold the source by now. Leave the batch unacknowledged and
-                                // start over: lock (or stand by), recover, fetch.
-                                warn!(source = %name, "lost the database connection and the source lock with it; the batch in hand is left to the broker");
-                                continue 'session;
-                            }
+                        if !session.alive().await {
+                            // The source lock went with the connection; another daemon may
+                            // hold the source by now. Leave the batch unacknowledged and
+                            // start over: lock (or stand by), recover, fetch.
+                            warn!(source = %name, "lost the database connection and the source lock with it; the batch in hand is left to the broker");
+                            continue 'session;
                         }
                     }
                 }
@@ -432,20 +373,6 @@ pub async fn housekeeping(
             _ = tokio::time::sleep(every) => {}
             _ = shutdown.cancelled() => return,
         }
-    }
-}
-
-impl PgLock {
-    /// Whether the connection (and so the lock) is still there.
-    async fn alive(&mut self) -> bool {
-        matches!(
-            tokio::time::timeout(
-                Duration::from_secs(5),
-                sqlx::query("SELECT 1").execute(&mut self.conn)
-            )
-            .await,
-            Ok(Ok(_))
-        )
     }
 }
 

@@ -1,115 +1,127 @@
 //! [`InboxDatabase`]: an inbox opened from a database URL, for the `outbox` commands (`inbox`,
 //! `migrate --inbox`, `status --inbox`, `failed --inbox`, `redrive --inbox`) and tools.
+//!
+//! It goes through `outbox-db` like every command: the inbox tables are a [`Database`], the
+//! processing queue its [`sibling`](Database::sibling). [`places`] is the one place that knows
+//! how an inbox is laid out on each backend.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{Result, Store};
-use outbox_db::Backend;
-use sqlx::{PgPool, SqlitePool};
+use outbox_db::{Backend, Database, SqlxBackend};
 
 use crate::daemon::InboxDb;
 use crate::retention::Purged;
 use crate::tables::InboxSchema;
 
-/// An opened inbox: its pool, and where its tables and processing queue live.
+/// Where an inbox's two parts live on `backend`: (its tables, its processing queue), as
+/// [`SqlxBackend`] places. PostgreSQL: the schemas of `schema`. SQLite: one file, with the
+/// queue's outbox tables under the prefix [`crate::sqlite::QUEUE_PREFIX`] beside the
+/// application's `outbox` tables.
+pub(crate) fn places(backend: Backend, schema: &InboxSchema) -> (&str, &str) {
+    match backend {
+        Backend::Sqlite => (SQLITE_OUTBOX, crate::sqlite::QUEUE_PREFIX),
+        _ => (schema.tables().as_str(), schema.queue().as_str()),
+    }
+}
+
+/// The application's own outbox table set in a SQLite file, beside which the inbox tables are
+/// made (statements on the inbox tables name them without a prefix).
+const SQLITE_OUTBOX: &str = "outbox";
+
+/// An opened inbox: its tables, its processing queue, and their names.
 #[derive(Debug, Clone)]
-pub enum InboxDatabase {
-    /// PostgreSQL: tables in `schema.tables()`, queue in `schema.queue()`.
-    Postgres {
-        /// Connections (set up like the relay's).
-        pool: PgPool,
-        /// The schemas.
-        schema: InboxSchema,
-        /// The URL, to open the daemon's own connection.
-        url: String,
-    },
-    /// SQLite: the tables and the `inbox_queue` tables in one file.
-    Sqlite {
-        /// Connections to the file.
-        pool: SqlitePool,
-    },
+pub struct InboxDatabase {
+    tables: Database,
+    queue: Database,
+    schema: InboxSchema,
 }
 
 impl InboxDatabase {
     /// Opens the database `url` names (`postgres://…` with the inbox tables in `schema` and
-    /// the queue in `<schema>_inbox`, or `sqlite://path`), with at most `pool_size`
-    /// connections. Nothing is created but an empty SQLite file; see [`InboxDatabase::migrate`].
+    /// the queue in `<schema>_inbox`, or `sqlite://path`, where `schema` is ignored), with at
+    /// most `pool_size` connections. Nothing is created but an empty SQLite file; see
+    /// [`InboxDatabase::migrate`].
     pub async fn open(url: &str, schema: &str, pool_size: u32) -> Result<Self> {
-        match Backend::of(url)? {
-            Backend::Postgres => {
-                let schema = InboxSchema::new(schema)?;
-                let pool = outbox_postgres::connect_pool(url, pool_size.max(1)).await?;
-                Ok(Self::Postgres {
-                    pool,
-                    schema,
-                    url: url.to_string(),
-                })
-            }
-            _ => {
-                let pool = outbox_sqlite::connect_pool_sized(url, pool_size).await?;
-                Ok(Self::Sqlite { pool })
-            }
-        }
+        let tables = outbox_db::open(url, schema, pool_size).await?;
+        let schema = match tables.backend() {
+            // SQLite has no schemas; the PostgreSQL names are never used.
+            Backend::Sqlite => InboxSchema::default(),
+            _ => InboxSchema::new(schema)?,
+        };
+        Self::from_database(tables, schema)
     }
 
-    /// Creates or upgrades the inbox tables and the processing queue.
+    /// The inbox in `schema` of the database `pool` connects to (sharing that pool).
+    pub fn from_pool<DB: SqlxBackend>(pool: sqlx::Pool<DB>, schema: InboxSchema) -> Result<Self> {
+        let (tables, _) = places(DB::BACKEND, &schema);
+        Self::from_database(DB::database(pool, tables)?, schema)
+    }
+
+    fn from_database(tables: Database, schema: InboxSchema) -> Result<Self> {
+        let (_, queue) = places(tables.backend(), &schema);
+        Ok(Self {
+            queue: tables.sibling(queue)?,
+            tables,
+            schema,
+        })
+    }
+
+    /// Creates or upgrades the processing queue (the outbox migrations), then the inbox
+    /// tables, each in one transaction serialised against other migrators. Safe to run
+    /// concurrently and repeatedly. Returns the inbox versions applied now.
     pub async fn migrate(&self) -> Result<Vec<i32>> {
-        match self {
-            Self::Postgres { pool, schema, .. } => crate::migrate_postgres(pool, schema).await,
-            Self::Sqlite { pool } => crate::migrate_sqlite(pool).await,
-        }
+        self.queue.migrate().await?;
+        let lock = format!("outbox-inbox-migrate:{}", self.schema.tables().as_str());
+        let migrations = outbox_db::Migrations {
+            ledger: "inbox_migrations",
+            lock: &lock,
+            postgres: crate::POSTGRES_MIGRATIONS,
+            sqlite: crate::SQLITE_MIGRATIONS,
+        };
+        let schema = &self.schema;
+        self.tables
+            .apply_migrations(&migrations, &|sql| schema.render_queue(sql))
+            .await
     }
 
     /// The processing queue as an outbox store: `status`, `failed` and `redrive` of the inbox
     /// go through it, exactly as for an outbox.
     pub fn queue(&self) -> Arc<dyn Store> {
-        match self {
-            Self::Postgres { pool, schema, .. } => Arc::new(outbox_postgres::PgStore::new(
-                pool.clone(),
-                schema.queue().clone(),
-            )),
-            Self::Sqlite { pool } => Arc::new(outbox_sqlite::SqliteStore::with_tables(
-                pool.clone(),
-                crate::sqlite::queue_tables(),
-            )),
-        }
+        self.queue.store()
+    }
+
+    /// The database of the inbox tables (statements on it fill `{schema}` with their place).
+    pub fn tables(&self) -> &Database {
+        &self.tables
+    }
+
+    /// The names of the inbox's schemas (PostgreSQL; the defaults on SQLite).
+    pub fn schema(&self) -> &InboxSchema {
+        &self.schema
     }
 
     /// Where the inbox lives, for messages.
     pub fn place(&self) -> String {
-        match self {
-            Self::Postgres { schema, .. } => format!(
-                "inbox in schema `{}` (processing queue in `{}`)",
-                schema.tables().as_str(),
-                schema.queue().as_str()
-            ),
-            Self::Sqlite { pool } => format!(
-                "inbox in database file {}",
-                pool.connect_options().get_filename().display()
+        match self.tables.backend() {
+            Backend::Sqlite => format!("inbox in {}", self.tables.place()),
+            _ => format!(
+                "inbox in {} (processing queue in {})",
+                self.tables.place(),
+                self.queue.place()
             ),
         }
     }
 
     /// What the ingest daemon writes through.
     pub fn daemon(&self) -> Result<InboxDb> {
-        match self {
-            Self::Postgres { schema, url, .. } => Ok(InboxDb::Postgres {
-                options: Box::new(outbox_postgres::connect_options(url)?),
-                schema: schema.clone(),
-            }),
-            Self::Sqlite { pool } => Ok(InboxDb::Sqlite(pool.clone())),
-        }
+        Ok(InboxDb::new(self.clone()))
     }
 
     /// Deletes claimed inbox rows, claims and idempotency keys older than `older_than`.
     pub async fn purge(&self, older_than: Duration) -> Result<Purged> {
-        match self {
-            Self::Postgres { pool, schema, .. } => {
-                crate::retention::purge_postgres(pool, schema, older_than).await
-            }
-            Self::Sqlite { pool } => crate::retention::purge_sqlite(pool, older_than).await,
-        }
+        crate::retention::purge(&self.tables, older_than).await
     }
 
     /// Housekeeping once: the queue's storage ahead of the writers and its retention (the
@@ -125,23 +137,15 @@ impl InboxDatabase {
         Ok((m, p))
     }
 
-    /// Whether the inbox tables exist (a `Schema` error names the fix otherwise).
+    /// Whether the inbox tables and the queue exist (a `Schema` error names the fix
+    /// otherwise).
     pub async fn check(&self) -> Result<()> {
-        let probe = match self {
-            Self::Postgres { pool, schema, .. } => {
-                sqlx::query(&schema.render("SELECT 1 FROM {schema}.inbox_messages LIMIT 1"))
-                    .fetch_optional(pool)
-                    .await
-                    .map(drop)
-                    .map_err(|e| outbox_postgres::map_sqlx_error("reading the inbox", e))
-            }
-            Self::Sqlite { pool } => sqlx::query("SELECT 1 FROM inbox_messages LIMIT 1")
-                .fetch_optional(pool)
-                .await
-                .map(drop)
-                .map_err(|e| outbox_sqlite::map_sqlx_error("reading the inbox", e)),
-        };
-        probe?;
+        self.tables
+            .fetch_all::<(i32,)>(
+                "SELECT CAST(1 AS INTEGER) FROM {schema}.inbox_messages LIMIT 1",
+                &[],
+            )
+            .await?;
         self.queue().stats().await.map(drop)
     }
 }

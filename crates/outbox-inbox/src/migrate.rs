@@ -1,10 +1,11 @@
-//! Creating and upgrading the inbox tables and its processing queue, idempotently.
+//! The inbox's migrations, and creating or upgrading its tables and processing queue from a
+//! pool the application already has (see [`crate::InboxDatabase::migrate`]).
 
 use outbox_core::Result;
-use outbox_postgres::map_sqlx_error;
 use sqlx::{PgPool, SqlitePool};
 
 use crate::tables::InboxSchema;
+use crate::InboxDatabase;
 
 /// PostgreSQL inbox migrations, in order: (version, name, SQL with `{schema}` and `{queue}`).
 pub const POSTGRES_MIGRATIONS: &[(i32, &str, &str)] = &[(
@@ -25,40 +26,9 @@ pub const SQLITE_MIGRATIONS: &[(i32, &str, &str)] = &[(
 /// serialised by an advisory lock. Safe to run concurrently and repeatedly. Returns the inbox
 /// versions applied now.
 pub async fn migrate_postgres(pool: &PgPool, schema: &InboxSchema) -> Result<Vec<i32>> {
-    outbox_postgres::migrate(pool, schema.queue()).await?;
-    let ctx = |what: &str| {
-        format!(
-            "migrating the inbox in schema `{}`: {what}",
-            schema.tables().as_str()
-        )
-    };
-    let mut tx = pool
-        .begin()
+    InboxDatabase::from_pool(pool.clone(), schema.clone())?
+        .migrate()
         .await
-        .map_err(|e| map_sqlx_error(&ctx("begin"), e))?;
-    // Like the outbox's migration: no statement timeout for an upgrade.
-    sqlx::raw_sql("SET LOCAL statement_timeout = 0")
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("settings"), e))?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-        .bind(format!("outbox-inbox-migrate:{}", schema.tables().as_str()))
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("lock"), e))?;
-    let applied = outbox_postgres::apply_pending(
-        &mut tx,
-        schema.tables(),
-        "inbox_migrations",
-        POSTGRES_MIGRATIONS,
-        |sql| schema.render(sql),
-        &ctx,
-    )
-    .await?;
-    tx.commit()
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("commit"), e))?;
-    Ok(applied)
 }
 
 /// Creates or upgrades a SQLite inbox in the file `pool` opened: the processing queue (the
@@ -66,20 +36,7 @@ pub async fn migrate_postgres(pool: &PgPool, schema: &InboxSchema) -> Result<Vec
 /// transaction each. Safe to run concurrently and repeatedly. Returns the inbox versions
 /// applied now.
 pub async fn migrate_sqlite(pool: &SqlitePool) -> Result<Vec<i32>> {
-    outbox_sqlite::migrate_tables(pool, &crate::sqlite::queue_tables()).await?;
-    let ctx = |what: &str| format!("migrating the SQLite inbox: {what}");
-    let err = |what: &str, e| outbox_sqlite::map_sqlx_error(&ctx(what), e);
-    let mut tx = outbox_sqlite::begin_immediate(pool)
+    InboxDatabase::from_pool(pool.clone(), InboxSchema::default())?
+        .migrate()
         .await
-        .map_err(|e| err("begin", e))?;
-    let applied = outbox_sqlite::apply_pending(
-        &mut tx,
-        "inbox_migrations",
-        SQLITE_MIGRATIONS,
-        str::to_string,
-        &ctx,
-    )
-    .await?;
-    tx.commit().await.map_err(|e| err("commit", e))?;
-    Ok(applied)
 }

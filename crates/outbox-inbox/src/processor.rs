@@ -24,7 +24,8 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use futures::StreamExt;
 use outbox_core::sink::{HEADER_AGGREGATE_TYPE, HEADER_EVENT_TYPE};
-use outbox_core::{DestinationTemplate, Envelope, ErrorKind, RetryPolicy, Sink, SinkError, Store};
+use outbox_core::{DestinationTemplate, Envelope, ErrorKind, RetryPolicy, Sink, SinkError};
+use outbox_db::SqlxBackend;
 use outbox_relay::{Relay, RelayConfig, RelayMetrics};
 use sqlx::{PgPool, Pool, Postgres, Sqlite, SqlitePool, Transaction};
 use tokio_util::sync::CancellationToken;
@@ -33,6 +34,7 @@ use tracing::{info, warn};
 use crate::message::{InboxMessage, PayloadFormat};
 use crate::tables::{InboxSchema, PROCESSOR_CONSUMER};
 use crate::tx::InboxTx;
+use crate::InboxDatabase;
 
 /// What kind of failure a [`HandlerError`] is, which decides what happens to the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,9 +229,12 @@ pub enum Savepoint {
 }
 
 /// A backend the processor runs on: how it opens a handler's transaction and sets savepoints.
+/// Every [`SqlxBackend`] is one (savepoints are spelled alike on each).
 #[async_trait]
-pub trait ProcessorBackend: sqlx::Database {
-    /// Begins a transaction for a group of handlers.
+pub trait ProcessorBackend: SqlxBackend {
+    /// Begins a transaction for a group of handlers: one that will write (SQLite: `BEGIN
+    /// IMMEDIATE`, so it queues for the file's write lock at once rather than failing with
+    /// `SQLITE_BUSY` half-way).
     async fn begin_handler(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error>;
 
     /// The savepoint statement `op` in `tx` (a name of its own, so a handler may use sqlx's
@@ -245,33 +250,14 @@ const SAVEPOINT_RELEASE: &str = "RELEASE SAVEPOINT outbox_inbox_message";
 const SAVEPOINT_ROLLBACK: &str = "ROLLBACK TO SAVEPOINT outbox_inbox_message";
 
 #[async_trait]
-impl ProcessorBackend for Postgres {
+impl<DB> ProcessorBackend for DB
+where
+    DB: SqlxBackend,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
     async fn begin_handler(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        pool.begin().await
-    }
-
-    async fn savepoint(
-        tx: &mut Transaction<'static, Self>,
-        op: Savepoint,
-    ) -> Result<(), sqlx::Error> {
-        let statements: &[&str] = match op {
-            Savepoint::Set => &[SAVEPOINT_SET],
-            Savepoint::Release => &[SAVEPOINT_RELEASE],
-            Savepoint::Undo => &[SAVEPOINT_ROLLBACK, SAVEPOINT_RELEASE],
-        };
-        for sql in statements {
-            sqlx::query(sql).execute(&mut **tx).await?;
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl ProcessorBackend for Sqlite {
-    /// `IMMEDIATE`: the handler's transaction will write, so it queues for the file's write
-    /// lock at once rather than failing with `SQLITE_BUSY` half-way.
-    async fn begin_handler(pool: &Pool<Self>) -> Result<Transaction<'static, Self>, sqlx::Error> {
-        outbox_sqlite::begin_immediate(pool).await
+        DB::begin_writing(pool).await
     }
 
     async fn savepoint(
@@ -551,13 +537,9 @@ impl ProcessorConfig {
 /// Runs handlers over an inbox's processing queue. See the module documentation.
 pub struct InboxProcessor {
     relay: Relay,
-    purge: Purge,
+    /// The inbox, for the retention of its tables.
+    db: InboxDatabase,
     retention: Duration,
-}
-
-enum Purge {
-    Postgres(PgPool, InboxSchema),
-    Sqlite(SqlitePool),
 }
 
 impl InboxProcessor {
@@ -569,47 +551,46 @@ impl InboxProcessor {
         schema: InboxSchema,
         handlers: Handlers<Postgres>,
         config: ProcessorConfig,
-    ) -> Self {
-        let store: Arc<dyn Store> = Arc::new(outbox_postgres::PgStore::new(
-            pool.clone(),
-            schema.queue().clone(),
-        ));
-        let sink = Arc::new(HandlerSink {
-            pool: pool.clone(),
-            schema: schema.clone(),
-            handlers: Arc::new(handlers),
-            concurrency: config.concurrency,
-            per_transaction: config.messages_per_transaction,
-            slots: config.transaction_slots(),
-        });
-        Self {
-            relay: Relay::new(store, sink, config.relay()),
-            purge: Purge::Postgres(pool, schema),
-            retention: config.retention,
-        }
+    ) -> outbox_core::Result<Self> {
+        Self::new(pool, schema, handlers, config)
     }
 
     /// A processor of the SQLite inbox in the file `pool` opened (migrated by
     /// [`crate::migrate_sqlite`]). SQLite runs one writing transaction at a time, so handlers
     /// effectively run one after another whatever `concurrency` says.
-    pub fn sqlite(pool: SqlitePool, handlers: Handlers<Sqlite>, config: ProcessorConfig) -> Self {
-        let store: Arc<dyn Store> = Arc::new(outbox_sqlite::SqliteStore::with_tables(
-            pool.clone(),
-            crate::sqlite::queue_tables(),
-        ));
+    pub fn sqlite(
+        pool: SqlitePool,
+        handlers: Handlers<Sqlite>,
+        config: ProcessorConfig,
+    ) -> outbox_core::Result<Self> {
+        Self::new(pool, InboxSchema::default(), handlers, config)
+    }
+
+    /// A processor of the inbox in `schema` of the database `pool` connects to, on any
+    /// backend ([`InboxProcessor::postgres`] and [`InboxProcessor::sqlite`] name theirs).
+    pub fn new<DB: ProcessorBackend>(
+        pool: Pool<DB>,
+        schema: InboxSchema,
+        handlers: Handlers<DB>,
+        config: ProcessorConfig,
+    ) -> outbox_core::Result<Self>
+    where
+        for<'t> Transaction<'t, DB>: InboxTx,
+    {
+        let db = InboxDatabase::from_pool(pool.clone(), schema.clone())?;
         let sink = Arc::new(HandlerSink {
-            pool: pool.clone(),
-            schema: InboxSchema::default(),
+            pool,
+            schema,
             handlers: Arc::new(handlers),
             concurrency: config.concurrency,
             per_transaction: config.messages_per_transaction,
             slots: config.transaction_slots(),
         });
-        Self {
-            relay: Relay::new(store, sink, config.relay()),
-            purge: Purge::Sqlite(pool),
+        Ok(Self {
+            relay: Relay::new(db.queue(), sink, config.relay()),
+            db,
             retention: config.retention,
-        }
+        })
     }
 
     /// Counters, live while it runs: `published` counts messages handled (or found handled).
@@ -622,16 +603,11 @@ impl InboxProcessor {
     /// the retention.
     pub async fn run(self, shutdown: CancellationToken) {
         let retention = self.retention;
-        let purge = self.purge;
+        let db = self.db;
         let stop = shutdown.clone();
         let housekeeping = tokio::spawn(async move {
             loop {
-                let done = match &purge {
-                    Purge::Postgres(pool, schema) => {
-                        crate::retention::purge_postgres(pool, schema, retention).await
-                    }
-                    Purge::Sqlite(pool) => crate::retention::purge_sqlite(pool, retention).await,
-                };
+                let done = db.purge(retention).await;
                 match done {
                     Ok(p) if p.total() > 0 => info!(?p, "inbox rows past retention deleted"),
                     Ok(_) => {}

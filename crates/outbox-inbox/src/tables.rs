@@ -2,7 +2,7 @@
 //! processing queue (an outbox table set of its own).
 
 use outbox_core::{Error, Result};
-use outbox_postgres::Schema;
+use outbox_db::Schema;
 
 /// The dedupe consumer name the [`crate::InboxProcessor`] claims messages under in
 /// `processed_messages`: a message with a `processed_messages` row for it was handled.
@@ -74,8 +74,12 @@ impl InboxSchema {
 
     /// `sql` with `{schema}` and `{queue}` filled in.
     pub(crate) fn render(&self, sql: &str) -> String {
-        self.tables
-            .render(&sql.replace("{queue}", self.queue.as_str()))
+        self.tables.render(&self.render_queue(sql))
+    }
+
+    /// `sql` with `{queue}` filled in (`{schema}` is left to the database it runs on).
+    pub(crate) fn render_queue(&self, sql: &str) -> String {
+        sql.replace("{queue}", self.queue.as_str())
     }
 }
 

@@ -7,9 +7,11 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use outbox_core::{Error, ErrorKind, NewMessage, Result};
+use outbox_db::{Backend, SqlxBackend, SqlxTransaction};
 use sqlx::{Postgres, Row, Sqlite, Transaction};
 use uuid::Uuid;
 
+use crate::database::places;
 use crate::message::{InboxMessage, PayloadFormat};
 use crate::tables::InboxSchema;
 
@@ -50,8 +52,9 @@ pub struct StoredKey {
 }
 
 /// A database transaction the receiving side can work in: PostgreSQL's or SQLite's. Implemented
-/// for `sqlx::Transaction<'_, Postgres>` and `sqlx::Transaction<'_, Sqlite>`; the `schema`
-/// argument names the PostgreSQL schemas (SQLite's tables have fixed names and ignore it).
+/// for `sqlx::Transaction<'_, Postgres>`, `sqlx::Transaction<'_, Sqlite>` and
+/// [`outbox_db::Transaction`] (either, by its backend); the `schema` argument names the
+/// PostgreSQL schemas (SQLite's tables have fixed names and ignore it).
 ///
 /// Callers use the functions of the crate ([`crate::claim`], [`crate::ingest`],
 /// [`crate::idempotent`], or the same on [`crate::Inbox`]); these methods are their parts.
@@ -100,11 +103,11 @@ pub trait InboxTx: Send {
 }
 
 fn pg_err(what: &str) -> impl Fn(sqlx::Error) -> Error + '_ {
-    move |e| outbox_postgres::map_sqlx_error(what, e)
+    move |e| Postgres::map_error(what, e)
 }
 
 fn sqlite_err(what: &str) -> impl Fn(sqlx::Error) -> Error + '_ {
-    move |e| outbox_sqlite::map_sqlx_error(what, e)
+    move |e| Sqlite::map_error(what, e)
 }
 
 /// The queue row of an inbox message: an outbox message of the queue's table set, with the
@@ -218,9 +221,8 @@ impl InboxTx for Transaction<'_, Postgres> {
         let (fresh, flags) = inserted_in_order(messages, &inserted);
         if !fresh.is_empty() {
             let rows: Vec<NewMessage> = fresh.into_iter().map(queue_row).collect();
-            outbox_postgres::Writer::new(schema.queue())
-                .enqueue_many(self, &rows)
-                .await?;
+            let (_, queue) = places(Backend::Postgres, schema);
+            Postgres::enqueue_many(self, queue, &rows).await?;
         }
         Ok(flags)
     }
@@ -308,9 +310,8 @@ impl InboxTx for Transaction<'_, Postgres> {
     }
 
     async fn enqueue_events(&mut self, schema: &InboxSchema, events: &[NewMessage]) -> Result<()> {
-        outbox_postgres::Writer::new(schema.tables())
-            .enqueue_many(self, events)
-            .await
+        let (tables, _) = places(Backend::Postgres, schema);
+        Postgres::enqueue_many(self, tables, events).await
     }
 }
 
@@ -340,7 +341,7 @@ impl InboxTx for Transaction<'_, Sqlite> {
 
     async fn ingest_messages(
         &mut self,
-        _schema: &InboxSchema,
+        schema: &InboxSchema,
         messages: &[InboxMessage],
     ) -> Result<Vec<bool>> {
         if messages.is_empty() {
@@ -373,9 +374,8 @@ impl InboxTx for Transaction<'_, Sqlite> {
         let (fresh, flags) = inserted_in_order(messages, &inserted);
         if !fresh.is_empty() {
             let rows: Vec<NewMessage> = fresh.into_iter().map(queue_row).collect();
-            outbox_sqlite::Writer::for_tables(&crate::sqlite::queue_tables())
-                .enqueue_many(self, &rows)
-                .await?;
+            let (_, queue) = places(Backend::Sqlite, schema);
+            Sqlite::enqueue_many(self, queue, &rows).await?;
         }
         Ok(flags)
     }
@@ -468,9 +468,79 @@ impl InboxTx for Transaction<'_, Sqlite> {
         Ok(())
     }
 
-    async fn enqueue_events(&mut self, _schema: &InboxSchema, events: &[NewMessage]) -> Result<()> {
-        outbox_sqlite::Writer::new()
-            .enqueue_many(self, events)
-            .await
+    async fn enqueue_events(&mut self, schema: &InboxSchema, events: &[NewMessage]) -> Result<()> {
+        let (tables, _) = places(Backend::Sqlite, schema);
+        Sqlite::enqueue_many(self, tables, events).await
+    }
+}
+
+/// Whichever backend the transaction is on, through its own impl above.
+#[async_trait]
+impl InboxTx for outbox_db::Transaction<'_> {
+    async fn claim_message(
+        &mut self,
+        schema: &InboxSchema,
+        consumer: &str,
+        id: Uuid,
+    ) -> Result<bool> {
+        match self.sqlx() {
+            SqlxTransaction::Postgres(tx) => tx.claim_message(schema, consumer, id).await,
+            SqlxTransaction::Sqlite(tx) => tx.claim_message(schema, consumer, id).await,
+        }
+    }
+
+    async fn ingest_messages(
+        &mut self,
+        schema: &InboxSchema,
+        messages: &[InboxMessage],
+    ) -> Result<Vec<bool>> {
+        match self.sqlx() {
+            SqlxTransaction::Postgres(tx) => tx.ingest_messages(schema, messages).await,
+            SqlxTransaction::Sqlite(tx) => tx.ingest_messages(schema, messages).await,
+        }
+    }
+
+    async fn load_messages(
+        &mut self,
+        schema: &InboxSchema,
+        ids: &[Uuid],
+    ) -> Result<HashMap<Uuid, InboxMessage>> {
+        match self.sqlx() {
+            SqlxTransaction::Postgres(tx) => tx.load_messages(schema, ids).await,
+            SqlxTransaction::Sqlite(tx) => tx.load_messages(schema, ids).await,
+        }
+    }
+
+    async fn lock_key(&mut self, schema: &InboxSchema, key: &str) -> Result<bool> {
+        match self.sqlx() {
+            SqlxTransaction::Postgres(tx) => tx.lock_key(schema, key).await,
+            SqlxTransaction::Sqlite(tx) => tx.lock_key(schema, key).await,
+        }
+    }
+
+    async fn stored_key(&mut self, schema: &InboxSchema, key: &str) -> Result<Option<StoredKey>> {
+        match self.sqlx() {
+            SqlxTransaction::Postgres(tx) => tx.stored_key(schema, key).await,
+            SqlxTransaction::Sqlite(tx) => tx.stored_key(schema, key).await,
+        }
+    }
+
+    async fn store_key(
+        &mut self,
+        schema: &InboxSchema,
+        key: &str,
+        stored: &StoredKey,
+    ) -> Result<()> {
+        match self.sqlx() {
+            SqlxTransaction::Postgres(tx) => tx.store_key(schema, key, stored).await,
+            SqlxTransaction::Sqlite(tx) => tx.store_key(schema, key, stored).await,
+        }
+    }
+
+    async fn enqueue_events(&mut self, schema: &InboxSchema, events: &[NewMessage]) -> Result<()> {
+        match self.sqlx() {
+            SqlxTransaction::Postgres(tx) => tx.enqueue_events(schema, events).await,
+            SqlxTransaction::Sqlite(tx) => tx.enqueue_events(schema, events).await,
+        }
     }
 }

@@ -174,8 +174,12 @@ sqlx_backend!(PgInbox, Postgres, {
         ))
     }
 
+    fn database(&self) -> outbox_inbox::InboxDatabase {
+        outbox_inbox::InboxDatabase::from_pool(self.pool.clone(), self.schema.clone()).unwrap()
+    }
+
     fn processor(&self, handlers: Handlers<Postgres>, config: ProcessorConfig) -> InboxProcessor {
-        InboxProcessor::postgres(self.pool.clone(), self.schema.clone(), handlers, config)
+        InboxProcessor::postgres(self.pool.clone(), self.schema.clone(), handlers, config).unwrap()
     }
 
     fn daemon_args(&self) -> Vec<String> {
@@ -260,12 +264,16 @@ sqlx_backend!(SqliteInbox, Sqlite, {
     fn queue(&self) -> Arc<dyn Store> {
         Arc::new(outbox_sqlite::SqliteStore::with_tables(
             self.pool.clone(),
-            outbox_inbox::sqlite::queue_tables(),
+            outbox_sqlite::Tables::new(outbox_inbox::sqlite::QUEUE_PREFIX).unwrap(),
         ))
     }
 
+    fn database(&self) -> outbox_inbox::InboxDatabase {
+        outbox_inbox::InboxDatabase::from_pool(self.pool.clone(), InboxSchema::default()).unwrap()
+    }
+
     fn processor(&self, handlers: Handlers<Sqlite>, config: ProcessorConfig) -> InboxProcessor {
-        InboxProcessor::sqlite(self.pool.clone(), handlers, config)
+        InboxProcessor::sqlite(self.pool.clone(), handlers, config).unwrap()
     }
 
     fn daemon_args(&self) -> Vec<String> {

@@ -77,7 +77,7 @@ pub async fn run_handlers(
         member_prefix: format!("verify-handler-{}", std::process::id()),
         ..ProcessorConfig::default()
     };
-    InboxProcessor::postgres(pool, s, handlers, config)
+    InboxProcessor::postgres(pool, s, handlers, config)?
         .run(shutdown)
         .await;
     Ok(())
