@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod gauges;
+pub mod identifier;
 pub mod journey;
 pub mod message;
 pub mod options;

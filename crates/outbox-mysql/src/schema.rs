@@ -11,16 +11,7 @@ pub struct Schema(String);
 impl Schema {
     /// Validates `name`.
     pub fn new(name: &str) -> Result<Self> {
-        let ok = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-            && name
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-        if ok {
+        if outbox_core::identifier::is_plain(name, 64) {
             Ok(Self(name.to_string()))
         } else {
             Err(Error::config(format!(

@@ -22,16 +22,7 @@ impl Default for Tables {
 impl Tables {
     /// Tables named after `prefix` (`[a-z_][a-z0-9_]*`, at most 40 characters).
     pub fn new(prefix: &str) -> Result<Self> {
-        let ok = !prefix.is_empty()
-            && prefix.len() <= 40
-            && prefix
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-            && prefix
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-        if ok {
+        if outbox_core::identifier::is_plain(prefix, 40) {
             Ok(Self(prefix.to_string()))
         } else {
             Err(Error::config(format!(
