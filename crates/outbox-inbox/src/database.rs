@@ -44,12 +44,13 @@ impl InboxDatabase {
     /// most `pool_size` connections. Nothing is created but an empty SQLite file; see
     /// [`InboxDatabase::migrate`].
     pub async fn open(url: &str, schema: &str, pool_size: u32) -> Result<Self> {
-        let tables = outbox_db::open(url, schema, pool_size).await?;
-        let schema = match tables.backend() {
+        // Both names are checked before anything connects.
+        let schema = match Backend::of(url)? {
             // SQLite has no schemas; the PostgreSQL names are never used.
             Backend::Sqlite => InboxSchema::default(),
             _ => InboxSchema::new(schema)?,
         };
+        let tables = outbox_db::open(url, schema.tables().as_str(), pool_size).await?;
         Self::from_database(tables, schema)
     }
 

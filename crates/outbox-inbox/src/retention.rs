@@ -63,9 +63,15 @@ impl Purged {
 /// Deletes, from the inbox tables of `db`, claimed inbox rows received, claims made and
 /// idempotency keys stored longer ago than `older_than`, [`BATCH`] rows per statement.
 pub async fn purge(db: &Database, older_than: Duration) -> Result<Purged> {
-    let cutoff =
-        Utc::now() - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX / 2);
     let mut out = Purged::default();
+    // The cutoff is this process's clock, not the server's: a retention is days, clocks
+    // differ by far less. A retention longer than the calendar reaches deletes nothing.
+    let Some(cutoff) = chrono::Duration::from_std(older_than)
+        .ok()
+        .and_then(|age| Utc::now().checked_sub_signed(age))
+    else {
+        return Ok(out);
+    };
     for (sql, slot) in [
         (MESSAGES, &mut out.inbox_messages),
         (CLAIMS, &mut out.processed_messages),

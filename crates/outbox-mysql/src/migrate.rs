@@ -20,7 +20,7 @@ const LOCK_WAIT_SECS: i64 = 60;
 /// order, recording each in `outbox_migrations`. Returns the versions applied now (empty when
 /// up to date).
 ///
-/// Safe to run concurrently and repeatedly: migrators take `GET_LOCK('outbox-migrate:<db>')`
+/// Safe to run concurrently and repeatedly: migrators take `GET_LOCK` on the database's name
 /// on a connection of their own, which is closed afterwards, so the lock never outlives the
 /// run, even when it fails. MySQL commits each DDL statement as it goes, so a version is
 /// recorded after its statements ran; one interrupted half-way is run again whole, which every
@@ -38,12 +38,14 @@ pub async fn migrate(pool: &MySqlPool, schema: &Schema) -> Result<Vec<i32>> {
         .map_err(|e| map_sqlx_error(&ctx("connecting"), e))?;
     // The lock is the connection's: closing it (not returning it to the pool) releases it.
     conn.close_on_drop();
-    let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
-        .bind(format!("outbox-migrate:{}", schema.as_str()))
-        .bind(LOCK_WAIT_SECS)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("waiting for other migrators"), e))?;
+    // A lock name has at most 64 characters: the database's name goes in hashed.
+    let got: Option<i64> =
+        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('outbox-migrate:', SHA1(?)), ?)")
+            .bind(schema.as_str())
+            .bind(LOCK_WAIT_SECS)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx("waiting for other migrators"), e))?;
     if got != Some(1) {
         return Err(Error::new(
             ErrorKind::Timeout,
@@ -53,11 +55,11 @@ pub async fn migrate(pool: &MySqlPool, schema: &Schema) -> Result<Vec<i32>> {
         ));
     }
     sqlx::raw_sql(&schema.render(
-        "CREATE DATABASE IF NOT EXISTS {schema};
+        "CREATE DATABASE IF NOT EXISTS {schema} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
          CREATE TABLE IF NOT EXISTS {schema}.outbox_migrations (
              version    INT          NOT NULL PRIMARY KEY,
              name       VARCHAR(255) NOT NULL,
-             applied_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+             applied_at DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
          ) ENGINE = InnoDB;",
     ))
     .execute(&mut *conn)

@@ -1,5 +1,7 @@
 //! The transactional writer: adds messages to the outbox inside the caller's transaction.
 
+use std::collections::BTreeSet;
+
 use outbox_core::{NewMessage, Result};
 use sqlx::{MySql, QueryBuilder, Transaction};
 use uuid::Uuid;
@@ -30,11 +32,16 @@ pub async fn enqueue(
 /// order (a rollback gives its positions back). The lock makes other writers of the same
 /// partition (a 64th of the keys) wait for this transaction to end, so **enqueue last**, just
 /// before the commit, not before a slow part of the transaction.
+///
+/// Messages of several keys take their partitions' counters first, in partition order, so two
+/// such batches never deadlock on each other's counters (rows are inserted in the caller's
+/// order, which would lock them in any order).
 pub async fn enqueue_many(
     tx: &mut Transaction<'_, MySql>,
     schema: &Schema,
     messages: &[NewMessage],
 ) -> Result<()> {
+    lock_partitions_in_order(tx, schema, messages).await?;
     let head = schema.render(
         "INSERT INTO {schema}.outbox \
          (id, aggregate_type, aggregate_id, event_type, payload, headers, topic) ",
@@ -56,5 +63,36 @@ pub async fn enqueue_many(
             .await
             .map_err(|e| map_sqlx_error("adding messages to the outbox", e))?;
     }
+    Ok(())
+}
+
+/// Takes the position counters of the partitions `messages` fall in, in partition order, when
+/// they span more than one key. Past [`crate::PARTITIONS`] distinct keys it takes them all.
+async fn lock_partitions_in_order(
+    tx: &mut Transaction<'_, MySql>,
+    schema: &Schema,
+    messages: &[NewMessage],
+) -> Result<()> {
+    let keys: BTreeSet<&str> = messages.iter().map(|m| m.aggregate_id.as_str()).collect();
+    if keys.len() < 2 {
+        return Ok(());
+    }
+    let mut lock =
+        QueryBuilder::<MySql>::new(schema.render("SELECT part FROM {schema}.outbox_part_seq"));
+    if keys.len() <= crate::PARTITIONS as usize {
+        lock.push(" WHERE part IN (");
+        let mut each = lock.separated(", ");
+        for key in keys {
+            each.push("CRC32(")
+                .push_bind_unseparated(key)
+                .push_unseparated(format!(") % {}", crate::PARTITIONS));
+        }
+        lock.push(")");
+    }
+    lock.push(" ORDER BY part FOR UPDATE");
+    lock.build()
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(|e| map_sqlx_error("taking the partitions' position counters", e))?;
     Ok(())
 }

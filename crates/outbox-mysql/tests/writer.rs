@@ -40,7 +40,7 @@ impl Db {
     /// `(part, part_seq, aggregate_id)` of every row, by partition and position.
     async fn positions(&self) -> Vec<(i16, i64, String)> {
         sqlx::query_as(&self.sql(
-            "SELECT part, part_seq, aggregate_id FROM {schema}.outbox ORDER BY part, part_seq",
+            "SELECT part, part_seq, CAST(aggregate_id AS CHAR) FROM {schema}.outbox ORDER BY part, part_seq",
         ))
         .fetch_all(&self.pool)
         .await
@@ -129,7 +129,7 @@ async fn messages_exist_with_their_transaction_and_a_rollback_gives_its_position
     tx.commit().await.unwrap();
 
     let rows: Vec<(String, String, String, Option<String>, i64)> = sqlx::query_as(&db.sql(
-        "SELECT id, CAST(payload AS CHAR), CAST(headers AS CHAR), topic, part_seq \
+        "SELECT CAST(id AS CHAR), CAST(payload AS CHAR), CAST(headers AS CHAR), CAST(topic AS CHAR), part_seq \
          FROM {schema}.outbox ORDER BY part_seq",
     ))
     .fetch_all(&db.pool)
@@ -158,9 +158,9 @@ async fn the_plain_four_column_insert_of_another_language_gets_an_id_a_partition
     .execute(&db.pool)
     .await
     .unwrap();
-    let (id, part, part_seq, headers): (String, i16, i64, String) = sqlx::query_as(
-        &db.sql("SELECT id, part, part_seq, CAST(headers AS CHAR) FROM {schema}.outbox"),
-    )
+    let (id, part, part_seq, headers): (String, i16, i64, String) = sqlx::query_as(&db.sql(
+        "SELECT CAST(id AS CHAR), part, part_seq, CAST(headers AS CHAR) FROM {schema}.outbox",
+    ))
     .fetch_one(&db.pool)
     .await
     .unwrap();
@@ -277,15 +277,45 @@ async fn a_held_writer_holds_back_its_partition_only() {
     tx.commit().await.unwrap();
 
     // The same partition waits until the held transaction ends.
+    let (connection, connection_id) = tokio::sync::oneshot::channel::<u64>();
     let waiting = {
         let (pool, schema) = (db.pool.clone(), db.schema.clone());
         tokio::spawn(async move {
             let mut tx = pool.begin().await.unwrap();
+            let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            connection.send(id).unwrap();
             enqueue(&mut tx, &schema, &msg(&same, 1)).await.unwrap();
             tx.commit().await.unwrap();
         })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let connection_id = connection_id.await.unwrap();
+    // The server says that very writer waits for a lock (not merely that it is slow).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waits: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX \
+             WHERE trx_state = 'LOCK WAIT' AND trx_mysql_thread_id = ?",
+        )
+        .bind(connection_id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waits > 0 {
+            break;
+        }
+        assert!(
+            !waiting.is_finished(),
+            "a writer of the held partition went through"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no writer ever waited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         !waiting.is_finished(),
         "a writer of the held partition went through"
@@ -307,5 +337,81 @@ async fn a_held_writer_holds_back_its_partition_only() {
         in_part[0], held_key,
         "the held writer committed first, so it is first"
     );
+    db.drop().await;
+}
+
+/// Two keys in different partitions, written in opposite orders by transactions that overlap:
+/// the writer takes the counters in partition order, so neither is chosen as a deadlock victim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_over_the_same_keys_in_opposite_orders_never_deadlock() {
+    let db = Db::start().await;
+    let a = "order-a".to_string();
+    let mut b = None;
+    for i in 0.. {
+        let k = format!("order-b{i}");
+        if db.partition(&k).await != db.partition(&a).await {
+            b = Some(k);
+            break;
+        }
+    }
+    let b = b.unwrap();
+    let mut tasks = Vec::new();
+    for flip in [false, true] {
+        let (pool, schema, a, b) = (db.pool.clone(), db.schema.clone(), a.clone(), b.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..40 {
+                let batch = if flip {
+                    [msg(&b, i), msg(&a, i)]
+                } else {
+                    [msg(&a, i), msg(&b, i)]
+                };
+                let mut tx = pool.begin().await.unwrap();
+                enqueue_many(&mut tx, &schema, &batch).await.unwrap();
+                // Hold the counters a moment, so the two transactions overlap.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                tx.commit().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let rows = db.positions().await;
+    assert_eq!(rows.len(), 160);
+    assert_gapless(&rows);
+    db.drop().await;
+}
+
+/// Version 1 run again whole (as after an interruption) keeps the rows and the counters, and
+/// an insert that finds no counter row fails instead of taking a stale position.
+#[tokio::test]
+async fn the_migration_runs_again_whole_without_harm_and_a_row_never_goes_unpositioned() {
+    let db = Db::start().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    enqueue(&mut tx, &db.schema, &msg("k", 1)).await.unwrap();
+    tx.commit().await.unwrap();
+    sqlx::query(&db.sql("DELETE FROM {schema}.outbox_migrations"))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(migrate(&db.pool, &db.schema).await.unwrap(), vec![1]);
+    let mut tx = db.pool.begin().await.unwrap();
+    enqueue(&mut tx, &db.schema, &msg("k", 2)).await.unwrap();
+    tx.commit().await.unwrap();
+    let rows = db.positions().await;
+    assert_eq!(rows.iter().map(|r| r.1).collect::<Vec<_>>(), vec![1, 2]);
+
+    sqlx::query(&db.sql("DELETE FROM {schema}.outbox_part_seq WHERE part = ?"))
+        .bind(db.partition("k").await)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let e = enqueue(&mut tx, &db.schema, &msg("k", 3))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no position counter"), "{e}");
+    drop(tx);
+    assert_eq!(db.positions().await.len(), 2);
     db.drop().await;
 }
