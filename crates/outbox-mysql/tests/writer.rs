@@ -415,3 +415,83 @@ async fn the_migration_runs_again_whole_without_harm_and_a_row_never_goes_unposi
     assert_eq!(db.positions().await.len(), 2);
     db.drop().await;
 }
+
+/// The interleaving the ordered counters are for, forced step by step: a transaction holding
+/// the lower partition's counter, then a batch over both keys listed higher first, then the
+/// first transaction writing the higher key. Taken in the batch's order, the counters deadlock
+/// (InnoDB rolls one back); taken in partition order, the batch waits holding nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_listing_a_higher_partition_first_waits_instead_of_deadlocking() {
+    let db = Db::start().await;
+    let mut keys: Vec<(i64, String)> = Vec::new();
+    for i in 0.. {
+        let k = format!("order-{i}");
+        let p = db.partition(&k).await;
+        if keys.iter().all(|(q, _)| *q != p) {
+            keys.push((p, k));
+        }
+        if keys.len() == 2 {
+            break;
+        }
+    }
+    keys.sort();
+    let (low, high) = (keys[0].1.clone(), keys[1].1.clone());
+
+    let mut first = db.pool.begin().await.unwrap();
+    enqueue(&mut first, &db.schema, &msg(&low, 1))
+        .await
+        .unwrap();
+    let (connection, connection_id) = tokio::sync::oneshot::channel::<u64>();
+    let batch = {
+        let (pool, schema, low, high) = (
+            db.pool.clone(),
+            db.schema.clone(),
+            low.clone(),
+            high.clone(),
+        );
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.unwrap();
+            let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            connection.send(id).unwrap();
+            enqueue_many(&mut tx, &schema, &[msg(&high, 2), msg(&low, 2)]).await?;
+            tx.commit()
+                .await
+                .map_err(|e| outbox_mysql::map_sqlx_error("commit", e))
+        })
+    };
+    let connection_id = connection_id.await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waits: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX \
+             WHERE trx_state = 'LOCK WAIT' AND trx_mysql_thread_id = ?",
+        )
+        .bind(connection_id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waits > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    enqueue(&mut first, &db.schema, &msg(&high, 1))
+        .await
+        .expect("the batch holds no counter while it waits, so this is no deadlock");
+    first.commit().await.unwrap();
+    batch
+        .await
+        .unwrap()
+        .expect("the batch goes through once the first commits");
+    let rows = db.positions().await;
+    assert_eq!(rows.len(), 4);
+    assert_gapless(&rows);
+    db.drop().await;
+}
