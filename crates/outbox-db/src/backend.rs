@@ -3,7 +3,8 @@
 use outbox_core::{Error, Result};
 
 /// The schemes [`Backend::of`] accepts, as shown in error messages.
-pub const ACCEPTED_SCHEMES: &str = "postgres://…, postgresql://… or sqlite://path";
+pub const ACCEPTED_SCHEMES: &str =
+    "postgres://…, postgresql://…, mysql://…, mariadb://… or sqlite://path";
 
 /// A database engine the outbox runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -14,7 +15,9 @@ pub enum Backend {
     /// SQLite: `sqlite://path` or `sqlite:path`; `sqlite://` alone is `./outbox.db`
     /// ([`outbox_sqlite::DEFAULT_PATH`]). The outbox is the whole file.
     Sqlite,
-    // MySQL/MariaDB goes here: `Mysql`, matched from "mysql" | "mariadb" in `of` below.
+    /// MySQL 8.0.13+ or MariaDB 10.6+: `mysql://…` or `mariadb://…`; the outbox lives in one
+    /// database (MySQL's "schema").
+    Mysql,
 }
 
 impl Backend {
@@ -32,10 +35,7 @@ impl Backend {
         match scheme.to_ascii_lowercase().as_str() {
             "postgres" | "postgresql" => Ok(Self::Postgres),
             "sqlite" => Ok(Self::Sqlite),
-            "mysql" | "mariadb" => Err(Error::config(format!(
-                "database URL `{}`: MySQL/MariaDB is not supported yet; use {ACCEPTED_SCHEMES}",
-                shown(url)
-            ))),
+            "mysql" | "mariadb" => Ok(Self::Mysql),
             other => Err(Error::config(format!(
                 "database URL `{}`: unsupported scheme `{other}`; use {ACCEPTED_SCHEMES}",
                 shown(url)
@@ -43,11 +43,12 @@ impl Backend {
         }
     }
 
-    /// A short name for messages: `PostgreSQL`, `SQLite`.
+    /// A short name for messages: `PostgreSQL`, `SQLite`, `MySQL`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Postgres => "PostgreSQL",
             Self::Sqlite => "SQLite",
+            Self::Mysql => "MySQL",
         }
     }
 }
@@ -107,15 +108,10 @@ mod tests {
     }
 
     #[test]
-    fn mysql_is_named_as_not_supported_yet_without_its_password() {
-        let e = Backend::of("mysql://app:hunter2@db/x").unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Config);
-        let text = e.to_string();
-        assert!(
-            text.contains("MySQL") && text.contains("mysql://***@db/x"),
-            "{text}"
-        );
-        assert!(!text.contains("hunter2"), "password leaked: {text}");
+    fn mysql_and_mariadb_schemes_name_mysql() {
+        for url in ["mysql://app:pw@db/x", "mariadb://db:3306/x", "MySQL://db/x"] {
+            assert_eq!(Backend::of(url).ok(), Some(Backend::Mysql), "{url}");
+        }
     }
 
     #[test]

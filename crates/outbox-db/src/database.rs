@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{Error, Result, Store};
+use outbox_mysql::MysqlStore;
 use outbox_postgres::{PgStore, Schema};
 use outbox_sqlite::SqliteStore;
 
@@ -18,8 +19,9 @@ const PUBLIC: &str = "public";
 /// Opens the database `url` names, with at most `pool_size` connections.
 ///
 /// `schema` is the PostgreSQL schema holding the outbox tables; it is validated (a plain
-/// lower-case identifier) before anything connects. SQLite has no schemas: the outbox is the
-/// file, and `schema` is ignored. Nothing is created but an empty SQLite file; call
+/// lower-case identifier) before anything connects. On MySQL it names the database holding
+/// them, and `public` (PostgreSQL's default, which no MySQL user means) stands for the database
+/// the URL names. SQLite has no schemas: the outbox is the file, and `schema` is ignored. Nothing is created but an empty SQLite file; call
 /// [`Database::migrate`] for the tables.
 ///
 /// Errors are [`outbox_core::Error`]s whose text never contains the URL's password:
@@ -59,6 +61,27 @@ pub async fn open_with_deadline(
             let pool = outbox_sqlite::connect_pool_sized(url, pool_size).await?;
             Ok(Database::Sqlite(Arc::new(SqliteStore::new(pool))))
         }
+        Backend::Mysql => {
+            let schema = mysql_database(url, schema)?;
+            let pool = outbox_mysql::connect_pool(url, pool_size).await?;
+            Ok(Database::Mysql(Arc::new(MysqlStore::new(pool, schema))))
+        }
+    }
+}
+
+/// The MySQL database that holds the outbox: `schema`, or the URL's database when `schema` is
+/// PostgreSQL's default `public`.
+fn mysql_database(url: &str, schema: &str) -> Result<outbox_mysql::Schema> {
+    if schema != PUBLIC {
+        return outbox_mysql::Schema::new(schema);
+    }
+    match outbox_mysql::url_database(url)? {
+        Some(name) => outbox_mysql::Schema::new(&name),
+        None => Err(Error::config(format!(
+            "database URL `{}` names no database: write it in the URL \
+             (mysql://user@host:3306/shop) or pass --schema",
+            crate::backend::shown(url)
+        ))),
     }
 }
 
@@ -71,7 +94,8 @@ pub enum Database {
     Postgres(Arc<PgStore>),
     /// SQLite, the outbox in one file.
     Sqlite(Arc<SqliteStore>),
-    // MySQL/MariaDB: `Mysql(Arc<MysqlStore>)`, opened in `open` above.
+    /// MySQL/MariaDB, the outbox in one database.
+    Mysql(Arc<MysqlStore>),
 }
 
 impl Database {
@@ -80,6 +104,7 @@ impl Database {
         match self {
             Self::Postgres(_) => Backend::Postgres,
             Self::Sqlite(_) => Backend::Sqlite,
+            Self::Mysql(_) => Backend::Mysql,
         }
     }
 
@@ -89,6 +114,7 @@ impl Database {
         match self {
             Self::Postgres(s) => outbox_postgres::migrate(s.pool(), s.schema()).await,
             Self::Sqlite(s) => outbox_sqlite::migrate_tables(s.pool(), s.tables()).await,
+            Self::Mysql(s) => outbox_mysql::migrate(s.pool(), s.schema()).await,
         }
     }
 
@@ -101,6 +127,7 @@ impl Database {
         match self {
             Self::Postgres(s) => sqlx::Postgres::database(s.pool().clone(), place),
             Self::Sqlite(s) => sqlx::Sqlite::database(s.pool().clone(), place),
+            Self::Mysql(s) => sqlx::MySql::database(s.pool().clone(), place),
         }
     }
 
@@ -109,9 +136,10 @@ impl Database {
     pub async fn set_notify(&self, on: bool) -> Result<()> {
         match self {
             Self::Postgres(s) => outbox_postgres::set_notify(s.pool(), s.schema(), on).await,
-            Self::Sqlite(_) => Err(outbox_core::Error::config(
-                "--notify and --no-notify apply to PostgreSQL only: SQLite relays poll",
-            )),
+            Self::Sqlite(_) | Self::Mysql(_) => Err(outbox_core::Error::config(format!(
+                "--notify and --no-notify apply to PostgreSQL only: {} relays poll",
+                self.backend().name()
+            ))),
         }
     }
 
@@ -121,6 +149,10 @@ impl Database {
         match self {
             Self::Postgres(s) => s.purge(older_than).await,
             Self::Sqlite(s) => outbox_core::Store::maintain(s.as_ref(), older_than).await,
+            Self::Mysql(_) => Err(Error::config(
+                "retention on MySQL (dropping ranges of relayed rows whole) is not built yet: \
+                 nothing was deleted",
+            )),
         }
     }
 
@@ -130,6 +162,7 @@ impl Database {
         match self {
             Self::Postgres(s) => s.clone(),
             Self::Sqlite(s) => s.clone(),
+            Self::Mysql(s) => s.clone(),
         }
     }
 
@@ -145,6 +178,7 @@ impl Database {
             // Another table set (a sibling): reading its figures fails with a `Schema` error
             // when its tables are missing.
             Self::Sqlite(s) => s.stats().await.map(drop),
+            Self::Mysql(s) => outbox_mysql::check_schema(s.pool(), s.schema()).await,
         }
     }
 
@@ -153,16 +187,18 @@ impl Database {
         match self {
             Self::Postgres(s) => format!("schema `{}`", s.schema().as_str()),
             Self::Sqlite(_) => format!("database file {}", self.sqlite_path().display()),
+            Self::Mysql(s) => format!("database `{}`", s.schema().as_str()),
         }
     }
 
     /// The schema `{schema}` stands for in statements: the outbox's schema on PostgreSQL,
-    /// `main` on SQLite. Relays given this name (`--schema`) serve the same tables (SQLite
-    /// relays ignore it).
+    /// its database on MySQL, `main` on SQLite. Relays given this name (`--schema`) serve the
+    /// same tables (SQLite relays ignore it).
     pub fn schema(&self) -> &str {
         match self {
             Self::Postgres(s) => s.schema().as_str(),
             Self::Sqlite(_) => sql::SQLITE_SCHEMA,
+            Self::Mysql(s) => s.schema().as_str(),
         }
     }
 
@@ -170,7 +206,7 @@ impl Database {
     pub fn postgres(&self) -> Option<&PgStore> {
         match self {
             Self::Postgres(s) => Some(s),
-            Self::Sqlite(_) => None,
+            Self::Sqlite(_) | Self::Mysql(_) => None,
         }
     }
 
@@ -200,6 +236,14 @@ impl Database {
                     .map(|r| r.rows_affected())
                     .map_err(|e| outbox_sqlite::map_sqlx_error(&ctx(), e))
             }
+            Self::Mysql(s) => {
+                let (text, order) = sql::render_mysql(sql, s.schema().as_str());
+                sqlx::query_with(&text, sql::mysql_arguments(params, &order)?)
+                    .execute(s.pool())
+                    .await
+                    .map(|r| r.rows_affected())
+                    .map_err(|e| outbox_mysql::map_sqlx_error(&ctx(), e))
+            }
         }
     }
 
@@ -217,6 +261,11 @@ impl Database {
                 .await
                 .map(drop)
                 .map_err(|e| outbox_sqlite::map_sqlx_error(&ctx(), e)),
+            Self::Mysql(s) => sqlx::raw_sql(&s.schema().render(sql))
+                .execute(s.pool())
+                .await
+                .map(drop)
+                .map_err(|e| outbox_mysql::map_sqlx_error(&ctx(), e)),
         }
     }
 
@@ -235,6 +284,13 @@ impl Database {
                     .fetch_all(s.pool())
                     .await
                     .map_err(|e| outbox_sqlite::map_sqlx_error(&ctx(), e))
+            }
+            Self::Mysql(s) => {
+                let (text, order) = sql::render_mysql(sql, s.schema().as_str());
+                sqlx::query_as_with(&text, sql::mysql_arguments(params, &order)?)
+                    .fetch_all(s.pool())
+                    .await
+                    .map_err(|e| outbox_mysql::map_sqlx_error(&ctx(), e))
             }
         }
     }
@@ -255,14 +311,30 @@ impl Database {
                     .await
                     .map_err(|e| outbox_sqlite::map_sqlx_error(&ctx(), e))
             }
+            Self::Mysql(s) => {
+                let (text, order) = sql::render_mysql(sql, s.schema().as_str());
+                sqlx::query_as_with(&text, sql::mysql_arguments(params, &order)?)
+                    .fetch_one(s.pool())
+                    .await
+                    .map_err(|e| outbox_mysql::map_sqlx_error(&ctx(), e))
+            }
         }
     }
 
     /// Whether the place this database names already holds something: a schema of that name
-    /// (PostgreSQL), any table in the file (SQLite). For tools that must not wipe what they
-    /// did not make.
+    /// (PostgreSQL), a database of that name (MySQL), any table in the file (SQLite). For
+    /// tools that must not wipe what they did not make.
     pub async fn exists(&self) -> Result<bool> {
         let (found,): (bool,) = match self {
+            Self::Mysql(s) => {
+                let (n,): (i64,) = self
+                    .fetch_one(
+                        "SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = $1",
+                        &[Param::from(s.schema().as_str())],
+                    )
+                    .await?;
+                (n > 0,)
+            }
             Self::Postgres(s) => {
                 self.fetch_one(
                     "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
@@ -282,8 +354,9 @@ impl Database {
     }
 
     /// Deletes the outbox and everything beside it: the whole schema, `CASCADE` (PostgreSQL),
-    /// or the file with its `-wal` and `-shm` companions (SQLite), then closes the pool. For
-    /// scratch databases (demo, verify, tests) only; refuses PostgreSQL's `public` schema.
+    /// the whole database (MySQL), or the file with its `-wal` and `-shm` companions (SQLite),
+    /// then closes the pool. For scratch databases (demo, verify, tests) only; refuses
+    /// PostgreSQL's `public` schema and MySQL's own databases.
     pub async fn destroy(self) -> Result<()> {
         match &self {
             Self::Postgres(s) => {
@@ -301,6 +374,19 @@ impl Database {
                 s.pool().close().await;
                 outbox_sqlite::remove_database(&path);
             }
+            Self::Mysql(s) => {
+                if ["mysql", "information_schema", "performance_schema", "sys"]
+                    .contains(&s.schema().as_str())
+                {
+                    return Err(Error::config(
+                        "refusing to drop a MySQL system database: only scratch databases are \
+                         destroyed",
+                    ));
+                }
+                self.execute_script("DROP DATABASE IF EXISTS {schema}")
+                    .await?;
+                s.pool().close().await;
+            }
         }
         Ok(())
     }
@@ -309,7 +395,7 @@ impl Database {
     fn sqlite_path(&self) -> PathBuf {
         match self {
             Self::Sqlite(s) => s.pool().connect_options().get_filename().to_path_buf(),
-            Self::Postgres(_) => PathBuf::new(),
+            Self::Postgres(_) | Self::Mysql(_) => PathBuf::new(),
         }
     }
 }

@@ -10,19 +10,23 @@ use crate::sql;
 ///
 /// Each list is `(version, name, SQL)` in order; the SQL may hold several `;`-separated
 /// statements and uses `{schema}` for the schema of the database it is applied to (PostgreSQL;
-/// `main` on SQLite), plus whatever the caller's `render` fills in.
+/// the database on MySQL; `main` on SQLite), plus whatever the caller's `render` fills in.
 #[derive(Debug, Clone, Copy)]
 pub struct Migrations<'a> {
     /// The table recording applied versions, beside the tables (a fixed name of the caller's,
     /// never user input), e.g. `inbox_migrations`.
     pub ledger: &'a str,
     /// The name migrators of these tables serialise on (PostgreSQL: a transaction-level
-    /// advisory lock on its hash; SQLite: `BEGIN IMMEDIATE` serialises every writer).
+    /// advisory lock on its hash; MySQL: `GET_LOCK` on it and the database's name; SQLite:
+    /// `BEGIN IMMEDIATE` serialises every writer).
     pub lock: &'a str,
     /// PostgreSQL's migrations.
     pub postgres: &'a [(i32, &'a str, &'a str)],
     /// SQLite's migrations.
     pub sqlite: &'a [(i32, &'a str, &'a str)],
+    /// MySQL's migrations. MySQL commits DDL as it goes, so these run one by one, not in one
+    /// transaction: each must be safe to run again whole.
+    pub mysql: &'a [(i32, &'a str, &'a str)],
 }
 
 impl Database {
@@ -82,6 +86,17 @@ impl Database {
                 .await?;
                 tx.commit().await.map_err(|e| err("commit", e))?;
                 Ok(applied)
+            }
+            Self::Mysql(s) => {
+                outbox_mysql::apply_migrations(
+                    s.pool(),
+                    s.schema(),
+                    migrations.ledger,
+                    migrations.lock,
+                    migrations.mysql,
+                    &|text| s.schema().render(&render(text)),
+                )
+                .await
             }
         }
     }

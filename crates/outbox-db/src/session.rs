@@ -2,7 +2,7 @@
 //! process at a time does a job (the inbox daemon's source) and hands it over when it dies.
 
 use outbox_core::Result;
-use sqlx::{ConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, MySqlConnection, PgConnection};
 
 use crate::database::Database;
 use crate::transaction::Transaction;
@@ -12,8 +12,17 @@ use crate::transaction::Transaction;
 /// the work fails too, so a process never goes on working after another one took over.
 pub struct Session {
     db: Database,
-    /// PostgreSQL: the connection holding a session-level advisory lock. `None` on SQLite.
-    conn: Option<PgConnection>,
+    conn: Held,
+}
+
+/// The connection holding the lock.
+enum Held {
+    /// A session-level advisory lock.
+    Postgres(PgConnection),
+    /// A `GET_LOCK` named lock.
+    Mysql(MySqlConnection),
+    /// SQLite: no lock, no connection of its own.
+    Nothing,
 }
 
 impl std::fmt::Debug for Session {
@@ -28,7 +37,8 @@ impl Database {
     /// Takes the lock `name` on a new connection of its own, without waiting: `None` when
     /// another session holds it. PostgreSQL: a session-level advisory lock on the hash of
     /// `name` (`hashtextextended(name, 0)`), released when the connection ends, whether the
-    /// process exits, crashes or loses its network. SQLite has no such lock: every caller gets
+    /// process exits, crashes or loses its network. MySQL: `GET_LOCK` on the name (hashed to fit
+    /// its 64 characters), released the same way. SQLite has no such lock: every caller gets
     /// a session, and the file's one-writer-at-a-time rule is what serialises them.
     pub async fn lock_session(&self, name: &str) -> Result<Option<Session>> {
         match self {
@@ -49,12 +59,37 @@ impl Database {
                         .map_err(|e| err("taking the lock", e))?;
                 Ok(got.then(|| Session {
                     db: self.clone(),
-                    conn: Some(conn),
+                    conn: Held::Postgres(conn),
+                }))
+            }
+            Self::Mysql(s) => {
+                let err =
+                    |what: &str, e| outbox_mysql::map_sqlx_error(&format!("{what} `{name}`"), e);
+                let mut conn = s
+                    .pool()
+                    .connect_options()
+                    .connect()
+                    .await
+                    .map_err(|e| err("connecting to take the lock", e))?;
+                // As the pool's sessions run: the work done here reads committed rows.
+                sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    .execute(&mut conn)
+                    .await
+                    .map_err(|e| err("setting up the session for", e))?;
+                let got: Option<i64> =
+                    sqlx::query_scalar("SELECT GET_LOCK(CONCAT('outbox:', SHA1(?)), 0)")
+                        .bind(name)
+                        .fetch_one(&mut conn)
+                        .await
+                        .map_err(|e| err("taking the lock", e))?;
+                Ok((got == Some(1)).then(|| Session {
+                    db: self.clone(),
+                    conn: Held::Mysql(conn),
                 }))
             }
             Self::Sqlite(_) => Ok(Some(Session {
                 db: self.clone(),
-                conn: None,
+                conn: Held::Nothing,
             })),
         }
     }
@@ -64,24 +99,26 @@ impl Session {
     /// Whether the session still holds its lock: its connection answers a `SELECT 1` within
     /// five seconds (a lost connection took the lock with it). Always true on SQLite.
     pub async fn alive(&mut self) -> bool {
-        let Some(conn) = self.conn.as_mut() else {
-            return true;
-        };
-        matches!(
-            tokio::time::timeout(
-                std::time::Duration::from_secs(5),
-                sqlx::query("SELECT 1").execute(conn)
-            )
-            .await,
-            Ok(Ok(_))
-        )
+        let limit = std::time::Duration::from_secs(5);
+        match &mut self.conn {
+            Held::Postgres(conn) => matches!(
+                tokio::time::timeout(limit, sqlx::query("SELECT 1").execute(conn)).await,
+                Ok(Ok(_))
+            ),
+            Held::Mysql(conn) => matches!(
+                tokio::time::timeout(limit, sqlx::query("SELECT 1").execute(conn)).await,
+                Ok(Ok(_))
+            ),
+            Held::Nothing => true,
+        }
     }
 
     /// Begins a business transaction on the session's connection (SQLite: on the pool, as
     /// [`Database::begin`] does).
     pub async fn begin(&mut self) -> Result<Transaction<'_>> {
         match (&self.db, &mut self.conn) {
-            (Database::Postgres(s), Some(conn)) => Transaction::begin_on(s, conn).await,
+            (Database::Postgres(s), Held::Postgres(conn)) => Transaction::begin_on(s, conn).await,
+            (Database::Mysql(s), Held::Mysql(conn)) => Transaction::begin_on_mysql(s, conn).await,
             (db, _) => db.begin().await,
         }
     }

@@ -7,17 +7,19 @@
 
 use async_trait::async_trait;
 use outbox_core::{Error, NewMessage, Result};
+use outbox_mysql::MysqlStore;
 use outbox_postgres::{PgStore, Schema};
 use outbox_sqlite::{SqliteStore, Tables};
-use sqlx::{Pool, Postgres, Sqlite};
+use sqlx::{MySql, Pool, Postgres, Sqlite};
 
 use crate::backend::Backend;
 use crate::database::Database;
 
-/// A sqlx database type the outbox runs on: [`sqlx::Postgres`] or [`sqlx::Sqlite`].
+/// A sqlx database type the outbox runs on: [`sqlx::Postgres`], [`sqlx::MySql`] or
+/// [`sqlx::Sqlite`].
 ///
 /// `place` arguments name one outbox table set in the database: the schema holding it on
-/// PostgreSQL, the prefix of its tables on SQLite (`outbox`, the application's; the inbox's
+/// PostgreSQL, the database holding it on MySQL, the prefix of its tables on SQLite (`outbox`, the application's; the inbox's
 /// processing queue is another set). Both are validated (plain lower-case identifiers) before
 /// anything is spliced into SQL.
 #[async_trait]
@@ -110,5 +112,35 @@ impl SqlxBackend for Sqlite {
         Ok(Database::Sqlite(std::sync::Arc::new(
             SqliteStore::with_tables(pool, Tables::new(place)?),
         )))
+    }
+}
+
+#[async_trait]
+impl SqlxBackend for MySql {
+    const BACKEND: Backend = Backend::Mysql;
+
+    fn map_error(context: &str, err: sqlx::Error) -> Error {
+        outbox_mysql::map_sqlx_error(context, err)
+    }
+
+    async fn begin_writing(
+        pool: &Pool<Self>,
+    ) -> std::result::Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
+        pool.begin().await
+    }
+
+    async fn enqueue_many(
+        tx: &mut sqlx::Transaction<'_, Self>,
+        place: &str,
+        messages: &[NewMessage],
+    ) -> Result<()> {
+        outbox_mysql::enqueue_many(tx, &outbox_mysql::Schema::new(place)?, messages).await
+    }
+
+    fn database(pool: Pool<Self>, place: &str) -> Result<Database> {
+        Ok(Database::Mysql(std::sync::Arc::new(MysqlStore::new(
+            pool,
+            outbox_mysql::Schema::new(place)?,
+        ))))
     }
 }

@@ -2,9 +2,10 @@
 //! API (`enqueue`) inside it.
 
 use outbox_core::{NewMessage, Result};
+use outbox_mysql::MysqlStore;
 use outbox_postgres::PgStore;
 use outbox_sqlite::SqliteStore;
-use sqlx::{Postgres, Sqlite};
+use sqlx::{MySql, Postgres, Sqlite};
 use uuid::Uuid;
 
 use crate::database::Database;
@@ -15,7 +16,8 @@ use crate::sql::{self, Param, Row};
 ///
 /// Messages written with [`enqueue`](Self::enqueue) go through each backend's writer, which
 /// keeps per-key order equal to commit order (PostgreSQL: a transaction-scoped advisory lock per
-/// key taken before `seq` is drawn; SQLite: one writer at a time). Rows written with
+/// key taken before `seq` is drawn; SQLite: one writer at a time; MySQL: a per-partition
+/// position counter the transaction keeps locked until it ends). Rows written with
 /// [`execute`](Self::execute) are whatever the statement says: an outbox `INSERT` written that
 /// way takes no lock, as an app in another language would.
 pub struct Transaction<'db> {
@@ -25,6 +27,7 @@ pub struct Transaction<'db> {
 enum Inner<'db> {
     Postgres(&'db PgStore, sqlx::Transaction<'db, Postgres>),
     Sqlite(&'db SqliteStore, sqlx::Transaction<'db, Sqlite>),
+    Mysql(&'db MysqlStore, sqlx::Transaction<'db, MySql>),
 }
 
 /// The sqlx transaction under a [`Transaction`], typed, for code that has SQL of its own per
@@ -35,6 +38,8 @@ pub enum SqlxTransaction<'t, 'db> {
     Postgres(&'t mut sqlx::Transaction<'db, Postgres>),
     /// SQLite's.
     Sqlite(&'t mut sqlx::Transaction<'db, Sqlite>),
+    /// MySQL's (MariaDB's).
+    Mysql(&'t mut sqlx::Transaction<'db, MySql>),
 }
 
 impl<'db> Transaction<'db> {
@@ -53,6 +58,13 @@ impl<'db> Transaction<'db> {
                 outbox_sqlite::begin_immediate(s.pool())
                     .await
                     .map_err(|e| outbox_sqlite::map_sqlx_error(&ctx, e))?,
+            ),
+            Database::Mysql(s) => Inner::Mysql(
+                s,
+                s.pool()
+                    .begin()
+                    .await
+                    .map_err(|e| outbox_mysql::map_sqlx_error(&ctx, e))?,
             ),
         };
         Ok(Self { inner })
@@ -78,11 +90,32 @@ impl<'db> Transaction<'db> {
         })
     }
 
+    /// A transaction on `conn`, a MySQL connection of the caller's own (a [`crate::Session`]'s),
+    /// writing to `store`'s tables.
+    pub(crate) async fn begin_on_mysql(
+        store: &'db MysqlStore,
+        conn: &'db mut sqlx::MySqlConnection,
+    ) -> Result<Self> {
+        let tx = sqlx::Connection::begin(conn).await.map_err(|e| {
+            outbox_mysql::map_sqlx_error(
+                &format!(
+                    "beginning a transaction on database `{}`",
+                    store.schema().as_str()
+                ),
+                e,
+            )
+        })?;
+        Ok(Self {
+            inner: Inner::Mysql(store, tx),
+        })
+    }
+
     /// The sqlx transaction itself, typed by backend.
     pub fn sqlx(&mut self) -> SqlxTransaction<'_, 'db> {
         match &mut self.inner {
             Inner::Postgres(_, tx) => SqlxTransaction::Postgres(tx),
             Inner::Sqlite(_, tx) => SqlxTransaction::Sqlite(tx),
+            Inner::Mysql(_, tx) => SqlxTransaction::Mysql(tx),
         }
     }
 
@@ -92,6 +125,7 @@ impl<'db> Transaction<'db> {
         match &mut self.inner {
             Inner::Postgres(s, tx) => s.writer().enqueue(tx, message).await,
             Inner::Sqlite(s, tx) => s.writer().enqueue(tx, message).await,
+            Inner::Mysql(s, tx) => outbox_mysql::enqueue(tx, s.schema(), message).await,
         }
     }
 
@@ -100,6 +134,7 @@ impl<'db> Transaction<'db> {
         match &mut self.inner {
             Inner::Postgres(s, tx) => s.writer().enqueue_many(tx, messages).await,
             Inner::Sqlite(s, tx) => s.writer().enqueue_many(tx, messages).await,
+            Inner::Mysql(s, tx) => outbox_mysql::enqueue_many(tx, s.schema(), messages).await,
         }
     }
 
@@ -122,6 +157,14 @@ impl<'db> Transaction<'db> {
                     .map(|r| r.rows_affected())
                     .map_err(|e| outbox_sqlite::map_sqlx_error(ctx, e))
             }
+            Inner::Mysql(s, tx) => {
+                let (text, order) = sql::render_mysql(sql, s.schema().as_str());
+                sqlx::query_with(&text, sql::mysql_arguments(params, &order)?)
+                    .execute(&mut **tx)
+                    .await
+                    .map(|r| r.rows_affected())
+                    .map_err(|e| outbox_mysql::map_sqlx_error(ctx, e))
+            }
         }
     }
 
@@ -141,6 +184,13 @@ impl<'db> Transaction<'db> {
                     .await
                     .map_err(|e| outbox_sqlite::map_sqlx_error(ctx, e))
             }
+            Inner::Mysql(s, tx) => {
+                let (text, order) = sql::render_mysql(sql, s.schema().as_str());
+                sqlx::query_as_with(&text, sql::mysql_arguments(params, &order)?)
+                    .fetch_one(&mut **tx)
+                    .await
+                    .map_err(|e| outbox_mysql::map_sqlx_error(ctx, e))
+            }
         }
     }
 
@@ -156,6 +206,10 @@ impl<'db> Transaction<'db> {
                 .commit()
                 .await
                 .map_err(|e| outbox_sqlite::map_sqlx_error(ctx, e)),
+            Inner::Mysql(_, tx) => tx
+                .commit()
+                .await
+                .map_err(|e| outbox_mysql::map_sqlx_error(ctx, e)),
         }
     }
 
@@ -171,6 +225,10 @@ impl<'db> Transaction<'db> {
                 .rollback()
                 .await
                 .map_err(|e| outbox_sqlite::map_sqlx_error(ctx, e)),
+            Inner::Mysql(_, tx) => tx
+                .rollback()
+                .await
+                .map_err(|e| outbox_mysql::map_sqlx_error(ctx, e)),
         }
     }
 }

@@ -1,5 +1,6 @@
-//! The same business-transaction script on both backends, against the real PostgreSQL of this
-//! machine (a schema of its own) and a SQLite file of its own.
+//! The same business-transaction script on every backend, against the real PostgreSQL (a
+//! schema of its own) and MariaDB (a database of its own) of this machine and a SQLite file of
+//! its own.
 
 #![allow(clippy::unwrap_used)] // tests
 
@@ -10,6 +11,19 @@ use uuid::Uuid;
 fn database_url() -> String {
     std::env::var("OUTBOX_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into())
+}
+
+fn mysql_url() -> String {
+    std::env::var("OUTBOX_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// The type a value is cast to for reading it as text: MySQL has no `CAST(… AS TEXT)`.
+fn text(db: &Database) -> &'static str {
+    match db.backend() {
+        Backend::Mysql => "CHAR",
+        _ => "TEXT",
+    }
 }
 
 /// Business table, writer enqueue, the SQL contract's raw insert, a rollback, reads: what demo
@@ -25,6 +39,9 @@ async fn business_script(db: &Database) {
     let ddl = match db.backend() {
         Backend::Postgres => {
             "CREATE TABLE {schema}.ledger (id uuid PRIMARY KEY, n bigint NOT NULL)"
+        }
+        Backend::Mysql => {
+            "CREATE TABLE {schema}.ledger (id CHAR(36) PRIMARY KEY, n BIGINT NOT NULL)"
         }
         _ => "CREATE TABLE {schema}.ledger (id TEXT PRIMARY KEY, n INTEGER NOT NULL)",
     };
@@ -46,8 +63,11 @@ async fn business_script(db: &Database) {
     let mut tx = db.begin().await.unwrap();
     let (raw_id,): (String,) = tx
         .fetch_one(
-            "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
-             VALUES ($1, $2, $3, $4) RETURNING CAST(id AS TEXT)",
+            &format!(
+                "INSERT INTO {{schema}}.outbox (aggregate_type, aggregate_id, event_type, payload)
+                 VALUES ($1, $2, $3, $4) RETURNING CAST(id AS {})",
+                text(db)
+            ),
             &[
                 "t".into(),
                 "k".into(),
@@ -79,7 +99,10 @@ async fn business_script(db: &Database) {
     tx.rollback().await.unwrap();
 
     let mut rows: Vec<(String, i64)> = db
-        .fetch_all("SELECT CAST(id AS TEXT), n FROM {schema}.ledger", &[])
+        .fetch_all(
+            &format!("SELECT CAST(id AS {}), n FROM {{schema}}.ledger", text(db)),
+            &[],
+        )
         .await
         .unwrap();
     rows.sort_by_key(|r| r.1);
@@ -116,6 +139,29 @@ async fn sqlite_business_transactions_commit_and_roll_back_with_their_messages()
     db.destroy().await.unwrap();
     assert!(!file.exists(), "destroy deletes the file");
     std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn mysql_business_transactions_commit_and_roll_back_with_their_messages() {
+    let name = outbox_testkit::unique_name("db");
+    // `mariadb://` names the same backend as `mysql://`.
+    let url = mysql_url().replacen("mysql://", "mariadb://", 1);
+    let db = outbox_db::open(&url, &name, 4).await.unwrap();
+    assert_eq!(db.backend(), Backend::Mysql);
+    assert_eq!(db.schema(), name);
+    assert_eq!(db.place(), format!("database `{name}`"));
+    business_script(&db).await;
+    db.clone().destroy().await.unwrap();
+    let check = outbox_db::open(&mysql_url(), &name, 1).await.unwrap();
+    assert!(!check.exists().await.unwrap(), "destroy drops the database");
+    // Without --schema, the outbox is in the database the URL names.
+    let default = outbox_db::open(&mysql_url(), "public", 1).await.unwrap();
+    assert_eq!(default.schema(), "test");
+    let e = outbox_db::open("mysql://root:hunter2@127.0.0.1:1", "public", 1)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), outbox_core::ErrorKind::Config, "{e}");
+    assert!(!e.to_string().contains("hunter2"), "{e}");
 }
 
 #[tokio::test]
@@ -163,6 +209,12 @@ async fn building_blocks_script(db: &Database, sibling: &str) {
             1,
             "extra",
             "CREATE TABLE extra (id INTEGER PRIMARY KEY, at TEXT NOT NULL, tag TEXT NOT NULL DEFAULT '{tag}')",
+        )],
+        mysql: &[(
+            1,
+            "extra",
+            "CREATE TABLE IF NOT EXISTS {schema}.extra (id BIGINT PRIMARY KEY, at DATETIME(6) NOT NULL, \
+             tag VARCHAR(64) COLLATE utf8mb4_general_ci NOT NULL DEFAULT '{tag}')",
         )],
     };
     let render = |sql: &str| sql.replace("{tag}", "rendered");
@@ -249,8 +301,31 @@ async fn sqlite_siblings_migrations_times_and_sessions() {
 }
 
 #[tokio::test]
+async fn mysql_siblings_migrations_times_and_sessions() {
+    let name = outbox_testkit::unique_name("db");
+    let db = outbox_db::open(&mysql_url(), &name, 4).await.unwrap();
+    let sibling = format!("{name}_q");
+    building_blocks_script(&db, &sibling).await;
+    db.sibling(&sibling)
+        .unwrap()
+        .execute_script("DROP DATABASE {schema}")
+        .await
+        .unwrap();
+    db.destroy().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_postgres_session_lock_is_held_until_its_session_ends() {
-    let db = outbox_db::open(&database_url(), "public", 2).await.unwrap();
+    session_lock_is_held_until_its_session_ends(&database_url()).await;
+}
+
+#[tokio::test]
+async fn a_mysql_session_lock_is_held_until_its_session_ends() {
+    session_lock_is_held_until_its_session_ends(&mysql_url()).await;
+}
+
+async fn session_lock_is_held_until_its_session_ends(url: &str) {
+    let db = outbox_db::open(url, "public", 2).await.unwrap();
     let name = outbox_testkit::unique_name("lock");
     let mut first = db.lock_session(&name).await.unwrap().expect("free");
     assert!(

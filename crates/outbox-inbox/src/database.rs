@@ -26,6 +26,11 @@ pub(crate) fn places(backend: Backend, schema: &InboxSchema) -> (&str, &str) {
     }
 }
 
+/// Why an inbox cannot be opened on MySQL yet.
+pub(crate) const NOT_ON_MYSQL: &str =
+    "the inbox does not run on MySQL/MariaDB yet (the outbox and its relay do): \
+     keep the inbox on PostgreSQL or SQLite";
+
 /// The application's own outbox table set in a SQLite file, beside which the inbox tables are
 /// made (statements on the inbox tables name them without a prefix).
 const SQLITE_OUTBOX: &str = "outbox";
@@ -48,6 +53,7 @@ impl InboxDatabase {
         let schema = match Backend::of(url)? {
             // SQLite has no schemas; the PostgreSQL names are never used.
             Backend::Sqlite => InboxSchema::default(),
+            Backend::Mysql => return Err(outbox_core::Error::config(NOT_ON_MYSQL)),
             _ => InboxSchema::new(schema)?,
         };
         let tables = outbox_db::open(url, schema.tables().as_str(), pool_size).await?;
@@ -56,6 +62,9 @@ impl InboxDatabase {
 
     /// The inbox in `schema` of the database `pool` connects to (sharing that pool).
     pub fn from_pool<DB: SqlxBackend>(pool: sqlx::Pool<DB>, schema: InboxSchema) -> Result<Self> {
+        if DB::BACKEND == Backend::Mysql {
+            return Err(outbox_core::Error::config(NOT_ON_MYSQL));
+        }
         let (tables, _) = places(DB::BACKEND, &schema);
         Self::from_database(DB::database(pool, tables)?, schema)
     }
@@ -80,6 +89,7 @@ impl InboxDatabase {
             lock: &lock,
             postgres: crate::POSTGRES_MIGRATIONS,
             sqlite: crate::SQLITE_MIGRATIONS,
+            mysql: &[],
         };
         let schema = &self.schema;
         self.tables

@@ -474,6 +474,12 @@ impl InboxTx for Transaction<'_, Sqlite> {
     }
 }
 
+/// The inbox's statements are not written for MySQL yet; [`crate::InboxDatabase::open`] refuses
+/// a MySQL URL before any transaction could get here.
+fn not_on_mysql() -> Error {
+    Error::config(crate::database::NOT_ON_MYSQL)
+}
+
 /// Whichever backend the transaction is on, through its own impl above.
 #[async_trait]
 impl InboxTx for outbox_db::Transaction<'_> {
@@ -486,6 +492,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.claim_message(schema, consumer, id).await,
             SqlxTransaction::Sqlite(tx) => tx.claim_message(schema, consumer, id).await,
+            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
         }
     }
 
@@ -497,6 +504,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.ingest_messages(schema, messages).await,
             SqlxTransaction::Sqlite(tx) => tx.ingest_messages(schema, messages).await,
+            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
         }
     }
 
@@ -508,6 +516,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.load_messages(schema, ids).await,
             SqlxTransaction::Sqlite(tx) => tx.load_messages(schema, ids).await,
+            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
         }
     }
 
@@ -515,6 +524,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.lock_key(schema, key).await,
             SqlxTransaction::Sqlite(tx) => tx.lock_key(schema, key).await,
+            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
         }
     }
 
@@ -522,6 +532,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.stored_key(schema, key).await,
             SqlxTransaction::Sqlite(tx) => tx.stored_key(schema, key).await,
+            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
         }
     }
 
@@ -534,6 +545,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.store_key(schema, key, stored).await,
             SqlxTransaction::Sqlite(tx) => tx.store_key(schema, key, stored).await,
+            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
         }
     }
 
@@ -541,6 +553,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.enqueue_events(schema, events).await,
             SqlxTransaction::Sqlite(tx) => tx.enqueue_events(schema, events).await,
+            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
         }
     }
 }

@@ -7,11 +7,13 @@ use crate::error::map_sqlx_error;
 use crate::schema::Schema;
 
 /// The outbox migrations, in order: (version, name, SQL with `{schema}`).
-pub const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "outbox", include_str!("../migrations/0001_outbox.sql"))];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "outbox", include_str!("../migrations/0001_outbox.sql")),
+    (2, "relay", include_str!("../migrations/0002_relay.sql")),
+];
 
-/// The schema version this crate's writer needs: the last of [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 1;
+/// The schema version this crate's writer and store need: the last of [`MIGRATIONS`].
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// How long a migrator waits for another one to finish.
 const LOCK_WAIT_SECS: i64 = 60;
@@ -26,9 +28,34 @@ const LOCK_WAIT_SECS: i64 = 60;
 /// recorded after its statements ran; one interrupted half-way is run again whole, which every
 /// migration is written to allow (`IF NOT EXISTS`, `INSERT IGNORE`, `DROP … IF EXISTS`).
 pub async fn migrate(pool: &MySqlPool, schema: &Schema) -> Result<Vec<i32>> {
+    apply_migrations(
+        pool,
+        schema,
+        "outbox_migrations",
+        "outbox-migrate",
+        MIGRATIONS,
+        &|sql| schema.render(sql),
+    )
+    .await
+}
+
+/// Creates database `schema` if missing and applies the `migrations` its `ledger` table does
+/// not list, in order, under `GET_LOCK(lock + the database's name)` held by a connection of
+/// its own (closed afterwards, so the lock never outlives the run). `render` turns each
+/// migration's text into SQL (at least `{schema}`). Returns the versions applied now. MySQL
+/// commits DDL as it goes: a version is recorded after its statements ran, and one interrupted
+/// half-way runs again whole, so every migration must be written to allow that.
+pub async fn apply_migrations(
+    pool: &MySqlPool,
+    schema: &Schema,
+    ledger: &str,
+    lock: &str,
+    migrations: &[(i32, &str, &str)],
+    render: &(dyn Fn(&str) -> String + Sync),
+) -> Result<Vec<i32>> {
     let ctx = |what: &str| {
         format!(
-            "migrating the outbox in database `{}`: {what}",
+            "migrating `{ledger}` in database `{}`: {what}",
             schema.as_str()
         )
     };
@@ -39,13 +66,13 @@ pub async fn migrate(pool: &MySqlPool, schema: &Schema) -> Result<Vec<i32>> {
     // The lock is the connection's: closing it (not returning it to the pool) releases it.
     conn.close_on_drop();
     // A lock name has at most 64 characters: the database's name goes in hashed.
-    let got: Option<i64> =
-        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('outbox-migrate:', SHA1(?)), ?)")
-            .bind(schema.as_str())
-            .bind(LOCK_WAIT_SECS)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| map_sqlx_error(&ctx("waiting for other migrators"), e))?;
+    let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(CONCAT(?, ':', SHA1(?)), ?)")
+        .bind(lock)
+        .bind(schema.as_str())
+        .bind(LOCK_WAIT_SECS)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("waiting for other migrators"), e))?;
     if got != Some(1) {
         return Err(Error::new(
             ErrorKind::Timeout,
@@ -54,34 +81,35 @@ pub async fn migrate(pool: &MySqlPool, schema: &Schema) -> Result<Vec<i32>> {
             )),
         ));
     }
-    sqlx::raw_sql(&schema.render(
-        "CREATE DATABASE IF NOT EXISTS {schema} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
-         CREATE TABLE IF NOT EXISTS {schema}.outbox_migrations (
+    let ledger_table = format!("{{schema}}.{ledger}");
+    sqlx::raw_sql(&schema.render(&format!(
+        "CREATE DATABASE IF NOT EXISTS {{schema}} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+         CREATE TABLE IF NOT EXISTS {ledger_table} (
              version    INT          NOT NULL PRIMARY KEY,
              name       VARCHAR(255) NOT NULL,
              applied_at DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
-         ) ENGINE = InnoDB;",
-    ))
+         ) ENGINE = InnoDB;"
+    )))
     .execute(&mut *conn)
     .await
     .map_err(|e| map_sqlx_error(&ctx("creating the database"), e))?;
     let done: Vec<i32> =
-        sqlx::query_scalar(&schema.render("SELECT version FROM {schema}.outbox_migrations"))
+        sqlx::query_scalar(&schema.render(&format!("SELECT version FROM {ledger_table}")))
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
     let mut applied = Vec::new();
-    for (version, name, sql) in MIGRATIONS {
+    for (version, name, sql) in migrations {
         if done.contains(version) {
             continue;
         }
-        sqlx::raw_sql(&schema.render(sql))
+        sqlx::raw_sql(&render(sql))
             .execute(&mut *conn)
             .await
             .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
-        sqlx::query(
-            &schema.render("INSERT INTO {schema}.outbox_migrations (version, name) VALUES (?, ?)"),
-        )
+        sqlx::query(&schema.render(&format!(
+            "INSERT INTO {ledger_table} (version, name) VALUES (?, ?)"
+        )))
         .bind(version)
         .bind(name)
         .execute(&mut *conn)
@@ -90,4 +118,49 @@ pub async fn migrate(pool: &MySqlPool, schema: &Schema) -> Result<Vec<i32>> {
         applied.push(*version);
     }
     Ok(applied)
+}
+
+/// Checks that database `schema` holds the outbox tables at [`SCHEMA_VERSION`]. The error says
+/// what to do: run `outbox migrate`, or the newer relay.
+pub async fn check_schema(pool: &MySqlPool, schema: &Schema) -> Result<()> {
+    let name = schema.as_str();
+    let ctx = format!("checking database `{name}`");
+    let ledger: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.TABLES \
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox_migrations'",
+    )
+    .bind(name)
+    .fetch_one(pool)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx, e))?;
+    if ledger == 0 {
+        return Err(Error::new(
+            ErrorKind::Schema,
+            format!(
+                "database `{name}` has no outbox tables: run outbox migrate with this database URL"
+            ),
+        ));
+    }
+    let version: Option<i32> =
+        sqlx::query_scalar(&schema.render("SELECT MAX(version) FROM {schema}.outbox_migrations"))
+            .fetch_one(pool)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx, e))?;
+    match version.unwrap_or(0) {
+        v if v < SCHEMA_VERSION => Err(Error::new(
+            ErrorKind::Schema,
+            format!(
+                "database `{name}` holds outbox tables of version {v}; this relay needs version \
+                 {SCHEMA_VERSION}: run outbox migrate with this database URL"
+            ),
+        )),
+        v if v > SCHEMA_VERSION => Err(Error::new(
+            ErrorKind::Schema,
+            format!(
+                "database `{name}` holds outbox tables of version {v}, newer than this relay \
+                 knows ({SCHEMA_VERSION}): run the newer relay"
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
