@@ -384,37 +384,51 @@ impl MysqlStore {
         } else {
             "0".to_string()
         };
-        // With a byte bound the server stops at it: a row goes out only if the payloads before
-        // it (in seq order, the order a claim hands rows out) stay under the bound, and so do
-        // those before every earlier row of its partition (so each partition gives a prefix).
-        let (head, tail) = match bytes {
-            None => (
-                format!("SELECT {MESSAGE_COLUMNS}, {held} AS held FROM {s}.outbox AS o WHERE "),
-                String::new(),
-            ),
-            Some(_) => (
-                format!(
-                    "SELECT * FROM (SELECT b.*, MAX(b.bytes_before) OVER (PARTITION BY b.part \
-                     ORDER BY b.part_seq) AS gate FROM (SELECT {MESSAGE_COLUMNS}, {held} AS held, \
-                     SUM(LENGTH(o.payload)) OVER (ORDER BY o.seq) - LENGTH(o.payload) AS bytes_before \
-                     FROM {s}.outbox AS o WHERE "
-                ),
-                ") AS b) AS g WHERE g.gate < ".to_string(),
-            ),
+        // With a byte bound the server stops at it. Rows are counted round-robin over the
+        // partitions (every partition's first row, then every second row, …, each level in seq
+        // order), and a row goes out only if the payloads counted before it stay under the
+        // bound. Within a partition that order is its position order, so each partition gives a
+        // prefix, and no partition waits behind another's big payloads; `assemble` then trims
+        // the merge (by seq) to the exact bound, which drops at most the last row counted. The count runs over a narrow derived table (seq and length only)
+        // joined back by key: one running SUM, which the server keeps incrementally. (The gate
+        // before took a running MAX per partition, which MariaDB recomputes over the whole frame
+        // for every row: 160 ms for a 1,000-row claim of one key, against 7.5 ms for this one.)
+        let alias = if bytes.is_some() { "i" } else { "o" };
+        let mut select = match bytes {
+            None => QueryBuilder::<MySql>::new(format!(
+                "SELECT {MESSAGE_COLUMNS}, {held} AS held FROM {s}.outbox AS o WHERE "
+            )),
+            Some(_) => {
+                let mut q = QueryBuilder::<MySql>::new(format!(
+                    "SELECT {MESSAGE_COLUMNS}, {held} AS held FROM (SELECT i.seq, \
+                     SUM(LENGTH(i.payload)) OVER (ORDER BY i.part_seq - CASE i.part"
+                ));
+                for (p, _) in take {
+                    q.push(" WHEN ")
+                        .push_bind(p.part)
+                        .push(" THEN ")
+                        .push_bind(p.passed);
+                }
+                q.push(format!(
+                    " END, i.seq) - LENGTH(i.payload) AS bytes_before FROM {s}.outbox AS i WHERE "
+                ));
+                q
+            }
         };
-        let mut select = QueryBuilder::<MySql>::new(head);
         let mut each = select.separated(" OR ");
         for (p, k) in take {
-            each.push("(o.part = ")
+            each.push(format!("({alias}.part = "))
                 .push_bind_unseparated(p.part)
-                .push_unseparated(" AND o.part_seq BETWEEN ")
+                .push_unseparated(format!(" AND {alias}.part_seq BETWEEN "))
                 .push_bind_unseparated(p.passed + 1)
                 .push_unseparated(" AND ")
                 .push_bind_unseparated(p.passed + k)
                 .push_unseparated(")");
         }
         if let Some(bytes) = bytes {
-            select.push(tail);
+            select.push(format!(
+                ") AS g JOIN {s}.outbox AS o ON o.seq = g.seq WHERE g.bytes_before < "
+            ));
             select.push_bind(i64::try_from(bytes).unwrap_or(i64::MAX));
         }
         let rows = select.build().fetch_all(&self.pool).await.map_err(err)?;
