@@ -18,7 +18,9 @@ pub enum Format {
 /// `outbox bench` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Database URL (default postgres://root@127.0.0.1:5432/test). Env: DATABASE_URL.
+    /// Database URL (default postgres://root@127.0.0.1:5432/test). Env: DATABASE_URL. A
+    /// mysql:// or mariadb:// URL runs the backlog, writers, steady and idle-tx modes on
+    /// MySQL/MariaDB, in scratch databases of their own.
     #[arg(long, value_name = "URL")]
     pub database_url: Option<String>,
     /// The sink to measure (default: NATS, see --nats). Any sink URL `outbox relay` takes works

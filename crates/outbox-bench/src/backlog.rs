@@ -362,7 +362,7 @@ async fn finish(
 /// Waits for the relay's `published` counter to reach `target`, noting when it passed 10% and
 /// 90% of it (every 5 ms, so a drain of a second or more is timed to within 1%). Gives up when
 /// nothing was published for [`DRAIN_STALL`], or after [`DRAIN_LIMIT`] in all.
-async fn wait_published(
+pub(crate) async fn wait_published(
     metrics: &RelayMetrics,
     target: u64,
     started: Instant,

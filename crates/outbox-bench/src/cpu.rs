@@ -1,6 +1,6 @@
 //! CPU time read from `/proc`, per process group, around a measured stretch: this process (the
-//! relay under test, and the bench's own read-back consumer), PostgreSQL (every `postgres`
-//! process), and the broker (its server processes by name). A drain divides each by the
+//! relay under test, and the bench's own read-back consumer), the database server (every
+//! `postgres` process, or MariaDB's `mariadbd`), and the broker (its server processes by name). A drain divides each by the
 //! messages it moved: the CPU one message costs each of them, which on a machine whose cores
 //! they all share sets the pace (`1 / (1/client + 1/engine)`, see docs/performance.md).
 
@@ -25,6 +25,7 @@ const BROKERS: &[&str] = &[
 #[derive(Debug, Clone)]
 pub struct CpuMeter {
     own: u64,
+    database: &'static [&'static str],
     postgres: HashMap<u32, u64>,
     broker: HashMap<u32, u64>,
 }
@@ -34,7 +35,8 @@ pub struct CpuMeter {
 pub struct CpuPerMessage {
     /// This process: the relay and the bench's read-back consumer.
     pub relay_us: f64,
-    /// Every PostgreSQL process (other sessions on the server included).
+    /// Every PostgreSQL process (other sessions on the server included); the MariaDB server
+    /// when the meter was started for it ([`CpuMeter::start_with`]).
     pub postgres_us: f64,
     /// The broker's server processes.
     pub broker_us: f64,
@@ -51,11 +53,17 @@ impl CpuPerMessage {
 }
 
 impl CpuMeter {
-    /// The counters now.
+    /// The counters now, PostgreSQL's processes as the database.
     pub fn start() -> Self {
+        Self::start_with(&["postgres"])
+    }
+
+    /// The counters now, the processes named `database` as the database server.
+    pub fn start_with(database: &'static [&'static str]) -> Self {
         Self {
             own: own_ticks().unwrap_or(0),
-            postgres: ticks_of(&["postgres"]),
+            database,
+            postgres: ticks_of(database),
             broker: ticks_of(BROKERS),
         }
     }
@@ -65,7 +73,7 @@ impl CpuMeter {
         if messages == 0 {
             return None;
         }
-        let now = Self::start();
+        let now = Self::start_with(self.database);
         let us = |ticks: u64| ticks as f64 / USER_HZ * 1e6 / messages as f64;
         Some(CpuPerMessage {
             relay_us: us(now.own.saturating_sub(self.own)),

@@ -14,6 +14,8 @@
 //! - `inbox`: the receiving side, ingest and handlers, each beside a naive consumer that does one
 //!   transaction per message.
 //!
+//! Backlog mode also runs on MySQL/MariaDB (`--database-url mysql://…`, the `mysql` module).
+//!
 //! Latency is measured at the broker (see the `latency` module); published counts come from the
 //! relay's metrics and the stream. Nothing reads the engine's tables or columns, so the modes keep
 //! working when the engine changes underneath.
@@ -28,6 +30,7 @@ mod idle_tx;
 mod inbox;
 mod latency;
 mod load;
+mod mysql;
 mod naive;
 mod relay;
 mod scratch;
@@ -319,6 +322,9 @@ impl DrainTiming {
 /// Runs the mode `options` names, printing its text report on stdout as it goes; every mode
 /// works in scratch schemas and streams of its own and drops them, failed or not.
 pub async fn run(options: Options) -> anyhow::Result<Report> {
+    if mysql::is_mysql(&options.database_url) {
+        return mysql::run(options).await;
+    }
     if options.sink_url.is_some() && options.mode != Mode::Backlog {
         anyhow::bail!("bench: only backlog mode measures sinks other than NATS; drop --sink or use --mode backlog");
     }

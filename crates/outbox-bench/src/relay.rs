@@ -105,13 +105,18 @@ impl Drop for RelayUnderTest {
 }
 
 fn config(ctx: &Ctx, destination: DestinationTemplate) -> RelayConfig {
+    config_of(&ctx.options, destination)
+}
+
+/// The relay's settings from the bench's options, whichever database it runs on.
+pub(crate) fn config_of(options: &crate::Options, destination: DestinationTemplate) -> RelayConfig {
     let defaults = RelayConfig::default();
     RelayConfig {
-        batch_size: ctx.options.batch_size,
-        workers: ctx.options.workers,
-        listen: ctx.options.listen,
-        read_ahead: ctx.options.read_ahead,
-        poll_interval: ctx.options.poll_interval.unwrap_or(defaults.poll_interval),
+        batch_size: options.batch_size,
+        workers: options.workers,
+        listen: options.listen,
+        read_ahead: options.read_ahead,
+        poll_interval: options.poll_interval.unwrap_or(defaults.poll_interval),
         destination,
         member_prefix: "bench".into(),
         ..defaults
@@ -135,6 +140,14 @@ pub struct ClaimCost {
 }
 
 impl ClaimCounter {
+    /// Claim count and time so far in a relay's metrics.
+    pub fn of(metrics: &RelayMetrics) -> Self {
+        Self {
+            claims: RelayMetrics::get(&metrics.claims),
+            micros: RelayMetrics::get(&metrics.claim_micros),
+        }
+    }
+
     /// Mean claim cost from `self` to the later reading `to`.
     pub fn until(self, to: ClaimCounter) -> ClaimCost {
         let claims = to.claims.saturating_sub(self.claims);

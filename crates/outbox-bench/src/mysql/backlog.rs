@@ -1,0 +1,309 @@
+//! Backlog mode on MySQL/MariaDB: for each key count, fill a backlog through the MySQL writer,
+//! `ANALYZE TABLE` it, drain it with the relay over the MySQL store into NATS, then drain a
+//! seed-style table with the naive relay (`FOR UPDATE SKIP LOCKED`, one publish and one `UPDATE`
+//! per row), and compare events/s, with the CPU each message cost the relay, the database server
+//! and the broker.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use outbox_mysql::Schema;
+use sqlx::{MySqlPool, Row};
+use uuid::Uuid;
+
+use super::{Footprint, MyCtx, RelayOnMysql, Scratch, NAIVE_TABLE, SERVER};
+use crate::cpu::CpuMeter;
+use crate::latency::{Latency, Probe};
+use crate::{load, Drain, DrainTiming, Options, Report};
+
+/// Rows per transaction when filling, as the PostgreSQL backlog does.
+const FILL_TX_ROWS: usize = 1000;
+
+/// Runs backlog mode on MySQL.
+pub async fn run(ctx: &MyCtx) -> anyhow::Result<Report> {
+    let (options, pool, js) = (&ctx.options, &ctx.pool, &ctx.js);
+    let naive_rows = options.naive_rows.unwrap_or(options.rows.min(20_000));
+    println!(
+        "outbox bench on MySQL/MariaDB: backlog of {} events (naive relay: {naive_rows}), {} B \
+         payloads, keys {:?}, NATS JetStream ({} storage), {}; relay {} workers, batch {}, polling",
+        options.rows,
+        options.payload_bytes,
+        options.keys,
+        options.storage,
+        if options.analyze {
+            "ANALYZE TABLE after filling"
+        } else {
+            "no ANALYZE"
+        },
+        options.workers,
+        options.batch_size,
+    );
+    let mut runs = Vec::new();
+    for &keys in &options.keys {
+        let (relay, after) = {
+            let scratch = Scratch::new(pool, js, options, "relay").await?;
+            let r = relay_drain(options, &scratch, keys).await;
+            scratch.drop().await;
+            r?
+        };
+        println!("  keys {keys:>6}  relay: {}", line(&relay));
+        println!(
+            "  keys {keys:>6}  after the drain: outbox table {:.1} MiB (data {:.1}, indexes {:.1}), \
+             InnoDB history list length {}",
+            after.total_mib(),
+            after.data_bytes as f64 / 1048576.0,
+            after.index_bytes as f64 / 1048576.0,
+            after
+                .history_length
+                .map_or("-".into(), |h: i64| h.to_string()),
+        );
+        let naive = if options.naive {
+            let scratch = Scratch::new(pool, js, options, "naive").await?;
+            let n = naive_drain(options, &scratch, keys, naive_rows).await;
+            scratch.drop().await;
+            let n = n?;
+            println!("  keys {keys:>6}  naive: {}", line(&n));
+            Some(n)
+        } else {
+            None
+        };
+        let speedup = naive
+            .as_ref()
+            .map(|n| relay.events_per_second / n.events_per_second);
+        runs.push(
+            serde_json::json!({ "keys": keys, "relay": relay, "after_drain": after, "naive": naive, "speedup": speedup }),
+        );
+    }
+    println!("  keys            relay ev/s  naive ev/s  relay/naive");
+    for r in &runs {
+        let rate = |k: &str| {
+            r[k]["events_per_second"]
+                .as_f64()
+                .map_or("-".into(), |v| format!("{v:.0}"))
+        };
+        println!(
+            "  {:>6}  {:>20}  {:>10}  {:>11}",
+            r["keys"],
+            rate("relay"),
+            rate("naive"),
+            r["speedup"]
+                .as_f64()
+                .map_or("-".into(), |s| format!("{s:.1}x"))
+        );
+    }
+
+    Ok(Report::line(serde_json::json!({
+        "mode": "backlog", "database": "mysql", "rows": options.rows,
+        "naive_rows": naive_rows, "analyze": options.analyze, "runs": runs
+    })))
+}
+
+fn line(d: &Drain) -> String {
+    let steady = d
+        .steady_events_per_second
+        .map_or(String::new(), |s| format!(" ({s:.0} from 10% to 90%)"));
+    let cpu = d.cpu.map_or(String::new(), |c| {
+        format!(
+            "; CPU per message: relay {:.1} µs, MariaDB {:.1} µs, broker {:.1} µs",
+            c.relay_us, c.postgres_us, c.broker_us
+        )
+    });
+    format!(
+        "{} events in {:.2} s = {:>7.0} events/s{steady}; commit→ack {} (backlog wait \
+         included){cpu}",
+        d.events,
+        d.seconds,
+        d.events_per_second,
+        d.latency.line()
+    )
+}
+
+/// Fills the scratch outbox through the writer, four writers at once, 1000 rows per
+/// transaction, recording each commit; returns the time taken.
+async fn fill(
+    pool: &MySqlPool,
+    schema: &Schema,
+    rows: usize,
+    keys: usize,
+    pad: &str,
+    latency: &Arc<Latency>,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let chunks: Vec<(usize, usize)> = (0..rows)
+        .step_by(FILL_TX_ROWS)
+        .map(|s| (s, (s + FILL_TX_ROWS).min(rows)))
+        .collect();
+    let per = chunks.len().div_ceil(4).max(1);
+    let mut tasks = Vec::new();
+    for part in chunks.chunks(per) {
+        let (pool, schema, pad, part, latency) = (
+            pool.clone(),
+            schema.clone(),
+            pad.to_string(),
+            part.to_vec(),
+            latency.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            for (a, b) in part {
+                let msgs: Vec<_> = (a..b).map(|i| load::message(i, keys, &pad)).collect();
+                let mut tx = pool.begin().await?;
+                outbox_mysql::enqueue_many(&mut tx, &schema, &msgs).await?;
+                let sent = latency.stamp();
+                tx.commit().await?;
+                latency.committed(msgs.iter().map(|m| m.id), sent);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(started.elapsed())
+}
+
+async fn relay_drain(
+    options: &Options,
+    scratch: &Scratch,
+    keys: usize,
+) -> anyhow::Result<(Drain, Footprint)> {
+    let rows = options.rows;
+    outbox_mysql::migrate(&scratch.pool, &scratch.schema).await?;
+    let probe = Probe::start(&scratch.js, &scratch.stream).await?;
+    let took = fill(
+        &scratch.pool,
+        &scratch.schema,
+        rows,
+        keys,
+        &load::pad(options.payload_bytes),
+        &probe.latency(),
+    )
+    .await?;
+    println!(
+        "  keys {keys:>6}  filled {rows} rows in {:.2} s ({:.0} rows/s)",
+        took.as_secs_f64(),
+        rows as f64 / took.as_secs_f64()
+    );
+    if options.analyze {
+        scratch.analyze("outbox").await?;
+    }
+    let started = Instant::now();
+    let meter = CpuMeter::start_with(SERVER);
+    let relay = RelayOnMysql::start(options, scratch).await?;
+    let drained = crate::backlog::wait_published(&relay.metrics, rows as u64, started).await;
+    relay.stop().await;
+    let mut timing = drained?;
+    timing.cpu = meter.per_message(rows as u64);
+    let drain = finish(scratch, probe, rows as u64, timing).await?;
+    Ok((drain, scratch.footprint("outbox").await?))
+}
+
+async fn naive_drain(
+    options: &Options,
+    scratch: &Scratch,
+    keys: usize,
+    rows: usize,
+) -> anyhow::Result<Drain> {
+    sqlx::raw_sql(&scratch.schema.render(NAIVE_TABLE))
+        .execute(&scratch.pool)
+        .await
+        .context("creating the naive table")?;
+    let probe = Probe::start(&scratch.js, &scratch.stream).await?;
+    let pad = load::pad(options.payload_bytes);
+    let insert = scratch.schema.render(
+        "INSERT INTO {schema}.outbox_naive (id, aggregate_type, aggregate_id, event_type, payload) ",
+    );
+    let latency = probe.latency();
+    for start in (0..rows).step_by(FILL_TX_ROWS) {
+        let end = (start + FILL_TX_ROWS).min(rows);
+        let ids: Vec<Uuid> = (start..end).map(|_| Uuid::now_v7()).collect();
+        let mut q = sqlx::QueryBuilder::<sqlx::MySql>::new(&insert);
+        q.push_values((start..end).zip(&ids), |mut row, (i, id)| {
+            row.push_bind(id.to_string())
+                .push_bind("bench")
+                .push_bind(format!("key-{}", i % keys.max(1)))
+                .push_bind("created")
+                .push_bind(serde_json::json!({ "n": i, "pad": pad }).to_string());
+        });
+        let mut tx = scratch.pool.begin().await?;
+        q.build().execute(&mut *tx).await?;
+        let sent = latency.stamp();
+        tx.commit().await?;
+        latency.committed(ids, sent);
+    }
+    if options.analyze {
+        scratch.analyze("outbox_naive").await?;
+    }
+    // The seed's relay, on a session of the database's default isolation, as an app has it.
+    let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect_with(
+        &outbox_mysql::connect_options(&options.database_url)?,
+    )
+    .await?;
+    let select = scratch.schema.render(
+        "SELECT id, event_type, CAST(payload AS CHAR) AS payload FROM {schema}.outbox_naive \
+         WHERE status = 'PENDING' ORDER BY created_at LIMIT 100 FOR UPDATE SKIP LOCKED",
+    );
+    let update = scratch
+        .schema
+        .render("UPDATE {schema}.outbox_naive SET status = 'SENT' WHERE id = ?");
+    let meter = CpuMeter::start_with(SERVER);
+    let started = Instant::now();
+    let mut published = 0u64;
+    loop {
+        let mut tx = sqlx::Connection::begin(&mut conn).await?;
+        let batch = sqlx::query(&select).fetch_all(&mut *tx).await?;
+        if batch.is_empty() {
+            tx.commit().await?;
+            break;
+        }
+        for row in batch {
+            let id: String = row.try_get("id")?;
+            let event_type: String = row.try_get("event_type")?;
+            let payload: String = row.try_get("payload")?;
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Msg-Id", id.as_str());
+            scratch
+                .js
+                .publish_with_headers(
+                    format!("{}.{event_type}", scratch.subject_prefix),
+                    headers,
+                    payload.into(),
+                )
+                .await
+                .context("naive publish")?
+                .await
+                .context("naive publish ack")?;
+            sqlx::query(&update).bind(&id).execute(&mut *tx).await?;
+            published += 1;
+        }
+        tx.commit().await?;
+    }
+    let took = started.elapsed();
+    if published != rows as u64 {
+        anyhow::bail!("the naive relay published {published} of {rows} rows");
+    }
+    let timing = DrainTiming {
+        took,
+        tenth: None,
+        ninth_tenth: None,
+        cpu: meter.per_message(published),
+    };
+    finish(scratch, probe, rows as u64, timing).await
+}
+
+async fn finish(
+    scratch: &Scratch,
+    probe: Probe,
+    rows: u64,
+    timing: DrainTiming,
+) -> anyhow::Result<Drain> {
+    let missing = probe.drain(Duration::from_secs(60)).await;
+    let latency = probe.finish().await;
+    let in_stream = scratch.stream_messages().await?;
+    if in_stream != rows || missing > 0 {
+        anyhow::bail!(
+            "the stream holds {in_stream} messages and the probe misses {missing}; expected {rows}"
+        );
+    }
+    Ok(Drain::drained(rows, &timing, latency))
+}

@@ -1,0 +1,264 @@
+//! `outbox bench` on MySQL/MariaDB (`--database-url mysql://…` or `mariadb://…`): backlog mode
+//! (the relay's drain beside a naive `SKIP LOCKED` relay), writers mode (what the outbox row
+//! costs a business transaction, beside a naive table), steady mode (commit→ack at a paced rate)
+//! and idle-tx mode (the same with a REPEATABLE READ snapshot held open), each measured as on
+//! PostgreSQL, with the CPU figures read from the `mariadbd` process.
+//!
+//! Each run works in a scratch database and stream of its own and drops them. The other modes
+//! measure PostgreSQL only and say so.
+
+mod backlog;
+mod idle_tx;
+mod steady;
+mod writers;
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use async_nats::jetstream;
+use outbox_core::{DestinationTemplate, Store};
+use outbox_mysql::{MysqlStore, Schema};
+use outbox_relay::{Relay, RelayMetrics};
+use sqlx::MySqlPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Mode, Options, Report};
+
+/// Process names of the database server, for the CPU figures.
+const SERVER: &[&str] = &["mariadbd", "mysqld"];
+
+/// The seed articles' table on MySQL: a UUID key and a status column with its index, which the
+/// naive relay claims `FOR UPDATE SKIP LOCKED` and marks one `UPDATE` per row.
+const NAIVE_TABLE: &str = "CREATE DATABASE IF NOT EXISTS {schema};
+CREATE TABLE {schema}.outbox_naive (
+    id             CHAR(36)     NOT NULL DEFAULT (UUID()) PRIMARY KEY,
+    aggregate_type VARCHAR(255) NOT NULL,
+    aggregate_id   VARCHAR(255) NOT NULL,
+    event_type     VARCHAR(255) NOT NULL,
+    payload        JSON         NOT NULL,
+    status         VARCHAR(16)  NOT NULL DEFAULT 'PENDING',
+    created_at     DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    KEY outbox_naive_status (status, created_at)
+) ENGINE = InnoDB";
+
+/// InnoDB's undo history not yet purged, server-wide (`None` where the metric is not exposed).
+const HISTORY_LENGTH: &str =
+    "SELECT `COUNT` FROM information_schema.INNODB_METRICS WHERE NAME = 'trx_rseg_history_len'";
+
+/// What a table occupies, and the server's purge backlog, at one instant.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct Footprint {
+    data_bytes: u64,
+    index_bytes: u64,
+    history_length: Option<i64>,
+}
+
+impl Footprint {
+    fn total_mib(&self) -> f64 {
+        (self.data_bytes + self.index_bytes) as f64 / 1048576.0
+    }
+}
+
+/// Whether `url` names MySQL/MariaDB.
+pub fn is_mysql(url: &str) -> bool {
+    matches!(
+        outbox_core::redact::url(url)
+            .split_once("://")
+            .map(|(s, _)| s.to_ascii_lowercase()),
+        Some(s) if s == "mysql" || s == "mariadb"
+    )
+}
+
+/// What every MySQL mode shares: the options, a pool of relay-style sessions for setup, NATS.
+struct MyCtx {
+    options: Options,
+    pool: MySqlPool,
+    js: jetstream::Context,
+}
+
+/// Runs the mode `options` names on MySQL/MariaDB.
+pub async fn run(options: Options) -> anyhow::Result<Report> {
+    if options.sink_url.is_some() {
+        anyhow::bail!("bench on MySQL/MariaDB publishes to NATS only; drop --sink");
+    }
+    if !matches!(
+        options.mode,
+        Mode::Backlog | Mode::Writers | Mode::Steady | Mode::IdleTx
+    ) {
+        anyhow::bail!(
+            "bench on MySQL/MariaDB has the backlog, writers, steady and idle-tx modes; \
+             --mode {:?} runs on PostgreSQL only so far",
+            options.mode
+        );
+    }
+    let connections = (options.producers.max(4) + options.clients + options.workers * 2 + 4) as u32;
+    let pool = outbox_mysql::connect_pool(&options.database_url, connections).await?;
+    let client = outbox_sinks::nats::NatsConfig::from_url(&options.nats_url)?
+        .connect_client()
+        .await
+        .context("connecting to NATS for the bench stream")?;
+    let ctx = MyCtx {
+        options,
+        pool,
+        js: jetstream::new(client),
+    };
+    let report = match ctx.options.mode {
+        Mode::Writers => writers::run(&ctx).await,
+        Mode::Steady => steady::run(&ctx).await,
+        Mode::IdleTx => idle_tx::run(&ctx).await,
+        _ => backlog::run(&ctx).await,
+    };
+    ctx.pool.close().await;
+    report
+}
+
+/// A scratch database and stream.
+struct Scratch {
+    pool: MySqlPool,
+    schema: Schema,
+    js: jetstream::Context,
+    stream: String,
+    subject_prefix: String,
+}
+
+impl Scratch {
+    async fn new(
+        pool: &MySqlPool,
+        js: &jetstream::Context,
+        opts: &Options,
+        tag: &str,
+    ) -> anyhow::Result<Self> {
+        let suffix = format!("{:012x}", fastrand::u64(..) & 0xffff_ffff_ffff);
+        let schema = Schema::new(&format!("outbox_bench_{tag}_{suffix}"))?;
+        let stream = format!("OUTBOX_BENCH_MY{}_{suffix}", tag.to_uppercase());
+        let subject_prefix = format!("outbox_bench_my{tag}_{suffix}");
+        outbox_sinks::nats::create_stream(
+            js,
+            &stream,
+            vec![format!("{subject_prefix}.>")],
+            opts.storage.durable(),
+        )
+        .await?;
+        Ok(Self {
+            pool: pool.clone(),
+            schema,
+            js: js.clone(),
+            stream,
+            subject_prefix,
+        })
+    }
+
+    async fn stream_messages(&self) -> anyhow::Result<u64> {
+        Ok(self
+            .js
+            .get_stream(&self.stream)
+            .await?
+            .info()
+            .await?
+            .state
+            .messages)
+    }
+
+    async fn analyze(&self, table: &str) -> anyhow::Result<()> {
+        sqlx::raw_sql(
+            &self
+                .schema
+                .render(&format!("ANALYZE TABLE {{schema}}.{table}")),
+        )
+        .execute(&self.pool)
+        .await
+        .context("ANALYZE TABLE")?;
+        Ok(())
+    }
+
+    /// What `table` occupies after `ANALYZE TABLE` (MySQL 8 caches these figures otherwise), and
+    /// InnoDB's undo history not yet purged, server-wide.
+    async fn footprint(&self, table: &str) -> anyhow::Result<Footprint> {
+        self.analyze(table).await?;
+        let (data_bytes, index_bytes): (u64, u64) = sqlx::query_as(
+            "SELECT CAST(DATA_LENGTH AS UNSIGNED), CAST(INDEX_LENGTH AS UNSIGNED) \
+             FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+        )
+        .bind(self.schema.as_str())
+        .bind(table)
+        .fetch_one(&self.pool)
+        .await
+        .context("reading the table's size")?;
+        let history_length = sqlx::query_scalar::<_, i64>(HISTORY_LENGTH)
+            .fetch_optional(&self.pool)
+            .await
+            .ok()
+            .flatten();
+        Ok(Footprint {
+            data_bytes,
+            index_bytes,
+            history_length,
+        })
+    }
+
+    /// Drops the database and the stream (best effort: a leftover is named, never a figure).
+    async fn drop(self) {
+        if let Err(error) = sqlx::raw_sql(&self.schema.render("DROP DATABASE IF EXISTS {schema}"))
+            .execute(&self.pool)
+            .await
+        {
+            tracing::warn!(database = self.schema.as_str(), %error, "could not drop the scratch database");
+        }
+        if let Err(error) = self.js.delete_stream(&self.stream).await {
+            tracing::warn!(stream = %self.stream, %error, "could not delete the bench stream");
+        }
+    }
+}
+
+/// The relay under test on the MySQL store, publishing the scratch outbox into its stream.
+struct RelayOnMysql {
+    metrics: Arc<RelayMetrics>,
+    stop: CancellationToken,
+    handle: JoinHandle<()>,
+}
+
+impl RelayOnMysql {
+    async fn start(options: &Options, scratch: &Scratch) -> anyhow::Result<Self> {
+        let sink = outbox_sinks::connect(&options.nats_url).await?;
+        let destination =
+            DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
+        let store: Arc<dyn Store> = Arc::new(MysqlStore::new(
+            outbox_mysql::connect_pool(&options.database_url, options.workers as u32 * 2 + 2)
+                .await?,
+            scratch.schema.clone(),
+        ));
+        let relay = Relay::new(store, sink, crate::relay::config_of(options, destination));
+        let metrics = relay.metrics();
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn(relay.run(stop.clone()));
+        Ok(Self {
+            metrics,
+            stop,
+            handle,
+        })
+    }
+
+    /// Claim count and time so far.
+    fn claims(&self) -> crate::relay::ClaimCounter {
+        crate::relay::ClaimCounter::of(&self.metrics)
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.handle.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mysql_and_mariadb_urls_are_told_from_others() {
+        assert!(is_mysql("mysql://root@127.0.0.1:3306/test"));
+        assert!(is_mysql("MariaDB://db/x"));
+        assert!(!is_mysql("postgres://root@127.0.0.1/test"));
+        assert!(!is_mysql("sqlite://x.db"));
+    }
+}
