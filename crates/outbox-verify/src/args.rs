@@ -31,8 +31,10 @@ pub enum Profile {
 /// `outbox verify` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Database (default DATABASE_URL). A postgres:// run uses a fresh schema of its own; a
-    /// sqlite:// run uses a fresh file in a temporary folder when no path is given.
+    /// Database (default DATABASE_URL). A postgres:// run uses a fresh schema of its own, a
+    /// mysql:// or mariadb:// run a fresh database of its own (where the plain-INSERT
+    /// producers' order counts: the position trigger orders them); a sqlite:// run uses a fresh
+    /// file in a temporary folder when no path is given.
     #[arg(long, value_name = "URL")]
     pub database_url: Option<String>,
     /// Broker: nats://host:port (a stream of its own), kafka://… (a topic of its own),

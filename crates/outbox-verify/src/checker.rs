@@ -76,7 +76,9 @@ pub struct FaultMark {
     pub at: f64,
 }
 
-/// Per-key order of the raw (unlocked) writers' keys: information, not a verdict.
+/// Per-key order of the raw (unlocked) writers' keys: information, not a verdict, where the
+/// database gives a plain insert no order (PostgreSQL, SQLite). On MySQL/MariaDB it does (the
+/// position trigger), and `outbox verify` counts [`RawOrder::violations`] as order violations.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct RawOrder {
     /// Messages committed by raw writers.
@@ -91,6 +93,9 @@ pub struct RawOrder {
     pub adjacent_pairs: usize,
     /// Of those, pairs whose later delivery committed earlier.
     pub adjacent_pairs_out_of_order: usize,
+    /// First deliveries that committed before one delivered earlier on their key: the writer
+    /// API's rule, applied to the raw keys.
+    pub violations: usize,
 }
 
 /// The checker's findings.
@@ -173,6 +178,12 @@ pub fn check(
                 }
             }
             WriterKind::Raw => {
+                let h = high.entry(key).or_insert(i64::MIN);
+                if c.n < *h {
+                    v.raw_order.violations += 1;
+                } else {
+                    *h = c.n;
+                }
                 if let Some(prev) = last.insert(key, c.n) {
                     v.raw_order.adjacent_pairs += 1;
                     if c.n < prev {
@@ -371,6 +382,8 @@ mod tests {
                 keys_out_of_order: 1,
                 adjacent_pairs: 3,
                 adjacent_pairs_out_of_order: 1,
+                // r's commit 1 arrived after its commit 2: what MySQL's run counts.
+                violations: 1,
             }
         );
         assert_eq!(v.duplicates, 1);

@@ -85,8 +85,11 @@ pub struct Report {
     pub keys_written_by_several_producers: usize,
     /// Producers writing the plain `INSERT` without the per-key lock.
     pub raw_producers: usize,
-    /// What order held for their keys (information, not a verdict).
+    /// What order held for their keys (information, not a verdict, unless `raw_ordered`).
     pub raw_order: RawOrder,
+    /// Whether the database orders a plain insert per key (MySQL/MariaDB), so the raw keys'
+    /// violations are counted in `order_violations`.
+    pub raw_ordered: bool,
     /// Producer transactions that failed (faults); the ledger says which committed.
     pub producer_errors: usize,
     /// With `--through-inbox`: the effects the inbox handlers applied.
@@ -123,9 +126,14 @@ impl Report {
         if self.raw_producers > 0 {
             let r = &self.raw_order;
             println!(
-                "  plain INSERT without the lock (information): {} producers, {} messages on {} keys \
+                "  plain INSERT without the lock ({}): {} producers, {} messages on {} keys \
                  ({} written by several producers); {} of {} adjacent deliveries out of commit order, \
                  on {} keys",
+                if self.raw_ordered {
+                    "ordered by the database: counted in order violations"
+                } else {
+                    "information"
+                },
                 self.raw_producers,
                 r.committed,
                 r.keys,

@@ -46,7 +46,7 @@ const THINK_TIME: Duration = Duration::from_millis(5);
 /// writer's lock, that is when `seq` order and commit order part.
 const MAX_WORK_IN_TRANSACTION: Duration = Duration::from_millis(3);
 
-/// The ledger and the per-key counters; portable types, so one text serves both backends.
+/// The ledger and the per-key counters; portable types, so one text serves PostgreSQL and SQLite.
 const TABLES: &str = "
     CREATE TABLE IF NOT EXISTS {schema}.verify_ledger (
         id       text   PRIMARY KEY,
@@ -71,6 +71,72 @@ const BUMP_COUNTER: &str =
 
 const RECORD: &str = "INSERT INTO {schema}.verify_ledger (id, key, n, writer, producer)
                       VALUES ($1, $2, $3, $4, $5)";
+
+/// The same tables on MySQL/MariaDB: `key` is a reserved word there and a text key needs a
+/// length, so the columns are `k` and `VARCHAR`; `CAST(… AS CHAR)` reads them back as text.
+const TABLES_MYSQL: &str = "
+    CREATE TABLE IF NOT EXISTS {schema}.verify_ledger (
+        id       VARCHAR(36)  NOT NULL PRIMARY KEY,
+        k        VARCHAR(255) NOT NULL,
+        n        BIGINT       NOT NULL,
+        writer   VARCHAR(16)  NOT NULL,
+        producer BIGINT       NOT NULL) ENGINE = InnoDB;
+    CREATE TABLE IF NOT EXISTS {schema}.verify_counters (
+        k VARCHAR(255) NOT NULL PRIMARY KEY,
+        n BIGINT       NOT NULL) ENGINE = InnoDB";
+
+/// The workload's statements in one database's dialect.
+struct Dialect {
+    tables: &'static str,
+    add_counter: &'static str,
+    /// The plain four-column insert; `raw_id` then reads back the id the database made.
+    raw_insert: &'static str,
+    raw_id: Option<&'static str>,
+    /// The commit-order witness; `read_counter` then reads the value it set.
+    bump_counter: &'static str,
+    read_counter: Option<&'static str>,
+    record: &'static str,
+    ledger: &'static str,
+}
+
+impl Dialect {
+    fn of(backend: Backend) -> &'static Dialect {
+        match backend {
+            Backend::Mysql => &MYSQL,
+            _ => &PORTABLE,
+        }
+    }
+}
+
+/// PostgreSQL and SQLite.
+static PORTABLE: Dialect = Dialect {
+    tables: TABLES,
+    add_counter: "INSERT INTO {schema}.verify_counters (key, n) VALUES ($1, 0)
+                  ON CONFLICT (key) DO NOTHING",
+    raw_insert: RAW_INSERT,
+    raw_id: None,
+    bump_counter: BUMP_COUNTER,
+    read_counter: None,
+    record: RECORD,
+    ledger: "SELECT id, key, n, writer, producer FROM {schema}.verify_ledger",
+};
+
+/// MySQL 8 has no `RETURNING`: the outbox's `seq` is its AUTO_INCREMENT column, so
+/// `LAST_INSERT_ID()` names the row just inserted (the position trigger's own use of it ends with
+/// the trigger), and the counter hands its new value back through `LAST_INSERT_ID(expr)`.
+static MYSQL: Dialect = Dialect {
+    tables: TABLES_MYSQL,
+    add_counter: "INSERT IGNORE INTO {schema}.verify_counters (k, n) VALUES ($1, 0)",
+    raw_insert: "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
+                 VALUES ($1, $2, $3, $4)",
+    raw_id: Some("SELECT CAST(id AS CHAR) FROM {schema}.outbox WHERE seq = LAST_INSERT_ID()"),
+    bump_counter: "UPDATE {schema}.verify_counters SET n = LAST_INSERT_ID(n + 1) WHERE k = $1",
+    read_counter: Some("SELECT CAST(LAST_INSERT_ID() AS SIGNED)"),
+    record: "INSERT INTO {schema}.verify_ledger (id, k, n, writer, producer)
+             VALUES ($1, $2, $3, $4, $5)",
+    ledger: "SELECT CAST(id AS CHAR), CAST(k AS CHAR), n, CAST(writer AS CHAR), producer
+             FROM {schema}.verify_ledger",
+};
 
 /// How many producers of each kind write how many keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,18 +189,14 @@ pub struct Tally {
 
 /// Creates the outbox tables, the ledger and a counter row per key.
 pub async fn prepare(db: &Database, shape: &Shape) -> anyhow::Result<()> {
+    let dialect = Dialect::of(db.backend());
     db.migrate().await.context("migrating the outbox")?;
-    db.execute_script(TABLES)
+    db.execute_script(dialect.tables)
         .await
         .context("creating the ledger")?;
     let mut tx = db.begin().await?;
     for key in shape.all_keys() {
-        tx.execute(
-            "INSERT INTO {schema}.verify_counters (key, n) VALUES ($1, 0)
-             ON CONFLICT (key) DO NOTHING",
-            &[key.into()],
-        )
-        .await?;
+        tx.execute(dialect.add_counter, &[key.into()]).await?;
     }
     tx.commit().await?;
     Ok(())
@@ -179,10 +241,7 @@ pub fn spawn(
 /// Reads the ledger: every committed message, its key and commit rank.
 pub async fn ledger(db: &Database) -> anyhow::Result<HashMap<Uuid, Committed>> {
     let rows: Vec<(String, String, i64, String, i64)> = db
-        .fetch_all(
-            "SELECT id, key, n, writer, producer FROM {schema}.verify_ledger",
-            &[],
-        )
+        .fetch_all(Dialect::of(db.backend()).ledger, &[])
         .await
         .context("reading the ledger")?;
     let mut out = HashMap::with_capacity(rows.len());
@@ -221,7 +280,7 @@ impl Producer {
         let mut rng = fastrand::Rng::with_seed(seed ^ (self.id as u64 + 1));
         // SQLite runs one writer at a time: a pause there would only hold the file's lock.
         let max_work = match self.db.backend() {
-            Backend::Postgres => MAX_WORK_IN_TRANSACTION,
+            Backend::Postgres | Backend::Mysql => MAX_WORK_IN_TRANSACTION,
             _ => Duration::ZERO,
         };
         while !stop.is_cancelled() && !self.keys.is_empty() {
@@ -257,6 +316,7 @@ impl Producer {
             "writer": self.writer.as_str(),
             "producer": self.id,
         });
+        let dialect = Dialect::of(self.db.backend());
         let mut tx = self.db.begin().await?;
         let id: Uuid = match self.writer {
             WriterKind::Locked => {
@@ -264,17 +324,19 @@ impl Producer {
                     .await?
             }
             WriterKind::Raw => {
-                let (id,): (String,) = tx
-                    .fetch_one(
-                        RAW_INSERT,
-                        &[
-                            "verify".into(),
-                            key.into(),
-                            "event".into(),
-                            Param::Json(payload),
-                        ],
-                    )
-                    .await?;
+                let params = [
+                    "verify".into(),
+                    key.into(),
+                    "event".into(),
+                    Param::Json(payload),
+                ];
+                let (id,): (String,) = match dialect.raw_id {
+                    None => tx.fetch_one(dialect.raw_insert, &params).await?,
+                    Some(read_id) => {
+                        tx.execute(dialect.raw_insert, &params).await?;
+                        tx.fetch_one(read_id, &[]).await?
+                    }
+                };
                 id.parse()
                     .context("the database made an id that is not a UUID")?
             }
@@ -282,9 +344,15 @@ impl Producer {
         if !work.is_zero() {
             tokio::time::sleep(work).await;
         }
-        let (n,): (i64,) = tx.fetch_one(BUMP_COUNTER, &[key.into()]).await?;
+        let (n,): (i64,) = match dialect.read_counter {
+            None => tx.fetch_one(dialect.bump_counter, &[key.into()]).await?,
+            Some(read) => {
+                tx.execute(dialect.bump_counter, &[key.into()]).await?;
+                tx.fetch_one(read, &[]).await?
+            }
+        };
         tx.execute(
-            RECORD,
+            dialect.record,
             &[
                 id.into(),
                 key.into(),
