@@ -11,10 +11,12 @@ use crate::Options;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// Database (default sqlite://<dir>/payments.db, recreated). A postgres:// URL uses the
-    /// schema `outbox_demo` (dropped and recreated) unless --schema is given.
+    /// schema `outbox_demo`, a mysql:// or mariadb:// URL the database `outbox_demo` (dropped
+    /// and recreated), unless --schema is given.
     #[arg(long, value_name = "URL")]
     pub database_url: Option<String>,
-    /// Schema for a PostgreSQL demo (default outbox_demo; dropped and recreated).
+    /// Schema for a PostgreSQL demo, database for a MySQL one (default outbox_demo; dropped and
+    /// recreated, so it must be named outbox_demo…).
     #[arg(long, value_name = "NAME")]
     pub schema: Option<String>,
     /// Broker (default file:<dir>/events.jsonl, recreated). nats://host:port uses a stream of

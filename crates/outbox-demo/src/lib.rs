@@ -361,8 +361,9 @@ pub async fn run(options: Options) -> anyhow::Result<Summary> {
     println!();
 
     print_summary(&summary, started, dir);
-    // A PostgreSQL demo drops its schema; a SQLite one keeps its file for a look (see `files`).
-    if db.backend() == Backend::Postgres {
+    // A PostgreSQL or MySQL demo drops its schema (database); a SQLite one keeps its file for a
+    // look (see `files`).
+    if db.backend() != Backend::Sqlite {
         let _ = Database::clone(&db).destroy().await;
     }
     broker.cleanup().await;

@@ -7,7 +7,8 @@ use outbox_core::NewMessage;
 use outbox_db::{Backend, Database};
 use uuid::Uuid;
 
-/// The demo's default schema on PostgreSQL; only schemas named like it are ever dropped.
+/// The demo's default schema on PostgreSQL (database on MySQL); only schemas named like it are
+/// ever dropped.
 pub const DEMO_SCHEMA: &str = "outbox_demo";
 
 /// The payments table.
@@ -16,13 +17,13 @@ const PAYMENTS: &str = include_str!("../queries/payments.sql");
 const PAY: &str = include_str!("../queries/pay.sql");
 
 /// Opens the payments service's database (the outbox and a `payments` table) from nothing:
-/// what a previous run left is dropped first, but never a PostgreSQL schema the demo did not
-/// make (one not named `outbox_demo…`).
+/// what a previous run left is dropped first, but never a PostgreSQL schema or a MySQL database
+/// the demo did not make (one not named `outbox_demo…`).
 pub(crate) async fn open(url: &str, schema: &str) -> anyhow::Result<Database> {
     let mut db = outbox_db::open(url, schema, 8).await?;
     if db.exists().await? {
         anyhow::ensure!(
-            db.backend() != Backend::Postgres || schema.starts_with(DEMO_SCHEMA),
+            db.backend() == Backend::Sqlite || schema.starts_with(DEMO_SCHEMA),
             "demo: schema `{schema}` exists and is not a demo schema; pick another --schema (it is dropped and recreated)"
         );
         db.destroy().await?;
