@@ -309,6 +309,16 @@ pub trait Store: Send + Sync {
         on_failed: OnFailed,
     ) -> Result<Vec<Message>>;
 
+    /// Whether `member`'s last claim stopped short of the end of what it may read, having
+    /// spent the work one claim may do on rows it cannot hand out yet (a transaction still
+    /// being written): the caller should claim again at once, even after an empty claim, instead
+    /// of waiting as for an outbox read to its end. Each such claim records how far it read, so
+    /// claiming again makes progress. The default: never.
+    fn more_to_read(&self, member: &MemberId) -> bool {
+        let _ = member;
+        false
+    }
+
     /// Reads the batch that follows the one `member` claimed last and has not recorded yet,
     /// while that batch is still being published: the rows `claim` would return once every
     /// message of the pending batch is recorded as published. It writes nothing and hands

@@ -43,6 +43,11 @@ pub struct Bugs {
     /// newer ones. Fixed: compare-and-append (a record lands only as the successor of the
     /// position its claim read).
     pub latest_by_highest_id: bool,
+    /// Bug 3: a claim whose A2 walk ended its span before the window's end still hands out the B
+    /// and A1 rows past the span, and moves the cursor to the last of them. A2 rows between the
+    /// span's end and that cursor were never read, so the window passes them. Fixed: the claim
+    /// keeps only rows at or below the span's end.
+    pub rows_past_the_span: bool,
 }
 
 /// One model run: the transactions, the relay, the bounds and the bugs.
@@ -70,6 +75,11 @@ pub struct Config {
     /// Whether the claim also reads A3, the safety net under A2's floor. Off by default: the
     /// model shows that A2 needs no net when the floor is read under the lock.
     pub safety_net: bool,
+    /// The seqs A2's walk may span in one claim (claim_window.sql's `$13`), or `None` for an
+    /// unbounded walk. A span that ends below the floor stops the claim there: only rows at or
+    /// below it are read, and a claim that then finds fewer rows than its batch keeps the window
+    /// open with the cursor at the span's end instead of closing it.
+    pub walk_span: Option<u8>,
     /// Which bugs are planted.
     pub bugs: Bugs,
 }
@@ -86,6 +96,7 @@ impl Config {
             max_takeovers: 0,
             segment_width: 2,
             safety_net: false,
+            walk_span: None,
             bugs: Bugs::default(),
         }
     }
@@ -133,6 +144,16 @@ impl Config {
         }
     }
 
+    /// Three writers racing, batches of two rows, and a walk that spans one seq per claim: a
+    /// window advances past seqs of rows it did not hand out (of a transaction still running,
+    /// rolled back, or newer than `cur`).
+    pub fn walk_span() -> Self {
+        Self {
+            walk_span: Some(1),
+            ..Self::batches_of_two()
+        }
+    }
+
     /// Every configuration the fixed protocol is checked in, by name. Each is small enough to
     /// explore whole in seconds; together they cover writer races, batch sizes and relay faults
     /// (one model with all of them at once has tens of millions of states).
@@ -143,6 +164,7 @@ impl Config {
             ("abandoned records", Self::abandoned_records()),
             ("takeover", Self::takeover()),
             ("abandon and takeover", Self::abandon_and_takeover()),
+            ("walk span", Self::walk_span()),
         ]
     }
 

@@ -27,7 +27,10 @@
 //!   window is exhausted (`window_rows` below the per-partition limit): the new position closes
 //!   it (`done := cur`, `done_bound := cur_bound`, `done_floor := cur_floor`, cursor 0);
 //!   otherwise it keeps `done` and `cur` and moves the cursor to the last row handed out
-//!   (ticket.rs `closed`/`kept`). A claim that opened a window then reads the floor for it
+//!   (ticket.rs `closed`/`kept`). With [`Config::walk_span`], A2 walks a bounded span of seqs
+//!   as the SQL's `$13` does: when the span ends below the floor, rows above its end are not
+//!   read, and a claim that finds fewer rows than its batch keeps the window open with the
+//!   cursor at the span's end (`scan_to`). A claim that opened a window then reads the floor for it
 //!   (`GREATEST(done_floor, floor)`) as a step of its own, since the statement reads it after
 //!   taking its snapshot and writers draw in between: any floor read before the recording
 //!   transaction gets its id is a valid one, and one read earlier could only be lower.
@@ -67,14 +70,15 @@
 //!
 //! Examples (`sometimes`) guard against a vacuous pass: every committed row delivered and
 //! passed; a segment holding a sent row dropped; the new owner recording after a takeover; an
-//! abandoned record running after the position it read was followed.
+//! abandoned record running after the position it read was followed; a window whose cursor a
+//! walk's span moved onto a row not sent.
 //!
 //! # Results
 //!
 //! The fixed protocol (locked floor, compare-and-append, fence) keeps all five invariants over
 //! the whole state space of each configuration of [`Config::portfolio`] (writer races with
-//! batches of one and two rows, abandoned records, a takeover, both together: 0.6 to 1.2
-//! million states each, about 20 seconds in all). The planted bugs are found:
+//! batches of one and two rows, abandoned records, a takeover, both together, walks of one seq:
+//! 0.6 to 1.9 million states each, about 20 seconds in all). The planted bugs are found:
 //!
 //! - **Bug 1, unlocked floor** ([`Bugs::unlocked_floor`]): T0 gets txid 2 and is in the middle
 //!   of `nextval` (the tuple shows 2, `last` is 0) when a claim opens a window and reads the
@@ -88,6 +92,12 @@
 //!   runs, draws the highest id, and becomes the latest position with the oldest `done`
 //!   (invariant 4; 11 steps). The next claims hand out rows again. With compare-and-append it
 //!   writes nothing.
+//! - **Bug 3, rows past the span** ([`Bugs::rows_past_the_span`]): T1 (txid 2) draws seq 1 and,
+//!   later, seq 3; T2 (txid 4) draws seq 2 between them and commits first; both commit. A window
+//!   reads T1 by txid (A1) and walks one seq for A2: seq 1, T1's own. Handing out T1's seq 3
+//!   too and moving the cursor to 3 passes T2's seq 2, which the walk never reached
+//!   (invariant 1; 18 steps). Fixed, the claim keeps only seq 1 and the cursor stops at the
+//!   span's end.
 //!
 //! Compare-and-append alone keeps these invariants: with the epoch fence removed, the checks
 //! still pass, since a zombie's record that lands is a valid successor of a batch it did publish.

@@ -99,6 +99,15 @@ pub enum Action {
     },
 }
 
+/// The part of a claim that reads a window row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    /// B, A1 (or A3): probed by transaction id.
+    Probed,
+    /// A2: walked up the seq index from the floor.
+    Walked,
+}
+
 /// A planned row: its writer and key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlannedRow {
@@ -207,9 +216,9 @@ impl ProtocolModel {
         }
     }
 
-    /// Whether row `i` belongs to the window `(p.done, cur)` after `cursor`, read the way
-    /// claim_window.sql reads it: B, A1 and A2 (and A3 when the safety net is on).
-    fn in_window(
+    /// Which part of the window `(p.done, cur)` after `cursor` reads row `i`, read the way
+    /// claim_window.sql reads it (`None`: the row is not in the window).
+    fn part(
         &self,
         s: &State,
         p: &Position,
@@ -217,11 +226,11 @@ impl ProtocolModel {
         cursor: Seq,
         i: usize,
         row: &Row,
-    ) -> bool {
+    ) -> Option<Part> {
         let t = row.txid;
         // A dropped segment's rows are gone from every read.
         if t < s.dropped_below || row.seq <= cursor || !self.visible(s, i, row, &cur.snapshot) {
-            return false;
+            return None;
         }
         // B: transactions `done` saw running.
         let b = p.done.in_progress(t);
@@ -235,7 +244,60 @@ impl ProtocolModel {
             && t >= p.done_bound
             && row.seq <= p.done_floor
             && cursor < p.done_floor;
-        b || a1 || a2 || a3
+        if a2 {
+            Some(Part::Walked)
+        } else if b || a1 || a3 {
+            Some(Part::Probed)
+        } else {
+            None
+        }
+    }
+
+    /// The rows a claim reads from the window `(p.done, cur)` after `cursor`, in seq order (at
+    /// most a batch), and where A2's walk stopped when its span ended before the window could.
+    ///
+    /// With a span, the walk reads seqs `(low, low + span]` from `low = max(cursor,
+    /// done_floor)`, no further than the batch-th probed row (B, A1) if there are that many. If
+    /// `low + span` is below the floor the statement reads (rows past it are not visible in
+    /// `cur`), the window may go on past the walk: rows above its end are dropped, since A2 rows
+    /// may sit below them unread, and the end is returned.
+    fn read_window(
+        &self,
+        s: &State,
+        p: &Position,
+        cur: &DraftWindow,
+        cursor: Seq,
+    ) -> (Vec<(Seq, usize)>, Option<Seq>) {
+        let batch = usize::from(self.cfg.batch);
+        let mut probed = Vec::new();
+        let mut walked = Vec::new();
+        for (i, r) in s.rows.iter().enumerate() {
+            let Some(row) = r else { continue };
+            match self.part(s, p, cur, cursor, i, row) {
+                Some(Part::Probed) => probed.push((row.seq, i)),
+                Some(Part::Walked) => walked.push((row.seq, i)),
+                None => {}
+            }
+        }
+        probed.sort_unstable();
+        let Some(span) = self.cfg.walk_span else {
+            let mut found = [probed, walked].concat();
+            found.sort_unstable();
+            found.truncate(batch);
+            return (found, None);
+        };
+        // B and A1 read at most a batch.
+        probed.truncate(batch);
+        let reach = cursor.max(p.done_floor).saturating_add(span);
+        let edge = (reach < self.read_floor(s)).then_some(reach);
+        let mut found: Vec<(Seq, usize)> = probed
+            .into_iter()
+            .chain(walked.into_iter().filter(|&(seq, _)| seq <= reach))
+            .filter(|&(seq, _)| edge.is_none_or(|e| seq <= e) || self.cfg.bugs.rows_past_the_span)
+            .collect();
+        found.sort_unstable();
+        found.truncate(batch);
+        (found, edge)
     }
 
     /// A claim by `relay` (the action is enabled only for an idle owner, or a member that still
@@ -265,16 +327,7 @@ impl ProtocolModel {
                 0,
             ),
         };
-        let mut found: Vec<(Seq, usize)> = s
-            .rows
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| r.map(|row| (i, row)))
-            .filter(|(i, row)| self.in_window(s, &p, &cur, cursor, *i, row))
-            .map(|(i, row)| (row.seq, i))
-            .collect();
-        found.sort_unstable();
-        found.truncate(usize::from(self.cfg.batch));
+        let (found, edge) = self.read_window(s, &p, &cur, cursor);
         for &(seq, i) in &found {
             if s.was_sent(i) {
                 continue;
@@ -286,15 +339,18 @@ impl ProtocolModel {
             s.sent |= 1 << i;
         }
         // Fewer rows than asked for: the window is read to its end (`window_rows` below the
-        // limit).
-        let next = match found.last() {
-            Some(&(last, _)) if found.len() == usize::from(self.cfg.batch) => Draft {
-                done: p.done,
-                done_bound: Some(p.done_bound),
-                done_floor: p.done_floor,
-                cur: Some(cur),
-                cursor: last,
-            },
+        // limit), unless the walk's span ended first: then the window stays open with the
+        // cursor at the span's end (`scan_to`), past rows it read but did not hand out.
+        let kept = |cursor| Draft {
+            done: p.done,
+            done_bound: Some(p.done_bound),
+            done_floor: p.done_floor,
+            cur: Some(cur),
+            cursor,
+        };
+        let next = match (found.last(), edge) {
+            (Some(&(last, _)), _) if found.len() == usize::from(self.cfg.batch) => kept(last),
+            (last, Some(edge)) => kept(last.map_or(edge, |&(l, _)| l.max(edge))),
             _ => Draft {
                 done: cur.snapshot,
                 done_bound: cur.bound,

@@ -31,6 +31,11 @@ pub const NEW_OWNER_RECORDS: &str = "example: the new owner records after a take
 /// Example: a record its member gave up on ran after the position it read had been followed.
 pub const LATE_RECORD: &str = "example: an abandoned record runs after its position was followed";
 
+/// Example: a window is open with its cursor on a row that was never sent (the walk's span
+/// ended there).
+pub const SPAN_END: &str =
+    "example: a walk's span ends on a row not sent, and the cursor moves there";
+
 /// Every property, in the order above; the examples of faults only where `cfg` allows them.
 pub fn all(cfg: &Config) -> Vec<Property<ProtocolModel>> {
     let mut all = vec![
@@ -47,6 +52,9 @@ pub fn all(cfg: &Config) -> Vec<Property<ProtocolModel>> {
     }
     if cfg.max_abandons > 0 {
         all.push(Property::sometimes(LATE_RECORD, late_record));
+    }
+    if cfg.walk_span.is_some() {
+        all.push(Property::sometimes(SPAN_END, span_end));
     }
     all
 }
@@ -149,4 +157,14 @@ fn new_owner_records(_: &ProtocolModel, s: &State) -> bool {
 
 fn late_record(_: &ProtocolModel, s: &State) -> bool {
     s.late_record
+}
+
+fn span_end(_: &ProtocolModel, s: &State) -> bool {
+    let p = &s.latest;
+    p.cur.is_some()
+        && p.cursor > 0
+        && s.rows
+            .iter()
+            .enumerate()
+            .any(|(i, r)| r.is_some_and(|row| row.seq == p.cursor) && !sent(s, i))
 }

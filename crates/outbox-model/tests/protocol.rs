@@ -101,6 +101,22 @@ fn a_late_landing_record_moves_the_position_back() {
 }
 
 #[test]
+fn a_walk_that_hands_out_rows_past_the_end_of_its_span_loses_a_row() {
+    let cfg = Config {
+        bugs: Bugs {
+            rows_past_the_span: true,
+            ..Bugs::default()
+        },
+        ..Config::walk_span()
+    };
+    let path = find("rows past the span handed out", cfg, NO_LOSS);
+    assert!(path
+        .into_actions()
+        .iter()
+        .any(|a| matches!(a, Action::Claim { .. })));
+}
+
+#[test]
 fn the_a3_safety_net_hides_the_unlocked_floor() {
     // Why A3 found rows in production: with the floor read unlocked, every row A2 skips is one
     // A3 returns, so nothing was lost; with the floor read under the lock, A3 has nothing to do

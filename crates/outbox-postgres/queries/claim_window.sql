@@ -17,10 +17,15 @@
 --   A2. txids at or above `done_bound`: those transactions got their id after the floor
 --       `done_floor` was read, and draw a row's seq only after they have an id, so every row
 --       they wrote has a seq above that floor. The (partition, seq) index is walked upward from
---       max(cursor, done_floor) and stops after $3 rows of the window; what it steps over is
---       only rows newer than `cur` or still uncommitted. Its txid bounds prune the segments
---       below `done_bound` and above `cur` at run time, so the walk probes only the segments
---       that can hold the window, however many days of segments retention keeps.
+--       max(cursor, done_floor) over a span of at most $13 seqs, and stops after $3 rows of the
+--       window. What it steps over is rows newer than `cur` and rows of transactions still being
+--       written; those are invisible to this statement, so the index scan skips them itself, a
+--       heap visit each, unseen by any LIMIT: the span is what bounds that work. When the span
+--       ends below the floor this statement read, the claim returns no row above its end
+--       (`scan_to`) and, returning fewer than $3 rows, leaves the window open with the cursor
+--       there (ticket.rs `read_to`). `txid >= xmin(done)` prunes the segments below the window
+--       at run time, so the walk probes only the segments that can hold it, however many days
+--       of segments retention keeps.
 -- The claim transaction runs with enable_sort off (see `read_claim` in store.rs): each part has
 -- an index path that yields its rows in the order it asks for, and any plan that would read a
 -- whole txid range or partition and sort it instead is priced out, whatever the statistics.
@@ -50,10 +55,12 @@
 -- renders few it cannot hand out.
 --
 -- $1 partitions (int2[]) and $2 the epochs this member holds them at (ownership is checked when
--- the batch is recorded, not here: a claim writes nothing), $3 rows per partition, $4 rows in
+-- the batch is recorded, not here: a claim writes nothing), $3 rows per partition at most, $4 rows in
 -- all, $5 failed rows block their key, $6 parked rows per partition at which the partition's
 -- window stops advancing (its parked keys still drain; the relay warns), $7 payload bytes to
--- hand out, $8 the first row to hand out gets its payload whatever its size.
+-- hand out, $8 the first row to hand out gets its payload whatever its size, $13 the seqs A2's
+-- walk may span (`walk_span` in store.rs), $14 the rows each partition of $1 may return (`lim`,
+-- at most $3; below it for partitions that had no rows at the last claim).
 --
 -- A claim ahead (read while the previous batch is still being published, see `claim_ahead` in
 -- store.rs) continues an open window from where that batch will leave it: $9 cursor, $10 cur,
@@ -64,6 +71,7 @@ WITH floor AS MATERIALIZED (
     SELECT {schema}.outbox_seq_floor() AS seq_high
 ), pos AS MATERIALIZED (
     SELECT p.partition, p.epoch, lp.id AS prev_id, lp.parked, lp.done, lp.done_bound,
+           floor.seq_high, COALESCE(p.lim, $3) AS lim,
            lp.done_floor, lp.done_at, lp.published, lp.cur, lp.cur_bound,
            CASE WHEN p.at_cur IS NOT NULL THEN p.at_cur_floor
                 WHEN lp.opens THEN GREATEST(lp.done_floor, floor.seq_high)
@@ -76,8 +84,9 @@ WITH floor AS MATERIALIZED (
            -- Rendered once per partition here, not once per row below.
            lp.done::text AS done_text, lp.done_bound::text AS done_bound_text,
            lp.cur::text AS cur_text, lp.cur_bound::text AS cur_bound_text
-    FROM unnest($1::int2[], $2::int8[], $9::int8[], $10::text[], $11::int8[], $12::timestamptz[])
-         AS p(partition, epoch, at_cursor, at_cur, at_cur_floor, at_cur_at)
+    FROM unnest($1::int2[], $2::int8[], $9::int8[], $10::text[], $11::int8[], $12::timestamptz[],
+                $14::int8[])
+         AS p(partition, epoch, at_cursor, at_cur, at_cur_floor, at_cur_at, lim)
     CROSS JOIN floor
     CROSS JOIN LATERAL (
         SELECT x.id, x.parked, x.done, x.done_bound, x.done_floor, x.done_at,
@@ -90,72 +99,111 @@ WITH floor AS MATERIALIZED (
         LIMIT 1
     ) AS lp
 ), win AS (
-    SELECT pos.*, w.seq, w.txid, w.id, w.aggregate_type, w.aggregate_id, w.event_type,
-           w.payload, w.headers, w.topic, w.created_at,
+    SELECT pos.*, w.scan_to, w.seq, w.txid, w.id, w.aggregate_type, w.aggregate_id,
+           w.event_type, w.payload, w.headers, w.topic, w.created_at,
            COALESCE(w.window_rows, 0) AS window_rows
     FROM pos
     LEFT JOIN LATERAL (
-        -- Counted here, per partition and after its LIMIT, so that no sort of every row by
-        -- partition is needed to count them.
-        SELECT lim.*, count(*) OVER () AS window_rows FROM (
-        SELECT u.* FROM (
-            -- A2
-            (SELECT a.seq, a.txid, a.id, a.aggregate_type, a.aggregate_id, a.event_type,
-                    a.payload, a.headers, a.topic, a.created_at
-             FROM {schema}.outbox AS a
-             WHERE NOT pos.parked_full
-               AND a.partition = pos.partition
-               AND a.seq > GREATEST(pos.cursor, pos.done_floor)
-               AND a.txid >= pos.done_bound
-               AND a.txid < pg_snapshot_xmax(pos.cur)
-               AND pg_visible_in_snapshot(a.txid, pos.cur)
-             ORDER BY a.seq
-             LIMIT $3)
-            UNION ALL
-            -- A1
-            (SELECT r.* FROM (
-                 WITH RECURSIVE t(txid) AS (
-                     (SELECT o.txid FROM {schema}.outbox AS o
-                      WHERE o.partition = pos.partition
-                        AND o.txid >= pg_snapshot_xmax(pos.done) AND o.txid < pos.done_bound
-                      ORDER BY o.txid
-                      LIMIT 1)
-                     UNION ALL
-                     SELECT (SELECT o.txid FROM {schema}.outbox AS o
-                             WHERE o.partition = pos.partition
-                               AND o.txid > t.txid AND o.txid < pos.done_bound
-                             ORDER BY o.txid
-                             LIMIT 1)
-                     FROM t
-                     WHERE t.txid IS NOT NULL
-                 )
-                 SELECT t.txid FROM t WHERE t.txid IS NOT NULL
-             ) AS y
-             CROSS JOIN LATERAL (
-                 SELECT o.seq, o.txid, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
-                        o.payload, o.headers, o.topic, o.created_at
-                 FROM {schema}.outbox AS o
-                 WHERE o.partition = pos.partition AND o.txid = y.txid AND o.seq > pos.cursor
-                 ORDER BY o.seq
-                 LIMIT $3
-             ) AS r
-             WHERE NOT pos.parked_full AND pg_visible_in_snapshot(y.txid, pos.cur))
-            UNION ALL
-            -- B
-            (SELECT b.* FROM pg_snapshot_xip(pos.done) AS x(xid)
-             CROSS JOIN LATERAL (
-                 SELECT o.seq, o.txid, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
-                        o.payload, o.headers, o.topic, o.created_at
-                 FROM {schema}.outbox AS o
-                 WHERE o.partition = pos.partition AND o.txid = x.xid AND o.seq > pos.cursor
-                 ORDER BY o.seq
-                 LIMIT $3
-             ) AS b
-             WHERE NOT pos.parked_full AND pg_visible_in_snapshot(x.xid, pos.cur))
-        ) AS u
-        ORDER BY u.seq
-        LIMIT $3
-        ) AS lim
+        WITH probed AS MATERIALIZED (
+            -- B and A1: at most `lim` rows, in seq order.
+            SELECT u.* FROM (
+                -- A1
+                (SELECT r.* FROM (
+                     WITH RECURSIVE t(txid) AS (
+                         (SELECT o.txid FROM {schema}.outbox AS o
+                          WHERE o.partition = pos.partition
+                            AND o.txid >= pg_snapshot_xmax(pos.done) AND o.txid < pos.done_bound
+                          ORDER BY o.txid
+                          LIMIT 1)
+                         UNION ALL
+                         SELECT (SELECT o.txid FROM {schema}.outbox AS o
+                                 WHERE o.partition = pos.partition
+                                   AND o.txid > t.txid AND o.txid < pos.done_bound
+                                 ORDER BY o.txid
+                                 LIMIT 1)
+                         FROM t
+                         WHERE t.txid IS NOT NULL
+                     )
+                     SELECT t.txid FROM t WHERE t.txid IS NOT NULL
+                 ) AS y
+                 CROSS JOIN LATERAL (
+                     SELECT o.seq, o.txid, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
+                            o.payload, o.headers, o.topic, o.created_at
+                     FROM {schema}.outbox AS o
+                     WHERE o.partition = pos.partition AND o.txid = y.txid AND o.seq > pos.cursor
+                     ORDER BY o.seq
+                     LIMIT pos.lim
+                 ) AS r
+                 WHERE NOT pos.parked_full AND pg_visible_in_snapshot(y.txid, pos.cur))
+                UNION ALL
+                -- B
+                (SELECT b.* FROM pg_snapshot_xip(pos.done) AS x(xid)
+                 CROSS JOIN LATERAL (
+                     SELECT o.seq, o.txid, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
+                            o.payload, o.headers, o.topic, o.created_at
+                     FROM {schema}.outbox AS o
+                     WHERE o.partition = pos.partition AND o.txid = x.xid AND o.seq > pos.cursor
+                     ORDER BY o.seq
+                     LIMIT pos.lim
+                 ) AS b
+                 WHERE NOT pos.parked_full AND pg_visible_in_snapshot(x.xid, pos.cur))
+            ) AS u
+            ORDER BY u.seq
+            LIMIT pos.lim
+        ), walk AS (
+            -- A2's walk, over at most $13 seqs from the floor and the cursor on, and no further
+            -- than the last of a full batch of B and A1 rows. The span is the budget, not a
+            -- LIMIT: rows of transactions still running are invisible to this statement, so the
+            -- index scan steps over them without returning them, and only a bound on the index
+            -- range bounds that work. The run condition on `mine_upto` stops the walk at the
+            -- (`lim` + 1)th row of its own. `txid >= xmin(done)` filters no row it could meet (a
+            -- row above `done_floor` is not visible in `done`), but prunes older segments at run
+            -- time.
+            SELECT v.* FROM (
+                SELECT a.*, count(*) FILTER (WHERE a.mine) OVER (ORDER BY a.seq) AS mine_upto
+                FROM (
+                    SELECT e.seq, e.txid, e.id, e.aggregate_type, e.aggregate_id, e.event_type,
+                           e.payload, e.headers, e.topic, e.created_at,
+                           (e.txid >= pos.done_bound
+                            AND pg_visible_in_snapshot(e.txid, pos.cur)) AS mine
+                    FROM {schema}.outbox AS e
+                    WHERE NOT pos.parked_full
+                      AND e.partition = pos.partition
+                      AND e.seq > GREATEST(pos.cursor, pos.done_floor)
+                      AND e.seq <= LEAST(GREATEST(pos.cursor, pos.done_floor) + $13,
+                                         (SELECT CASE WHEN count(*) >= pos.lim THEN max(q.seq) END
+                                          FROM probed AS q))
+                      AND e.txid >= pg_snapshot_xmin(pos.done)
+                    ORDER BY e.seq
+                ) AS a
+            ) AS v
+            WHERE v.mine_upto <= pos.lim
+        )
+        SELECT lim.*, count(lim.seq) OVER () AS window_rows, edge.scan_to
+        FROM (
+            -- Where the walk's span ended, if rows of this window can lie past it: it read every
+            -- row up to there, and nothing above. Past the floor read in this statement, after
+            -- its snapshot, there are none. Rows above are not returned (B or A1 rows there
+            -- could sit above A2 rows it never reached), and a window that returns fewer than
+            -- `lim` rows is not read to its end: the record moves its cursor to `scan_to`.
+            SELECT CASE WHEN NOT pos.parked_full
+                             AND GREATEST(pos.cursor, pos.done_floor) + $13 < pos.seq_high
+                        THEN GREATEST(pos.cursor, pos.done_floor) + $13 END AS scan_to
+        ) AS edge
+        LEFT JOIN LATERAL (
+            -- Counted here, per partition and after its LIMIT, so that no sort of every row by
+            -- partition is needed to count them.
+            SELECT u.* FROM (
+                SELECT k.seq, k.txid, k.id, k.aggregate_type, k.aggregate_id, k.event_type,
+                       k.payload, k.headers, k.topic, k.created_at
+                FROM walk AS k WHERE k.mine
+                UNION ALL
+                SELECT * FROM probed
+            ) AS u
+            WHERE u.seq <= COALESCE(edge.scan_to, 9223372036854775807)
+            ORDER BY u.seq
+            LIMIT pos.lim
+        ) AS lim ON true
     ) AS w ON true
 ), flagged AS (
     SELECT win.*,
@@ -174,7 +222,7 @@ WITH floor AS MATERIALIZED (
     ORDER BY f.seq NULLS FIRST
     LIMIT $4
 )
-SELECT m.partition, m.epoch, m.prev_id, m.parked, m.parked_full, m.done_text AS done,
+SELECT m.partition, m.epoch, m.prev_id, m.scan_to, m.parked, m.parked_full, m.done_text AS done,
        m.done_bound_text AS done_bound, m.done_floor, m.done_at,
        m.published, m.cur_text AS cur, m.cur_bound_text AS cur_bound, m.cur_floor,
        m.cur_at, m.cursor, m.window_rows, m.seq, m.txid::text AS txid, m.id,

@@ -4,7 +4,7 @@
 //! The message table is insert-only: nothing here updates or deletes a message row. See
 //! `migrations/0003_engine_v2.sql` and `docs/engine.md` for the model.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -309,6 +309,9 @@ struct MemberState {
     ticket: Option<Ticket>,
     /// Partitions that had rows at the last claim, to share a batch among them.
     active: usize,
+    /// Which partitions those were (`None` before the member's first claim): only they get a
+    /// share of the whole batch next time.
+    busy: Option<HashSet<i16>>,
     /// When empty windows were last recorded as passed.
     last_idle_advance: Option<Instant>,
     /// When this member last warned about partitions at the parking cap.
@@ -320,6 +323,8 @@ struct MemberState {
     ahead: Option<Ahead>,
     /// When the parked table needs reading.
     parked: ParkedReads,
+    /// Whether the last claim's walk stopped at the end of its span in some partition.
+    more_to_read: bool,
 }
 
 impl MemberState {
@@ -340,7 +345,16 @@ impl MemberState {
     /// the mean payload size, the parked counts.
     fn remember(&mut self, read: &ClaimRead) {
         self.active = read.active_now.max(1);
+        self.busy = Some(
+            read.ticket
+                .windows
+                .values()
+                .filter(|w| w.found > 0)
+                .map(|w| w.partition)
+                .collect(),
+        );
         self.mean_payload = read.mean_now.or(self.mean_payload);
+        self.more_to_read = read.ticket.windows.values().any(|w| w.read_to.is_some());
         for w in read.ticket.windows.values() {
             self.parked.counts.insert(w.partition, w.parked);
         }
@@ -429,7 +443,10 @@ struct ClaimRead {
 /// What one window read asks for.
 struct WindowRead<'a> {
     epochs: &'a [(i16, i64)],
+    /// The most rows any partition may return.
     per_partition: i64,
+    /// The rows each partition of `epochs` may return (at most `per_partition`).
+    partition_limits: &'a [i64],
     rows: usize,
     block: bool,
     /// Payload bytes it may hand out.
@@ -440,6 +457,60 @@ struct WindowRead<'a> {
     /// the pending batch will record) instead of the recorded one.
     follow: Option<&'a HashMap<i16, NewPosition>>,
 }
+
+/// How many rows each partition of `epochs` may return in a claim of `rows`, given the number
+/// of partitions that had rows at the member's last claim (`active`) and which (`busy`, `None`
+/// before its first claim); and the most any may return.
+fn share_batch(
+    rows: usize,
+    epochs: &[(i16, i64)],
+    active: usize,
+    busy: Option<&HashSet<i16>>,
+) -> (i64, Vec<i64>) {
+    // A batch is shared among the partitions that had rows last time: one hot key gets the
+    // whole batch, a thousand keys a slice each. The slice is rounded up, so that busy
+    // partitions fill the batch (the few rows past it are cut below, highest seqs first):
+    // rounded down, 32 busy partitions and a batch of 1,000 came back with 992 rows, which
+    // the relay reads as "caught up", so it never read ahead and paused after every batch.
+    let parts = epochs.len().max(1);
+    let rows = rows.max(1);
+    let per_partition = rows.div_ceil(active.clamp(1, parts)).clamp(1, rows) as i64;
+    // Only the partitions that had rows get that slice; the others get twice an even share
+    // of the batch, so a backlog that appears across many of them at once (a big
+    // transaction commits, a bulk insert after a quiet spell) is read as about three
+    // batches, not one batch per partition: after a trickle on one key, 32 partitions at
+    // 1,000 rows each made a 32,000-row claim of 150 ms. The next claim shares by what this
+    // one found. A member's first claim knows nothing yet and gives every partition the
+    // slice.
+    let quiet = ((rows.saturating_mul(2)).div_ceil(parts).clamp(1, rows) as i64).min(per_partition);
+    let partition_limits: Vec<i64> = epochs
+        .iter()
+        .map(|(p, _)| match busy {
+            Some(busy) if !busy.contains(p) => quiet,
+            _ => per_partition,
+        })
+        .collect();
+    (per_partition, partition_limits)
+}
+
+/// The seqs A2's walk may span in one claim of a partition: four times the rows it may return,
+/// and at least [`WALK_SPAN`]. A claim's cost therefore follows its batch, whatever runs
+/// beside it: a walk that meets rows of a transaction still being written (which the index scan
+/// steps over one heap visit at a time, without returning them) moves the window's cursor to
+/// the end of its span and reads on at the next claim, instead of stepping over all of them at
+/// once (a million-row transaction in progress made claims step over up to 55,000 rows and take
+/// 300 ms).
+fn walk_span(per_partition: i64) -> i64 {
+    per_partition.saturating_mul(4).max(WALK_SPAN)
+}
+
+/// The smallest walk span: at most this many index entries per partition (about 15 ms of heap
+/// visits here when every one belongs to a transaction still running; a claim's partitions
+/// share the seqs, so together they meet about as many), and four times what a partition's share
+/// of a batch needs when a thousand keys share the outbox (16 rows over about 1,000 seqs).
+/// Measured with `bench --mode big-tx` (2026-12-04): 8,192 left claims of 100–110 ms while a
+/// thousand transactions were written, 4,096 none over 60 ms once they were committed.
+const WALK_SPAN: i64 = 4_096;
 
 /// What a claim's reads measured: rows to hand out and the text length of their payloads.
 #[derive(Default)]
@@ -587,7 +658,7 @@ impl PgStore {
         follow: Option<&HashMap<i16, NewPosition>>,
     ) -> Result<Option<ClaimRead>> {
         let wanted = partitions_param(partitions);
-        let (epochs, active, idle_due, mean, parked_parts) = self.state(member, |s| {
+        let (epochs, active, idle_due, mean, parked_parts, busy) = self.state(member, |s| {
             let e: Vec<(i16, i64)> = wanted
                 .iter()
                 .filter_map(|p| s.epochs.get(p).map(|e| (*p, *e)))
@@ -603,18 +674,20 @@ impl PgStore {
             } else {
                 s.parked.due(&owned, on_failed == OnFailed::Block)
             };
-            (e, s.active, idle_due, s.mean_payload, parked)
+            (
+                e,
+                s.active,
+                idle_due,
+                s.mean_payload,
+                parked,
+                s.busy.clone(),
+            )
         });
         if epochs.is_empty() || limits.rows == 0 {
             return Ok(None);
         }
         let rows = rows_to_read(limits, mean);
-        // A batch is shared among the partitions that had rows last time: one hot key gets the
-        // whole batch, a thousand keys a slice each. The slice is rounded up, so that busy
-        // partitions fill the batch (the few rows past it are cut below, highest seqs first):
-        // rounded down, 32 busy partitions and a batch of 1,000 came back with 992 rows, which
-        // the relay reads as "caught up", so it never read ahead and paused after every batch.
-        let per_partition = rows.div_ceil(active.clamp(1, epochs.len())).clamp(1, rows) as i64;
+        let (per_partition, partition_limits) = share_batch(rows, &epochs, active, busy.as_ref());
         let block = on_failed == OnFailed::Block;
         let err = |e| map_sqlx_error("claiming pending messages", e);
         let mut tx = self.pool.begin_with(CLAIM_BEGIN).await.map_err(err)?;
@@ -643,6 +716,7 @@ impl PgStore {
                 WindowRead {
                     epochs: &epochs,
                     per_partition,
+                    partition_limits: &partition_limits,
                     rows,
                     block,
                     bytes: limits.bytes.saturating_sub(parked_bytes),
@@ -743,6 +817,7 @@ impl PgStore {
             })
             .collect();
         let all = int8(read.rows.saturating_add(parts.len()));
+        let span = walk_span(read.per_partition);
         sqlx::query(sql)
             .bind(parts)
             .bind(eps)
@@ -756,6 +831,8 @@ impl PgStore {
             .bind(column(&follow, |n| n.cur.clone()))
             .bind(column(&follow, |n| n.cur_floor))
             .bind(column(&follow, |n| n.cur_at))
+            .bind(span)
+            .bind(read.partition_limits.to_vec())
     }
 
     /// The plan of `member`'s next window claim of `rows` per partition over `partitions`
@@ -790,9 +867,11 @@ impl PgStore {
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
             self.q.claim_window
         );
+        let limits = vec![int8(rows); epochs.len()];
         let read = WindowRead {
             epochs: &epochs,
             per_partition: int8(rows),
+            partition_limits: &limits,
             rows: rows.saturating_mul(epochs.len()),
             block: true,
             bytes: usize::MAX >> 1,
@@ -831,6 +910,15 @@ impl PgStore {
             {
                 let found: i64 = r.try_get("window_rows").map_err(err)?;
                 let full: bool = r.try_get("parked_full").map_err(err)?;
+                let scan_to: Option<i64> = r.try_get("scan_to").map_err(err)?;
+                let limit = read
+                    .epochs
+                    .iter()
+                    .position(|(p, _)| *p == partition)
+                    .and_then(|i| read.partition_limits.get(i))
+                    .copied()
+                    .unwrap_or(read.per_partition);
+                let short = found < limit && !full;
                 if full {
                     ticket.full_partitions.push(partition);
                 }
@@ -850,8 +938,10 @@ impl PgStore {
                     cur_at: r.try_get("cur_at").map_err(err)?,
                     cursor: r.try_get("cursor").map_err(err)?,
                     found,
-                    // A partition at the parking cap read nothing: never close its window.
-                    exhausted_if_all_read: found < read.per_partition && !full,
+                    // A partition at the parking cap read nothing: never close its window. A
+                    // walk that stopped at the end of its span did not reach the window's end.
+                    exhausted_if_all_read: short && scan_to.is_none(),
+                    read_to: scan_to.filter(|_| short),
                 });
             }
             let Some(seq) = r.try_get::<Option<i64>, _>("seq").map_err(err)? else {
@@ -899,6 +989,7 @@ impl PgStore {
         for w in ticket.windows.values_mut() {
             if returned.get(&w.partition).copied().unwrap_or(0) < w.found {
                 w.exhausted_if_all_read = false;
+                w.read_to = None;
             }
         }
         let mut m = Measured::default();
@@ -1254,6 +1345,10 @@ impl Store for PgStore {
             s.ticket = Some(read.ticket);
         });
         Ok(messages)
+    }
+
+    fn more_to_read(&self, member: &MemberId) -> bool {
+        self.state(member, |s| s.more_to_read)
     }
 
     async fn claim_ahead(
@@ -1718,6 +1813,28 @@ impl From<PgStore> for std::sync::Arc<dyn Store> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_goes_to_the_partitions_that_had_rows_and_twice_an_even_share_to_the_others() {
+        let epochs: Vec<(i16, i64)> = (0..32).map(|p| (p, 1)).collect();
+        // Before the first claim: every partition may fill the batch.
+        let (per, limits) = share_batch(1000, &epochs, 1, None);
+        assert_eq!(per, 1000);
+        assert!(limits.iter().all(|l| *l == 1000));
+        // One hot key: its partition gets the batch, the 31 others 63 rows each, so a backlog
+        // appearing in all of them at once is read as 2,953 rows, not 32,000.
+        let hot = HashSet::from([5]);
+        let (per, limits) = share_batch(1000, &epochs, 1, Some(&hot));
+        assert_eq!((per, limits[5], limits[6]), (1000, 1000, 63));
+        assert_eq!(limits.iter().sum::<i64>(), 1000 + 31 * 63);
+        // Idle (nothing found last time): an even share, twice over, everywhere.
+        let (_, limits) = share_batch(1000, &epochs, 1, Some(&HashSet::new()));
+        assert!(limits.iter().all(|l| *l == 63));
+        // Sixteen busy partitions: a slice each (rounded up), the rest no more than that.
+        let busy: HashSet<i16> = (0..16).collect();
+        let (per, limits) = share_batch(1000, &epochs, 16, Some(&busy));
+        assert_eq!((per, limits[0], limits[20]), (63, 63, 63));
+    }
 
     #[test]
     fn claims_read_about_what_the_byte_bound_holds() {

@@ -31,8 +31,13 @@ pub(crate) struct Window {
     pub cursor: i64,
     /// The window's rows the claim found (at most the per-partition limit).
     pub found: i64,
-    /// Whether the claim asked for fewer rows than it could have got: `found` below the limit.
+    /// Whether the claim asked for fewer rows than it could have got: `found` below the limit,
+    /// and A2's walk did not stop at the end of its span.
     pub exhausted_if_all_read: bool,
+    /// Where A2's walk stopped at the end of its span, when the claim found fewer rows than its
+    /// limit (all of them returned): every window row up to there was read, so once all are
+    /// handled the cursor moves there, past rows the walk stepped over without handing out.
+    pub read_to: Option<i64>,
 }
 
 impl Window {
@@ -339,8 +344,15 @@ impl Ticket {
             let closes = complete
                 && w.exhausted_if_all_read
                 && (!rows.is_empty() || idle_advance || was_open);
+            let read_to = w.read_to.filter(|_| complete);
             let position = if closes {
                 Some(w.closed(published_total, w.parked))
+            } else if let Some(edge) = read_to {
+                Some(w.kept(
+                    edge.max(last_handled.unwrap_or(0)),
+                    published_total,
+                    w.parked,
+                ))
             } else if let Some(cursor) = last_handled {
                 Some(w.kept(cursor, published_total, w.parked))
             } else if published_total != w.published {
@@ -425,6 +437,7 @@ mod tests {
             cursor: 0,
             found,
             exhausted_if_all_read: exhausted,
+            read_to: None,
         }
     }
 
@@ -575,6 +588,41 @@ mod tests {
             (p.positions[0].done.as_str(), p.positions[0].cur.as_ref()),
             ("20:20:", None)
         );
+    }
+
+    #[test]
+    fn a_walk_that_spent_its_budget_keeps_the_window_open_and_moves_the_cursor_to_its_end() {
+        // Two rows handed out, then 300 rows of a transaction still running stepped over.
+        let mut t = ticket(vec![row(0, 5, "a"), row(0, 9, "b")], false);
+        t.windows.get_mut(&0).unwrap().read_to = Some(309);
+        let published = [Outcome::Published { seq: 5 }, Outcome::Published { seq: 9 }];
+        let p = t.plan(&published, false);
+        let pos = &p.positions[0];
+        assert_eq!(
+            (
+                pos.done.as_str(),
+                pos.cur.as_deref(),
+                pos.cursor,
+                pos.published
+            ),
+            ("10:10:", Some("20:20:"), 309, 7)
+        );
+        // With nothing found at all, the cursor still moves, at once (not only when idle).
+        let mut t = ticket(vec![], false);
+        t.windows.get_mut(&0).unwrap().read_to = Some(256);
+        let p = t.plan(&[], false);
+        assert_eq!(
+            (p.positions[0].cur.as_deref(), p.positions[0].cursor),
+            (Some("20:20:"), 256)
+        );
+    }
+
+    #[test]
+    fn a_walk_that_spent_its_budget_moves_no_cursor_past_a_row_not_tried() {
+        let mut t = ticket(vec![row(0, 5, "a"), row(0, 9, "b")], false);
+        t.windows.get_mut(&0).unwrap().read_to = Some(309);
+        let p = t.plan(&[Outcome::Published { seq: 5 }], false);
+        assert_eq!(p.positions[0].cursor, 5);
     }
 
     #[test]

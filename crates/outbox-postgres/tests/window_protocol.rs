@@ -357,6 +357,9 @@ async fn a_transaction_far_larger_than_a_batch_drains_at_the_cost_of_a_batch() {
             .claim(&m, &parts, ClaimLimits::rows(1000), OnFailed::Block)
             .await
             .unwrap();
+        if got.is_empty() && store.more_to_read(&m) {
+            continue;
+        }
         if got.is_empty() {
             let again = store
                 .claim(&m, &parts, ClaimLimits::rows(1000), OnFailed::Block)
@@ -392,6 +395,107 @@ async fn a_transaction_far_larger_than_a_batch_drains_at_the_cost_of_a_batch() {
         worst <= first * 2 + 500,
         "a claim's cost grew along the transaction: {costs:?}"
     );
+    teardown(&pool, &schema).await;
+}
+
+/// A transaction still being written, whose rows lie between other keys' committed rows, costs
+/// each claim at most its walk span: the walk moves the window's cursor past the rows it
+/// stepped over and reads on at the next claim (`more_to_read`), so the other keys are
+/// delivered while it is open, and its own rows in order once it commits. Before, a claim
+/// stepped over every row of it between the cursor and the rows it handed out: 100,000 here,
+/// and up to 55,000 (300 ms) under `outbox bench --mode big-tx`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_being_written_costs_each_claim_at_most_its_walk_span() {
+    let (pool, schema, store) = setup("wp_walk").await;
+    let m = MemberId::random("m");
+    let parts = store.rebalance(&m, LEASE).await.unwrap();
+    let idle = claim_buffers(&store, &m, &parts, 16).await;
+    const CHUNK: i32 = 100_000;
+    let mut big = pool.begin().await.unwrap();
+    for round in 0..2 {
+        sqlx::query(&schema.render(
+            "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'big', 'placed', jsonb_build_object('n', $2 + g)
+             FROM generate_series(1, $1) AS g",
+        ))
+        .bind(CHUNK)
+        .bind(round * CHUNK)
+        .execute(&mut *big)
+        .await
+        .unwrap();
+        let others: Vec<_> = (0..200)
+            .map(|i| msg(&format!("o{i}"), round as u32))
+            .collect();
+        store.insert(&others).await.unwrap();
+    }
+    let mut costs = Vec::new();
+    let mut seen = 0;
+    let mut claims = 0;
+    let mut empty = 0;
+    loop {
+        costs.push(claim_buffers(&store, &m, &parts, 16).await);
+        let got = store
+            .claim(&m, &parts, ClaimLimits::rows(1000), OnFailed::Block)
+            .await
+            .unwrap();
+        claims += 1;
+        assert!(claims < 2_000, "the walk made no progress: {claims} claims");
+        empty = if got.is_empty() && !store.more_to_read(&m) {
+            empty + 1
+        } else {
+            0
+        };
+        if empty == 2 {
+            break;
+        }
+        assert!(got.iter().all(|r| r.aggregate_id != "big"));
+        publish_all(&store, &m, &got).await;
+        seen += got.len();
+    }
+    let worst = *costs.iter().max().unwrap();
+    println!(
+        "{claims} claims while {} rows were being written: buffers {idle} idle, worst {worst}",
+        2 * CHUNK
+    );
+    assert_eq!(
+        seen, 400,
+        "other keys delivered while the transaction was open"
+    );
+    // A span of 4,096 seqs of the transaction's rows is about 100 heap pages and their index
+    // pages; all of a chunk, 2,500.
+    assert!(
+        worst <= idle + 1_000,
+        "a claim stepped over more than its span: {worst} buffers (idle {idle})"
+    );
+    big.commit().await.unwrap();
+    let mut last = 0;
+    let mut n_big = 0;
+    let mut empty = 0;
+    loop {
+        let got = store
+            .claim(&m, &parts, ClaimLimits::rows(1000), OnFailed::Block)
+            .await
+            .unwrap();
+        // The first empty claim may close the window that did not see the commit.
+        empty = if got.is_empty() && !store.more_to_read(&m) {
+            empty + 1
+        } else {
+            0
+        };
+        if empty == 2 {
+            break;
+        }
+        for r in &got {
+            let n = serde_json::from_slice::<Value>(&r.payload).unwrap()["n"]
+                .as_i64()
+                .unwrap();
+            assert!(n > last, "out of order: {n} after {last}");
+            last = n;
+        }
+        n_big += got.len();
+        publish_all(&store, &m, &got).await;
+    }
+    assert_eq!(n_big, 2 * CHUNK as usize);
     teardown(&pool, &schema).await;
 }
 

@@ -265,16 +265,25 @@ impl Worker {
                     continue;
                 }
             };
+            // A claim that stopped short (it stepped over rows of a transaction still being
+            // written, as far as one claim may) has more to read: claim again at once.
+            let more = self.store.more_to_read(&self.id);
             if batch.is_empty() {
+                debug!(member = %self.id, claim_ms = t_claim.elapsed().as_secs_f64() * 1e3,
+                       more, "claim empty");
                 self.probes_unused(&permits);
-                poll = (poll * 2)
-                    .max(MIN_POLL_INTERVAL)
-                    .min(self.cfg.poll_interval);
+                poll = if more {
+                    Duration::ZERO
+                } else {
+                    (poll * 2)
+                        .max(MIN_POLL_INTERVAL)
+                        .min(self.cfg.poll_interval)
+                };
                 continue;
             }
             // Adaptive polling: a full batch means more is waiting, so claim again at once;
             // a partial one means the relay caught up, so wait the shortest step.
-            poll = if batch.len() >= limit {
+            poll = if batch.len() >= limit || more {
                 Duration::ZERO
             } else {
                 MIN_POLL_INTERVAL
