@@ -296,9 +296,10 @@ pub(crate) struct WindowRead {
 ///
 /// Each due parked key is a list: its parked messages, then (when all of them were read) its
 /// window rows. Each partition's other window rows are a list in position order; rows of keys
-/// with parked messages not handed out are held. The lists are merged by `seq` (insert order),
-/// which keeps every list's own order, and `limits` cut a prefix of the merge, so every key and
-/// every partition loses only a suffix.
+/// with parked messages not handed out are held. `limits` cut the lists round-robin (every
+/// list's first item, then every second, ...), so every key and every partition loses only a
+/// suffix and shares the bound with the others; what is kept goes out in `seq` (insert) order,
+/// which keeps every list's own order.
 pub(crate) fn assemble(
     parked: Vec<ParkedKey>,
     windows: Vec<WindowRead>,
@@ -372,26 +373,21 @@ pub(crate) fn assemble(
         });
     }
 
-    // Merge by seq, keeping each list's order.
-    let total: usize = lists.iter().map(Vec::len).sum();
-    let mut heads: Vec<std::iter::Peekable<std::vec::IntoIter<Item>>> = lists
+    // Merge round-robin: every list's first item, then every second, ..., each level in seq
+    // order, as the server's byte gate counted them (`read_windows`). The limits then cut the
+    // items counted last, so every list (a key, a partition) keeps a prefix and none gives up its
+    // rows to another's. Merged by seq instead, the trim fell on whichever partition wrote last:
+    // with room for four payloads, one partition's three and the other's one.
+    let mut ranked: Vec<(usize, Item)> = lists
         .into_iter()
-        .map(|l| l.into_iter().peekable())
+        .flat_map(|l| l.into_iter().enumerate())
         .collect();
-    let mut merged = Vec::with_capacity(total);
-    loop {
-        let next = heads
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, h)| h.peek().map(|(m, _, _)| (m.seq, i)))
-            .min();
-        let Some((_, i)) = next else { break };
-        if let Some(item) = heads[i].next() {
-            merged.push(item);
-        }
-    }
-    let n = limits.fit(merged.iter().map(|(m, _, _)| m.payload.len()));
-    merged.truncate(n);
+    ranked.sort_by_key(|(level, (m, _, _))| (*level, m.seq));
+    let n = limits.fit(ranked.iter().map(|(_, (m, _, _))| m.payload.len()));
+    ranked.truncate(n);
+    // What goes out, in seq order (insert order), which keeps every list's own order.
+    let mut merged: Vec<Item> = ranked.into_iter().map(|(_, item)| item).collect();
+    merged.sort_by_key(|(m, _, _)| m.seq);
 
     let mut handed: HashSet<i64> = HashSet::new();
     let mut order = Vec::with_capacity(n);

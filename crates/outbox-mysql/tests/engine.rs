@@ -269,3 +269,59 @@ fn crc32(bytes: &[u8]) -> u32 {
     }
     !crc
 }
+
+/// A claim's byte bound is shared round-robin among the partitions, not spent in seq order: with
+/// room for four payloads, two keys in two partitions, each with a backlog, get two each, the
+/// first of every partition before the second of any. Spent in seq order, the key written first
+/// would take all four while the other waits a claim.
+#[tokio::test]
+async fn the_byte_bound_goes_round_robin_over_the_partitions() {
+    let db = Db::start().await;
+    let pad = "x".repeat(1000);
+    let big = |key: &str, n: u64| {
+        NewMessage::new(
+            "order",
+            key,
+            "placed",
+            serde_json::json!({ "n": n, "pad": pad }),
+        )
+    };
+    let first: Vec<_> = (1..=10).map(|n| big("alpha", n)).collect();
+    let second: Vec<_> = (1..=10).map(|n| big("bravo", n)).collect();
+    db.store.insert(&first).await.unwrap();
+    db.store.insert(&second).await.unwrap();
+    let parts: i64 =
+        sqlx::query_scalar(&db.sql("SELECT COUNT(DISTINCT part) FROM {schema}.outbox"))
+            .fetch_one(db.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(parts, 2, "the two keys hash to two partitions");
+    let size = first[0].payload.to_string().len();
+    let got = db
+        .store
+        .claim(
+            &db.member,
+            &db.parts,
+            ClaimLimits {
+                rows: 100,
+                bytes: size * 4 + size / 2,
+            },
+            OnFailed::Block,
+        )
+        .await
+        .unwrap();
+    let taken: Vec<(String, u64)> = got
+        .iter()
+        .map(|m| (m.aggregate_id.clone(), n_of(m)))
+        .collect();
+    let mut per_key: HashMap<&str, Vec<u64>> = HashMap::new();
+    for (k, n) in &taken {
+        per_key.entry(k.as_str()).or_default().push(*n);
+    }
+    assert_eq!(
+        (per_key.get("alpha"), per_key.get("bravo")),
+        (Some(&vec![1, 2]), Some(&vec![1, 2])),
+        "{taken:?}"
+    );
+    db.drop().await;
+}
