@@ -477,10 +477,13 @@ async fn a_batch_listing_a_higher_partition_first_waits_instead_of_deadlocking()
         if waits > 0 {
             break;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the batch never waited"
-        );
+        // INNODB_TRX is a cache; under a loaded server (the whole suite at once) it may not show
+        // the wait in time. A batch still not through after ten seconds is waiting anyway: it
+        // cannot finish while `first` holds the lower counter, unless it failed.
+        if std::time::Instant::now() >= deadline {
+            assert!(!batch.is_finished(), "the batch never waited");
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     enqueue(&mut first, &db.schema, &msg(&high, 1))
