@@ -131,6 +131,13 @@ impl Verdict {
     pub fn ok(&self) -> bool {
         self.lost == 0 && self.phantoms == 0 && self.order_violations == 0 && self.mismatched == 0
     }
+
+    /// Makes the raw writers' order a guarantee: their violations count as order violations.
+    /// For a database that orders the plain insert too (MySQL/MariaDB, whose position trigger
+    /// holds the key's partition until commit; docs/sql-contract.md, section 8).
+    pub fn count_raw_order(&mut self) {
+        self.order_violations += self.raw_order.violations;
+    }
 }
 
 /// Compares `arrivals` (in arrival order) with the `ledger` of committed messages. A key's
@@ -387,6 +394,11 @@ mod tests {
             }
         );
         assert_eq!(v.duplicates, 1);
+        // Where the database orders the plain insert (MySQL), the same arrivals fail the run.
+        let mut ordered = v.clone();
+        ordered.count_raw_order();
+        assert_eq!(ordered.order_violations, 1);
+        assert!(!ordered.ok());
     }
 
     #[test]

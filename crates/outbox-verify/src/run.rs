@@ -500,7 +500,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     // raw writers' keys are a guarantee, not information.
     let raw_ordered = db.backend() == Backend::Mysql;
     if raw_ordered {
-        verdict.order_violations += verdict.raw_order.violations;
+        verdict.count_raw_order();
     }
     let mut faults_injected: BTreeMap<String, usize> = BTreeMap::new();
     for f in &faults {
