@@ -5,6 +5,11 @@ producers, and the checker that reads the stream with its own consumer.
   examples_check.py stream-delete --stream S
   examples_check.py gate  --database-url URL --schema S --producers N --ready FILE
   examples_check.py check --database-url URL --schema S --stream S --prefix P --records DIR
+  examples_check.py mysql-script --database-url URL --schema DB --file SQL   (MySQL/MariaDB)
+  examples_check.py mysql-drop   --database-url URL --schema DB              (MySQL/MariaDB)
+
+A mysql:// or mariadb:// URL names the server; --schema is then the database that holds the
+outbox (`outbox migrate --schema`) and the ledger.
 
 Every producer prints one line per transaction:
   committed|rolled_back LANGUAGE N MESSAGE_ID ACCOUNT ENTRY_NO TRACEPARENT
@@ -20,8 +25,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from urllib.parse import unquote, urlparse
+
 import nats
 import psycopg
+import pymysql
 from nats.js.api import StorageType
 
 EVENT_TYPE = "account.credited"
@@ -39,6 +47,10 @@ class Record:
     traceparent: str
 
 
+def is_mysql(url: str) -> bool:
+    return urlparse(url).scheme in ("mysql", "mariadb")
+
+
 def connect(url: str) -> psycopg.Connection:
     """Connects, retrying for a while: other tests on this machine restart PostgreSQL."""
     for attempt in range(30):
@@ -49,6 +61,56 @@ def connect(url: str) -> psycopg.Connection:
                 raise
             time.sleep(1)
     raise AssertionError("unreachable")
+
+
+def connect_mysql(url: str, database: str | None = None) -> pymysql.connections.Connection:
+    """A session on the MySQL/MariaDB server of `url`, in `database` (the URL's by default)."""
+    u = urlparse(url)
+    for attempt in range(30):
+        try:
+            return pymysql.connect(
+                host=u.hostname or "127.0.0.1", port=u.port or 3306,
+                user=unquote(u.username or "root"), password=unquote(u.password or ""),
+                database=database or u.path.lstrip("/") or None, autocommit=True)
+        except pymysql.err.OperationalError:
+            if attempt == 29:
+                raise
+            time.sleep(1)
+    raise AssertionError("unreachable")
+
+
+def mysql_rows(url: str, database: str, sql: str) -> list[tuple]:
+    conn = connect_mysql(url, database)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def mysql_script(args) -> int:
+    """Runs a file of `;`-separated statements (no `;` inside them) in the database."""
+    conn = connect_mysql(args.database_url, args.schema)
+    try:
+        with conn.cursor() as cur:
+            text = "\n".join(line for line in Path(args.file).read_text().splitlines()
+                             if not line.lstrip().startswith("--"))
+            for statement in filter(None, (s.strip() for s in text.split(";"))):
+                cur.execute(statement)
+    finally:
+        conn.close()
+    return 0
+
+
+def mysql_drop(args) -> int:
+    conn = connect_mysql(args.database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{args.schema}`")
+    finally:
+        conn.close()
+    return 0
 
 
 def read_records(directory: Path) -> list[Record]:
@@ -94,6 +156,8 @@ SELECT count(DISTINCT pid) FROM waiting
 def gate(args) -> int:
     """Holds the ledger table until every producer waits on it, so that all the languages start
     writing the same keys at the same moment (a JVM starts later than a PHP script)."""
+    if is_mysql(args.database_url):
+        return gate_mysql(args)
     with connect(args.database_url) as conn:
         conn.execute(f"LOCK TABLE {args.schema}.ledger IN EXCLUSIVE MODE")
         Path(args.ready).write_text("locked\n")
@@ -105,6 +169,32 @@ def gate(args) -> int:
                 break
             time.sleep(0.05)
         print(f"gate: {waiting} of {args.producers} producers were waiting when it opened")
+    return 0 if waiting >= args.producers else 1
+
+
+def gate_mysql(args) -> int:
+    """The gate on MySQL/MariaDB: every producer's first statement writes `ledger_accounts`,
+    which waits on this session's table lock."""
+    conn = connect_mysql(args.database_url, args.schema)
+    waiting = 0
+    try:
+        with conn.cursor() as cur:
+            cur.execute("LOCK TABLES ledger_accounts WRITE")
+            Path(args.ready).write_text("locked\n")
+            deadline = time.monotonic() + args.timeout
+            while time.monotonic() < deadline:
+                cur.execute(
+                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST"
+                    " WHERE DB = %s AND ID <> CONNECTION_ID() AND STATE LIKE 'Waiting for table%%'",
+                    (args.schema,))
+                (waiting,) = cur.fetchone()
+                if waiting >= args.producers:
+                    break
+                time.sleep(0.05)
+            cur.execute("UNLOCK TABLES")
+    finally:
+        conn.close()
+    print(f"gate: {waiting} of {args.producers} producers were waiting when it opened")
     return 0 if waiting >= args.producers else 1
 
 
@@ -160,10 +250,16 @@ def check(args) -> int:
            f"{len(languages)} languages: {', '.join(languages)}")
 
     # The database's account: the outbox holds exactly the committed rows; the ledger agrees.
-    with connect(args.database_url) as conn:
-        stored = {row[0] for row in conn.execute(f"SELECT id::text FROM {args.schema}.outbox")}
-        ledger = dict(conn.execute(
-            f"SELECT account_id, count(*) FROM {args.schema}.ledger GROUP BY account_id").fetchall())
+    if is_mysql(args.database_url):
+        stored = {row[0] for row in mysql_rows(args.database_url, args.schema,
+                                               "SELECT id FROM outbox")}
+        ledger = dict(mysql_rows(args.database_url, args.schema,
+                                 "SELECT account_id, count(*) FROM ledger GROUP BY account_id"))
+    else:
+        with connect(args.database_url) as conn:
+            stored = {row[0] for row in conn.execute(f"SELECT id::text FROM {args.schema}.outbox")}
+            ledger = dict(conn.execute(
+                f"SELECT account_id, count(*) FROM {args.schema}.ledger GROUP BY account_id").fetchall())
     result("the outbox table holds exactly the committed rows",
            stored == set(committed),
            f"{len(stored)} rows; not reported committed: {len(stored - set(committed))}; "
@@ -287,6 +383,13 @@ def main() -> int:
     s.add_argument("--languages", type=int, default=4)
     s.add_argument("--timeout", type=float, default=60, help="seconds to wait for the committed rows")
     s.add_argument("--grace", type=float, default=1.0, help="seconds to keep reading after them")
+    s = sub.add_parser("mysql-script")
+    s.add_argument("--database-url", required=True)
+    s.add_argument("--schema", required=True)
+    s.add_argument("--file", required=True)
+    s = sub.add_parser("mysql-drop")
+    s.add_argument("--database-url", required=True)
+    s.add_argument("--schema", required=True)
     args = p.parse_args()
     if args.command == "stream-add":
         return asyncio.run(stream_add(args))
@@ -294,6 +397,10 @@ def main() -> int:
         return asyncio.run(stream_delete(args))
     if args.command == "gate":
         return gate(args)
+    if args.command == "mysql-script":
+        return mysql_script(args)
+    if args.command == "mysql-drop":
+        return mysql_drop(args)
     return check(args)
 
 

@@ -1,5 +1,6 @@
 <?php
-// Writes outbox rows from PHP with PDO (pdo_pgsql), by the SQL contract (docs/sql-contract.md).
+// Writes outbox rows from PHP with PDO, by the SQL contract (docs/sql-contract.md): PostgreSQL
+// (pdo_pgsql) or, with a mysql:// URL, MySQL/MariaDB (pdo_mysql, section 8 of the contract).
 // Each transaction credits an account: the account's next ledger entry (the business write) and
 // its `account.credited` event (the outbox row) commit together, or neither does.
 declare(strict_types=1);
@@ -39,13 +40,57 @@ function writeCredit(PDO $tx, string $schema, string $accountId, int $amountCent
     return [$st->fetchColumn(), $entryNo];
 }
 
+/**
+ * The same credit on MySQL/MariaDB: [message id, entry number]. The outbox table's trigger gives
+ * the row its key's position and keeps it until commit, so no lock is taken for the outbox; the
+ * outbox row goes last (the contract, section 8), and the message id is made here (no RETURNING
+ * on MySQL).
+ */
+function writeCreditMysql(PDO $tx, string $accountId, int $amountCents, int $n, string $traceparent): array
+{
+    // 1. The business write: the account's row, locked until commit, gives the number.
+    $st = $tx->prepare('UPDATE ledger_accounts SET last_entry = last_entry + 1 WHERE account_id = ?');
+    $st->execute([$accountId]);
+    if ($st->rowCount() !== 1) {
+        throw new RuntimeException("no account $accountId");
+    }
+    $st = $tx->prepare('SELECT last_entry FROM ledger_accounts WHERE account_id = ?');
+    $st->execute([$accountId]);
+    $entryNo = (int) $st->fetchColumn();
+    $tx->prepare("INSERT INTO ledger (account_id, entry_no, amount_cents, producer) VALUES (?, ?, ?, 'php')")
+        ->execute([$accountId, $entryNo, $amountCents]);
+
+    // 2. The outbox row, last: JSON as text into the JSON columns.
+    $id = uuidV4();
+    $tx->prepare('INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
+                  VALUES (?, ?, ?, ?, ?, ?)')
+        ->execute([
+            $id, 'account', $accountId, 'account.credited',
+            json_encode(['account_id' => $accountId, 'entry_no' => $entryNo, 'amount_cents' => $amountCents,
+                         'producer' => 'php', 'n' => $n], JSON_THROW_ON_ERROR),
+            json_encode(['traceparent' => $traceparent], JSON_THROW_ON_ERROR),
+        ]);
+    return [$id, $entryNo];
+}
+
+/** A random UUID as 8-4-4-4-12 text, the form the outbox's `id` takes. */
+function uuidV4(): string
+{
+    $b = random_bytes(16);
+    $b[6] = chr((ord($b[6]) & 0x0f) | 0x40);
+    $b[8] = chr((ord($b[8]) & 0x3f) | 0x80);
+    return vsprintf('%s%s-%s-%s-%s-%s%s%s', str_split(bin2hex($b), 4));
+}
+
 /** The service method: one transaction. A dry run does every write, then rolls them back. */
 function creditAccount(PDO $pdo, string $schema, string $accountId, int $amountCents, int $n, bool $dryRun = false): array
 {
     $traceparent = sprintf('00-%s-%s-01', bin2hex(random_bytes(16)), bin2hex(random_bytes(8)));
     $pdo->beginTransaction();
     try {
-        [$messageId, $entryNo] = writeCredit($pdo, $schema, $accountId, $amountCents, $n, $traceparent);
+        [$messageId, $entryNo] = $pdo->getAttribute(PDO::ATTR_DRIVER_NAME) === 'mysql'
+            ? writeCreditMysql($pdo, $accountId, $amountCents, $n, $traceparent)
+            : writeCredit($pdo, $schema, $accountId, $amountCents, $n, $traceparent);
         if ($dryRun) {
             $pdo->rollBack(); // no ledger entry, no outbox row: the event never exists
         } else {
@@ -59,11 +104,15 @@ function creditAccount(PDO $pdo, string $schema, string $accountId, int $amountC
             'committed' => !$dryRun];
 }
 
-// PDO takes a DSN, not a URL. `options` sets the search_path: unqualified `outbox` and `ledger`.
+// PDO takes a DSN, not a URL. On PostgreSQL `options` sets the search_path: unqualified `outbox`
+// and `ledger`. On MySQL the URL's database holds them.
 $u = parse_url($url);
+$mysql = in_array($u['scheme'], ['mysql', 'mariadb'], true);
 $pdo = new PDO(
-    sprintf("pgsql:host=%s;port=%d;dbname=%s;options='-c search_path=%s'",
-        $u['host'], $u['port'] ?? 5432, ltrim($u['path'], '/'), $schema),
+    $mysql
+        ? sprintf('mysql:host=%s;port=%d;dbname=%s;charset=utf8mb4', $u['host'], $u['port'] ?? 3306, ltrim($u['path'], '/'))
+        : sprintf("pgsql:host=%s;port=%d;dbname=%s;options='-c search_path=%s'",
+            $u['host'], $u['port'] ?? 5432, ltrim($u['path'], '/'), $schema),
     isset($u['user']) ? urldecode($u['user']) : null,
     isset($u['pass']) ? urldecode($u['pass']) : null,
     [PDO::ATTR_ERRMODE => PDO::ERRMODE_EXCEPTION],
