@@ -620,6 +620,10 @@ fn plan_faults(plan: &Value, limit: i64) -> Vec<String> {
         if segment && index.contains("partition_seq") && !cond.contains("seq >") {
             faults.push(format!("seq index scanned without a seq bound: {cond}"));
         }
+        // A2's walk: its span is an index bound, else it steps over what it meets unbounded.
+        if segment && index.contains("partition_seq") && !cond.contains("seq <=") {
+            faults.push(format!("seq index scanned without the walk's span: {cond}"));
+        }
         if segment && index.contains("partition_txid_seq") && !cond.contains("txid") {
             faults.push(format!("txid index scanned without a txid bound: {cond}"));
         }
@@ -633,6 +637,14 @@ fn plan_faults(plan: &Value, limit: i64) -> Vec<String> {
         if kind == "Sort" && rows > limit {
             faults.push(format!("a sort of {rows} rows"));
         }
+    }
+    // The walk stops at its batch's next row of its own: a run condition on its WindowAgg.
+    // Without it every claim reads its whole span, even from a plain backlog.
+    let stops = nodes(&plan[0]["Plan"])
+        .iter()
+        .any(|n| n["Node Type"] == "WindowAgg" && n.get("Run Condition").is_some());
+    if !stops {
+        faults.push("the walk has no run condition".into());
     }
     faults
 }
