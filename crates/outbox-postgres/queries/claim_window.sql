@@ -105,50 +105,40 @@ WITH floor AS MATERIALIZED (
     FROM pos
     LEFT JOIN LATERAL (
         WITH probed AS MATERIALIZED (
-            -- B and A1: at most `lim` rows, in seq order.
-            SELECT u.* FROM (
-                -- A1
-                (SELECT r.* FROM (
-                     WITH RECURSIVE t(txid) AS (
-                         (SELECT o.txid FROM {schema}.outbox AS o
-                          WHERE o.partition = pos.partition
-                            AND o.txid >= pg_snapshot_xmax(pos.done) AND o.txid < pos.done_bound
-                          ORDER BY o.txid
-                          LIMIT 1)
-                         UNION ALL
-                         SELECT (SELECT o.txid FROM {schema}.outbox AS o
-                                 WHERE o.partition = pos.partition
-                                   AND o.txid > t.txid AND o.txid < pos.done_bound
-                                 ORDER BY o.txid
-                                 LIMIT 1)
-                         FROM t
-                         WHERE t.txid IS NOT NULL
-                     )
-                     SELECT t.txid FROM t WHERE t.txid IS NOT NULL
-                 ) AS y
-                 CROSS JOIN LATERAL (
-                     SELECT o.seq, o.txid, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
-                            o.payload, o.headers, o.topic, o.created_at
-                     FROM {schema}.outbox AS o
-                     WHERE o.partition = pos.partition AND o.txid = y.txid AND o.seq > pos.cursor
-                     ORDER BY o.seq
-                     LIMIT pos.lim
-                 ) AS r
-                 WHERE NOT pos.parked_full AND pg_visible_in_snapshot(y.txid, pos.cur))
+            -- B and A1: the transactions each names, every one read alike from the cursor on,
+            -- at most `lim` rows, in seq order.
+            SELECT r.* FROM (
+                -- A1: a loose scan of the txids present in the partition.
+                (WITH RECURSIVE t(txid) AS (
+                     (SELECT o.txid FROM {schema}.outbox AS o
+                      WHERE o.partition = pos.partition
+                        AND o.txid >= pg_snapshot_xmax(pos.done) AND o.txid < pos.done_bound
+                      ORDER BY o.txid
+                      LIMIT 1)
+                     UNION ALL
+                     SELECT (SELECT o.txid FROM {schema}.outbox AS o
+                             WHERE o.partition = pos.partition
+                               AND o.txid > t.txid AND o.txid < pos.done_bound
+                             ORDER BY o.txid
+                             LIMIT 1)
+                     FROM t
+                     WHERE t.txid IS NOT NULL
+                 )
+                 SELECT t.txid FROM t WHERE t.txid IS NOT NULL)
                 UNION ALL
-                -- B
-                (SELECT b.* FROM pg_snapshot_xip(pos.done) AS x(xid)
-                 CROSS JOIN LATERAL (
-                     SELECT o.seq, o.txid, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
-                            o.payload, o.headers, o.topic, o.created_at
-                     FROM {schema}.outbox AS o
-                     WHERE o.partition = pos.partition AND o.txid = x.xid AND o.seq > pos.cursor
-                     ORDER BY o.seq
-                     LIMIT pos.lim
-                 ) AS b
-                 WHERE NOT pos.parked_full AND pg_visible_in_snapshot(x.xid, pos.cur))
-            ) AS u
-            ORDER BY u.seq
+                -- B: the txids `done` saw running.
+                SELECT x.xid FROM pg_snapshot_xip(pos.done) AS x(xid)
+            ) AS y(txid)
+            CROSS JOIN LATERAL (
+                SELECT o.seq, o.txid, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
+                       o.payload, o.headers, o.topic, o.created_at
+                FROM {schema}.outbox AS o
+                WHERE o.partition = pos.partition AND o.txid = y.txid AND o.seq > pos.cursor
+                ORDER BY o.seq
+                LIMIT pos.lim
+            ) AS r
+            WHERE NOT pos.parked_full AND pg_visible_in_snapshot(y.txid, pos.cur)
+            ORDER BY r.seq
             LIMIT pos.lim
         ), walk AS (
             -- A2's walk, over at most $13 seqs from the floor and the cursor on, and no further
