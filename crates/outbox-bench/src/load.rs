@@ -1,6 +1,7 @@
 //! Producers through the writer API: a backlog filled in large transactions, and a paced load
 //! of one row per transaction. Both record each commit in the run's [`Latency`] ledger.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,56 @@ pub fn message(i: usize, keys: usize, pad: &str) -> NewMessage {
     )
 }
 
+/// Where a producer commits: one transaction through a database's writer API.
+pub trait Target: Clone + Send + Sync + 'static {
+    /// Commits `msgs` in one transaction (one message through the writer's single-row call),
+    /// stamping the moment before `COMMIT` and recording the commit in `latency`.
+    fn commit(
+        &self,
+        msgs: Vec<NewMessage>,
+        latency: Arc<Latency>,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+}
+
+/// PostgreSQL, through [`Writer`].
+#[derive(Clone)]
+pub struct PgTarget {
+    pool: PgPool,
+    writer: Writer,
+}
+
+impl PgTarget {
+    pub fn new(pool: &PgPool, schema: &Schema) -> Self {
+        Self {
+            pool: pool.clone(),
+            writer: Writer::new(schema),
+        }
+    }
+}
+
+impl Target for PgTarget {
+    fn commit(
+        &self,
+        msgs: Vec<NewMessage>,
+        latency: Arc<Latency>,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send {
+        let t = self.clone();
+        async move {
+            let mut tx = t.pool.begin().await?;
+            match msgs.as_slice() {
+                [one] => {
+                    t.writer.enqueue(&mut tx, one).await?;
+                }
+                many => t.writer.enqueue_many(&mut tx, many).await?,
+            }
+            let sent = latency.stamp();
+            tx.commit().await?;
+            latency.committed(msgs.iter().map(|m| m.id), sent);
+            Ok(())
+        }
+    }
+}
+
 /// Fills `rows` messages in transactions of 1000, four writers at once; returns the time taken.
 pub async fn fill(
     pool: &PgPool,
@@ -40,7 +91,17 @@ pub async fn fill(
     pad: &str,
     latency: &Arc<Latency>,
 ) -> anyhow::Result<Duration> {
-    let writer = Writer::new(schema);
+    fill_into(&PgTarget::new(pool, schema), rows, keys, pad, latency).await
+}
+
+/// [`fill`] into any [`Target`].
+pub async fn fill_into<T: Target>(
+    target: &T,
+    rows: usize,
+    keys: usize,
+    pad: &str,
+    latency: &Arc<Latency>,
+) -> anyhow::Result<Duration> {
     let started = Instant::now();
     let chunks: Vec<(usize, usize)> = (0..rows)
         .step_by(FILL_TX_ROWS)
@@ -49,9 +110,8 @@ pub async fn fill(
     let per = chunks.len().div_ceil(FILL_WRITERS).max(1);
     let mut tasks = Vec::new();
     for part in chunks.chunks(per) {
-        let (pool, writer, pad, part, latency) = (
-            pool.clone(),
-            writer.clone(),
+        let (target, pad, part, latency) = (
+            target.clone(),
             pad.to_string(),
             part.to_vec(),
             latency.clone(),
@@ -59,11 +119,7 @@ pub async fn fill(
         tasks.push(tokio::spawn(async move {
             for (a, b) in part {
                 let msgs: Vec<_> = (a..b).map(|i| message(i, keys, &pad)).collect();
-                let mut tx = pool.begin().await?;
-                writer.enqueue_many(&mut tx, &msgs).await?;
-                let sent = latency.stamp();
-                tx.commit().await?;
-                latency.committed(msgs.iter().map(|m| m.id), sent);
+                target.commit(msgs, latency.clone()).await?;
             }
             anyhow::Ok(())
         }));
@@ -105,15 +161,22 @@ pub async fn paced(
     spec: &Paced,
     latency: &Arc<Latency>,
 ) -> anyhow::Result<Produced> {
-    let writer = Writer::new(schema);
+    paced_into(&PgTarget::new(pool, schema), spec, latency).await
+}
+
+/// [`paced`] into any [`Target`].
+pub async fn paced_into<T: Target>(
+    target: &T,
+    spec: &Paced,
+    latency: &Arc<Latency>,
+) -> anyhow::Result<Produced> {
     let producers = spec.producers.max(1);
     let period = Duration::from_secs_f64(producers as f64 / f64::from(spec.rate.max(1)))
         .max(Duration::from_micros(10));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for p in 0..producers {
-        let (pool, writer, spec, latency) =
-            (pool.clone(), writer.clone(), spec.clone(), latency.clone());
+        let (target, spec, latency) = (target.clone(), spec.clone(), latency.clone());
         tasks.push(tokio::spawn(async move {
             // Stagger producers across one period so commits arrive evenly, not in bursts.
             let start = tokio::time::Instant::now() + period.mul_f64(p as f64 / producers as f64);
@@ -123,12 +186,9 @@ pub async fn paced(
             let mut i = p;
             while started.elapsed() < spec.duration {
                 tick.tick().await;
-                let m = message(i, spec.keys, &spec.pad);
-                let mut tx = pool.begin().await?;
-                writer.enqueue(&mut tx, &m).await?;
-                let sent = latency.stamp();
-                tx.commit().await?;
-                latency.committed([m.id], sent);
+                target
+                    .commit(vec![message(i, spec.keys, &spec.pad)], latency.clone())
+                    .await?;
                 done += 1;
                 i += producers;
             }

@@ -4,17 +4,15 @@
 //! per row), and compare events/s, with the CPU each message cost the relay, the database server
 //! and the broker.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use outbox_mysql::Schema;
-use sqlx::{MySqlPool, Row};
+use sqlx::Row;
 use uuid::Uuid;
 
 use super::{Footprint, MyCtx, RelayOnMysql, Scratch, NAIVE_TABLE, SERVER};
 use crate::cpu::CpuMeter;
-use crate::latency::{Latency, Probe};
+use crate::latency::Probe;
 use crate::{load, Drain, DrainTiming, Options, Report};
 
 /// Rows per transaction when filling, as the PostgreSQL backlog does.
@@ -119,49 +117,6 @@ fn line(d: &Drain) -> String {
     )
 }
 
-/// Fills the scratch outbox through the writer, four writers at once, 1000 rows per
-/// transaction, recording each commit; returns the time taken.
-async fn fill(
-    pool: &MySqlPool,
-    schema: &Schema,
-    rows: usize,
-    keys: usize,
-    pad: &str,
-    latency: &Arc<Latency>,
-) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    let chunks: Vec<(usize, usize)> = (0..rows)
-        .step_by(FILL_TX_ROWS)
-        .map(|s| (s, (s + FILL_TX_ROWS).min(rows)))
-        .collect();
-    let per = chunks.len().div_ceil(4).max(1);
-    let mut tasks = Vec::new();
-    for part in chunks.chunks(per) {
-        let (pool, schema, pad, part, latency) = (
-            pool.clone(),
-            schema.clone(),
-            pad.to_string(),
-            part.to_vec(),
-            latency.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            for (a, b) in part {
-                let msgs: Vec<_> = (a..b).map(|i| load::message(i, keys, &pad)).collect();
-                let mut tx = pool.begin().await?;
-                outbox_mysql::enqueue_many(&mut tx, &schema, &msgs).await?;
-                let sent = latency.stamp();
-                tx.commit().await?;
-                latency.committed(msgs.iter().map(|m| m.id), sent);
-            }
-            anyhow::Ok(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(started.elapsed())
-}
-
 async fn relay_drain(
     options: &Options,
     scratch: &Scratch,
@@ -170,9 +125,8 @@ async fn relay_drain(
     let rows = options.rows;
     outbox_mysql::migrate(&scratch.pool, &scratch.schema).await?;
     let probe = Probe::start(&scratch.js, &scratch.stream).await?;
-    let took = fill(
-        &scratch.pool,
-        &scratch.schema,
+    let took = load::fill_into(
+        &super::MysqlTarget::new(&scratch.pool, &scratch.schema),
         rows,
         keys,
         &load::pad(options.payload_bytes),

@@ -15,7 +15,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 use sqlx::{Connection as _, MySqlConnection, MySqlPool};
 
-use super::steady::{paced, SETTLE};
+use super::steady::SETTLE;
 use super::{MyCtx, RelayOnMysql, Scratch, HISTORY_LENGTH};
 use crate::latency::{LatencyFigures, Probe};
 use crate::load::{self, Paced, Produced};
@@ -93,7 +93,8 @@ async fn measure(ctx: &MyCtx, scratch: &Scratch, spec: &Paced, hold: bool) -> an
             spec.clone(),
             probe.latency(),
         );
-        tokio::spawn(async move { paced(&pool, &schema, &spec, &latency).await })
+        let target = super::MysqlTarget::new(&pool, &schema);
+        tokio::spawn(async move { load::paced_into(&target, &spec, &latency).await })
     };
     let start = tokio::time::Instant::now();
     let c0 = relay.claims();

@@ -25,6 +25,45 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Mode, Options, Report};
 
+/// The MySQL writer as a producer's [`Target`](crate::load::Target).
+#[derive(Clone)]
+pub(super) struct MysqlTarget {
+    pool: MySqlPool,
+    schema: Schema,
+}
+
+impl MysqlTarget {
+    pub(super) fn new(pool: &MySqlPool, schema: &Schema) -> Self {
+        Self {
+            pool: pool.clone(),
+            schema: schema.clone(),
+        }
+    }
+}
+
+impl crate::load::Target for MysqlTarget {
+    fn commit(
+        &self,
+        msgs: Vec<outbox_core::NewMessage>,
+        latency: Arc<crate::latency::Latency>,
+    ) -> impl std::future::Future<Output = anyhow::Result<()>> + Send {
+        let t = self.clone();
+        async move {
+            let mut tx = t.pool.begin().await?;
+            match msgs.as_slice() {
+                [one] => {
+                    outbox_mysql::enqueue(&mut tx, &t.schema, one).await?;
+                }
+                many => outbox_mysql::enqueue_many(&mut tx, &t.schema, many).await?,
+            }
+            let sent = latency.stamp();
+            tx.commit().await?;
+            latency.committed(msgs.iter().map(|m| m.id), sent);
+            Ok(())
+        }
+    }
+}
+
 /// Process names of the database server, for the CPU figures.
 const SERVER: &[&str] = &["mariadbd", "mysqld"];
 

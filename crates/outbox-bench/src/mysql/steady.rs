@@ -3,15 +3,11 @@
 //! is measured at the broker for every message, and the CPU each message cost the relay, the
 //! database server and the broker over the same stretch.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use outbox_mysql::Schema;
-use sqlx::MySqlPool;
+use std::time::Duration;
 
 use super::{MyCtx, RelayOnMysql, Scratch, SERVER};
 use crate::cpu::CpuMeter;
-use crate::latency::{Latency, Probe};
+use crate::latency::Probe;
 use crate::load::{self, Paced, Produced};
 use crate::{Drain, Report};
 
@@ -74,7 +70,8 @@ async fn measure(
     let relay = RelayOnMysql::start(&ctx.options, scratch).await?;
     tokio::time::sleep(SETTLE).await;
     let meter = CpuMeter::start_with(SERVER);
-    let produced = paced(&scratch.pool, &scratch.schema, spec, &probe.latency()).await;
+    let target = super::MysqlTarget::new(&scratch.pool, &scratch.schema);
+    let produced = load::paced_into(&target, spec, &probe.latency()).await;
     let missing = probe.drain(Duration::from_secs(120)).await;
     let cpu = produced
         .as_ref()
@@ -100,52 +97,4 @@ async fn measure(
             cpu,
         },
     ))
-}
-
-/// The paced load of [`load::paced`] through the MySQL writer: `producers` connections share
-/// `rate` transactions per second, one message each. A producer that falls behind does not
-/// catch up in bursts, so the achieved rate shows any shortfall.
-pub(super) async fn paced(
-    pool: &MySqlPool,
-    schema: &Schema,
-    spec: &Paced,
-    latency: &Arc<Latency>,
-) -> anyhow::Result<Produced> {
-    let producers = spec.producers.max(1);
-    let period = Duration::from_secs_f64(producers as f64 / f64::from(spec.rate.max(1)))
-        .max(Duration::from_micros(10));
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for p in 0..producers {
-        let (pool, schema, spec, latency) =
-            (pool.clone(), schema.clone(), spec.clone(), latency.clone());
-        tasks.push(tokio::spawn(async move {
-            let start = tokio::time::Instant::now() + period.mul_f64(p as f64 / producers as f64);
-            let mut tick = tokio::time::interval_at(start, period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let (mut done, mut i) = (0u64, p);
-            while started.elapsed() < spec.duration {
-                tick.tick().await;
-                let m = load::message(i, spec.keys, &spec.pad);
-                let mut tx = pool.begin().await?;
-                outbox_mysql::enqueue(&mut tx, &schema, &m).await?;
-                let sent = latency.stamp();
-                tx.commit().await?;
-                latency.committed([m.id], sent);
-                done += 1;
-                i += producers;
-            }
-            anyhow::Ok(done)
-        }));
-    }
-    let mut committed = 0u64;
-    for t in tasks {
-        committed += t.await??;
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    Ok(Produced {
-        committed,
-        seconds,
-        events_per_second: committed as f64 / seconds,
-    })
 }
