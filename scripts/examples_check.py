@@ -51,32 +51,31 @@ def is_mysql(url: str) -> bool:
     return urlparse(url).scheme in ("mysql", "mariadb")
 
 
-def connect(url: str) -> psycopg.Connection:
-    """Connects, retrying for a while: other tests on this machine restart PostgreSQL."""
+def retrying(open_connection, errors):
+    """Connects, retrying for a while: other tests on this machine restart the databases."""
     for attempt in range(30):
         try:
-            return psycopg.connect(url)
-        except psycopg.OperationalError:
+            return open_connection()
+        except errors:
             if attempt == 29:
                 raise
             time.sleep(1)
     raise AssertionError("unreachable")
+
+
+def connect(url: str) -> psycopg.Connection:
+    return retrying(lambda: psycopg.connect(url), psycopg.OperationalError)
 
 
 def connect_mysql(url: str, database: str | None = None) -> pymysql.connections.Connection:
     """A session on the MySQL/MariaDB server of `url`, in `database` (the URL's by default)."""
     u = urlparse(url)
-    for attempt in range(30):
-        try:
-            return pymysql.connect(
-                host=u.hostname or "127.0.0.1", port=u.port or 3306,
-                user=unquote(u.username or "root"), password=unquote(u.password or ""),
-                database=database or u.path.lstrip("/") or None, autocommit=True)
-        except pymysql.err.OperationalError:
-            if attempt == 29:
-                raise
-            time.sleep(1)
-    raise AssertionError("unreachable")
+    return retrying(
+        lambda: pymysql.connect(
+            host=u.hostname or "127.0.0.1", port=u.port or 3306,
+            user=unquote(u.username or "root"), password=unquote(u.password or ""),
+            database=database or u.path.lstrip("/") or None, autocommit=True),
+        pymysql.err.OperationalError)
 
 
 def mysql_rows(url: str, database: str, sql: str) -> list[tuple]:
