@@ -17,12 +17,18 @@ pub fn map_sqlx_error(context: &str, err: sqlx::Error) -> Error {
         | sqlx::Error::WorkerCrashed => ErrorKind::Connection,
         sqlx::Error::PoolTimedOut => ErrorKind::Timeout,
         sqlx::Error::Configuration(_) => ErrorKind::Config,
-        sqlx::Error::Database(db) => match db.code().and_then(|c| c.parse::<u32>().ok()) {
+        // The server's error number, not `code()`: sqlx gives the SQLSTATE there, which
+        // many numbers share (`HY000`) and which never equals a number.
+        sqlx::Error::Database(db) => match db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|e| e.number())
+        {
             // ER_DUP_ENTRY
             Some(1062) => ErrorKind::UniqueViolation,
             // ER_NO_SUCH_TABLE, ER_BAD_FIELD_ERROR, ER_SP_DOES_NOT_EXIST
             Some(1146) | Some(1054) | Some(1305) => ErrorKind::Schema,
-            // ER_LOCK_WAIT_TIMEOUT
+            // ER_LOCK_WAIT_TIMEOUT: a row lock past `innodb_lock_wait_timeout`, or a table's
+            // metadata lock past `lock_wait_timeout`
             Some(1205) => ErrorKind::Timeout,
             // ER_CON_COUNT_ERROR, ER_SERVER_SHUTDOWN, ER_QUERY_INTERRUPTED,
             // ER_CONNECTION_KILLED, the client's lost-connection numbers
