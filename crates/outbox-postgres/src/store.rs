@@ -54,6 +54,27 @@ const SESSION_SETTINGS: [(&str, &str); 3] = [
     ("idle_in_transaction_session_timeout", "60s"),
 ];
 
+/// A claim at least this long logs where its time went (at debug).
+const SLOW_CLAIM: Duration = Duration::from_millis(100);
+
+/// How long this process's threads have waited, all together, for a core while ready to run
+/// (Linux's `schedstat`; `None` elsewhere). Read only when debug logging is on.
+fn runqueue_wait() -> Option<Duration> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    let mut nanos: u64 = 0;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue; // the thread ended meanwhile
+        };
+        nanos += stat
+            .split_whitespace()
+            .nth(1)
+            .and_then(|w| w.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(Duration::from_nanos(nanos))
+}
+
 /// How a claim's transaction begins. Reads only: the transaction exists to scope the planner
 /// settings. READ COMMITTED whatever the server's default: each statement reads as of its own
 /// start, the window claim's snapshot included. Each part of the window claim has an index path
@@ -690,7 +711,12 @@ impl PgStore {
         let (per_partition, partition_limits) = share_batch(rows, &epochs, active, busy.as_ref());
         let block = on_failed == OnFailed::Block;
         let err = |e| map_sqlx_error("claiming pending messages", e);
+        let started = Instant::now();
+        let waited_before = tracing::enabled!(tracing::Level::DEBUG)
+            .then(runqueue_wait)
+            .flatten();
         let mut tx = self.pool.begin_with(CLAIM_BEGIN).await.map_err(err)?;
+        let began = started.elapsed();
         let mut ticket = Ticket::default();
         // Parked messages first (retries are older work), then the windows with the bytes
         // left: together they stay within the bound, or are one oversized message.
@@ -710,6 +736,7 @@ impl PgStore {
             (p, m, Some(next_due))
         };
         let parked_bytes: usize = parked.iter().map(|m| m.payload.len()).sum();
+        let parked_done = started.elapsed();
         let (mut messages, window_measured) = self
             .read_windows(
                 &mut tx,
@@ -726,7 +753,29 @@ impl PgStore {
                 &mut ticket,
             )
             .await?;
+        let windows_done = started.elapsed();
         tx.commit().await.map_err(err)?;
+        let took = started.elapsed();
+        if took >= SLOW_CLAIM {
+            // Where a slow claim's time went, so it can be told from the server's statement
+            // time (auto_explain) and from waiting on the pool or on this process's CPU.
+            tracing::debug!(
+                %member,
+                took_ms = took.as_secs_f64() * 1e3,
+                begin_ms = began.as_secs_f64() * 1e3,
+                parked_ms = (parked_done - began).as_secs_f64() * 1e3,
+                windows_ms = (windows_done - parked_done).as_secs_f64() * 1e3,
+                commit_ms = (took - windows_done).as_secs_f64() * 1e3,
+                // Summed over this process's threads: time they were ready to run but had no
+                // core. Near `took_ms`, the claim waited for the machine, not for the engine.
+                cpu_wait_ms = waited_before
+                    .zip(runqueue_wait())
+                    .map(|(a, b)| b.saturating_sub(a).as_secs_f64() * 1e3),
+                rows = messages.len(),
+                ahead = follow.is_some(),
+                "slow claim"
+            );
+        }
         measured.add(
             i64::try_from(window_measured.rows).unwrap_or(0),
             i64::try_from(window_measured.bytes).unwrap_or(0),
