@@ -144,15 +144,13 @@ impl Database {
     }
 
     /// Drops storage every relay has passed and that closed longer ago than `older_than`
-    /// (PostgreSQL segments; SQLite deletes published rows that old). Never a pending message.
+    /// (PostgreSQL segments, MySQL ranges; SQLite deletes published rows that old). Never a
+    /// pending or parked message.
     pub async fn purge(&self, older_than: std::time::Duration) -> Result<outbox_core::Maintenance> {
         match self {
             Self::Postgres(s) => s.purge(older_than).await,
             Self::Sqlite(s) => outbox_core::Store::maintain(s.as_ref(), older_than).await,
-            Self::Mysql(_) => Err(Error::config(
-                "retention on MySQL (dropping ranges of relayed rows whole) is not built yet: \
-                 nothing was deleted",
-            )),
+            Self::Mysql(s) => outbox_core::Store::maintain(s.as_ref(), older_than).await,
         }
     }
 

@@ -11,6 +11,7 @@
 mod error;
 mod migrate;
 mod queries;
+pub mod ranges;
 mod schema;
 mod store;
 mod ticket;

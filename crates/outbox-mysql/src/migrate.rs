@@ -10,17 +10,19 @@ use crate::schema::Schema;
 pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "outbox", include_str!("../migrations/0001_outbox.sql")),
     (2, "relay", include_str!("../migrations/0002_relay.sql")),
+    (3, "ranges", include_str!("../migrations/0003_ranges.sql")),
 ];
 
 /// The schema version this crate's writer and store need: the last of [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// How long a migrator waits for another one to finish.
 const LOCK_WAIT_SECS: i64 = 60;
 
 /// Creates the database `schema` if it is missing, then applies the migrations it lacks, in
-/// order, recording each in `outbox_migrations`. Returns the versions applied now (empty when
-/// up to date).
+/// order, recording each in `outbox_migrations`, and makes the message table's ranges ahead of
+/// the writers ([`crate::ranges::lay_ahead`]). Returns the versions applied now (empty when up
+/// to date).
 ///
 /// Safe to run concurrently and repeatedly: migrators take `GET_LOCK` on the database's name
 /// on a connection of their own, which is closed afterwards, so the lock never outlives the
@@ -28,7 +30,7 @@ const LOCK_WAIT_SECS: i64 = 60;
 /// recorded after its statements ran; one interrupted half-way is run again whole, which every
 /// migration is written to allow (`IF NOT EXISTS`, `INSERT IGNORE`, `DROP … IF EXISTS`).
 pub async fn migrate(pool: &MySqlPool, schema: &Schema) -> Result<Vec<i32>> {
-    apply_migrations(
+    let applied = apply_migrations(
         pool,
         schema,
         "outbox_migrations",
@@ -36,7 +38,10 @@ pub async fn migrate(pool: &MySqlPool, schema: &Schema) -> Result<Vec<i32>> {
         MIGRATIONS,
         &|sql| schema.render(sql),
     )
-    .await
+    .await?;
+    // Ranges ready before the first writer, so none lands in the catch-all.
+    crate::ranges::lay_ahead(pool, schema).await?;
+    Ok(applied)
 }
 
 /// Creates database `schema` if missing and applies the `migrations` its `ledger` table does

@@ -14,11 +14,14 @@ pub(crate) const MESSAGE_COLUMNS: &str = "o.seq, o.part, o.part_seq, CAST(o.id A
      CAST(o.payload AS CHAR) AS payload, CAST(o.headers AS CHAR) AS headers, \
      CAST(o.topic AS CHAR) AS topic, o.created_at";
 
-/// The partitions `?` owns under a live lease, with their positions and the last position
-/// handed out there (`n`: every row up to it is committed and visible).
-const POSITIONS: &str = "SELECT w.part, w.passed, w.parked, w.epoch, w.recorded, c.n \
+/// The partitions `?` owns under a live lease, with their positions, the last position
+/// handed out there (`n`: every row up to it is committed and visible), and the seq below which
+/// every row is passed (`passed_below`, moved up by retention).
+const POSITIONS: &str = "SELECT w.part, w.passed, w.parked, w.epoch, w.recorded, c.n, \
+     s.value AS passed_below \
      FROM {schema}.outbox_positions AS w \
      JOIN {schema}.outbox_part_seq AS c ON c.part = w.part \
+     JOIN {schema}.outbox_settings AS s ON s.name = 'passed_below' \
      WHERE w.owner = ? AND w.lease_until > UTC_TIMESTAMP(6)";
 
 /// Each parked key of the partitions in the comma-separated list `?`: how many rows it has

@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_core::store::MemberStatus;
 use outbox_core::{
-    BlockedKey, ClaimLimits, Error, ErrorKind, FailedMessage, MemberId, Message, NewMessage,
-    OnFailed, Outcome, RedriveScope, Result, Stats, Store,
+    BlockedKey, ClaimLimits, Error, ErrorKind, FailedMessage, Maintenance, MemberId, Message,
+    NewMessage, OnFailed, Outcome, RedriveScope, Result, Stats, Store,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
@@ -121,6 +121,8 @@ struct Position {
     fence: Fence,
     /// The last position handed out in the partition.
     last: i64,
+    /// Every row below this seq is passed: the claim reads no range below it.
+    passed_below: i64,
 }
 
 /// The relay's store on MySQL 8.0.13+ / MariaDB 10.6+.
@@ -261,6 +263,7 @@ impl MysqlStore {
                     recorded: r.try_get("recorded").map_err(get)?,
                 },
                 last: r.try_get("n").map_err(get)?,
+                passed_below: r.try_get("passed_below").map_err(get)?,
             });
         }
         Ok(out)
@@ -415,6 +418,14 @@ impl MysqlStore {
                 q
             }
         };
+        // Ranges wholly passed hold none of these rows: the bound keeps the server from
+        // probing each of them (partition pruning), so a claim's cost does not grow with the
+        // ranges retention keeps.
+        let passed_below = take.iter().map(|(p, _)| p.passed_below).min().unwrap_or(0);
+        select
+            .push(format!("{alias}.seq >= "))
+            .push_bind(passed_below)
+            .push(" AND (");
         let mut each = select.separated(" OR ");
         for (p, k) in take {
             each.push(format!("({alias}.part = "))
@@ -425,6 +436,7 @@ impl MysqlStore {
                 .push_bind_unseparated(p.passed + k)
                 .push_unseparated(")");
         }
+        select.push(")");
         if let Some(bytes) = bytes {
             select.push(format!(
                 ") AS g JOIN {s}.outbox AS o ON o.seq = g.seq WHERE g.bytes_before < "
@@ -861,6 +873,12 @@ impl Store for MysqlStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(member);
         Ok(())
+    }
+
+    /// Ranges ahead of the writers, and ranges retention no longer needs dropped whole
+    /// ([`crate::ranges::maintain`]).
+    async fn maintain(&self, retention: Duration) -> Result<Maintenance> {
+        crate::ranges::maintain(&self.pool, &self.schema, retention).await
     }
 
     async fn listen(&self, _wake: watch::Sender<u64>) -> Result<()> {

@@ -46,15 +46,22 @@ pub async fn run(ctx: &MyCtx) -> anyhow::Result<Report> {
             r?
         };
         println!("  keys {keys:>6}  relay: {}", line(&relay));
+        for (when, f) in [
+            ("after the drain", &after.drained),
+            ("after retention", &after.after),
+        ] {
+            println!(
+                "  keys {keys:>6}  {when}: outbox table {:.1} MiB (data {:.1}, indexes {:.1}), \
+                 InnoDB history list length {}",
+                f.total_mib(),
+                f.data_bytes as f64 / 1048576.0,
+                f.index_bytes as f64 / 1048576.0,
+                f.history_length.map_or("-".into(), |h: i64| h.to_string()),
+            );
+        }
         println!(
-            "  keys {keys:>6}  after the drain: outbox table {:.1} MiB (data {:.1}, indexes {:.1}), \
-             InnoDB history list length {}",
-            after.total_mib(),
-            after.data_bytes as f64 / 1048576.0,
-            after.index_bytes as f64 / 1048576.0,
-            after
-                .history_length
-                .map_or("-".into(), |h: i64| h.to_string()),
+            "  keys {keys:>6}  retention (older than 0 s) dropped {} ranges whole",
+            after.purged.segments_dropped
         );
         let naive = if options.naive {
             let scratch = Scratch::new(pool, js, options, "naive").await?;
@@ -70,7 +77,7 @@ pub async fn run(ctx: &MyCtx) -> anyhow::Result<Report> {
             .as_ref()
             .map(|n| relay.events_per_second / n.events_per_second);
         runs.push(
-            serde_json::json!({ "keys": keys, "relay": relay, "after_drain": after, "naive": naive, "speedup": speedup }),
+            serde_json::json!({ "keys": keys, "relay": relay, "footprint": after, "naive": naive, "speedup": speedup }),
         );
     }
     println!("  keys            relay ev/s  naive ev/s  relay/naive");
@@ -121,9 +128,12 @@ async fn relay_drain(
     options: &Options,
     scratch: &Scratch,
     keys: usize,
-) -> anyhow::Result<(Drain, Footprint)> {
+) -> anyhow::Result<(Drain, Retention)> {
     let rows = options.rows;
     outbox_mysql::migrate(&scratch.pool, &scratch.schema).await?;
+    // Ranges of half the backlog: the two laid ahead hold it, and both can go once drained.
+    let width = i64::try_from(rows.div_ceil(2).max(1000)).unwrap_or(i64::MAX);
+    outbox_mysql::ranges::set_width(&scratch.pool, &scratch.schema, width).await?;
     let probe = Probe::start(&scratch.js, &scratch.stream).await?;
     let took = load::fill_into(
         &super::MysqlTarget::new(&scratch.pool, &scratch.schema),
@@ -149,7 +159,26 @@ async fn relay_drain(
     let mut timing = drained?;
     timing.cpu = meter.per_message(rows as u64);
     let drain = finish(scratch, probe, rows as u64, timing).await?;
-    Ok((drain, scratch.footprint("outbox").await?))
+    let drained = scratch.footprint("outbox").await?;
+    let store = outbox_mysql::MysqlStore::new(scratch.pool.clone(), scratch.schema.clone());
+    let purged = outbox_core::Store::maintain(&store, Duration::ZERO).await?;
+    let after = scratch.footprint("outbox").await?;
+    Ok((
+        drain,
+        Retention {
+            drained,
+            purged,
+            after,
+        },
+    ))
+}
+
+/// The message table once drained, what retention then did, and the table after it.
+#[derive(Debug, serde::Serialize)]
+struct Retention {
+    drained: Footprint,
+    purged: outbox_core::Maintenance,
+    after: Footprint,
 }
 
 async fn naive_drain(

@@ -1,0 +1,401 @@
+//! Retention on MySQL: the messages live in ranges of `seq` (table partitions). Maintenance
+//! keeps ranges ready ahead of the writers and drops a range whole once no writer can add to
+//! it, every partition's position has passed it, nothing parked lies in it, and retention has
+//! run out since its last row was written. No row is ever deleted.
+//!
+//! Why "no writer can add to it" needs a lock: `seq` is drawn at insert, not at commit, so a
+//! range whose rows all look passed may still receive a row from a transaction in progress,
+//! invisible to any read. Every such transaction holds its partition's counter row
+//! (`outbox_part_seq`) until it ends, so maintenance locks all 64 counters for a moment: once
+//! it holds them no transaction with an outbox row is in progress, and every later row gets a
+//! seq above the highest one it then reads (the seal).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use outbox_core::{Error, ErrorKind, Maintenance, Result};
+use sqlx::pool::PoolConnection;
+use sqlx::{MySql, MySqlPool, Row as _};
+
+use crate::error::map_sqlx_error;
+use crate::schema::Schema;
+
+/// Ranges kept ready beyond the last seq, in range widths: writers never reach the catch-all.
+pub const LOOKAHEAD_RANGES: i64 = 2;
+
+/// The catch-all range: seqs past the last range land here, so a writer never fails for want
+/// of a range. Maintenance cuts new ranges out of it while it is empty.
+const CATCH_ALL: &str = "s_max";
+
+/// How long maintenance waits for a lock before it gives up until its next round, in seconds:
+/// the counters (writers of a partition queue behind them meanwhile) and the table's metadata
+/// lock, which a range's creation or drop needs, and which waits for every transaction that has
+/// touched the table, a forgotten `REPEATABLE READ` session included. Writers queue behind a
+/// waiting DDL, so the wait is kept short.
+const LOCK_WAIT_SECS: u32 = 2;
+
+/// One range of the message table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Range {
+    /// The partition's name: `s` and its upper bound, or [`CATCH_ALL`].
+    pub name: String,
+    /// The lowest seq it can hold.
+    pub from: i64,
+    /// One past the highest seq it can hold; `None` for the catch-all.
+    pub below: Option<i64>,
+}
+
+/// The ranges of `schema`'s message table, lowest first. Fails with the advice to migrate when
+/// the table is not split into ranges (an outbox below version 3).
+pub async fn ranges(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<Vec<Range>> {
+    let rows = sqlx::query(
+        "SELECT CAST(PARTITION_NAME AS CHAR) AS name, \
+         CAST(PARTITION_DESCRIPTION AS CHAR) AS below \
+         FROM information_schema.PARTITIONS \
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox' ORDER BY PARTITION_ORDINAL_POSITION",
+    )
+    .bind(schema.as_str())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error("reading the outbox's ranges", e))?;
+    let mut out = Vec::with_capacity(rows.len());
+    let mut from = 0;
+    for r in rows {
+        let name: Option<String> = r.try_get("name").ok().flatten();
+        let below: Option<String> = r.try_get("below").ok().flatten();
+        let (Some(name), Some(below)) = (name, below) else {
+            return Err(Error::new(
+                ErrorKind::Schema,
+                format!(
+                    "database `{}`: the outbox table is not split into ranges; run `outbox \
+                     migrate` for this database",
+                    schema.as_str()
+                ),
+            ));
+        };
+        let below = if below == "MAXVALUE" {
+            None
+        } else {
+            Some(below.parse::<i64>().map_err(|_| {
+                Error::new(
+                    ErrorKind::Schema,
+                    format!("range `{name}` of the outbox has an unexpected bound `{below}`"),
+                )
+            })?)
+        };
+        out.push(Range { name, from, below });
+        from = below.unwrap_or(i64::MAX);
+    }
+    Ok(out)
+}
+
+/// Makes ranges ahead of the writers, then drops those retention no longer needs (see the
+/// module's docs); one maintainer at a time per database (`GET_LOCK`), a second caller returns
+/// at once with nothing done. A lock not granted within [`LOCK_WAIT_SECS`] ends the round early
+/// with a warning and what was done so far: the next round tries again.
+pub async fn maintain(
+    pool: &MySqlPool,
+    schema: &Schema,
+    retention: Duration,
+) -> Result<Maintenance> {
+    let Some(mut conn) = maintainer(pool, schema).await? else {
+        return Ok(Maintenance::default());
+    };
+    let mut report = Maintenance::default();
+    let done = run(&mut conn, schema, retention, &mut report).await;
+    release(&mut conn, schema).await;
+    match done {
+        Err(e) if e.kind() == ErrorKind::Timeout => {
+            tracing::warn!(
+                database = schema.as_str(),
+                error = %e,
+                "outbox retention gave up this round: a transaction held a lock it needs for \
+                 over {LOCK_WAIT_SECS} s (a long writer transaction, or a session left open \
+                 on the outbox table); it tries again next round"
+            );
+            Ok(report)
+        }
+        other => other.map(|()| report),
+    }
+}
+
+/// Makes ranges ahead of the writers only (what `outbox migrate` does after its migrations).
+pub async fn lay_ahead(pool: &MySqlPool, schema: &Schema) -> Result<u64> {
+    let Some(mut conn) = maintainer(pool, schema).await? else {
+        return Ok(0);
+    };
+    let made = ensure_ahead(&mut conn, schema).await;
+    release(&mut conn, schema).await;
+    made
+}
+
+/// Sets how many seqs a range spans (`outbox_settings.range_seqs`). It applies to the ranges
+/// made from now on; on an outbox that holds no message yet, the ranges already laid ahead are
+/// laid again at the new width (cheap: there is nothing to copy). Returns how many ranges were
+/// made.
+pub async fn set_width(pool: &MySqlPool, schema: &Schema, seqs: i64) -> Result<u64> {
+    if seqs < 1 {
+        return Err(Error::config(format!(
+            "a range must span at least 1 seq, not {seqs}"
+        )));
+    }
+    let Some(mut conn) = maintainer(pool, schema).await? else {
+        return Err(Error::new(
+            ErrorKind::Timeout,
+            "another maintainer is running on this outbox; set the width again once it is done",
+        ));
+    };
+    let err = |e| map_sqlx_error("setting the outbox's range width", e);
+    sqlx::query(
+        &schema.render("UPDATE {schema}.outbox_settings SET value = ? WHERE name = 'range_seqs'"),
+    )
+    .bind(seqs)
+    .execute(&mut *conn)
+    .await
+    .map_err(err)?;
+    let empty: bool =
+        sqlx::query_scalar(&schema.render("SELECT NOT EXISTS (SELECT 1 FROM {schema}.outbox)"))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(err)?;
+    let made = lay_out(&mut conn, schema, empty).await;
+    release(&mut conn, schema).await;
+    made
+}
+
+/// Lays the ranges out again from the start (`empty`: only on a table without rows), then
+/// ahead of the writers.
+async fn lay_out(conn: &mut sqlx::MySqlConnection, schema: &Schema, empty: bool) -> Result<u64> {
+    let err = |e| map_sqlx_error("laying out the outbox's ranges", e);
+    if empty {
+        sqlx::query(&schema.render(&format!(
+            "ALTER TABLE {{schema}}.outbox PARTITION BY RANGE (seq) (PARTITION s1 VALUES LESS              THAN (1), PARTITION {CATCH_ALL} VALUES LESS THAN MAXVALUE)"
+        )))
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
+    }
+    ensure_ahead(conn, schema).await
+}
+
+/// Lets the next maintainer in now (closing the connection would too, but a moment later).
+async fn release(conn: &mut sqlx::MySqlConnection, schema: &Schema) {
+    let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('outbox-maintain:', SHA1(?)))")
+        .bind(schema.as_str())
+        .execute(&mut *conn)
+        .await;
+}
+
+/// A connection of its own holding the maintenance lock, with short lock waits, or `None` if
+/// another maintainer holds the lock. Closing the connection releases the lock and the
+/// settings.
+async fn maintainer(pool: &MySqlPool, schema: &Schema) -> Result<Option<PoolConnection<MySql>>> {
+    let err = |e| map_sqlx_error("maintaining the outbox's ranges", e);
+    let mut conn = pool.acquire().await.map_err(err)?;
+    conn.close_on_drop();
+    let got: Option<i64> =
+        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('outbox-maintain:', SHA1(?)), 0)")
+            .bind(schema.as_str())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(err)?;
+    if got != Some(1) {
+        return Ok(None);
+    }
+    for set in [
+        format!(
+            "SET SESSION lock_wait_timeout = {LOCK_WAIT_SECS}, \
+             innodb_lock_wait_timeout = {LOCK_WAIT_SECS}"
+        ),
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".to_string(),
+    ] {
+        sqlx::query(&set).execute(&mut *conn).await.map_err(err)?;
+    }
+    Ok(Some(conn))
+}
+
+async fn run(
+    conn: &mut sqlx::MySqlConnection,
+    schema: &Schema,
+    retention: Duration,
+    report: &mut Maintenance,
+) -> Result<()> {
+    report.segments_created = ensure_ahead(conn, schema).await?;
+    let sealed_below = seal(conn, schema).await?;
+    let ctx = |what: &str| format!("outbox retention in `{}`: {what}", schema.as_str());
+    let passed: HashMap<i16, i64> =
+        sqlx::query_as(&schema.render("SELECT part, passed FROM {schema}.outbox_positions"))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx("reading the positions"), e))?
+            .into_iter()
+            .collect();
+    let keep_us = i64::try_from(retention.as_micros()).unwrap_or(i64::MAX);
+    // The lowest ranges that are sealed and passed: claims need not read below them.
+    let mut passed_prefix = true;
+    let mut passed_below = None;
+    for range in ranges(conn, schema).await? {
+        let Some(below) = range.below.filter(|b| *b <= sealed_below) else {
+            break;
+        };
+        if !range_passed(conn, schema, &range, &passed).await? {
+            passed_prefix = false;
+            continue;
+        }
+        if passed_prefix {
+            passed_below = Some(below);
+        }
+        let parked: bool = sqlx::query_scalar(&schema.render(
+            "SELECT EXISTS (SELECT 1 FROM {schema}.outbox_parked WHERE seq >= ? AND seq < ?)",
+        ))
+        .bind(range.from)
+        .bind(below)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("looking for parked messages"), e))?;
+        if parked {
+            // A parked message is read from its row in the range: it keeps the range.
+            continue;
+        }
+        // Its last row, by seq: when the range was last written to.
+        let age_us: Option<i64> = sqlx::query_scalar(&schema.render(&format!(
+            "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) \
+             FROM {{schema}}.outbox PARTITION ({}) ORDER BY seq DESC LIMIT 1",
+            range.name
+        )))
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("reading a range's age"), e))?;
+        if age_us.is_some_and(|a| a < keep_us) {
+            continue;
+        }
+        sqlx::query(&schema.render(&format!(
+            "ALTER TABLE {{schema}}.outbox DROP PARTITION {}",
+            range.name
+        )))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx(&format!("dropping range `{}`", range.name)), e))?;
+        report.segments_dropped += 1;
+    }
+    if let Some(below) = passed_below {
+        sqlx::query(&schema.render(
+            "UPDATE {schema}.outbox_settings SET value = GREATEST(value, ?) \
+             WHERE name = 'passed_below'",
+        ))
+        .bind(below)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("recording how far every range is passed"), e))?;
+    }
+    Ok(())
+}
+
+/// Cuts ranges out of the (empty) catch-all until [`LOOKAHEAD_RANGES`] widths lie beyond the
+/// last seq; returns how many it made. If writers outran maintenance and the catch-all holds
+/// rows, the new ranges cover them: the server copies those rows once, and says so in a warning.
+async fn ensure_ahead(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<u64> {
+    let ctx = |what: &str| format!("making outbox ranges in `{}`: {what}", schema.as_str());
+    let (width, top): (i64, i64) = sqlx::query_as(&schema.render(
+        "SELECT (SELECT value FROM {schema}.outbox_settings WHERE name = 'range_seqs'), \
+         (SELECT COALESCE(MAX(seq), 0) FROM {schema}.outbox)",
+    ))
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx("reading the width"), e))?;
+    if width < 1 {
+        return Err(Error::config(format!(
+            "database `{}`: outbox_settings.range_seqs is {width}; set it to 1 or more",
+            schema.as_str()
+        )));
+    }
+    let ranges = ranges(conn, schema).await?;
+    let last = ranges.iter().filter_map(|r| r.below).max().unwrap_or(1);
+    let want = top
+        .saturating_add(1)
+        .saturating_add(width.saturating_mul(LOOKAHEAD_RANGES));
+    let mut bounds = Vec::new();
+    let mut b = last;
+    while b < want {
+        b = b.saturating_add(width);
+        bounds.push(b);
+    }
+    if bounds.is_empty() {
+        return Ok(0);
+    }
+    if top >= last {
+        tracing::warn!(
+            database = schema.as_str(),
+            rows_past = top - last + 1,
+            "outbox: writers got ahead of the ranges made for them; the server copies those rows \
+             into new ranges now (run maintenance more often, or raise range_seqs)"
+        );
+    }
+    let mut parts: Vec<String> = bounds
+        .iter()
+        .map(|b| format!("PARTITION s{b} VALUES LESS THAN ({b})"))
+        .collect();
+    parts.push(format!("PARTITION {CATCH_ALL} VALUES LESS THAN MAXVALUE"));
+    sqlx::query(&schema.render(&format!(
+        "ALTER TABLE {{schema}}.outbox REORGANIZE PARTITION {CATCH_ALL} INTO ({})",
+        parts.join(", ")
+    )))
+    .execute(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx("cutting ranges out of the catch-all"), e))?;
+    Ok(bounds.len() as u64)
+}
+
+/// Waits until no transaction with an outbox row is in progress (by locking every partition's
+/// counter, which each such transaction holds until it ends), and returns one past the highest
+/// seq then: no row below it can appear any more.
+async fn seal(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<i64> {
+    let ctx = |e| {
+        map_sqlx_error(
+            &format!(
+                "outbox retention in `{}`: waiting for writers in progress",
+                schema.as_str()
+            ),
+            e,
+        )
+    };
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(ctx)?;
+    sqlx::query(
+        &schema.render("SELECT part FROM {schema}.outbox_part_seq ORDER BY part FOR UPDATE"),
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(ctx)?;
+    let top: i64 =
+        sqlx::query_scalar(&schema.render("SELECT COALESCE(MAX(seq), 0) FROM {schema}.outbox"))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(ctx)?;
+    tx.commit().await.map_err(ctx)?;
+    Ok(top + 1)
+}
+
+/// Whether every row of `range` is at or below its partition's position: per partition, the
+/// range's highest position (one index dive per partition, "using index for group-by").
+async fn range_passed(
+    conn: &mut sqlx::MySqlConnection,
+    schema: &Schema,
+    range: &Range,
+    passed: &HashMap<i16, i64>,
+) -> Result<bool> {
+    let highest: Vec<(i16, i64)> = sqlx::query_as(&schema.render(&format!(
+        "SELECT part, MAX(part_seq) FROM {{schema}}.outbox PARTITION ({}) GROUP BY part",
+        range.name
+    )))
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| {
+        map_sqlx_error(
+            &format!("outbox retention: reading range `{}`", range.name),
+            e,
+        )
+    })?;
+    Ok(highest
+        .iter()
+        .all(|(part, top)| passed.get(part).is_some_and(|p| p >= top)))
+}
