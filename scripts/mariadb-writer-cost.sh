@@ -15,17 +15,19 @@
 #           partition knows no row at or below n can still commit there (no snapshot needed),
 #           and writers of one partition, not only of one key, wait for each other's commit
 #
-# Usage: [PARTS=64] scripts/mariadb-writer-cost.sh [TRANSACTIONS per client] [ROUNDS]
-# (PARTS: how many partitions the part variant counts in).
+# Usage: [PARTS=64] [PORT=3306] scripts/mariadb-writer-cost.sh [TRANSACTIONS per client] [ROUNDS]
+# (PARTS: how many partitions the part variant counts in; PORT: the server's, on 127.0.0.1).
 # Needs the mariadb client and mariadb-slap (Debian's mariadb-client), and a server on
-# 127.0.0.1:3306 (root, no password). Works in a database of its own, dropped at the end.
+# 127.0.0.1 (root, no password). scripts/mariadb-binlog-cost.sh runs this against a private
+# server twice, with the binlog off and on. Works in a database of its own, dropped at the end.
 set -euo pipefail
 per_client="${1:-1000}"
 rounds="${2:-3}"
 parts="${PARTS:-64}"
+port="${PORT:-3306}"
 clients=16
 db="writer_cost_$(head -c4 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-my() { mariadb -h 127.0.0.1 -u root "$@"; }
+my() { mariadb -h 127.0.0.1 -P "$port" -u root "$@"; }
 trap 'my -e "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true' EXIT
 
 my <<SQL
@@ -82,7 +84,7 @@ results=$(mktemp)
 for r in $(seq 1 "$rounds"); do
   for v in "${variants[@]}"; do
     statements=$(tr ';' '\n' <<<"${tx[$v]}" | wc -l)
-    secs=$(mariadb-slap -h 127.0.0.1 -u root --create-schema="$db" --concurrency=$clients \
+    secs=$(mariadb-slap -h 127.0.0.1 -P "$port" -u root --create-schema="$db" --concurrency=$clients \
              --iterations=1 --number-of-queries=$((per_client * statements * clients)) \
              --delimiter=";" --query="${tx[$v]}" |
            sed -n 's/.*Average number of seconds to run all queries: \([0-9.]*\).*/\1/p')

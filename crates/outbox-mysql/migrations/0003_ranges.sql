@@ -13,6 +13,10 @@ CREATE TABLE IF NOT EXISTS {schema}.outbox_settings (
 -- applies to the ranges made after it.
 INSERT IGNORE INTO {schema}.outbox_settings (name, value) VALUES ('range_seqs', 10000000);
 
+-- No message can appear below this seq any more: every transaction that drew one had ended
+-- when maintenance last looked (its seal; see docs/engine-mysql.md). Only ever raised.
+INSERT IGNORE INTO {schema}.outbox_settings (name, value) VALUES ('sealed_below', 0);
+
 -- Every message below this seq lies in a range that no writer can add to any more and that
 -- every partition's position has passed (maintenance moves it up, never down). Claims read
 -- only at or above it, so the ranges retention keeps are never probed.

@@ -221,8 +221,32 @@ async fn run(
     report: &mut Maintenance,
 ) -> Result<()> {
     report.segments_created = ensure_ahead(conn, schema).await?;
-    let sealed_below = seal(conn, schema).await?;
     let ctx = |what: &str| format!("outbox retention in `{}`: {what}", schema.as_str());
+    // A seal, once taken, holds for ever (no row can appear below it), and taking one holds
+    // writers for a moment: take a new one only when a range not yet sealed lies wholly below
+    // the last seq, so that it could seal it (once every `range_seqs` seqs).
+    let (mut sealed_below, top): (i64, i64) = sqlx::query_as(&schema.render(
+        "SELECT (SELECT value FROM {schema}.outbox_settings WHERE name = 'sealed_below'), \
+         (SELECT COALESCE(MAX(seq), 0) FROM {schema}.outbox)",
+    ))
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx("reading the seal"), e))?;
+    let all = ranges(conn, schema).await?;
+    if all
+        .iter()
+        .any(|r| r.below.is_some_and(|b| b > sealed_below && b <= top + 1))
+    {
+        sealed_below = sealed_below.max(seal(conn, schema).await?);
+        sqlx::query(&schema.render(
+            "UPDATE {schema}.outbox_settings SET value = GREATEST(value, ?) \
+             WHERE name = 'sealed_below'",
+        ))
+        .bind(sealed_below)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("recording the seal"), e))?;
+    }
     let passed: HashMap<i16, i64> =
         sqlx::query_as(&schema.render("SELECT part, passed FROM {schema}.outbox_positions"))
             .fetch_all(&mut *conn)
@@ -234,7 +258,7 @@ async fn run(
     // The lowest ranges that are sealed and passed: claims need not read below them.
     let mut passed_prefix = true;
     let mut passed_below = None;
-    for range in ranges(conn, schema).await? {
+    for range in all {
         let Some(below) = range.below.filter(|b| *b <= sealed_below) else {
             break;
         };
