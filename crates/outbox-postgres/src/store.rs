@@ -715,7 +715,11 @@ impl PgStore {
         let waited_before = tracing::enabled!(tracing::Level::DEBUG)
             .then(runqueue_wait)
             .flatten();
-        let mut tx = self.pool.begin_with(CLAIM_BEGIN).await.map_err(err)?;
+        let mut conn = self.pool.acquire().await.map_err(err)?;
+        let acquired = started.elapsed();
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, CLAIM_BEGIN)
+            .await
+            .map_err(err)?;
         let began = started.elapsed();
         let mut ticket = Ticket::default();
         // Parked messages first (retries are older work), then the windows with the bytes
@@ -762,7 +766,8 @@ impl PgStore {
             tracing::debug!(
                 %member,
                 took_ms = took.as_secs_f64() * 1e3,
-                begin_ms = began.as_secs_f64() * 1e3,
+                acquire_ms = acquired.as_secs_f64() * 1e3,
+                begin_ms = (began - acquired).as_secs_f64() * 1e3,
                 parked_ms = (parked_done - began).as_secs_f64() * 1e3,
                 windows_ms = (windows_done - parked_done).as_secs_f64() * 1e3,
                 commit_ms = (took - windows_done).as_secs_f64() * 1e3,
