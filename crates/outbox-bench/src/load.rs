@@ -177,23 +177,28 @@ pub async fn paced_into<T: Target>(
     let mut tasks = Vec::new();
     for p in 0..producers {
         let (target, spec, latency) = (target.clone(), spec.clone(), latency.clone());
-        tasks.push(tokio::spawn(async move {
-            // Stagger producers across one period so commits arrive evenly, not in bursts.
-            let start = tokio::time::Instant::now() + period.mul_f64(p as f64 / producers as f64);
-            let mut tick = tokio::time::interval_at(start, period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut done = 0u64;
-            let mut i = p;
-            while started.elapsed() < spec.duration {
-                tick.tick().await;
-                target
-                    .commit(vec![message(i, spec.keys, &spec.pad)], latency.clone())
-                    .await?;
-                done += 1;
-                i += producers;
-            }
-            anyhow::Ok(done)
-        }));
+        // Aborted when this load is dropped (a mode that stops it early), so no producer
+        // writes on into a scratch schema already dropped.
+        tasks.push(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+            async move {
+                // Stagger producers across one period so commits arrive evenly, not in bursts.
+                let start =
+                    tokio::time::Instant::now() + period.mul_f64(p as f64 / producers as f64);
+                let mut tick = tokio::time::interval_at(start, period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut done = 0u64;
+                let mut i = p;
+                while started.elapsed() < spec.duration {
+                    tick.tick().await;
+                    target
+                        .commit(vec![message(i, spec.keys, &spec.pad)], latency.clone())
+                        .await?;
+                    done += 1;
+                    i += producers;
+                }
+                anyhow::Ok(done)
+            },
+        )));
     }
     let mut committed = 0u64;
     for t in tasks {
