@@ -74,7 +74,21 @@ struct Ledger {
     samples: Vec<u64>,
     /// COMMIT round trips in µs, one per transaction.
     commits: Vec<u64>,
+    /// Ids registered ahead of their commit ([`Latency::expect`]), not received yet: their
+    /// transaction's number in `expected_sent`.
+    expected: HashMap<Uuid, usize>,
+    /// Per registered transaction: when its COMMIT was sent (once recorded), and how many of
+    /// its ids are not received yet.
+    expected_sent: Vec<(Option<u64>, u64)>,
+    /// Registered ids received before their commit was recorded: (transaction, when).
+    expected_early: Vec<(usize, u64)>,
+    /// Registered ids whose commit is recorded and which are not received yet.
+    expected_outstanding: u64,
 }
+
+/// A transaction's ids registered before its commit ([`Latency::expect`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Expected(usize);
 
 /// The shared ledger of one run: producers call [`Latency::committed`], the probe's consumer
 /// records receipts.
@@ -141,16 +155,73 @@ impl Latency {
         }
     }
 
+    /// Registers the ids of a transaction before its `COMMIT`, so that recording the commit
+    /// ([`Latency::committed_expected`]) costs nothing per id. For a big transaction: recording
+    /// a million ids after the commit held the ledger's lock while it inserted every one, with
+    /// the reader blocked on it, and stalled the runtime the relay under test shares.
+    /// Register them as they are written, a chunk at a time ([`Latency::expect_more`]), so the
+    /// ledger is never held for long.
+    pub fn expect(&self) -> Expected {
+        let mut l = self.ledger();
+        l.expected_sent.push((None, 0));
+        Expected(l.expected_sent.len() - 1)
+    }
+
+    /// Registers more ids of the transaction `tx`, before its commit.
+    pub fn expect_more(&self, tx: Expected, ids: impl IntoIterator<Item = Uuid>) {
+        let mut l = self.ledger();
+        let mut n = 0;
+        for id in ids {
+            l.expected.insert(id, tx.0);
+            n += 1;
+        }
+        if let Some(slot) = l.expected_sent.get_mut(tx.0) {
+            slot.1 += n;
+        }
+    }
+
+    /// Records that the transaction registered as `tx` committed; `sent` is the stamp taken
+    /// just before its `COMMIT` was sent. Call it once the commit returned.
+    pub fn committed_expected(&self, tx: Expected, sent: Stamp) {
+        let returned = self.stamp().0;
+        let mut l = self.ledger();
+        l.commits.push(returned.saturating_sub(sent.0));
+        let Some(slot) = l.expected_sent.get_mut(tx.0) else {
+            return;
+        };
+        slot.0 = Some(sent.0);
+        let left = slot.1;
+        l.expected_outstanding += left;
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut l.expected_early)
+            .into_iter()
+            .partition(|(t, _)| *t == tx.0);
+        l.expected_early = others;
+        for (_, at) in mine {
+            l.samples.push(at.saturating_sub(sent.0));
+        }
+    }
+
     /// Records that `id` reached the broker (or, for the bench's discarding sink, was
     /// acknowledged) now.
     pub fn received(&self, id: Uuid) {
         let at = self.stamp().0;
         let mut l = self.ledger();
-        match l.committed.remove(&id) {
-            Some(sent) => l.samples.push(at.saturating_sub(sent)),
-            None => {
-                l.early.insert(id, at);
+        if let Some(sent) = l.committed.remove(&id) {
+            l.samples.push(at.saturating_sub(sent));
+            return;
+        }
+        let Some(tx) = l.expected.remove(&id) else {
+            l.early.insert(id, at);
+            return;
+        };
+        let slot = &mut l.expected_sent[tx];
+        slot.1 = slot.1.saturating_sub(1);
+        match slot.0 {
+            Some(sent) => {
+                l.expected_outstanding = l.expected_outstanding.saturating_sub(1);
+                l.samples.push(at.saturating_sub(sent));
             }
+            None => l.expected_early.push((tx, at)),
         }
     }
 
@@ -162,7 +233,8 @@ impl Latency {
 
     /// Committed messages not received yet.
     pub fn outstanding(&self) -> u64 {
-        self.ledger().committed.len() as u64
+        let l = self.ledger();
+        l.committed.len() as u64 + l.expected_outstanding
     }
 
     /// Percentiles over every sample so far.
@@ -343,6 +415,26 @@ mod tests {
         assert_eq!(percentile(&s, 1.0), 100);
         assert_eq!(percentile(&[7], 0.99), 7);
         assert_eq!(percentile(&[], 0.5), 0);
+    }
+
+    /// Ids registered before their commit are outstanding only once it is recorded, and a
+    /// receipt that came between the commit and its recording still gives a sample.
+    #[test]
+    fn ids_registered_before_their_commit_are_matched_either_way() {
+        let l = Latency::new();
+        let ids: Vec<Uuid> = (0..3).map(|_| Uuid::now_v7()).collect();
+        let tx = l.expect();
+        l.expect_more(tx, ids[..2].iter().copied());
+        l.expect_more(tx, [ids[2]]);
+        assert_eq!(l.outstanding(), 0, "not committed yet");
+        let sent = l.stamp();
+        l.received(ids[0]); // arrived before the commit was recorded
+        l.committed_expected(tx, sent);
+        assert_eq!((l.outstanding(), l.delivered()), (2, 1));
+        l.received(ids[1]);
+        l.received(ids[2]);
+        let f = l.figures();
+        assert_eq!((l.outstanding(), f.samples, f.unmatched), (0, 3, 0));
     }
 
     #[test]
