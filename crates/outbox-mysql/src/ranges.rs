@@ -124,7 +124,7 @@ pub async fn lay_ahead(pool: &MySqlPool, schema: &Schema) -> Result<u64> {
     let Some(mut conn) = maintainer(pool, schema).await? else {
         return Ok(0);
     };
-    let made = ensure_ahead(&mut conn, schema).await;
+    let made = ensure_ahead(&mut conn, schema).await.map(|a| a.made);
     release(&mut conn, schema).await;
     made
 }
@@ -175,7 +175,7 @@ async fn lay_out(conn: &mut sqlx::MySqlConnection, schema: &Schema, empty: bool)
         .await
         .map_err(err)?;
     }
-    ensure_ahead(conn, schema).await
+    ensure_ahead(conn, schema).await.map(|a| a.made)
 }
 
 /// Lets the next maintainer in now (closing the connection would too, but a moment later).
@@ -220,19 +220,17 @@ async fn run(
     retention: Duration,
     report: &mut Maintenance,
 ) -> Result<()> {
-    report.segments_created = ensure_ahead(conn, schema).await?;
+    let Ahead {
+        made,
+        top,
+        ranges: all,
+        mut sealed_below,
+    } = ensure_ahead(conn, schema).await?;
+    report.segments_created = made;
     let ctx = |what: &str| format!("outbox retention in `{}`: {what}", schema.as_str());
     // A seal, once taken, holds for ever (no row can appear below it), and taking one holds
     // writers for a moment: take a new one only when a range not yet sealed lies wholly below
     // the last seq, so that it could seal it (once every `range_seqs` seqs).
-    let (mut sealed_below, top): (i64, i64) = sqlx::query_as(&schema.render(
-        "SELECT (SELECT value FROM {schema}.outbox_settings WHERE name = 'sealed_below'), \
-         (SELECT COALESCE(MAX(seq), 0) FROM {schema}.outbox)",
-    ))
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(|e| map_sqlx_error(&ctx("reading the seal"), e))?;
-    let all = ranges(conn, schema).await?;
     if all
         .iter()
         .any(|r| r.below.is_some_and(|b| b > sealed_below && b <= top + 1))
@@ -315,13 +313,26 @@ async fn run(
     Ok(())
 }
 
+/// What [`ensure_ahead`] read and did, for the rest of the round.
+struct Ahead {
+    /// Ranges it made.
+    made: u64,
+    /// The last seq when it looked.
+    top: i64,
+    /// The ranges once it was done, lowest first.
+    ranges: Vec<Range>,
+    /// The stored seal (`outbox_settings.sealed_below`).
+    sealed_below: i64,
+}
+
 /// Cuts ranges out of the (empty) catch-all until [`LOOKAHEAD_RANGES`] widths lie beyond the
-/// last seq; returns how many it made. If writers outran maintenance and the catch-all holds
-/// rows, the new ranges cover them: the server copies those rows once, and says so in a warning.
-async fn ensure_ahead(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<u64> {
+/// last seq. If writers outran maintenance and the catch-all holds rows, the new ranges cover
+/// them: the server copies those rows once, and says so in a warning.
+async fn ensure_ahead(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<Ahead> {
     let ctx = |what: &str| format!("making outbox ranges in `{}`: {what}", schema.as_str());
-    let (width, top): (i64, i64) = sqlx::query_as(&schema.render(
+    let (width, sealed_below, top): (i64, i64, i64) = sqlx::query_as(&schema.render(
         "SELECT (SELECT value FROM {schema}.outbox_settings WHERE name = 'range_seqs'), \
+         (SELECT value FROM {schema}.outbox_settings WHERE name = 'sealed_below'), \
          (SELECT COALESCE(MAX(seq), 0) FROM {schema}.outbox)",
     ))
     .fetch_one(&mut *conn)
@@ -333,7 +344,7 @@ async fn ensure_ahead(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Resu
             schema.as_str()
         )));
     }
-    let ranges = ranges(conn, schema).await?;
+    let mut ranges = ranges(conn, schema).await?;
     let last = ranges.iter().filter_map(|r| r.below).max().unwrap_or(1);
     let want = top
         .saturating_add(1)
@@ -344,8 +355,15 @@ async fn ensure_ahead(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Resu
         b = b.saturating_add(width);
         bounds.push(b);
     }
+    let mut ahead = Ahead {
+        made: bounds.len() as u64,
+        top,
+        ranges: Vec::new(),
+        sealed_below,
+    };
     if bounds.is_empty() {
-        return Ok(0);
+        ahead.ranges = ranges;
+        return Ok(ahead);
     }
     if top >= last {
         tracing::warn!(
@@ -367,7 +385,24 @@ async fn ensure_ahead(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Resu
     .execute(&mut *conn)
     .await
     .map_err(|e| map_sqlx_error(&ctx("cutting ranges out of the catch-all"), e))?;
-    Ok(bounds.len() as u64)
+    // The layout now: the same finite ranges, the new ones, the catch-all.
+    ranges.retain(|r| r.below.is_some());
+    let mut from = last;
+    for b in bounds {
+        ranges.push(Range {
+            name: format!("s{b}"),
+            from,
+            below: Some(b),
+        });
+        from = b;
+    }
+    ranges.push(Range {
+        name: CATCH_ALL.to_string(),
+        from,
+        below: None,
+    });
+    ahead.ranges = ranges;
+    Ok(ahead)
 }
 
 /// Waits until no transaction with an outbox row is in progress (by locking every partition's
