@@ -7,10 +7,8 @@ use outbox_core::Store;
 use outbox_mysql::{connect_pool, migrate, MysqlStore, Schema};
 use outbox_testkit::conformance::Fixture;
 
-fn server_url() -> String {
-    std::env::var("OUTBOX_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
-}
+mod common;
+use common::server_url;
 
 async fn fresh_store() -> Fixture {
     let pool = connect_pool(&server_url(), 4)

@@ -11,10 +11,8 @@ use outbox_core::{ClaimLimits, MemberId, NewMessage, OnFailed, Outcome, Store};
 use outbox_mysql::{connect_pool, enqueue, enqueue_many, migrate, MysqlStore, Schema};
 use sqlx::{Connection, MySqlConnection};
 
-fn server_url() -> String {
-    std::env::var("OUTBOX_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
-}
+mod common;
+use common::{msg, n_of, server_url};
 
 struct Db {
     store: MysqlStore,
@@ -81,16 +79,6 @@ impl Db {
             .await
             .unwrap();
     }
-}
-
-fn msg(key: &str, n: u64) -> NewMessage {
-    NewMessage::new("order", key, "placed", serde_json::json!({ "n": n }))
-}
-
-fn n_of(m: &outbox_core::Message) -> u64 {
-    serde_json::from_slice::<serde_json::Value>(&m.payload).unwrap()["n"]
-        .as_u64()
-        .unwrap()
 }
 
 /// A writer's transaction still open across claims: other partitions flow past it, its row is

@@ -12,10 +12,8 @@ use outbox_core::{
 use outbox_mysql::{connect_pool, enqueue, migrate, ranges, MysqlStore, Schema};
 use sqlx::{Connection, MySqlConnection};
 
-fn server_url() -> String {
-    std::env::var("OUTBOX_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
-}
+mod common;
+use common::{msg, n_of, server_url};
 
 const KEEP: Duration = Duration::from_secs(3600);
 const NOW: Duration = Duration::ZERO;
@@ -134,16 +132,6 @@ impl Db {
             .await
             .unwrap();
     }
-}
-
-fn msg(key: &str, n: u64) -> NewMessage {
-    NewMessage::new("order", key, "placed", serde_json::json!({ "n": n }))
-}
-
-fn n_of(m: &Message) -> u64 {
-    serde_json::from_slice::<serde_json::Value>(&m.payload).unwrap()["n"]
-        .as_u64()
-        .unwrap()
 }
 
 fn sorted(mut v: Vec<u64>) -> Vec<u64> {

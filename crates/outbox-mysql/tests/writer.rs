@@ -10,10 +10,8 @@ use outbox_mysql::{enqueue, enqueue_many, migrate, Schema};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{MySql, MySqlPool};
 
-fn server_url() -> String {
-    std::env::var("OUTBOX_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
-}
+mod common;
+use common::server_url;
 
 /// A migrated outbox in a database of its own.
 struct Db {
