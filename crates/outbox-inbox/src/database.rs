@@ -16,7 +16,8 @@ use crate::retention::Purged;
 use crate::tables::InboxSchema;
 
 /// Where an inbox's two parts live on `backend`: (its tables, its processing queue), as
-/// [`SqlxBackend`] places. PostgreSQL: the schemas of `schema`. SQLite: one file, with the
+/// [`SqlxBackend`] places. PostgreSQL: the schemas of `schema`; MySQL: the databases of the
+/// same names. SQLite: one file, with the
 /// queue's outbox tables under the prefix [`crate::sqlite::QUEUE_PREFIX`] beside the
 /// application's `outbox` tables.
 pub(crate) fn places(backend: Backend, schema: &InboxSchema) -> (&str, &str) {
@@ -25,11 +26,6 @@ pub(crate) fn places(backend: Backend, schema: &InboxSchema) -> (&str, &str) {
         _ => (schema.tables().as_str(), schema.queue().as_str()),
     }
 }
-
-/// Why an inbox cannot be opened on MySQL yet.
-pub(crate) const NOT_ON_MYSQL: &str =
-    "the inbox does not run on MySQL/MariaDB yet (the outbox and its relay do): \
-     keep the inbox on PostgreSQL or SQLite";
 
 /// The application's own outbox table set in a SQLite file, beside which the inbox tables are
 /// made (statements on the inbox tables name them without a prefix).
@@ -44,16 +40,22 @@ pub struct InboxDatabase {
 }
 
 impl InboxDatabase {
-    /// Opens the database `url` names (`postgres://…` with the inbox tables in `schema` and
-    /// the queue in `<schema>_inbox`, or `sqlite://path`, where `schema` is ignored), with at
-    /// most `pool_size` connections. Nothing is created but an empty SQLite file; see
-    /// [`InboxDatabase::migrate`].
+    /// Opens the database `url` names, with at most `pool_size` connections:
+    /// `postgres://…` with the inbox tables in schema `schema` and the queue in
+    /// `<schema>_inbox`; `mysql://…/db` with the tables in database `db` (or `schema`, when
+    /// given instead of the default `public`) and the queue in database `<db>_inbox`; or
+    /// `sqlite://path`, where `schema` is ignored. Nothing is created but an empty SQLite
+    /// file; see [`InboxDatabase::migrate`].
     pub async fn open(url: &str, schema: &str, pool_size: u32) -> Result<Self> {
-        // Both names are checked before anything connects.
+        // The names are checked before anything connects (on MySQL, by `outbox_db::open`).
         let schema = match Backend::of(url)? {
             // SQLite has no schemas; the PostgreSQL names are never used.
             Backend::Sqlite => InboxSchema::default(),
-            Backend::Mysql => return Err(outbox_core::Error::config(NOT_ON_MYSQL)),
+            Backend::Mysql => {
+                let tables = outbox_db::open(url, schema, pool_size).await?;
+                let schema = InboxSchema::new(tables.schema())?;
+                return Self::from_database(tables, schema);
+            }
             _ => InboxSchema::new(schema)?,
         };
         let tables = outbox_db::open(url, schema.tables().as_str(), pool_size).await?;
@@ -62,9 +64,6 @@ impl InboxDatabase {
 
     /// The inbox in `schema` of the database `pool` connects to (sharing that pool).
     pub fn from_pool<DB: SqlxBackend>(pool: sqlx::Pool<DB>, schema: InboxSchema) -> Result<Self> {
-        if DB::BACKEND == Backend::Mysql {
-            return Err(outbox_core::Error::config(NOT_ON_MYSQL));
-        }
         let (tables, _) = places(DB::BACKEND, &schema);
         Self::from_database(DB::database(pool, tables)?, schema)
     }
@@ -89,7 +88,7 @@ impl InboxDatabase {
             lock: &lock,
             postgres: crate::POSTGRES_MIGRATIONS,
             sqlite: crate::SQLITE_MIGRATIONS,
-            mysql: &[],
+            mysql: crate::MYSQL_MIGRATIONS,
         };
         let schema = &self.schema;
         self.tables
@@ -152,8 +151,9 @@ impl InboxDatabase {
     /// otherwise).
     pub async fn check(&self) -> Result<()> {
         self.tables
-            .fetch_all::<(i32,)>(
-                "SELECT CAST(1 AS INTEGER) FROM {schema}.inbox_messages LIMIT 1",
+            // COUNT(*) is a 64-bit integer on every backend.
+            .fetch_all::<(i64,)>(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM {schema}.inbox_messages LIMIT 1) AS t",
                 &[],
             )
             .await?;

@@ -15,13 +15,17 @@
 
 /// Whether `e` is a unique (or primary key) violation: the database rejected a duplicate,
 /// which for an effect keyed by the message id means "already applied". PostgreSQL SQLSTATE
-/// `23505`; SQLite extended codes 1555 (primary key) and 2067 (unique).
+/// `23505`; SQLite extended codes 1555 (primary key) and 2067 (unique); MySQL error 1062
+/// (`ER_DUP_ENTRY`, whose SQLSTATE `23000` other constraints share).
 pub fn is_duplicate(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Database(db) => matches!(
-            db.code().as_deref(),
-            Some("23505") | Some("1555") | Some("2067")
-        ),
+        sqlx::Error::Database(db) => {
+            db.is_unique_violation()
+                || matches!(
+                    db.code().as_deref(),
+                    Some("23505") | Some("1555") | Some("2067")
+                )
+        }
         _ => false,
     }
 }

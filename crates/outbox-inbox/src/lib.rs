@@ -16,8 +16,8 @@
 //!   committed.
 //! - **Request idempotency keys** ([`idempotent`]).
 //!
-//! Everything that takes `&mut tx` runs in the caller's `sqlx::Transaction`, PostgreSQL or
-//! SQLite ([`InboxTx`]).
+//! Everything that takes `&mut tx` runs in the caller's `sqlx::Transaction`, PostgreSQL, MySQL
+//! (MariaDB) or SQLite ([`InboxTx`]).
 
 pub mod daemon;
 mod database;
@@ -26,6 +26,7 @@ pub mod idempotency;
 mod inbox;
 mod message;
 mod migrate;
+pub mod mysql;
 pub mod processor;
 #[cfg(feature = "redis")]
 pub mod redis_dedupe;
@@ -41,7 +42,10 @@ pub use database::InboxDatabase;
 pub use idempotency::{IdempotencyError, Idempotent, Response};
 pub use inbox::{claim, idempotent, ingest, Inbox};
 pub use message::{position_id, InboxMessage, PayloadFormat};
-pub use migrate::{migrate_postgres, migrate_sqlite, POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS};
+pub use migrate::{
+    migrate_mysql, migrate_postgres, migrate_sqlite, MYSQL_MIGRATIONS, POSTGRES_MIGRATIONS,
+    SQLITE_MIGRATIONS,
+};
 pub use processor::{
     FnHandler, Handler, HandlerError, HandlerErrorKind, Handlers, InboxProcessor, ProcessorConfig,
 };

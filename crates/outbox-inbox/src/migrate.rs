@@ -2,7 +2,7 @@
 //! pool the application already has (see [`crate::InboxDatabase::migrate`]).
 
 use outbox_core::Result;
-use sqlx::{PgPool, SqlitePool};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 use crate::tables::InboxSchema;
 use crate::InboxDatabase;
@@ -12,6 +12,15 @@ pub const POSTGRES_MIGRATIONS: &[(i32, &str, &str)] = &[(
     1,
     "inbox",
     include_str!("../migrations/postgres/0001_inbox.sql"),
+)];
+
+/// MySQL/MariaDB inbox migrations, in order: (version, name, SQL with `{schema}` and `{queue}`,
+/// the databases of the tables and of the queue). DDL commits as it goes on MySQL: each can
+/// be run again whole.
+pub const MYSQL_MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "inbox",
+    include_str!("../migrations/mysql/0001_inbox.sql"),
 )];
 
 /// SQLite inbox migrations, in order: (version, name, SQL).
@@ -37,6 +46,16 @@ pub async fn migrate_postgres(pool: &PgPool, schema: &InboxSchema) -> Result<Vec
 /// applied now.
 pub async fn migrate_sqlite(pool: &SqlitePool) -> Result<Vec<i32>> {
     InboxDatabase::from_pool(pool.clone(), InboxSchema::default())?
+        .migrate()
+        .await
+}
+
+/// Creates or upgrades a MySQL/MariaDB inbox: first the processing queue (the outbox
+/// migrations in database `schema.queue()`, created if missing), then the inbox tables in
+/// database `schema.tables()`, serialised against other migrators by `GET_LOCK`. Safe to run
+/// concurrently and repeatedly. Returns the inbox versions applied now.
+pub async fn migrate_mysql(pool: &MySqlPool, schema: &InboxSchema) -> Result<Vec<i32>> {
+    InboxDatabase::from_pool(pool.clone(), schema.clone())?
         .migrate()
         .await
 }

@@ -2,8 +2,8 @@
 //! per-key order, with backoff, a `failed` state and redrive.
 //!
 //! It is not a second queue. Ingest puts every new inbox message into the processing queue, an
-//! outbox table set of its own (PostgreSQL: the insert-only engine in `<schema>_inbox`; SQLite:
-//! the `inbox_queue` tables), and the processor is the relay engine (`outbox_relay::Relay`)
+//! outbox table set of its own (PostgreSQL: the insert-only engine in `<schema>_inbox`; MySQL:
+//! the engine in database `<database>_inbox`; SQLite: the `inbox_queue` tables), and the processor is the relay engine (`outbox_relay::Relay`)
 //! draining that queue into a [`Sink`] that calls handlers instead of a broker. So it inherits,
 //! unchanged: partition leases and fencing (several processes may run it), per-key waves (a
 //! key's message n+1 is handled only after n committed), parked retries with exponential
@@ -27,7 +27,7 @@ use outbox_core::sink::{HEADER_AGGREGATE_TYPE, HEADER_EVENT_TYPE};
 use outbox_core::{DestinationTemplate, Envelope, ErrorKind, RetryPolicy, Sink, SinkError};
 use outbox_db::SqlxBackend;
 use outbox_relay::{Relay, RelayConfig, RelayMetrics};
-use sqlx::{PgPool, Pool, Postgres, Sqlite, SqlitePool, Transaction};
+use sqlx::{MySql, MySqlPool, PgPool, Pool, Postgres, Sqlite, SqlitePool, Transaction};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -550,6 +550,19 @@ impl InboxProcessor {
         pool: PgPool,
         schema: InboxSchema,
         handlers: Handlers<Postgres>,
+        config: ProcessorConfig,
+    ) -> outbox_core::Result<Self> {
+        Self::new(pool, schema, handlers, config)
+    }
+
+    /// A processor of the MySQL/MariaDB inbox in the databases of `schema` (migrated by
+    /// [`crate::migrate_mysql`]), with `pool` for the queue and the handlers' transactions
+    /// (size it for `workers × (concurrency + 2)`). Handlers' transactions run at the pool's
+    /// isolation level; `outbox_mysql::connect_pool` opens `READ COMMITTED` sessions.
+    pub fn mysql(
+        pool: MySqlPool,
+        schema: InboxSchema,
+        handlers: Handlers<MySql>,
         config: ProcessorConfig,
     ) -> outbox_core::Result<Self> {
         Self::new(pool, schema, handlers, config)

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use outbox_core::Result;
-use outbox_db::{Database, Param};
+use outbox_db::{Backend, Database, Param};
 use serde::Serialize;
 
 /// Rows deleted per statement, so no statement holds locks on a large range for long.
@@ -42,6 +42,21 @@ const KEYS: &str = "
                   WHERE created_at < $1
                   LIMIT $2)";
 
+// MySQL takes neither a LIMIT inside an IN subquery nor a subquery on the table being deleted
+// from, but its single-table DELETE has a LIMIT of its own. `key` is a reserved word there.
+const MYSQL_MESSAGES: &str = "
+    DELETE FROM {schema}.inbox_messages
+    WHERE received_at < $1
+      AND EXISTS (SELECT 1 FROM {schema}.processed_messages AS p
+                  WHERE p.message_id = {schema}.inbox_messages.id)
+    LIMIT $2";
+const MYSQL_CLAIMS: &str =
+    "DELETE FROM {schema}.processed_messages WHERE processed_at < $1 LIMIT $2";
+const MYSQL_KEYS: &str = "DELETE FROM {schema}.idempotency_keys WHERE created_at < $1 LIMIT $2";
+// The rows a request under a key locks while it runs (MySQL only), kept as long as keys.
+const MYSQL_KEY_LOCKS: &str =
+    "DELETE FROM {schema}.idempotency_key_locks WHERE created_at < $1 LIMIT $2";
+
 /// What a purge deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Purged {
@@ -61,7 +76,8 @@ impl Purged {
 }
 
 /// Deletes, from the inbox tables of `db`, claimed inbox rows received, claims made and
-/// idempotency keys stored longer ago than `older_than`, [`BATCH`] rows per statement.
+/// idempotency keys stored longer ago than `older_than`, [`BATCH`] rows per statement (on
+/// MySQL also the keys' lock rows, which are not counted).
 pub async fn purge(db: &Database, older_than: Duration) -> Result<Purged> {
     let mut out = Purged::default();
     // The cutoff is this process's clock, not the server's: a retention is days, clocks
@@ -72,11 +88,21 @@ pub async fn purge(db: &Database, older_than: Duration) -> Result<Purged> {
     else {
         return Ok(out);
     };
-    for (sql, slot) in [
-        (MESSAGES, &mut out.inbox_messages),
-        (CLAIMS, &mut out.processed_messages),
-        (KEYS, &mut out.idempotency_keys),
-    ] {
+    let mut key_locks = 0;
+    let statements = match db.backend() {
+        Backend::Mysql => vec![
+            (MYSQL_MESSAGES, &mut out.inbox_messages),
+            (MYSQL_CLAIMS, &mut out.processed_messages),
+            (MYSQL_KEYS, &mut out.idempotency_keys),
+            (MYSQL_KEY_LOCKS, &mut key_locks),
+        ],
+        _ => vec![
+            (MESSAGES, &mut out.inbox_messages),
+            (CLAIMS, &mut out.processed_messages),
+            (KEYS, &mut out.idempotency_keys),
+        ],
+    };
+    for (sql, slot) in statements {
         loop {
             let n = db
                 .execute(sql, &[Param::Time(cutoff), Param::Int(BATCH)])

@@ -1,6 +1,6 @@
 //! [`InboxTx`]: what the receiving side does inside a caller's transaction, on PostgreSQL and on
-//! SQLite. Every function of this crate that takes `&mut tx` takes any `InboxTx`: an
-//! `sqlx::Transaction<Postgres>` or an `sqlx::Transaction<Sqlite>`.
+//! SQLite (here) and on MySQL ([`crate::mysql`]). Every function of this crate that takes
+//! `&mut tx` takes any `InboxTx`: an `sqlx::Transaction` of `Postgres`, `Sqlite` or `MySql`.
 
 use std::collections::HashMap;
 
@@ -51,10 +51,11 @@ pub struct StoredKey {
     pub events: Vec<Uuid>,
 }
 
-/// A database transaction the receiving side can work in: PostgreSQL's or SQLite's. Implemented
-/// for `sqlx::Transaction<'_, Postgres>`, `sqlx::Transaction<'_, Sqlite>` and
-/// [`outbox_db::Transaction`] (either, by its backend); the `schema` argument names the
-/// PostgreSQL schemas (SQLite's tables have fixed names and ignore it).
+/// A database transaction the receiving side can work in: PostgreSQL's, MySQL's or SQLite's.
+/// Implemented for `sqlx::Transaction<'_, Postgres>`, `sqlx::Transaction<'_, MySql>`,
+/// `sqlx::Transaction<'_, Sqlite>` and [`outbox_db::Transaction`] (any, by its backend); the
+/// `schema` argument names the PostgreSQL schemas or the MySQL databases (SQLite's tables
+/// have fixed names and ignore it).
 ///
 /// Callers use the functions of the crate ([`crate::claim`], [`crate::ingest`],
 /// [`crate::idempotent`], or the same on [`crate::Inbox`]); these methods are their parts.
@@ -83,8 +84,9 @@ pub trait InboxTx: Send {
         ids: &[Uuid],
     ) -> Result<HashMap<Uuid, InboxMessage>>;
 
-    /// Tries to take the transaction-level lock of idempotency key `key` without waiting;
-    /// false when another transaction holds it (a request under that key is in progress).
+    /// Takes the transaction-level lock of idempotency key `key`. PostgreSQL tries without
+    /// waiting and answers false when another transaction holds it (a request under that key
+    /// is in progress); SQLite and MySQL wait for that transaction to end and answer true.
     async fn lock_key(&mut self, schema: &InboxSchema, key: &str) -> Result<bool>;
 
     /// The stored result of idempotency key `key`.
@@ -126,7 +128,7 @@ pub(crate) fn queue_row(m: &InboxMessage) -> NewMessage {
 }
 
 /// The messages of `messages` that `inserted` marks, first occurrence of each id only.
-fn inserted_in_order<'a>(
+pub(crate) fn inserted_in_order<'a>(
     messages: &'a [InboxMessage],
     inserted: &std::collections::HashSet<Uuid>,
 ) -> (Vec<&'a InboxMessage>, Vec<bool>) {
@@ -143,14 +145,14 @@ fn inserted_in_order<'a>(
     (fresh, flags)
 }
 
-fn headers_map(text: &str) -> serde_json::Map<String, serde_json::Value> {
+pub(crate) fn headers_map(text: &str) -> serde_json::Map<String, serde_json::Value> {
     match serde_json::from_str(text) {
         Ok(serde_json::Value::Object(map)) => map,
         _ => serde_json::Map::new(),
     }
 }
 
-fn malformed(what: String) -> Error {
+pub(crate) fn malformed(what: String) -> Error {
     Error::new(ErrorKind::Malformed, what)
 }
 
@@ -474,13 +476,7 @@ impl InboxTx for Transaction<'_, Sqlite> {
     }
 }
 
-/// The inbox's statements are not written for MySQL yet; [`crate::InboxDatabase::open`] refuses
-/// a MySQL URL before any transaction could get here.
-fn not_on_mysql() -> Error {
-    Error::config(crate::database::NOT_ON_MYSQL)
-}
-
-/// Whichever backend the transaction is on, through its own impl above.
+/// Whichever backend the transaction is on, through its own impl.
 #[async_trait]
 impl InboxTx for outbox_db::Transaction<'_> {
     async fn claim_message(
@@ -492,7 +488,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.claim_message(schema, consumer, id).await,
             SqlxTransaction::Sqlite(tx) => tx.claim_message(schema, consumer, id).await,
-            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
+            SqlxTransaction::Mysql(tx) => tx.claim_message(schema, consumer, id).await,
         }
     }
 
@@ -504,7 +500,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.ingest_messages(schema, messages).await,
             SqlxTransaction::Sqlite(tx) => tx.ingest_messages(schema, messages).await,
-            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
+            SqlxTransaction::Mysql(tx) => tx.ingest_messages(schema, messages).await,
         }
     }
 
@@ -516,7 +512,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.load_messages(schema, ids).await,
             SqlxTransaction::Sqlite(tx) => tx.load_messages(schema, ids).await,
-            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
+            SqlxTransaction::Mysql(tx) => tx.load_messages(schema, ids).await,
         }
     }
 
@@ -524,7 +520,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.lock_key(schema, key).await,
             SqlxTransaction::Sqlite(tx) => tx.lock_key(schema, key).await,
-            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
+            SqlxTransaction::Mysql(tx) => tx.lock_key(schema, key).await,
         }
     }
 
@@ -532,7 +528,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.stored_key(schema, key).await,
             SqlxTransaction::Sqlite(tx) => tx.stored_key(schema, key).await,
-            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
+            SqlxTransaction::Mysql(tx) => tx.stored_key(schema, key).await,
         }
     }
 
@@ -545,7 +541,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.store_key(schema, key, stored).await,
             SqlxTransaction::Sqlite(tx) => tx.store_key(schema, key, stored).await,
-            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
+            SqlxTransaction::Mysql(tx) => tx.store_key(schema, key, stored).await,
         }
     }
 
@@ -553,7 +549,7 @@ impl InboxTx for outbox_db::Transaction<'_> {
         match self.sqlx() {
             SqlxTransaction::Postgres(tx) => tx.enqueue_events(schema, events).await,
             SqlxTransaction::Sqlite(tx) => tx.enqueue_events(schema, events).await,
-            SqlxTransaction::Mysql(_) => Err(not_on_mysql()),
+            SqlxTransaction::Mysql(tx) => tx.enqueue_events(schema, events).await,
         }
     }
 }

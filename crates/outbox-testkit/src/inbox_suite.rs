@@ -1,5 +1,5 @@
 //! The inbox backend suite: what the receiving side must do on each database it runs on,
-//! written once over [`InboxBackend`] and run per database (PostgreSQL, SQLite:
+//! written once over [`InboxBackend`] and run per database (PostgreSQL, MySQL, SQLite:
 //! [`crate::inbox_backends`]). `crates/outbox-inbox/tests/backends.rs` expands
 //! [`inbox_backend_suite!`](crate::inbox_backend_suite) once per backend and gets one
 //! `#[tokio::test]` per case.
@@ -96,6 +96,15 @@ pub trait InboxBackend: Send + Sync + Sized + 'static {
     const NAME: &'static str;
     /// What a concurrent request under an idempotency key in progress gets.
     const CONCURRENT_REQUEST: Concurrent;
+    /// Effect shape 1 in this database's SQL: an upsert of `accounts (account_id, balance,
+    /// as_of)` from `$1`–`$3` that changes the row only for a newer `as_of`.
+    const UPSERT_IF_NEWER: &'static str =
+        "INSERT INTO {schema}.accounts (account_id, balance, as_of) VALUES ($1, $2, $3) \
+         ON CONFLICT (account_id) DO UPDATE SET balance = EXCLUDED.balance, \
+         as_of = EXCLUDED.as_of WHERE {schema}.accounts.as_of <= EXCLUDED.as_of";
+    /// The rows that upsert reports when it changes nothing: 0, or 1 on MySQL (sqlx connects
+    /// with `CLIENT_FOUND_ROWS`, which counts a row found).
+    const UPSERT_UNCHANGED_ROWS: u64 = 0;
 
     /// A fresh, migrated inbox of the test's own (not `Send`: the migrations' futures are not).
     fn start() -> impl std::future::Future<Output = Self>;
@@ -756,9 +765,7 @@ pub async fn an_upsert_by_business_key_sets_the_same_state_however_often_it_is_a
          as_of BIGINT NOT NULL)",
     )
     .await;
-    let upsert = "INSERT INTO {schema}.accounts (account_id, balance, as_of) VALUES ($1, $2, $3) \
-                  ON CONFLICT (account_id) DO UPDATE SET balance = EXCLUDED.balance, \
-                  as_of = EXCLUDED.as_of WHERE {schema}.accounts.as_of <= EXCLUDED.as_of";
+    let upsert = B::UPSERT_IF_NEWER;
     let at = chrono::Utc::now().timestamp_millis();
     for _ in 0..3 {
         apply(b.as_ref(), upsert, &["acc-1".into(), 250.into(), at.into()]).await;
@@ -769,7 +776,11 @@ pub async fn an_upsert_by_business_key_sets_the_same_state_however_often_it_is_a
         &["acc-1".into(), 100.into(), (at - 60_000).into()],
     )
     .await;
-    assert_eq!(late, 0, "an older event changes nothing");
+    assert_eq!(
+        late,
+        B::UPSERT_UNCHANGED_ROWS,
+        "an older event changes nothing"
+    );
     assert_eq!(b.scalar("SELECT count(*) FROM {schema}.accounts").await, 1);
     assert_eq!(b.scalar("SELECT balance FROM {schema}.accounts").await, 250);
 }

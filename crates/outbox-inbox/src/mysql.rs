@@ -1,0 +1,320 @@
+//! [`InboxTx`] on MySQL/MariaDB: the receiving side's statements in a caller's
+//! `sqlx::Transaction<MySql>`, within what MySQL 8.0 and MariaDB 10.6+ both accept (no
+//! `RETURNING`, no `LIMIT` in an `IN` subquery). Tested on MariaDB 10.11.
+//!
+//! Three things differ from PostgreSQL, each for a MySQL reason:
+//! - **Ingest** cannot learn from one statement which ids it inserted. It reads which ids of
+//!   the batch are already there, inserts the rest, and, should another transaction insert
+//!   one of them in between (a duplicate-key error, which undoes that statement only), reads
+//!   again with a locking read, which waits for that transaction and sees its commit.
+//! - **The dedupe claim** is `INSERT IGNORE`: `ON DUPLICATE KEY UPDATE` would count a row
+//!   found as affected (sqlx connects with `CLIENT_FOUND_ROWS`). `IGNORE` also turns a value
+//!   too long into a warning, so lengths are checked first and refused as errors.
+//! - **An idempotency key in progress** is a locked row of `idempotency_key_locks`, not an
+//!   advisory lock (`GET_LOCK` belongs to the session and would outlive the transaction). A
+//!   second request waits for the first to end, then replays its result.
+//!
+//! Ids are bound as lower-case hyphenated text (the columns are `CHAR(36)`; sqlx would bind a
+//! `Uuid` as 16 bytes).
+
+use std::collections::{HashMap, HashSet};
+
+use async_trait::async_trait;
+use chrono::NaiveDateTime;
+use outbox_core::{Error, ErrorKind, NewMessage, Result};
+use outbox_db::{Backend, SqlxBackend};
+use sqlx::{MySql, QueryBuilder, Row, Transaction};
+use uuid::Uuid;
+
+use crate::database::places;
+use crate::message::{InboxMessage, PayloadFormat};
+use crate::tables::InboxSchema;
+use crate::tx::{headers_map, inserted_in_order, malformed, queue_row, InboxTx, StoredKey};
+
+/// The longest source, type, key, consumer, idempotency key or source position the MySQL
+/// tables hold (`VARCHAR(255)`, as the queue's columns they are copied into).
+pub const MAX_NAME_CHARS: usize = 255;
+
+/// Rows per statement: eight placeholders a row, far below MySQL's 65,535.
+const ROWS_PER_STATEMENT: usize = 1000;
+
+const CLAIM: &str = "INSERT IGNORE INTO {schema}.processed_messages (consumer, message_id) \
+                     VALUES (?, ?)";
+const INGEST: &str = "INSERT INTO {schema}.inbox_messages \
+                      (id, source, type, `key`, payload, payload_format, headers, source_position) ";
+// Text columns are cast: sqlx reads a `utf8mb4_bin` column as binary.
+const LOAD: &str = "SELECT CAST(id AS CHAR) AS id, CAST(source AS CHAR) AS source, \
+                    CAST(type AS CHAR) AS type, CAST(`key` AS CHAR) AS `key`, \
+                    CAST(payload AS CHAR) AS payload, \
+                    CAST(payload_format AS CHAR) AS payload_format, \
+                    CAST(headers AS CHAR) AS headers, \
+                    CAST(source_position AS CHAR) AS source_position, \
+                    received_at FROM {schema}.inbox_messages WHERE id IN (";
+const KEY_LOCK_ROW: &str = "INSERT IGNORE INTO {schema}.idempotency_key_locks (`key`) VALUES (?)";
+const KEY_LOCK: &str =
+    "SELECT `key` FROM {schema}.idempotency_key_locks WHERE `key` = ? FOR UPDATE";
+// A locking read: it reads the latest committed row whatever the caller's snapshot, so a
+// request that waited for another under the same key sees what that one stored.
+const KEY_GET: &str = "SELECT CAST(fingerprint AS CHAR) AS fingerprint, CAST(result AS CHAR) AS result, \
+                       CAST(events AS CHAR) AS events FROM {schema}.idempotency_keys \
+                       WHERE `key` = ? LOCK IN SHARE MODE";
+const KEY_PUT: &str = "INSERT INTO {schema}.idempotency_keys (`key`, fingerprint, result, events) \
+                       VALUES (?, ?, ?, ?)";
+
+fn err(what: &str) -> impl Fn(sqlx::Error) -> Error + '_ {
+    move |e| MySql::map_error(what, e)
+}
+
+/// Refuses `value` longer than [`MAX_NAME_CHARS`]: MySQL would cut it (under `IGNORE`) or fail
+/// the whole statement, and a key cut short is another key.
+fn fits(what: &str, value: &str) -> Result<()> {
+    let n = value.chars().count();
+    if n > MAX_NAME_CHARS {
+        return Err(malformed(format!(
+            "{what} has {n} characters; the inbox on MySQL keeps at most {MAX_NAME_CHARS}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_message(m: &InboxMessage) -> Result<()> {
+    let id = m.id;
+    fits(&format!("the source of message {id}"), &m.source)?;
+    fits(&format!("the type of message {id}"), &m.message_type)?;
+    fits(&format!("the key of message {id}"), &m.key)?;
+    if let Some(p) = &m.source_position {
+        fits(&format!("the source position of message {id}"), p)?;
+    }
+    Ok(())
+}
+
+/// `(?, ?, …)` for `n` values, closing an `IN (` already written.
+fn push_ids<'a>(q: &mut QueryBuilder<'a, MySql>, ids: impl Iterator<Item = String>) {
+    let mut each = q.separated(", ");
+    for id in ids {
+        each.push_bind(id);
+    }
+    q.push(")");
+}
+
+/// The ids of `batch` already in `inbox_messages`. `locking` reads the latest committed rows
+/// (waiting for a transaction that inserted one of them to end), whatever the snapshot.
+async fn existing(
+    tx: &mut Transaction<'_, MySql>,
+    schema: &InboxSchema,
+    batch: &[&InboxMessage],
+    locking: bool,
+) -> Result<HashSet<Uuid>> {
+    let mut q = QueryBuilder::<MySql>::new(
+        schema.render("SELECT CAST(id AS CHAR) FROM {schema}.inbox_messages WHERE id IN ("),
+    );
+    push_ids(&mut q, batch.iter().map(|m| m.id.to_string()));
+    if locking {
+        q.push(" LOCK IN SHARE MODE");
+    }
+    let ids: Vec<String> = q
+        .build_query_scalar()
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(err("reading which messages the inbox has"))?;
+    Ok(ids.iter().filter_map(|id| id.parse().ok()).collect())
+}
+
+/// Inserts `batch` into `inbox_messages`, in order, in one statement.
+async fn insert(
+    tx: &mut Transaction<'_, MySql>,
+    schema: &InboxSchema,
+    batch: &[&InboxMessage],
+) -> std::result::Result<(), sqlx::Error> {
+    let mut q = QueryBuilder::<MySql>::new(schema.render(INGEST));
+    q.push_values(batch, |mut row, m| {
+        row.push_bind(m.id.to_string())
+            .push_bind(m.source.as_str())
+            .push_bind(m.message_type.as_str())
+            .push_bind(m.key.as_str())
+            .push_bind(m.payload.to_string())
+            .push_bind(m.payload_format.as_str())
+            .push_bind(serde_json::Value::Object(m.headers.clone()).to_string())
+            .push_bind(m.source_position.as_deref());
+    });
+    q.build().execute(&mut **tx).await.map(drop)
+}
+
+/// Records the messages of `chunk` the inbox does not have yet; returns their ids. A
+/// duplicate-key error (another transaction inserted one of them after this one looked) is
+/// answered by looking again with a locking read; a third conflict in a row is returned.
+async fn record_new(
+    tx: &mut Transaction<'_, MySql>,
+    schema: &InboxSchema,
+    chunk: &[&InboxMessage],
+) -> Result<Vec<Uuid>> {
+    let mut todo = chunk.to_vec();
+    for attempt in 0..3 {
+        let have = existing(tx, schema, &todo, attempt > 0).await?;
+        todo.retain(|m| !have.contains(&m.id));
+        if todo.is_empty() {
+            return Ok(Vec::new());
+        }
+        match insert(tx, schema, &todo).await {
+            Ok(()) => return Ok(todo.iter().map(|m| m.id).collect()),
+            Err(e) if crate::effects::is_duplicate(&e) && attempt < 2 => continue,
+            Err(e) => return Err(err("recording messages in inbox_messages")(e)),
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// A `DATETIME` column the server wrote in UTC.
+fn utc(t: NaiveDateTime) -> chrono::DateTime<chrono::Utc> {
+    t.and_utc()
+}
+
+#[async_trait]
+impl InboxTx for Transaction<'_, MySql> {
+    async fn claim_message(
+        &mut self,
+        schema: &InboxSchema,
+        consumer: &str,
+        id: Uuid,
+    ) -> Result<bool> {
+        fits("a consumer name", consumer)?;
+        let done = sqlx::query(&schema.render(CLAIM))
+            .bind(consumer)
+            .bind(id.to_string())
+            .execute(&mut **self)
+            .await
+            .map_err(err("claiming a message in processed_messages"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn ingest_messages(
+        &mut self,
+        schema: &InboxSchema,
+        messages: &[InboxMessage],
+    ) -> Result<Vec<bool>> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        for m in messages {
+            check_message(m)?;
+        }
+        // First occurrence of each id: a duplicate within the batch is skipped like a
+        // redelivery.
+        let mut seen = HashSet::new();
+        let candidates: Vec<&InboxMessage> =
+            messages.iter().filter(|m| seen.insert(m.id)).collect();
+        let mut inserted = HashSet::new();
+        for chunk in candidates.chunks(ROWS_PER_STATEMENT) {
+            inserted.extend(record_new(self, schema, chunk).await?);
+        }
+        let (fresh, flags) = inserted_in_order(messages, &inserted);
+        if !fresh.is_empty() {
+            let rows: Vec<NewMessage> = fresh.into_iter().map(queue_row).collect();
+            let (_, queue) = places(Backend::Mysql, schema);
+            MySql::enqueue_many(self, queue, &rows).await?;
+        }
+        Ok(flags)
+    }
+
+    async fn load_messages(
+        &mut self,
+        schema: &InboxSchema,
+        ids: &[Uuid],
+    ) -> Result<HashMap<Uuid, InboxMessage>> {
+        let err = err("reading inbox messages");
+        let mut out = HashMap::with_capacity(ids.len());
+        for chunk in ids.chunks(ROWS_PER_STATEMENT) {
+            let mut q = QueryBuilder::<MySql>::new(schema.render(LOAD));
+            push_ids(&mut q, chunk.iter().map(Uuid::to_string));
+            let rows = q.build().fetch_all(&mut **self).await.map_err(&err)?;
+            for r in rows {
+                let text: String = r.try_get("id").map_err(&err)?;
+                let id: Uuid = text
+                    .parse()
+                    .map_err(|e| malformed(format!("inbox message id `{text}`: {e}")))?;
+                let payload: String = r.try_get("payload").map_err(&err)?;
+                let headers: String = r.try_get("headers").map_err(&err)?;
+                let received: NaiveDateTime = r.try_get("received_at").map_err(&err)?;
+                out.insert(
+                    id,
+                    InboxMessage {
+                        id,
+                        source: r.try_get("source").map_err(&err)?,
+                        message_type: r.try_get("type").map_err(&err)?,
+                        key: r.try_get("key").map_err(&err)?,
+                        payload: serde_json::from_str(&payload)
+                            .map_err(|e| malformed(format!("inbox message {id}: payload: {e}")))?,
+                        payload_format: PayloadFormat::parse(
+                            &r.try_get::<String, _>("payload_format").map_err(&err)?,
+                        ),
+                        headers: headers_map(&headers),
+                        source_position: r.try_get("source_position").map_err(&err)?,
+                        received_at: Some(utc(received)),
+                    },
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// Takes the key's row of `idempotency_key_locks`, making it first if needed, and keeps it
+    /// locked until the transaction ends. It waits while another request under the key holds
+    /// it (up to `innodb_lock_wait_timeout`), so it always answers true; the caller then finds
+    /// that request's stored result and replays it.
+    async fn lock_key(&mut self, schema: &InboxSchema, key: &str) -> Result<bool> {
+        fits("an idempotency key", key)?;
+        for sql in [KEY_LOCK_ROW, KEY_LOCK] {
+            sqlx::query(&schema.render(sql))
+                .bind(key)
+                .execute(&mut **self)
+                .await
+                .map_err(err("locking an idempotency key"))?;
+        }
+        Ok(true)
+    }
+
+    async fn stored_key(&mut self, schema: &InboxSchema, key: &str) -> Result<Option<StoredKey>> {
+        let err = err("reading an idempotency key");
+        let Some(r) = sqlx::query(&schema.render(KEY_GET))
+            .bind(key)
+            .fetch_optional(&mut **self)
+            .await
+            .map_err(&err)?
+        else {
+            return Ok(None);
+        };
+        let result: String = r.try_get("result").map_err(&err)?;
+        let events: String = r.try_get("events").map_err(&err)?;
+        Ok(Some(StoredKey {
+            fingerprint: r.try_get("fingerprint").map_err(&err)?,
+            result: serde_json::from_str(&result)
+                .map_err(|e| malformed(format!("idempotency key result: {e}")))?,
+            events: serde_json::from_str(&events)
+                .map_err(|e| malformed(format!("idempotency key events: {e}")))?,
+        }))
+    }
+
+    async fn store_key(
+        &mut self,
+        schema: &InboxSchema,
+        key: &str,
+        stored: &StoredKey,
+    ) -> Result<()> {
+        let events = serde_json::to_string(&stored.events)
+            .map_err(|e| Error::with_source(ErrorKind::Other, "encoding event ids", e))?;
+        sqlx::query(&schema.render(KEY_PUT))
+            .bind(key)
+            .bind(&stored.fingerprint)
+            .bind(stored.result.to_string())
+            .bind(events)
+            .execute(&mut **self)
+            .await
+            .map_err(err("storing an idempotency key"))?;
+        Ok(())
+    }
+
+    async fn enqueue_events(&mut self, schema: &InboxSchema, events: &[NewMessage]) -> Result<()> {
+        let (tables, _) = places(Backend::Mysql, schema);
+        MySql::enqueue_many(self, tables, events).await
+    }
+}
