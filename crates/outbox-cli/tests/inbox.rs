@@ -2,7 +2,7 @@
 //! machinery (the scenarios every source shares are the source conformance suite, in
 //! `inbox_sources.rs`): a second daemon standing by and taking over, a daemon that lost its
 //! source lock, a NATS pull request lost with the server, and failed messages listed and
-//! redriven from the command line.
+//! redriven from the command line (on PostgreSQL and on MariaDB).
 
 #![allow(clippy::unwrap_used)]
 
@@ -13,7 +13,7 @@ mod inboxkit;
 use std::time::{Duration, Instant};
 
 use inboxkit::{outbox, NatsChannel, Redis};
-use outbox_testkit::inbox_backends::PgInbox;
+use outbox_testkit::inbox_backends::{MysqlInbox, PgInbox};
 use outbox_testkit::inbox_suite::InboxBackend;
 use outbox_testkit::source_suite::{
     assert_ingested_once, publish, wait_ingested, workload, Channel, Daemon, SourceFixture,
@@ -120,16 +120,33 @@ async fn a_daemon_that_lost_its_lock_fetches_nothing_until_it_holds_it_again() {
 /// drains in order once the handler is fixed. The inbox is made by `outbox migrate --inbox`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_inbox_messages_are_listed_and_redriven_from_the_command_line() {
-    use outbox_inbox::{HandlerError, Handlers, InboxMessage, InboxProcessor, ProcessorConfig};
+    let schema = outbox_testkit::unique_name("ibx");
+    failed_and_redriven(&common::database_url(), &schema, PgInbox::open(&schema)).await;
+}
+
+/// The same with the inbox on MariaDB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_inbox_messages_are_listed_and_redriven_from_the_command_line_on_mariadb() {
+    let schema = outbox_testkit::unique_name("ibx");
+    failed_and_redriven(
+        &outbox_testkit::inbox_backends::mysql_url(),
+        &schema,
+        MysqlInbox::open(&schema),
+    )
+    .await;
+}
+
+/// The failed-and-redriven scenario on the inbox `url` and `schema` name, which `open` opens
+/// once `outbox migrate --inbox` made it.
+async fn failed_and_redriven<B: InboxBackend>(
+    url: &str,
+    schema: &str,
+    open: impl std::future::Future<Output = B>,
+) {
+    use outbox_inbox::{HandlerError, Handlers, InboxMessage, ProcessorConfig};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let schema = outbox_testkit::unique_name("ibx");
-    let db = [
-        "--database-url",
-        &common::database_url(),
-        "--schema",
-        &schema,
-    ];
+    let db = ["--database-url", url, "--schema", schema];
     let o = outbox()
         .args(["migrate", "--inbox"])
         .args(db)
@@ -137,7 +154,7 @@ async fn failed_inbox_messages_are_listed_and_redriven_from_the_command_line() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).contains("applied migrations [1]"));
-    let b = PgInbox::open(&schema).await;
+    let b = open.await;
     let msgs: Vec<InboxMessage> = (0..3)
         .map(|n| {
             InboxMessage::new(
@@ -169,11 +186,7 @@ async fn failed_inbox_messages_are_listed_and_redriven_from_the_command_line() {
         ..ProcessorConfig::default()
     };
     let stop = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(
-        InboxProcessor::postgres(b.pool.clone(), b.schema.clone(), handlers, config)
-            .unwrap()
-            .run(stop.clone()),
-    );
+    let task = tokio::spawn(b.processor(handlers, config).run(stop.clone()));
     let cli = |args: &[&str]| {
         let o = outbox().args(args).args(db).output().unwrap();
         (
@@ -222,13 +235,10 @@ async fn failed_inbox_messages_are_listed_and_redriven_from_the_command_line() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(*handled.lock().unwrap(), vec![0, 1, 2]);
-    let reason: String = sqlx::query_scalar(&format!(
-        "SELECT reason FROM {schema}_inbox.outbox_redrives"
-    ))
-    .fetch_one(&b.pool)
-    .await
-    .unwrap();
-    assert_eq!(reason, "currency table fixed");
+    let reason = b
+        .texts("SELECT reason FROM {schema}_inbox.outbox_redrives")
+        .await;
+    assert_eq!(reason, vec![vec![Some("currency table fixed".to_string())]]);
     let (ok, _, err) = cli(&["redrive", "--inbox", "--id", &id]);
     assert!(!ok, "no longer failed: {err}");
     stop.cancel();

@@ -18,9 +18,12 @@ mod inboxkit;
 use inboxkit::{outbox, Amqp, Kafka, Mqtt, Nats, Redis, Sqs};
 use outbox_testkit::source_conformance_suite;
 
-source_conformance_suite!(nats, Nats::new, outbox);
-// The daemon case also into a SQLite inbox, from Redis (any source would do: the daemon's
-// writes are the database's part, the source's order is the broker's).
+// The daemon case also into a MariaDB inbox from NATS, and into a SQLite inbox from Redis (any
+// source would do: the daemon's writes are the database's part, the source's order is the
+// broker's).
+source_conformance_suite!(nats, Nats::new, outbox; also [
+    the_daemon_killed_mid_stream_and_restarted_loses_nothing_and_records_nothing_twice_in_mysql,
+]);
 source_conformance_suite!(redis, Redis::new, outbox; also [
     the_daemon_killed_mid_stream_and_restarted_loses_nothing_and_records_nothing_twice_in_sqlite,
 ]);

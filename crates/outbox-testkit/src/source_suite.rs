@@ -24,7 +24,7 @@ use outbox_core::{Envelope, Sink};
 use outbox_inbox::source::{Delivery, Source, SourceOptions};
 use uuid::Uuid;
 
-use crate::inbox_backends::{PgInbox, SqliteInbox};
+use crate::inbox_backends::{MysqlInbox, PgInbox, SqliteInbox};
 use crate::inbox_suite::InboxBackend;
 use crate::process::{sigterm, try_wait_exit, wait_exit};
 
@@ -183,7 +183,7 @@ pub trait Channel: Send {
 /// Expands to a module `$name` with one `#[tokio::test]` per source case, each with a fresh
 /// fixture from `$fixture()`; `$outbox()` is the `outbox` binary's command (a clean
 /// environment). The daemon case runs on PostgreSQL; `also [case, …]` adds cases beyond the
-/// four (`…_in_sqlite`: the daemon case into SQLite).
+/// four (`…_in_sqlite`, `…_in_mysql`: the daemon case into SQLite, into MariaDB).
 #[macro_export]
 macro_rules! source_conformance_suite {
     ($name:ident, $fixture:path, $outbox:path $(; also [$($also:ident),* $(,)?])?) => {
@@ -632,6 +632,14 @@ pub async fn the_daemon_killed_mid_stream_and_restarted_loses_nothing_and_record
     outbox: fn() -> Command,
 ) {
     killed_mid_stream::<SqliteInbox>(f, outbox).await;
+}
+
+/// The same into a MySQL/MariaDB inbox.
+pub async fn the_daemon_killed_mid_stream_and_restarted_loses_nothing_and_records_nothing_twice_in_mysql(
+    f: &dyn SourceFixture,
+    outbox: fn() -> Command,
+) {
+    killed_mid_stream::<MysqlInbox>(f, outbox).await;
 }
 
 /// The daemon case on backend `B`.
