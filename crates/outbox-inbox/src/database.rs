@@ -147,6 +147,18 @@ impl InboxDatabase {
         Ok((m, p))
     }
 
+    /// Drops the processing queue's schema (PostgreSQL) or database (MySQL) with everything in
+    /// it, and closes the pool: for scratch inboxes (`outbox verify`), never an inbox in use.
+    /// SQLite keeps the queue in the application's file, which this refuses to remove.
+    pub async fn destroy_queue(self) -> Result<()> {
+        if self.queue.backend() == Backend::Sqlite {
+            return Err(outbox_core::Error::config(
+                "the SQLite inbox's queue lives in the application's file: nothing to drop alone",
+            ));
+        }
+        self.queue.destroy().await
+    }
+
     /// Whether the inbox tables and the queue exist (a `Schema` error names the fix
     /// otherwise).
     pub async fn check(&self) -> Result<()> {

@@ -55,7 +55,8 @@ const KEY_LOCK: &str =
     "SELECT `key` FROM {schema}.idempotency_key_locks WHERE `key` = ? FOR UPDATE";
 // A locking read: it reads the latest committed row whatever the caller's snapshot, so a
 // request that waited for another under the same key sees what that one stored.
-const KEY_GET: &str = "SELECT CAST(fingerprint AS CHAR) AS fingerprint, CAST(result AS CHAR) AS result, \
+const KEY_GET: &str =
+    "SELECT CAST(fingerprint AS CHAR) AS fingerprint, CAST(result AS CHAR) AS result, \
                        CAST(events AS CHAR) AS events FROM {schema}.idempotency_keys \
                        WHERE `key` = ? LOCK IN SHARE MODE";
 const KEY_PUT: &str = "INSERT INTO {schema}.idempotency_keys (`key`, fingerprint, result, events) \

@@ -212,16 +212,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
 
     // The receiving side: the inbox beside the outbox, fed from the scratch stream.
     let inbox_setup = if through_inbox {
-        let pool = db
-            .postgres()
-            .map(|s| s.pool().clone())
-            .context("--through-inbox runs on PostgreSQL only")?;
+        anyhow::ensure!(
+            db.backend() != Backend::Sqlite,
+            "--through-inbox runs on PostgreSQL or MySQL/MariaDB: the inbox daemons and handler \
+             processes write at once, and SQLite takes one writer at a time"
+        );
         anyhow::ensure!(
             sink_url.starts_with("nats://") || sink_url.starts_with("tls://"),
             "--through-inbox reads the broker with `outbox inbox`, whose sources in this build are \
              NATS JetStream and Redis Streams: pass a nats:// sink"
         );
-        crate::inbox::prepare(&pool, db.schema()).await?;
+        let inbox = crate::inbox::prepare(&relay_db_url, db.schema()).await?;
         // The NATS scratch stream is the destination's first token, upper-cased
         // (outbox-sinks `nats/reader.rs`).
         let prefix = destination.split('.').next().unwrap_or_default();
@@ -231,7 +232,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             prefix.to_ascii_uppercase(),
             (lease * 2 / 3).as_millis().max(500)
         );
-        Some((pool, source))
+        Some((inbox, source))
     } else {
         None
     };
@@ -436,7 +437,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     got.poll(reader.as_mut(), started).await;
     // Through the inbox: every committed message's effect, once.
     let mut inbox_effects = None;
-    if let Some((pool, _)) = &inbox_setup {
+    if let Some((inbox, _)) = &inbox_setup {
         progress(
             started,
             "through the inbox: every committed message's effect must apply",
@@ -444,7 +445,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         let deadline = Instant::now() + Duration::from_secs(180);
         let mut applied_at = started.elapsed().as_secs_f64();
         loop {
-            let effects = bounded(crate::inbox::effects(pool, db.schema())).await?;
+            let effects = bounded(crate::inbox::effects(inbox)).await?;
             let have: HashSet<Uuid> = effects.iter().map(|e| e.id).collect();
             let missing = ledger.keys().filter(|id| !have.contains(id)).count();
             if missing == 0 {
@@ -459,8 +460,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         }
         // Late doubles (a resumed handler) get a moment to show up.
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let effects = bounded(crate::inbox::effects(pool, db.schema())).await?;
-        let ingested = bounded(crate::inbox::ingested(pool, db.schema())).await?;
+        let effects = bounded(crate::inbox::effects(inbox)).await?;
+        let ingested = bounded(crate::inbox::ingested(inbox)).await?;
         inbox_effects = Some(InboxReport {
             daemons: INBOX_DAEMONS,
             handlers: INBOX_HANDLERS,
@@ -545,12 +546,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     };
     progress(started, "checked; cleaning up");
     if !keep {
-        if through_inbox {
-            let _ = bounded(db.execute_script(&format!(
-                "DROP SCHEMA IF EXISTS {}_inbox CASCADE",
-                db.schema()
-            )))
-            .await;
+        if let Some((inbox, _)) = inbox_setup {
+            let _ = bounded(inbox.destroy_queue()).await;
         }
         let _ = bounded(Database::clone(&db).destroy()).await;
         let _ = tokio::time::timeout(PHASE_LIMIT, reader.cleanup()).await;
