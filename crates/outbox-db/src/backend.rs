@@ -15,7 +15,7 @@ pub enum Backend {
     /// SQLite: `sqlite://path` or `sqlite:path`; `sqlite://` alone is `./outbox.db`
     /// ([`outbox_sqlite::DEFAULT_PATH`]). The outbox is the whole file.
     Sqlite,
-    /// MySQL 8.0.13+ or MariaDB 10.6+: `mysql://…` or `mariadb://…`; the outbox lives in one
+    /// MySQL 8.0.29+ or MariaDB 10.6+: `mysql://…` or `mariadb://…`; the outbox lives in one
     /// database (MySQL's "schema").
     Mysql,
 }

@@ -12,7 +12,11 @@
 //!   too long into a warning, so lengths are checked first and refused as errors.
 //! - **An idempotency key in progress** is a locked row of `idempotency_key_locks`, not an
 //!   advisory lock (`GET_LOCK` belongs to the session and would outlive the transaction). A
-//!   second request waits for the first to end, then replays its result.
+//!   second request waits for the first to end, then replays its result; one that waits past
+//!   `innodb_lock_wait_timeout` (or is chosen as a deadlock victim) is told "in progress", as
+//!   on PostgreSQL. The row's `stored` flag says whether `idempotency_keys` holds the result,
+//!   so that table is read only where the row exists: no locking read of a missing row, which
+//!   would lock a gap under REPEATABLE READ and deadlock two new keys.
 //!
 //! Ids are bound as lower-case hyphenated text (the columns are `CHAR(36)`; sqlx would bind a
 //! `Uuid` as 16 bytes).
@@ -50,17 +54,28 @@ const LOAD: &str = "SELECT CAST(id AS CHAR) AS id, CAST(source AS CHAR) AS sourc
                     CAST(headers AS CHAR) AS headers, \
                     CAST(source_position AS CHAR) AS source_position, \
                     received_at FROM {schema}.inbox_messages WHERE id IN (";
-const KEY_LOCK_ROW: &str = "INSERT IGNORE INTO {schema}.idempotency_key_locks (`key`) VALUES (?)";
-const KEY_LOCK: &str =
-    "SELECT `key` FROM {schema}.idempotency_key_locks WHERE `key` = ? FOR UPDATE";
-// A locking read: it reads the latest committed row whatever the caller's snapshot, so a
-// request that waited for another under the same key sees what that one stored.
+// One exclusive statement: requests under a key queue on it (an `INSERT IGNORE` and then a
+// `FOR UPDATE` would have two waiters each holding a shared lock and both upgrading).
+const KEY_LOCK: &str = "INSERT INTO {schema}.idempotency_key_locks (`key`) VALUES (?) \
+                        ON DUPLICATE KEY UPDATE `key` = `key`";
+// Locking reads: they read the latest committed rows whatever the caller's snapshot, so a
+// request that waited for another under the same key sees what that one stored. The second
+// runs only when the first says the row exists, so it locks that row and no gap.
+const KEY_STORED: &str =
+    "SELECT stored FROM {schema}.idempotency_key_locks WHERE `key` = ? FOR UPDATE";
 const KEY_GET: &str =
     "SELECT CAST(fingerprint AS CHAR) AS fingerprint, CAST(result AS CHAR) AS result, \
                        CAST(events AS CHAR) AS events FROM {schema}.idempotency_keys \
                        WHERE `key` = ? LOCK IN SHARE MODE";
 const KEY_PUT: &str = "INSERT INTO {schema}.idempotency_keys (`key`, fingerprint, result, events) \
                        VALUES (?, ?, ?, ?)";
+const KEY_MARK: &str = "UPDATE {schema}.idempotency_key_locks SET stored = TRUE WHERE `key` = ?";
+
+/// ER_LOCK_WAIT_TIMEOUT and ER_LOCK_DEADLOCK: another request under the key held it too long.
+const LOCK_NOT_TAKEN: [u16; 2] = [1205, 1213];
+
+/// The longest fingerprint `idempotency_keys` holds (`TEXT`, in bytes).
+const MAX_FINGERPRINT_BYTES: usize = 65_535;
 
 fn err(what: &str) -> impl Fn(sqlx::Error) -> Error + '_ {
     move |e| MySql::map_error(what, e)
@@ -76,6 +91,26 @@ fn fits(what: &str, value: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// [`fits`], and refuses a trailing space in a name that is a primary key: the tables'
+/// collation (`utf8mb4_bin`, PAD SPACE) ignores trailing spaces, so `"a "` would be `"a"`.
+fn fits_as_key(what: &str, value: &str) -> Result<()> {
+    fits(what, value)?;
+    if value.ends_with(' ') {
+        return Err(malformed(format!(
+            "{what} `{value}` ends in a space, which MySQL's collation ignores (it would be \
+             the same as `{}`): trim it",
+            value.trim_end_matches(' ')
+        )));
+    }
+    Ok(())
+}
+
+fn lock_not_taken(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .is_some_and(|d| LOCK_NOT_TAKEN.contains(&d.number()))
 }
 
 fn check_message(m: &InboxMessage) -> Result<()> {
@@ -178,7 +213,7 @@ impl InboxTx for Transaction<'_, MySql> {
         consumer: &str,
         id: Uuid,
     ) -> Result<bool> {
-        fits("a consumer name", consumer)?;
+        fits_as_key("a consumer name", consumer)?;
         let done = sqlx::query(&schema.render(CLAIM))
             .bind(consumer)
             .bind(id.to_string())
@@ -260,22 +295,32 @@ impl InboxTx for Transaction<'_, MySql> {
 
     /// Takes the key's row of `idempotency_key_locks`, making it first if needed, and keeps it
     /// locked until the transaction ends. It waits while another request under the key holds
-    /// it (up to `innodb_lock_wait_timeout`), so it always answers true; the caller then finds
-    /// that request's stored result and replays it.
+    /// it, then answers true (the caller finds that request's stored result and replays it);
+    /// past `innodb_lock_wait_timeout`, or as a deadlock's victim, it answers false ("in
+    /// progress"; after a deadlock the transaction is rolled back).
     async fn lock_key(&mut self, schema: &InboxSchema, key: &str) -> Result<bool> {
-        fits("an idempotency key", key)?;
-        for sql in [KEY_LOCK_ROW, KEY_LOCK] {
-            sqlx::query(&schema.render(sql))
-                .bind(key)
-                .execute(&mut **self)
-                .await
-                .map_err(err("locking an idempotency key"))?;
+        fits_as_key("an idempotency key", key)?;
+        match sqlx::query(&schema.render(KEY_LOCK))
+            .bind(key)
+            .execute(&mut **self)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if lock_not_taken(&e) => Ok(false),
+            Err(e) => Err(err("locking an idempotency key")(e)),
         }
-        Ok(true)
     }
 
     async fn stored_key(&mut self, schema: &InboxSchema, key: &str) -> Result<Option<StoredKey>> {
         let err = err("reading an idempotency key");
+        let stored: Option<bool> = sqlx::query_scalar(&schema.render(KEY_STORED))
+            .bind(key)
+            .fetch_optional(&mut **self)
+            .await
+            .map_err(&err)?;
+        if stored != Some(true) {
+            return Ok(None);
+        }
         let Some(r) = sqlx::query(&schema.render(KEY_GET))
             .bind(key)
             .fetch_optional(&mut **self)
@@ -301,6 +346,13 @@ impl InboxTx for Transaction<'_, MySql> {
         key: &str,
         stored: &StoredKey,
     ) -> Result<()> {
+        if stored.fingerprint.len() > MAX_FINGERPRINT_BYTES {
+            return Err(malformed(format!(
+                "the fingerprint of idempotency key `{key}` has {} bytes; the inbox on MySQL \
+                 keeps at most {MAX_FINGERPRINT_BYTES} (store a hash of the request)",
+                stored.fingerprint.len()
+            )));
+        }
         let events = serde_json::to_string(&stored.events)
             .map_err(|e| Error::with_source(ErrorKind::Other, "encoding event ids", e))?;
         sqlx::query(&schema.render(KEY_PUT))
@@ -308,6 +360,11 @@ impl InboxTx for Transaction<'_, MySql> {
             .bind(&stored.fingerprint)
             .bind(stored.result.to_string())
             .bind(events)
+            .execute(&mut **self)
+            .await
+            .map_err(err("storing an idempotency key"))?;
+        sqlx::query(&schema.render(KEY_MARK))
+            .bind(key)
             .execute(&mut **self)
             .await
             .map_err(err("storing an idempotency key"))?;

@@ -53,9 +53,15 @@ const MYSQL_MESSAGES: &str = "
 const MYSQL_CLAIMS: &str =
     "DELETE FROM {schema}.processed_messages WHERE processed_at < $1 LIMIT $2";
 const MYSQL_KEYS: &str = "DELETE FROM {schema}.idempotency_keys WHERE created_at < $1 LIMIT $2";
-// The rows a request under a key locks while it runs (MySQL only), kept as long as keys.
-const MYSQL_KEY_LOCKS: &str =
-    "DELETE FROM {schema}.idempotency_key_locks WHERE created_at < $1 LIMIT $2";
+// The rows a request under a key locks while it runs (MySQL only), kept as long as keys and
+// deleted after them: a row whose key is still stored stays, so its `stored` flag never
+// points at nothing for long and a request never stores a key twice.
+const MYSQL_KEY_LOCKS: &str = "
+    DELETE FROM {schema}.idempotency_key_locks
+    WHERE created_at < $1
+      AND NOT EXISTS (SELECT 1 FROM {schema}.idempotency_keys AS k
+                      WHERE k.`key` = {schema}.idempotency_key_locks.`key`)
+    LIMIT $2";
 
 /// What a purge deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

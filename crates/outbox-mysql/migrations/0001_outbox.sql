@@ -1,4 +1,4 @@
--- outbox tables, version 1, for MySQL 8.0.13+ and MariaDB 10.6+ (tested on MariaDB 10.11 only).
+-- outbox tables, version 1, for MySQL 8.0.29+ and MariaDB 10.6+ (tested on MariaDB 10.11 only).
 -- See docs/engine-mysql.md for why each part is shaped as it is. `{schema}` is the database that
 -- holds the outbox (validated before it is spliced in). DDL commits as it goes on MySQL, so a
 -- migration interrupted half-way is run again whole: every statement here can be.

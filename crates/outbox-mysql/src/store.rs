@@ -125,7 +125,7 @@ struct Position {
     passed_below: i64,
 }
 
-/// The relay's store on MySQL 8.0.13+ / MariaDB 10.6+.
+/// The relay's store on MySQL 8.0.29+ / MariaDB 10.6+.
 pub struct MysqlStore {
     pool: MySqlPool,
     schema: Schema,

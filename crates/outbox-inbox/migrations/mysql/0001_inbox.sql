@@ -1,4 +1,4 @@
--- inbox tables, version 1, for MySQL 8.0.13+ and MariaDB 10.6+ (tested on MariaDB 10.11 only).
+-- inbox tables, version 1, for MySQL 8.0.29+ and MariaDB 10.6+ (tested on MariaDB 10.11 only).
 -- The same tables as on PostgreSQL (see docs/consumers.md and docs/inbox-sql.md). `{schema}`
 -- is the database of the inbox tables, `{queue}` the database of the processing queue (an
 -- outbox table set, made by the outbox migrations just before this one). DDL commits as it
@@ -6,8 +6,10 @@
 --
 -- `key` is a reserved word in MySQL: SQL readers write it `key` in backquotes. Ids are
 -- lower-case hyphenated UUID text; times are UTC DATETIMEs. Text is utf8mb4 with a binary
--- collation, as in the outbox: a key is the same key only byte for byte. Source, type and key
--- are at most 255 characters, as the queue's columns they are copied into.
+-- collation, as in the outbox: keys compare byte for byte, except that this collation ignores
+-- trailing spaces (so the Rust API refuses consumer names and idempotency keys that end in
+-- one). Source, type and key are at most 255 characters, as the queue's columns they are
+-- copied into.
 
 -- What arrived, once per message id (the unique id). Ingest inserts only the ids not yet here
 -- and queues exactly those; rows are never updated.
@@ -56,17 +58,23 @@ CREATE TABLE IF NOT EXISTS {schema}.idempotency_keys (
 
 -- A request in progress holds its key's row here, locked until its transaction ends (MySQL's
 -- GET_LOCK belongs to the session, not the transaction, so PostgreSQL's transaction-level
--- advisory lock does not carry over). A second request under the key waits for the first to
--- commit and then replays its result. A crashed request's lock goes with its transaction;
--- the row stays for the retention, like the key.
+-- advisory lock does not carry over). It takes the row with one exclusive statement
+-- (`INSERT … ON DUPLICATE KEY UPDATE`), so requests under one key queue and none upgrades a
+-- shared lock. A second request waits for the first and then replays its result. `stored`
+-- says the key's result is in `idempotency_keys`, so a request reads that table only where the
+-- row exists: a locking read of a missing row would lock a gap under REPEATABLE READ. A
+-- crashed request's row goes with its transaction.
 CREATE TABLE IF NOT EXISTS {schema}.idempotency_key_locks (
     `key`      VARCHAR(255) NOT NULL PRIMARY KEY,
+    stored     BOOLEAN      NOT NULL DEFAULT FALSE,
     created_at DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     KEY idempotency_key_locks_created (created_at)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 -- Each inbox message with its processing state (see the PostgreSQL view of the same name).
--- The queue's parked table is keyed by the queue row's `seq`, found by the message id.
+-- The queue's parked table is keyed by the queue row's `seq`, found by the message id: the
+-- latest queue row of that id (a message redelivered after the inbox's retention deleted its
+-- row is queued again, and the older copy's range may not be dropped yet).
 CREATE OR REPLACE VIEW {schema}.inbox_message_states AS
 SELECT m.id, m.source, m.type, m.`key`, m.seq, m.received_at,
        CASE WHEN p.message_id IS NOT NULL THEN 'processed'
@@ -81,5 +89,5 @@ SELECT m.id, m.source, m.type, m.`key`, m.seq, m.received_at,
 FROM {schema}.inbox_messages AS m
 LEFT JOIN {schema}.processed_messages AS p
        ON p.consumer = 'inbox' AND p.message_id = m.id
-LEFT JOIN {queue}.outbox AS q ON q.id = m.id
-LEFT JOIN {queue}.outbox_parked AS k ON k.seq = q.seq;
+LEFT JOIN {queue}.outbox_parked AS k
+       ON k.seq = (SELECT MAX(q.seq) FROM {queue}.outbox AS q WHERE q.id = m.id);
