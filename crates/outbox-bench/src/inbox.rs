@@ -1,5 +1,6 @@
 //! Inbox mode: the receiving side's throughput, each side by side with a naive consumer that
-//! does one transaction per message, in the same run and on the same stream.
+//! does one transaction per message, in the same run and on the same stream, on PostgreSQL
+//! (here) or MySQL/MariaDB (`mysql::inbox`, the same steps through [`InboxBench`]).
 //!
 //! 1. `--rows` messages are published to a scratch JetStream stream, as `outbox relay` would
 //!    (message id, type and key headers, `--payload-bytes`, `--keys` keys).
@@ -12,22 +13,24 @@
 //!    durable) processes `--naive-rows` messages from the broker one transaction per message:
 //!    the dedupe claim, the same row, commit, ack.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use async_nats::jetstream::consumer;
+use async_nats::jetstream::{self, consumer};
 use futures::StreamExt;
 use outbox_inbox::daemon::{DaemonConfig, IngestMetrics};
 use outbox_inbox::source::{NatsSource, NatsSourceConfig};
 use outbox_inbox::{Handlers, InboxProcessor, InboxSchema, ProcessorConfig};
 use outbox_relay::RelayMetrics;
 use serde::Serialize;
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::scratch::Scratch;
-use crate::{sql, Ctx, Report};
+use crate::{sql, Ctx, Options, Report};
 
 /// Longest one measured phase may take.
 const PHASE_LIMIT: Duration = Duration::from_secs(600);
@@ -53,7 +56,7 @@ impl Rate {
 
 /// The figures of a run.
 #[derive(Debug, Serialize)]
-struct Figures {
+pub(crate) struct Figures {
     rows: usize,
     naive_rows: usize,
     keys: usize,
@@ -67,8 +70,74 @@ struct Figures {
     handlers_speedup: f64,
 }
 
-/// Publishes `rows` messages like `outbox relay` does; returns them (id, key) in order.
-async fn publish(s: &Scratch, rows: usize, keys: usize, pad: &str) -> anyhow::Result<()> {
+/// The run's messages on the broker: the scratch stream and its subjects.
+pub(crate) struct Stream<'a> {
+    pub js: &'a jetstream::Context,
+    pub name: &'a str,
+    pub subject_prefix: &'a str,
+}
+
+/// What one run measures: messages, keys, batch, payload.
+pub(crate) struct Plan {
+    pub rows: usize,
+    pub naive_rows: usize,
+    pub keys: usize,
+    pub batch: usize,
+    pub payload_bytes: usize,
+    pub nats_url: String,
+}
+
+impl Plan {
+    /// The plan `options` ask for (`--keys` one value).
+    pub(crate) fn of(options: &Options, keys: usize) -> Self {
+        Self {
+            rows: options.rows,
+            naive_rows: options
+                .naive_rows
+                .unwrap_or(options.rows.min(5_000))
+                .min(options.rows),
+            keys,
+            batch: options.batch_size.clamp(1, 10_000),
+            payload_bytes: options.payload_bytes,
+            nats_url: options.nats_url.clone(),
+        }
+    }
+
+    /// The run's first line.
+    pub(crate) fn announce(&self, options: &Options, database: &str) {
+        println!(
+            "outbox bench: inbox, {} messages ({} for the naive consumers) on {} keys, {} B \
+             payloads, NATS JetStream ({} storage) into {database}; inbox batch {}, processor 2 \
+             workers × 8 handlers",
+            self.rows, self.naive_rows, self.keys, self.payload_bytes, options.storage, self.batch
+        );
+    }
+}
+
+/// The database half of inbox mode, on one backend: the scratch inbox (migrated, with the
+/// bench's `bench_effects` and `naive_inbox` tables), the naive consumers' one transaction per
+/// message, and the processor with the effect handler.
+pub(crate) trait InboxBench: Sync {
+    /// The database URL `outbox inbox` opens.
+    fn database_url(&self) -> &str;
+    /// The inbox's schema (PostgreSQL) or database (MySQL).
+    fn schema(&self) -> &str;
+    /// The naive ingest of one message: its own transaction, a redelivery absorbed by the key.
+    fn naive_ingest(&self, id: Uuid, key: &str) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// The naive handler of one message: its own transaction, the claim, then the effect if
+    /// the claim was new.
+    fn naive_handle(&self, id: Uuid, key: &str) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// The processor over the inbox's queue with the effect handler.
+    fn processor(
+        &self,
+        config: ProcessorConfig,
+    ) -> impl Future<Output = anyhow::Result<InboxProcessor>> + Send;
+    /// Effects written.
+    fn effects(&self) -> impl Future<Output = anyhow::Result<i64>> + Send;
+}
+
+/// Publishes `rows` messages like `outbox relay` does.
+async fn publish(s: &Stream<'_>, rows: usize, keys: usize, pad: &str) -> anyhow::Result<()> {
     let subject = format!("{}.created", s.subject_prefix);
     for chunk in (0..rows).collect::<Vec<_>>().chunks(5000) {
         let mut acks = Vec::with_capacity(chunk.len());
@@ -97,9 +166,9 @@ async fn publish(s: &Scratch, rows: usize, keys: usize, pad: &str) -> anyhow::Re
 }
 
 /// A durable pull consumer of its own on the stream.
-async fn durable(s: &Scratch, name: &str) -> anyhow::Result<consumer::PullConsumer> {
+async fn durable(s: &Stream<'_>, name: &str) -> anyhow::Result<consumer::PullConsumer> {
     Ok(s.js
-        .get_stream(&s.stream)
+        .get_stream(s.name)
         .await?
         .create_consumer(consumer::pull::Config {
             durable_name: Some(name.into()),
@@ -110,17 +179,17 @@ async fn durable(s: &Scratch, name: &str) -> anyhow::Result<consumer::PullConsum
         .await?)
 }
 
-/// The naive consumer: one transaction and one ack per message, `rows` messages; `handle`
-/// runs inside the transaction. Returns the time from the first fetch to the last ack.
-async fn naive<F>(
-    s: &Scratch,
+/// The naive consumer: one transaction (`each`) and one ack per message, `rows` messages.
+/// Returns the time from the first fetch to the last ack.
+async fn naive<F, Fut>(
+    s: &Stream<'_>,
     name: &str,
     rows: usize,
-    sql: &[String],
-    mut bind_key: F,
+    mut each: F,
 ) -> anyhow::Result<Duration>
 where
-    F: FnMut(&async_nats::jetstream::Message) -> (Uuid, String),
+    F: FnMut(Uuid, String) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
 {
     let c = durable(s, name).await?;
     let started = Instant::now();
@@ -134,21 +203,8 @@ where
             .await?;
         while let Some(m) = batch.next().await {
             let m = m.map_err(|e| anyhow::anyhow!("fetch: {e}"))?;
-            let (id, key) = bind_key(&m);
-            let mut tx = s.pool.begin().await?;
-            let mut fresh = true;
-            for (i, stmt) in sql.iter().enumerate() {
-                if i > 0 && !fresh {
-                    break;
-                }
-                let r = sqlx::query(stmt)
-                    .bind(id)
-                    .bind(&key)
-                    .execute(&mut *tx)
-                    .await?;
-                fresh = r.rows_affected() == 1;
-            }
-            tx.commit().await?;
+            let (id, key) = id_and_key(&m);
+            each(id, key).await?;
             m.ack().await.map_err(|e| anyhow::anyhow!("ack: {e}"))?;
             done += 1;
         }
@@ -172,21 +228,29 @@ fn id_and_key(m: &async_nats::jetstream::Message) -> (Uuid, String) {
     )
 }
 
-/// Runs inbox mode.
+/// Runs inbox mode on PostgreSQL.
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
-    let a = &ctx.options;
-    let keys = ctx.single_keys()?;
-    let rows = a.rows;
-    let naive_rows = a.naive_rows.unwrap_or(rows.min(5_000)).min(rows);
-    let batch = a.batch_size.clamp(1, 10_000);
-    println!(
-        "outbox bench: inbox, {rows} messages ({naive_rows} for the naive consumers) on {keys} keys, \
-         {} B payloads, NATS JetStream ({} storage) into PostgreSQL; inbox batch {batch}, \
-         processor 2 workers × 8 handlers",
-        a.payload_bytes, a.storage
-    );
-    let s = Scratch::new(&ctx.pool, &ctx.js, a.storage, "inbox").await?;
-    let result = measure(ctx, &s, rows, naive_rows, keys, batch).await;
+    let plan = Plan::of(&ctx.options, ctx.single_keys()?);
+    plan.announce(&ctx.options, "PostgreSQL");
+    let s = Scratch::new(&ctx.pool, &ctx.js, ctx.options.storage, "inbox").await?;
+    let stream = Stream {
+        js: &s.js,
+        name: &s.stream,
+        subject_prefix: &s.subject_prefix,
+    };
+    let bench = PgInboxBench {
+        url: &ctx.options.database_url,
+        scratch: &s,
+        inserts: (
+            s.schema.render(sql::NAIVE_INBOX_INSERT),
+            s.schema.render(sql::NAIVE_HANDLER_CLAIM),
+            s.schema.render(sql::EFFECT_INSERT),
+        ),
+    };
+    let result = match prepare_pg(&s).await {
+        Ok(()) => measure(&bench, &stream, &plan).await,
+        Err(e) => Err(e),
+    };
     // The inbox's processing queue lives in a schema of its own beside the scratch one.
     if let Ok(inbox) = InboxSchema::new(s.schema.as_str()) {
         let _ = sqlx::raw_sql(&inbox.queue().render(sql::DROP_SCHEMA_IF_EXISTS))
@@ -194,66 +258,149 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
             .await;
     }
     s.drop().await;
-    let report = result?;
-    // In JSON the report stands in for the text summary.
-    if !ctx.json() {
+    report(result?, ctx.json(), "PostgreSQL")
+}
+
+/// The figures as the report, with the text summary unless JSON was asked for (the report
+/// stands in for it then).
+pub(crate) fn report(figures: Figures, json: bool, database: &str) -> anyhow::Result<Report> {
+    if !json {
         println!(
-            "  ingest   NATS -> PostgreSQL   outbox inbox {:>9.0} msg/s ({} in {:.2} s)   naive, one transaction per message {:>7.0} msg/s ({} in {:.2} s)   {:.1}x",
-            report.ingest_inbox.messages_per_second,
-            report.ingest_inbox.messages,
-            report.ingest_inbox.seconds,
-            report.ingest_naive.messages_per_second,
-            report.ingest_naive.messages,
-            report.ingest_naive.seconds,
-            report.ingest_speedup
+            "  ingest   NATS -> {database:<10}   outbox inbox {:>9.0} msg/s ({} in {:.2} s)   naive, one transaction per message {:>7.0} msg/s ({} in {:.2} s)   {:.1}x",
+            figures.ingest_inbox.messages_per_second,
+            figures.ingest_inbox.messages,
+            figures.ingest_inbox.seconds,
+            figures.ingest_naive.messages_per_second,
+            figures.ingest_naive.messages,
+            figures.ingest_naive.seconds,
+            figures.ingest_speedup
         );
         println!(
             "  handlers                      processor    {:>9.0} msg/s ({} in {:.2} s)   naive, one transaction per message {:>7.0} msg/s ({} in {:.2} s)   {:.1}x",
-            report.handlers_processor.messages_per_second,
-            report.handlers_processor.messages,
-            report.handlers_processor.seconds,
-            report.handlers_naive.messages_per_second,
-            report.handlers_naive.messages,
-            report.handlers_naive.seconds,
-            report.handlers_speedup
+            figures.handlers_processor.messages_per_second,
+            figures.handlers_processor.messages,
+            figures.handlers_processor.seconds,
+            figures.handlers_naive.messages_per_second,
+            figures.handlers_naive.messages,
+            figures.handlers_naive.seconds,
+            figures.handlers_speedup
         );
     }
-    Report::pretty(&report)
+    Report::pretty(&figures)
 }
 
-async fn measure(
-    ctx: &Ctx,
-    s: &Scratch,
-    rows: usize,
-    naive_rows: usize,
-    keys: usize,
-    batch: usize,
-) -> anyhow::Result<Figures> {
+/// The inbox tables and the bench's own in the PostgreSQL scratch schema.
+async fn prepare_pg(s: &Scratch) -> anyhow::Result<()> {
     let schema = InboxSchema::new(s.schema.as_str())?;
     outbox_inbox::migrate_postgres(&s.pool, &schema).await?;
     sqlx::raw_sql(&s.schema.render(sql::INBOX_TABLES))
         .execute(&s.pool)
         .await?;
-    publish(s, rows, keys, &ctx.pad()).await?;
+    Ok(())
+}
+
+/// Inbox mode's database half on PostgreSQL.
+struct PgInboxBench<'a> {
+    url: &'a str,
+    scratch: &'a Scratch,
+    /// The naive ingest's insert, the naive handler's claim, the effect.
+    inserts: (String, String, String),
+}
+
+/// Runs `statements` with `(id, key)` in one transaction; each after the first only if the
+/// one before it affected a row (the claim gates the effect).
+async fn pg_tx(pool: &PgPool, statements: &[&str], id: Uuid, key: &str) -> anyhow::Result<()> {
+    let mut tx = pool.begin().await?;
+    for sql in statements {
+        let r = sqlx::query(sql)
+            .bind(id)
+            .bind(key)
+            .execute(&mut *tx)
+            .await?;
+        if r.rows_affected() != 1 {
+            break;
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+impl InboxBench for PgInboxBench<'_> {
+    fn database_url(&self) -> &str {
+        self.url
+    }
+
+    fn schema(&self) -> &str {
+        self.scratch.schema.as_str()
+    }
+
+    async fn naive_ingest(&self, id: Uuid, key: &str) -> anyhow::Result<()> {
+        pg_tx(&self.scratch.pool, &[&self.inserts.0], id, key).await
+    }
+
+    async fn naive_handle(&self, id: Uuid, key: &str) -> anyhow::Result<()> {
+        pg_tx(
+            &self.scratch.pool,
+            &[&self.inserts.1, &self.inserts.2],
+            id,
+            key,
+        )
+        .await
+    }
+
+    async fn processor(&self, config: ProcessorConfig) -> anyhow::Result<InboxProcessor> {
+        let insert = self.inserts.2.clone();
+        let handlers = Handlers::new().on_fn("created", move |tx, m| {
+            let insert = insert.clone();
+            Box::pin(async move {
+                sqlx::query(&insert)
+                    .bind(m.id)
+                    .bind(&m.key)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            })
+        });
+        let pool = outbox_postgres::connect_pool(self.url, 24).await?;
+        let schema = InboxSchema::new(self.schema())?;
+        Ok(InboxProcessor::postgres(pool, schema, handlers, config)?)
+    }
+
+    async fn effects(&self) -> anyhow::Result<i64> {
+        Ok(
+            sqlx::query_scalar(&self.scratch.schema.render(sql::EFFECTS_COUNT))
+                .fetch_one(&self.scratch.pool)
+                .await?,
+        )
+    }
+}
+
+/// Measures ingest and handlers on `db`, each beside its naive consumer.
+pub(crate) async fn measure(
+    db: &impl InboxBench,
+    s: &Stream<'_>,
+    plan: &Plan,
+) -> anyhow::Result<Figures> {
+    let (rows, naive_rows, batch) = (plan.rows, plan.naive_rows, plan.batch);
+    publish(s, rows, plan.keys, &crate::load::pad(plan.payload_bytes)).await?;
 
     // Ingest: the daemon.
     let source = NatsSource::connect(
         NatsSourceConfig::from_url(&format!(
             "{}?stream={}&durable=bench-inbox",
-            ctx.options.nats_url, s.stream
+            plan.nats_url, s.name
         ))?,
         batch,
     )
     .await?;
     let metrics = Arc::new(IngestMetrics::default());
     let stop = CancellationToken::new();
-    let db =
-        outbox_inbox::InboxDatabase::open(&ctx.options.database_url, schema.tables().as_str(), 2)
-            .await?
-            .daemon()?;
+    let inbox = outbox_inbox::InboxDatabase::open(db.database_url(), db.schema(), 2)
+        .await?
+        .daemon()?;
     let started = Instant::now();
     let daemon = tokio::spawn(outbox_inbox::daemon::run(
-        db,
+        inbox,
         Box::new(source),
         DaemonConfig {
             batch,
@@ -276,43 +423,23 @@ async fn measure(
     daemon.await??;
 
     // Ingest: naive.
-    let took = naive(
-        s,
-        "bench-naive-ingest",
-        naive_rows,
-        &[s.schema.render(sql::NAIVE_INBOX_INSERT)],
-        id_and_key,
-    )
+    let took = naive(s, "bench-naive-ingest", naive_rows, |id, key| async move {
+        db.naive_ingest(id, &key).await
+    })
     .await?;
     let ingest_naive = Rate::new(naive_rows as u64, took);
 
     // Handlers: the processor over the inbox's queue.
-    let insert = s.schema.render(sql::EFFECT_INSERT);
-    let handlers = Handlers::new().on_fn("created", move |tx, m| {
-        let insert = insert.clone();
-        Box::pin(async move {
-            sqlx::query(&insert)
-                .bind(m.id)
-                .bind(&m.key)
-                .execute(&mut **tx)
-                .await?;
-            Ok(())
-        })
-    });
-    let pool = outbox_postgres::connect_pool(&ctx.options.database_url, 24).await?;
-    let processor = InboxProcessor::postgres(
-        pool.clone(),
-        schema,
-        handlers,
-        ProcessorConfig {
+    let processor = db
+        .processor(ProcessorConfig {
             workers: 2,
             batch_size: batch.min(1000),
             concurrency: 8,
             poll_interval: Duration::from_millis(10),
             member_prefix: "bench-inbox".into(),
             ..ProcessorConfig::default()
-        },
-    )?;
+        })
+        .await?;
     let handled = processor.metrics();
     let stop = CancellationToken::new();
     let started = Instant::now();
@@ -327,34 +454,24 @@ async fn measure(
     let handlers_processor = Rate::new(rows as u64, started.elapsed());
     stop.cancel();
     task.await?;
-    pool.close().await;
-    let effects: i64 = sqlx::query_scalar(&s.schema.render(sql::EFFECTS_COUNT))
-        .fetch_one(&s.pool)
-        .await?;
+    let effects = db.effects().await?;
     anyhow::ensure!(
         effects == rows as i64,
         "{effects} effects for {rows} messages"
     );
 
     // Handlers: naive, straight from the broker, one transaction per message (claim, effect).
-    let took = naive(
-        s,
-        "bench-naive-handler",
-        naive_rows,
-        &[
-            s.schema.render(sql::NAIVE_HANDLER_CLAIM),
-            s.schema.render(sql::EFFECT_INSERT),
-        ],
-        id_and_key,
-    )
+    let took = naive(s, "bench-naive-handler", naive_rows, |id, key| async move {
+        db.naive_handle(id, &key).await
+    })
     .await?;
     let handlers_naive = Rate::new(naive_rows as u64, took);
 
     Ok(Figures {
         rows,
         naive_rows,
-        keys,
-        payload_bytes: ctx.options.payload_bytes,
+        keys: plan.keys,
+        payload_bytes: plan.payload_bytes,
         batch_size: batch,
         ingest_speedup: ingest_inbox.messages_per_second
             / ingest_naive.messages_per_second.max(1e-9),

@@ -1,14 +1,16 @@
 //! `outbox bench` on MySQL/MariaDB (`--database-url mysql://…` or `mariadb://…`): backlog mode
 //! (the relay's drain beside a naive `SKIP LOCKED` relay), writers mode (what the outbox row
 //! costs a business transaction, beside a naive table), steady mode (commit→ack at a paced rate)
-//! and idle-tx mode (the same with a REPEATABLE READ snapshot held open), each measured as on
-//! PostgreSQL, with the CPU figures read from the `mariadbd` process.
+//! idle-tx mode (the same with a REPEATABLE READ snapshot held open) and inbox mode (ingest and
+//! handlers beside naive consumers), each measured as on PostgreSQL, with the CPU figures read
+//! from the `mariadbd` process where the mode reports them.
 //!
 //! Each run works in a scratch database and stream of its own and drops them. The other modes
 //! measure PostgreSQL only and say so.
 
 mod backlog;
 mod idle_tx;
+mod inbox;
 mod steady;
 mod writers;
 
@@ -123,10 +125,10 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
     }
     if !matches!(
         options.mode,
-        Mode::Backlog | Mode::Writers | Mode::Steady | Mode::IdleTx
+        Mode::Backlog | Mode::Writers | Mode::Steady | Mode::IdleTx | Mode::Inbox
     ) {
         anyhow::bail!(
-            "bench on MySQL/MariaDB has the backlog, writers, steady and idle-tx modes; \
+            "bench on MySQL/MariaDB has the backlog, writers, steady, idle-tx and inbox modes; \
              --mode {:?} runs on PostgreSQL only so far",
             options.mode
         );
@@ -146,6 +148,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         Mode::Writers => writers::run(&ctx).await,
         Mode::Steady => steady::run(&ctx).await,
         Mode::IdleTx => idle_tx::run(&ctx).await,
+        Mode::Inbox => inbox::run(&ctx).await,
         _ => backlog::run(&ctx).await,
     };
     ctx.pool.close().await;
