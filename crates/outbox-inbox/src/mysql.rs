@@ -31,9 +31,11 @@ use sqlx::{MySql, QueryBuilder, Row, Transaction};
 use uuid::Uuid;
 
 use crate::database::places;
-use crate::message::{InboxMessage, PayloadFormat};
+use crate::message::InboxMessage;
 use crate::tables::InboxSchema;
-use crate::tx::{headers_map, inserted_in_order, malformed, queue_row, InboxTx, StoredKey};
+use crate::tx::{
+    inserted_in_order, malformed, message_from_row, queue_row, text_id, InboxTx, StoredKey,
+};
 
 /// The longest source, type, key, consumer, idempotency key or source position the MySQL
 /// tables hold (`VARCHAR(255)`, as the queue's columns they are copied into).
@@ -185,7 +187,8 @@ async fn record_new(
     chunk: &[&InboxMessage],
 ) -> Result<Vec<Uuid>> {
     let mut todo = chunk.to_vec();
-    for attempt in 0..3 {
+    let mut attempt = 0;
+    loop {
         let have = existing(tx, schema, &todo, attempt > 0).await?;
         todo.retain(|m| !have.contains(&m.id));
         if todo.is_empty() {
@@ -193,16 +196,10 @@ async fn record_new(
         }
         match insert(tx, schema, &todo).await {
             Ok(()) => return Ok(todo.iter().map(|m| m.id).collect()),
-            Err(e) if crate::effects::is_duplicate(&e) && attempt < 2 => continue,
+            Err(e) if crate::effects::is_duplicate(&e) && attempt < 2 => attempt += 1,
             Err(e) => return Err(err("recording messages in inbox_messages")(e)),
         }
     }
-    Ok(Vec::new())
-}
-
-/// A `DATETIME` column the server wrote in UTC.
-fn utc(t: NaiveDateTime) -> chrono::DateTime<chrono::Utc> {
-    t.and_utc()
 }
 
 #[async_trait]
@@ -264,30 +261,9 @@ impl InboxTx for Transaction<'_, MySql> {
             push_ids(&mut q, chunk.iter().map(Uuid::to_string));
             let rows = q.build().fetch_all(&mut **self).await.map_err(&err)?;
             for r in rows {
-                let text: String = r.try_get("id").map_err(&err)?;
-                let id: Uuid = text
-                    .parse()
-                    .map_err(|e| malformed(format!("inbox message id `{text}`: {e}")))?;
-                let payload: String = r.try_get("payload").map_err(&err)?;
-                let headers: String = r.try_get("headers").map_err(&err)?;
+                let id = text_id(&r.try_get::<String, _>("id").map_err(&err)?)?;
                 let received: NaiveDateTime = r.try_get("received_at").map_err(&err)?;
-                out.insert(
-                    id,
-                    InboxMessage {
-                        id,
-                        source: r.try_get("source").map_err(&err)?,
-                        message_type: r.try_get("type").map_err(&err)?,
-                        key: r.try_get("key").map_err(&err)?,
-                        payload: serde_json::from_str(&payload)
-                            .map_err(|e| malformed(format!("inbox message {id}: payload: {e}")))?,
-                        payload_format: PayloadFormat::parse(
-                            &r.try_get::<String, _>("payload_format").map_err(&err)?,
-                        ),
-                        headers: headers_map(&headers),
-                        source_position: r.try_get("source_position").map_err(&err)?,
-                        received_at: Some(utc(received)),
-                    },
-                );
+                out.insert(id, message_from_row(&r, id, received.and_utc(), &err)?);
             }
         }
         Ok(out)

@@ -156,6 +156,43 @@ pub(crate) fn malformed(what: String) -> Error {
     Error::new(ErrorKind::Malformed, what)
 }
 
+/// An inbox message id stored as text (SQLite, MySQL).
+pub(crate) fn text_id(text: &str) -> Result<Uuid> {
+    text.parse()
+        .map_err(|e| malformed(format!("inbox message id `{text}`: {e}")))
+}
+
+/// An inbox row as the message: the columns every backend reads alike (as text), once the
+/// backend read the id and the receiving time, which each stores its own way.
+pub(crate) fn message_from_row<R>(
+    r: &R,
+    id: Uuid,
+    received_at: DateTime<Utc>,
+    err: &dyn Fn(sqlx::Error) -> Error,
+) -> Result<InboxMessage>
+where
+    R: Row,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let text = |name: &str| r.try_get::<String, _>(name).map_err(err);
+    let payload = text("payload")?;
+    Ok(InboxMessage {
+        id,
+        source: text("source")?,
+        message_type: text("type")?,
+        key: text("key")?,
+        payload: serde_json::from_str(&payload)
+            .map_err(|e| malformed(format!("inbox message {id}: payload: {e}")))?,
+        payload_format: PayloadFormat::parse(&text("payload_format")?),
+        headers: headers_map(&text("headers")?),
+        source_position: r
+            .try_get::<Option<String>, _>("source_position")
+            .map_err(err)?,
+        received_at: Some(received_at),
+    })
+}
+
 #[async_trait]
 impl InboxTx for Transaction<'_, Postgres> {
     async fn claim_message(
@@ -243,25 +280,8 @@ impl InboxTx for Transaction<'_, Postgres> {
         let mut out = HashMap::with_capacity(rows.len());
         for r in rows {
             let id: Uuid = r.try_get("id").map_err(&err)?;
-            let payload: String = r.try_get("payload").map_err(&err)?;
-            let headers: String = r.try_get("headers").map_err(&err)?;
-            out.insert(
-                id,
-                InboxMessage {
-                    id,
-                    source: r.try_get("source").map_err(&err)?,
-                    message_type: r.try_get("type").map_err(&err)?,
-                    key: r.try_get("key").map_err(&err)?,
-                    payload: serde_json::from_str(&payload)
-                        .map_err(|e| malformed(format!("inbox message {id}: payload: {e}")))?,
-                    payload_format: PayloadFormat::parse(
-                        &r.try_get::<String, _>("payload_format").map_err(&err)?,
-                    ),
-                    headers: headers_map(&headers),
-                    source_position: r.try_get("source_position").map_err(&err)?,
-                    received_at: Some(r.try_get("received_at").map_err(&err)?),
-                },
-            );
+            let received = r.try_get("received_at").map_err(&err)?;
+            out.insert(id, message_from_row(&r, id, received, &err)?);
         }
         Ok(out)
     }
@@ -396,30 +416,9 @@ impl InboxTx for Transaction<'_, Sqlite> {
             .map_err(&err)?;
         let mut out = HashMap::with_capacity(rows.len());
         for r in rows {
-            let text: String = r.try_get("id").map_err(&err)?;
-            let id: Uuid = text
-                .parse()
-                .map_err(|e| malformed(format!("inbox message id `{text}`: {e}")))?;
-            let payload: String = r.try_get("payload").map_err(&err)?;
-            let headers: String = r.try_get("headers").map_err(&err)?;
-            let received: String = r.try_get("received_at").map_err(&err)?;
-            out.insert(
-                id,
-                InboxMessage {
-                    id,
-                    source: r.try_get("source").map_err(&err)?,
-                    message_type: r.try_get("type").map_err(&err)?,
-                    key: r.try_get("key").map_err(&err)?,
-                    payload: serde_json::from_str(&payload)
-                        .map_err(|e| malformed(format!("inbox message {id}: payload: {e}")))?,
-                    payload_format: PayloadFormat::parse(
-                        &r.try_get::<String, _>("payload_format").map_err(&err)?,
-                    ),
-                    headers: headers_map(&headers),
-                    source_position: r.try_get("source_position").map_err(&err)?,
-                    received_at: Some(sqlite_time(&received)?),
-                },
-            );
+            let id = text_id(&r.try_get::<String, _>("id").map_err(&err)?)?;
+            let received = sqlite_time(&r.try_get::<String, _>("received_at").map_err(&err)?)?;
+            out.insert(id, message_from_row(&r, id, received, &err)?);
         }
         Ok(out)
     }

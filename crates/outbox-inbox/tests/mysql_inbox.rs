@@ -37,6 +37,23 @@ fn message(key: &str) -> InboxMessage {
     )
 }
 
+/// A session of its own (not the pool's, which stay READ COMMITTED) at REPEATABLE READ, MySQL's
+/// default and a plain application pool's, waiting `lock_wait_secs` for a row lock.
+async fn repeatable_read(lock_wait_secs: u32) -> sqlx::MySqlConnection {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::MySqlConnection::connect(&outbox_testkit::inbox_backends::mysql_url())
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!(
+        "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
+         SET SESSION innodb_lock_wait_timeout = {lock_wait_secs}"
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn
+}
+
 /// (inbox rows, queue rows) of message `id`.
 async fn copies(b: &MysqlInbox, id: Uuid) -> (i64, i64) {
     let inbox = b
@@ -119,15 +136,8 @@ async fn a_snapshot_older_than_the_row_still_sees_it_is_there() {
     let mut tx = b.begin().await;
     assert!(inbox.ingest(&mut tx, &m).await.unwrap());
     tx.commit().await.unwrap();
-    let mut old = b.pool.acquire().await.unwrap();
-    sqlx::raw_sql(
-        "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
-         SET SESSION innodb_lock_wait_timeout = 5",
-    )
-    .execute(&mut *old)
-    .await
-    .unwrap();
-    let mut rr = sqlx::Connection::begin(&mut *old).await.unwrap();
+    let mut old = repeatable_read(5).await;
+    let mut rr = sqlx::Connection::begin(&mut old).await.unwrap();
     // Take the snapshot, then let another transaction commit a second message.
     let before: i64 = sqlx::query_scalar(&b.sql("SELECT count(*) FROM {schema}.inbox_messages"))
         .fetch_one(&mut *rr)
@@ -152,11 +162,7 @@ async fn a_snapshot_older_than_the_row_still_sees_it_is_there() {
         .unwrap();
     assert_eq!(seen, 1, "the snapshot predates the late message");
     rr.commit().await.unwrap();
-    // The pool's sessions are READ COMMITTED; this one goes back to it that way.
-    sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        .execute(&mut *old)
-        .await
-        .unwrap();
+    drop(old);
     assert_eq!(copies(&b, late.id).await, (1, 1));
     assert_eq!(copies(&b, m.id).await, (1, 1));
     b.teardown().await;
@@ -252,52 +258,16 @@ async fn requests_waiting_on_one_key_all_replay_without_a_deadlock() {
 }
 
 /// Two requests under two new keys, both in progress at once under REPEATABLE READ, both
-/// store their results and commit: neither locks a gap the other inserts into.
+/// store their results and commit: neither locks a gap the other inserts into. (A locking read
+/// of each key's missing result row locked the same gap, and the two inserts deadlocked.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_new_keys_under_repeatable_read_both_store() {
     let b = MysqlInbox::start_inbox().await;
-    let inbox = Inbox::new(b.schema.clone());
-    let mut txs = Vec::new();
-    for key in ["req-a", "req-b"] {
-        let mut conn = b.pool.acquire().await.unwrap();
-        sqlx::raw_sql(
-            "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
-             SET SESSION innodb_lock_wait_timeout = 3",
-        )
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-        let r = inbox
-            .idempotent(&mut tx, key, "f", |_tx| {
-                Box::pin(async { Ok::<_, String>(Response::new(1_i64)) })
-            })
-            .await
-            .unwrap();
-        assert!(!r.replayed);
-        tx.commit().await.unwrap();
-        // Back to READ COMMITTED before the session returns to the pool.
-        sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        txs.push(conn);
-    }
-    drop(txs);
-    // Interleaved: both take their keys and read, then both store.
-    let mut a = b.pool.acquire().await.unwrap();
-    let mut c = b.pool.acquire().await.unwrap();
-    for conn in [&mut a, &mut c] {
-        sqlx::raw_sql(
-            "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
-             SET SESSION innodb_lock_wait_timeout = 3",
-        )
-        .execute(&mut **conn)
-        .await
-        .unwrap();
-    }
-    let mut ta = sqlx::Connection::begin(&mut *a).await.unwrap();
-    let mut tc = sqlx::Connection::begin(&mut *c).await.unwrap();
+    // Both take their keys and read, then both store.
+    let mut a = repeatable_read(3).await;
+    let mut c = repeatable_read(3).await;
+    let mut ta = sqlx::Connection::begin(&mut a).await.unwrap();
+    let mut tc = sqlx::Connection::begin(&mut c).await.unwrap();
     use outbox_inbox::{InboxTx, StoredKey};
     for (tx, key) in [(&mut ta, "req-c"), (&mut tc, "req-d")] {
         assert!(tx.lock_key(&b.schema, key).await.unwrap());
@@ -312,17 +282,11 @@ async fn two_new_keys_under_repeatable_read_both_store() {
     tc.store_key(&b.schema, "req-d", &stored).await.unwrap();
     ta.commit().await.unwrap();
     tc.commit().await.unwrap();
-    for conn in [&mut a, &mut c] {
-        sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            .execute(&mut **conn)
-            .await
-            .unwrap();
-    }
     drop((a, c));
     assert_eq!(
         b.scalar("SELECT count(*) FROM {schema}.idempotency_keys")
             .await,
-        4
+        2
     );
     b.teardown().await;
 }
@@ -412,5 +376,50 @@ async fn the_state_view_shows_a_message_queued_twice_once() {
         .await,
         1
     );
+    b.teardown().await;
+}
+
+/// Retention deletes a key's lock row only after the key itself: an old key goes with its lock
+/// row, a lock row whose key is still kept stays (its `stored` flag must not point at nothing),
+/// and a young lock row stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_a_keys_lock_row_after_the_key() {
+    let b = MysqlInbox::start_inbox().await;
+    let runs = Arc::new(AtomicU32::new(0));
+    for key in ["old", "lock-only-old", "young"] {
+        request(&b, key, 1, Duration::ZERO, runs.clone())
+            .await
+            .unwrap();
+    }
+    let mut tx = b.begin().await;
+    sqlx::raw_sql(&b.sql(
+        "UPDATE {schema}.idempotency_keys SET created_at = '2000-01-01' WHERE key = 'old';
+         UPDATE {schema}.idempotency_key_locks SET created_at = '2000-01-01'
+         WHERE key IN ('old', 'lock-only-old')",
+    ))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let purged = b.database().purge(Duration::from_secs(3600)).await.unwrap();
+    assert_eq!(purged.idempotency_keys, 1, "{purged:?}");
+    let left = "SELECT CAST(key AS TEXT) FROM {schema}.TABLE ORDER BY key";
+    let some = |k: &str| vec![Some(k.to_string())];
+    assert_eq!(
+        b.texts(&left.replace("TABLE", "idempotency_keys")).await,
+        vec![some("lock-only-old"), some("young")]
+    );
+    assert_eq!(
+        b.texts(&left.replace("TABLE", "idempotency_key_locks"))
+            .await,
+        vec![some("lock-only-old"), some("young")],
+        "the old key's lock row went after it; the others stay"
+    );
+    // The kept key still replays.
+    let again = request(&b, "lock-only-old", 2, Duration::ZERO, runs.clone())
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
     b.teardown().await;
 }

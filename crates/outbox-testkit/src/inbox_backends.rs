@@ -71,6 +71,11 @@ macro_rules! sqlx_backend {
                 Self::start_inbox()
             }
 
+            /// The queue as the `outbox` commands open it.
+            fn queue(&self) -> Arc<dyn Store> {
+                self.database().queue()
+            }
+
             async fn finish(tx: Self::Tx, commit: bool) {
                 if commit {
                     tx.commit().await.unwrap();
@@ -200,13 +205,6 @@ sqlx_backend!(PgInbox, Postgres, {
             &format!("{}.outbox", self.schema.queue().as_str()),
         )
         .replace("{schema}", &self.name)
-    }
-
-    fn queue(&self) -> Arc<dyn Store> {
-        Arc::new(outbox_postgres::PgStore::new(
-            self.pool.clone(),
-            self.schema.queue().clone(),
-        ))
     }
 
     fn database(&self) -> outbox_inbox::InboxDatabase {
@@ -360,13 +358,6 @@ sqlx_backend!(MysqlInbox, MySql, {
         )
     }
 
-    fn queue(&self) -> Arc<dyn Store> {
-        Arc::new(outbox_mysql::MysqlStore::new(
-            self.pool.clone(),
-            outbox_mysql::Schema::new(self.schema.queue().as_str()).unwrap(),
-        ))
-    }
-
     fn database(&self) -> outbox_inbox::InboxDatabase {
         outbox_inbox::InboxDatabase::from_pool(self.pool.clone(), self.schema.clone()).unwrap()
     }
@@ -452,13 +443,6 @@ sqlx_backend!(SqliteInbox, Sqlite, {
     fn sql(&self, sql: &str) -> String {
         sql.replace("{queue}", outbox_inbox::sqlite::QUEUE_PREFIX)
             .replace("{schema}.", "")
-    }
-
-    fn queue(&self) -> Arc<dyn Store> {
-        Arc::new(outbox_sqlite::SqliteStore::with_tables(
-            self.pool.clone(),
-            outbox_sqlite::Tables::new(outbox_inbox::sqlite::QUEUE_PREFIX).unwrap(),
-        ))
     }
 
     fn database(&self) -> outbox_inbox::InboxDatabase {

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use outbox_db::Backend;
-use outbox_inbox::{HandlerError, Handlers, InboxDatabase, InboxProcessor, ProcessorConfig};
+use outbox_inbox::{
+    HandlerError, Handlers, InboxDatabase, InboxProcessor, InboxSchema, ProcessorConfig,
+};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -103,10 +105,10 @@ pub async fn run_handlers(
     lease: Duration,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let inbox = InboxDatabase::open(database_url, schema, 1).await?;
-    let s = inbox.schema().clone();
+    // `schema` is the run's schema, or its database on MySQL: the inbox tables' place either way.
+    let s = InboxSchema::new(schema)?;
     let place = s.tables().as_str();
-    let processor = match inbox.tables().backend() {
+    let processor = match Backend::of(database_url)? {
         Backend::Mysql => {
             let pool = outbox_mysql::connect_pool(database_url, 12).await?;
             let handlers = handlers!(sqlx::MySql, MYSQL_INSERT.replace("{schema}", place));
