@@ -47,6 +47,18 @@ moto
 wait_port PostgreSQL 5432
 wait_port NATS 4222
 
+# CDC mode (`outbox relay --mode cdc`) reads the WAL by logical replication, which needs
+# wal_level=logical; the setting takes effect only at a server restart, done here once.
+pg_setting() { psql -h 127.0.0.1 -U postgres -d postgres -Atc "SHOW $1"; }
+if [ "$(pg_setting wal_level)" != logical ]; then
+  echo "services: PostgreSQL runs wal_level=$(pg_setting wal_level); setting logical and restarting"
+  psql -h 127.0.0.1 -U postgres -d postgres -qc "ALTER SYSTEM SET wal_level = logical"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main restart
+  wait_port PostgreSQL 5432
+  for _ in $(seq 1 30); do pg_setting wal_level >/dev/null 2>&1 && break; sleep 1; done
+  echo "services: PostgreSQL wal_level=$(pg_setting wal_level)"
+fi
+
 # RabbitMQ for the amqp:// sink tests (the node also serves the tests' private nodes' tools:
 # rabbitmqctl, and /usr/lib/rabbitmq/bin/rabbitmq-server for the restart test).
 rabbitmq() {

@@ -157,6 +157,31 @@ pub struct MigrateArgs {
     /// Remove the NOTIFY doorbell (PostgreSQL).
     #[arg(long)]
     pub no_notify: bool,
+    /// Also set up CDC mode (PostgreSQL with wal_level=logical): the publication
+    /// `outbox_<schema>` of the message table and the replication slot
+    /// `outbox_<schema>_<group>` that `outbox relay --mode cdc` reads. Idempotent.
+    #[arg(long, conflicts_with = "inbox")]
+    pub cdc: bool,
+    /// The CDC relay group whose slot --cdc creates (one slot, one reader at a time, per
+    /// group). Env: OUTBOX_CDC_GROUP.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "relay",
+        env = "OUTBOX_CDC_GROUP"
+    )]
+    pub cdc_group: String,
+}
+
+/// Where `outbox relay` reads messages from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum RelayMode {
+    /// Claims from the table: positions, partitions and leases (every database).
+    #[default]
+    Polling,
+    /// Reads PostgreSQL's WAL by logical replication: commit order, no polling, and
+    /// messages written with `emit` (needs `outbox migrate --cdc`).
+    Cdc,
 }
 
 /// `outbox maintain` options.
@@ -195,6 +220,19 @@ pub struct DbArgs {
 pub struct RelayArgs {
     #[command(flatten)]
     pub db: DbArgs,
+    /// polling (default) or cdc: read the WAL of PostgreSQL by logical replication (see
+    /// docs/cdc.md). Env: OUTBOX_RELAY_MODE.
+    #[arg(long, value_enum, default_value_t = RelayMode::Polling, env = "OUTBOX_RELAY_MODE")]
+    pub mode: RelayMode,
+    /// CDC mode: the relay group, whose slot `outbox_<schema>_<group>` this relay reads. Env:
+    /// OUTBOX_CDC_GROUP.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "relay",
+        env = "OUTBOX_CDC_GROUP"
+    )]
+    pub cdc_group: String,
     /// Sink URL, e.g. nats://127.0.0.1:4222. Env: OUTBOX_SINK.
     #[arg(long, value_name = "URL")]
     pub sink: Option<String>,

@@ -4,6 +4,7 @@
 //! SQL lives in `migrations/*.sql` and `queries/*.sql`; the schema name is the only thing spliced
 //! into it, and only after [`Schema::new`] validated it.
 
+pub mod cdc;
 mod error;
 mod gauges;
 mod journey;
@@ -14,6 +15,7 @@ mod store;
 mod ticket;
 mod writer;
 
+pub use cdc::emit::{emit, Emitter};
 pub use error::map_sqlx_error;
 pub use gauges::GAUGES_PENDING_CAP;
 pub use migrate::{

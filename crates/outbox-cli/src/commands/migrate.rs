@@ -4,8 +4,13 @@ use std::process::ExitCode;
 
 use crate::config::DbSettings;
 
-/// Applies the migrations, then installs or removes the NOTIFY doorbell when asked.
-pub async fn run(db: DbSettings, notify: Option<bool>) -> anyhow::Result<ExitCode> {
+/// Applies the migrations, then installs or removes the NOTIFY doorbell when asked, then sets
+/// up CDC mode for `cdc_group` when asked.
+pub async fn run(
+    db: DbSettings,
+    notify: Option<bool>,
+    cdc_group: Option<&str>,
+) -> anyhow::Result<ExitCode> {
     let database = outbox_db::open(&db.url, &db.schema, 2).await?;
     let applied = database.migrate().await?;
     let place = database.place();
@@ -23,7 +28,50 @@ pub async fn run(db: DbSettings, notify: Option<bool>) -> anyhow::Result<ExitCod
         };
         println!("{place}: NOTIFY doorbell {what}");
     }
+    if let Some(group) = cdc_group {
+        cdc(&database, group).await?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--cdc`: the publication and the slot, and what the server's settings mean for them.
+async fn cdc(database: &outbox_db::Database, group: &str) -> anyhow::Result<()> {
+    let outbox_db::Database::Postgres(store) = database else {
+        anyhow::bail!(
+            "--cdc reads PostgreSQL's write-ahead log; {} is not PostgreSQL",
+            database.place()
+        );
+    };
+    let names = outbox_postgres::cdc::CdcNames::new(store.schema(), group)?;
+    let setup = outbox_postgres::cdc::setup::migrate_cdc(store.pool(), &names).await?;
+    let said = |created: bool| if created { "created" } else { "present" };
+    println!(
+        "CDC: publication `{}` {}, replication slot `{}` {}",
+        names.publication,
+        said(setup.publication_created),
+        names.slot,
+        said(setup.slot_created)
+    );
+    if setup.slot_created {
+        println!(
+            "CDC: the slot starts now: messages written before it are not in its stream; let \
+             the polling relay deliver them (`outbox status` shows 0 pending) before \
+             `outbox relay --mode cdc` takes over"
+        );
+    }
+    match setup.max_slot_wal_keep_mb {
+        Some(mb) => println!(
+            "CDC: max_slot_wal_keep_size = {mb} MB: a slot that falls further behind is \
+             invalidated and the relay must be set up again (docs/cdc.md)"
+        ),
+        None => println!(
+            "CDC: warning: max_slot_wal_keep_size is unlimited (-1): while no relay reads the \
+             slot, PostgreSQL keeps every WAL segment until the disk fills; set a bound \
+             (ALTER SYSTEM SET max_slot_wal_keep_size = '20GB'; SELECT pg_reload_conf()) and \
+             alert on the slot's retained bytes"
+        ),
+    }
+    Ok(())
 }
 
 /// Creates or upgrades the inbox tables and its processing queue.

@@ -46,7 +46,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if args.inbox {
                 migrate::inbox(db).await
             } else {
-                migrate::run(db, notify).await
+                let cdc = args.cdc.then_some(args.cdc_group.as_str());
+                migrate::run(db, notify, cdc).await
             }
         }
         Command::Maintain(args) => {

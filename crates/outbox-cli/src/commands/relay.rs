@@ -51,6 +51,8 @@ pub async fn run(s: RelaySettings, args: &crate::cli::RelayArgs) -> anyhow::Resu
     if args.print_config {
         let r = &s.relay;
         let settings = serde_json::json!({
+            "mode": format!("{:?}", args.mode).to_lowercase(),
+            "cdc_group": (args.mode == crate::cli::RelayMode::Cdc).then_some(&args.cdc_group),
             "database_url": outbox_core::redact::url(&s.db.url),
             "schema": s.db.schema,
             "sink": s.sink.as_deref().map(outbox_core::redact::url),
@@ -102,7 +104,13 @@ pub async fn run(s: RelaySettings, args: &crate::cli::RelayArgs) -> anyhow::Resu
     // Fail fast, with the fix in the message, when the tables are missing or of another
     // version.
     database.check().await?;
-    let store = database.store();
+    let mut s = s;
+    let store = match args.mode {
+        crate::cli::RelayMode::Polling => database.store(),
+        crate::cli::RelayMode::Cdc => {
+            cdc_store(&database, &s.db.url, &args.cdc_group, &mut s.relay).await?
+        }
+    };
     let routes = connect_routes(&s).await?;
     info!(database = %outbox_core::redact::url(&s.db.url), outbox = %database.place(),
           sink = %s.sink.as_deref().map(outbox_core::redact::url).unwrap_or_default(),
@@ -134,6 +142,36 @@ pub async fn run(s: RelaySettings, args: &crate::cli::RelayArgs) -> anyhow::Resu
         tracing.shutdown();
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--mode cdc`: the store that reads the group's replication slot. One worker reads it (the
+/// slot has one reader at a time), woken by the stream; nothing polls.
+async fn cdc_store(
+    database: &outbox_db::Database,
+    url: &str,
+    group: &str,
+    relay: &mut outbox_relay::RelayConfig,
+) -> anyhow::Result<Arc<dyn outbox_core::Store>> {
+    let outbox_db::Database::Postgres(pg) = database else {
+        anyhow::bail!(
+            "--mode cdc reads PostgreSQL's write-ahead log; {} is not PostgreSQL: use the \
+             polling relay (no --mode)",
+            database.place()
+        );
+    };
+    let names = outbox_postgres::cdc::CdcNames::new(pg.schema(), group)?;
+    let store = outbox_postgres::cdc::CdcStore::new(pg.pool().clone(), url, names).await?;
+    if relay.workers != 1 {
+        info!(
+            workers = relay.workers,
+            "CDC mode reads its slot with one worker; --workers is ignored"
+        );
+    }
+    relay.workers = 1;
+    relay.listen = true;
+    relay.read_ahead = false;
+    info!(slot = %store.names().slot, publication = %store.names().publication, "relay reads the WAL (CDC mode)");
+    Ok(Arc::new(store))
 }
 
 /// `--console`: the web console over the relay's own store, bound before the relay starts so

@@ -1,0 +1,11 @@
+-- CDC mode: parked messages to publish again, every row of each key that has no failed row (a
+-- redrive turned it back to 'retrying'), each key in its order. Up to $1 rows. Read only while
+-- the parked table has rows; it is small by design.
+SELECT partition, seq, id, aggregate_type, aggregate_id, event_type, payload::text AS payload,
+       headers::text AS headers, topic, created_at, attempts
+FROM {schema}.outbox_parked p
+WHERE NOT EXISTS (
+    SELECT 1 FROM {schema}.outbox_parked f
+    WHERE f.partition = p.partition AND f.aggregate_id = p.aggregate_id AND f.state = 'failed')
+ORDER BY p.partition, p.aggregate_id, p.seq
+LIMIT $1

@@ -1,0 +1,214 @@
+//! What CDC mode needs in the database, and `outbox migrate --cdc`: a publication of the message
+//! table (inserts only, named by the root table, so segments come and go unseen) and one logical
+//! replication slot per relay group.
+//!
+//! Names are database objects that live outside the schema (publications are per database,
+//! slots per cluster), so they carry the schema: `outbox_<schema>` and
+//! `outbox_<schema>_<group>`.
+
+use outbox_core::{Error, ErrorKind, Result};
+use sqlx::PgPool;
+
+use crate::error::map_sqlx_error;
+use crate::schema::Schema;
+
+/// The relay group a slot belongs to when none is given.
+pub const DEFAULT_GROUP: &str = "relay";
+
+/// The prefix of the logical messages [`crate::emit`] writes for the `public` schema; other
+/// schemas use `outbox:<schema>`, so a relay publishes only its own schema's messages.
+pub const MESSAGE_PREFIX: &str = "outbox";
+
+/// The publication, slot and message prefix of one schema's CDC relay group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdcNames {
+    /// The schema of the message table.
+    pub schema: Schema,
+    /// `outbox_<schema>`.
+    pub publication: String,
+    /// `outbox_<schema>_<group>`.
+    pub slot: String,
+    /// `outbox` for `public`, `outbox:<schema>` otherwise.
+    pub prefix: String,
+}
+
+impl CdcNames {
+    /// The names for `schema` and relay group `group` (a plain identifier). Both names must fit
+    /// PostgreSQL's 63 bytes.
+    pub fn new(schema: &Schema, group: &str) -> Result<Self> {
+        if !outbox_core::identifier::is_plain(group, 63) {
+            return Err(Error::config(format!(
+                "CDC group `{group}` is not a plain identifier: use lower-case letters, digits \
+                 and `_`, starting with a letter or `_`"
+            )));
+        }
+        let publication = format!("outbox_{}", schema.as_str());
+        let slot = format!("outbox_{}_{group}", schema.as_str());
+        if slot.len() > 63 {
+            return Err(Error::config(format!(
+                "the replication slot name `{slot}` is longer than PostgreSQL's 63 bytes; use a \
+                 shorter schema or --cdc-group"
+            )));
+        }
+        Ok(Self {
+            schema: schema.clone(),
+            publication,
+            slot,
+            prefix: message_prefix(schema),
+        })
+    }
+}
+
+/// The logical message prefix of `schema`'s outbox (see [`MESSAGE_PREFIX`]).
+pub fn message_prefix(schema: &Schema) -> String {
+    if schema.as_str() == crate::schema::DEFAULT_SCHEMA {
+        MESSAGE_PREFIX.to_string()
+    } else {
+        format!("{MESSAGE_PREFIX}:{}", schema.as_str())
+    }
+}
+
+/// What `outbox migrate --cdc` did and found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdcSetup {
+    /// Whether the publication was created now (false: it was there).
+    pub publication_created: bool,
+    /// Whether the slot was created now (false: it was there).
+    pub slot_created: bool,
+    /// The server's `max_slot_wal_keep_size` in MB; `None` when unlimited (-1).
+    pub max_slot_wal_keep_mb: Option<i64>,
+}
+
+/// Refuses, with the fix, a server whose `wal_level` is not `logical`.
+pub async fn check_wal_level(pool: &PgPool) -> Result<()> {
+    let level: String = sqlx::query_scalar("SELECT current_setting('wal_level')")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading wal_level", e))?;
+    if level == "logical" {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Config,
+        format!(
+            "CDC mode reads the WAL by logical decoding, but this server runs \
+             wal_level={level}; run `ALTER SYSTEM SET wal_level = logical` and restart \
+             PostgreSQL, or use the polling relay (no --mode cdc)"
+        ),
+    ))
+}
+
+/// `max_slot_wal_keep_size` in MB, `None` when unlimited.
+pub async fn max_slot_wal_keep_mb(pool: &PgPool) -> Result<Option<i64>> {
+    let mb: i64 = sqlx::query_scalar(
+        "SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(|e| map_sqlx_error("reading max_slot_wal_keep_size", e))?;
+    Ok((mb >= 0).then_some(mb))
+}
+
+/// Creates the publication and the slot when missing. Idempotent. The slot starts at the
+/// moment it is created: messages written before are not in its stream (the polling relay
+/// delivers them; see docs/cdc.md, "Switching a running outbox to CDC").
+pub async fn migrate_cdc(pool: &PgPool, names: &CdcNames) -> Result<CdcSetup> {
+    check_wal_level(pool).await?;
+    let publication_exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
+            .bind(&names.publication)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| map_sqlx_error("looking for the CDC publication", e))?;
+    if !publication_exists {
+        // Names were validated as plain identifiers: nothing else is spliced in.
+        let sql = format!(
+            "CREATE PUBLICATION {} FOR TABLE {}.outbox \
+             WITH (publish = 'insert', publish_via_partition_root = true)",
+            names.publication,
+            names.schema.as_str()
+        );
+        match sqlx::query(&sql).execute(pool).await {
+            Ok(_) => {}
+            // Another migrate created it meanwhile.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => {}
+            Err(e) => return Err(map_sqlx_error("creating the CDC publication", e)),
+        }
+    }
+    let slot_exists = slot_exists(pool, &names.slot).await?;
+    if !slot_exists {
+        match sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+            .bind(&names.slot)
+            .execute(pool)
+            .await
+        {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => {}
+            Err(e) => return Err(map_sqlx_error("creating the CDC replication slot", e)),
+        }
+    }
+    Ok(CdcSetup {
+        publication_created: !publication_exists,
+        slot_created: !slot_exists,
+        max_slot_wal_keep_mb: max_slot_wal_keep_mb(pool).await?,
+    })
+}
+
+/// Whether the logical slot `slot` exists in this database.
+pub async fn slot_exists(pool: &PgPool, slot: &str) -> Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_replication_slots \
+         WHERE slot_name = $1 AND database = current_database())",
+    )
+    .bind(slot)
+    .fetch_one(pool)
+    .await
+    .map_err(|e| map_sqlx_error("looking for the CDC replication slot", e))
+}
+
+/// Drops the slot and the publication (for tests and `outbox migrate --cdc --drop`): the WAL the
+/// slot held is released. Waits for nothing: a slot in use by a relay cannot be dropped.
+pub async fn drop_cdc(pool: &PgPool, names: &CdcNames) -> Result<()> {
+    if slot_exists(pool, &names.slot).await? {
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(&names.slot)
+            .execute(pool)
+            .await
+            .map_err(|e| map_sqlx_error("dropping the CDC replication slot", e))?;
+    }
+    sqlx::query(&format!("DROP PUBLICATION IF EXISTS {}", names.publication))
+        .execute(pool)
+        .await
+        .map_err(|e| map_sqlx_error("dropping the CDC publication", e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_the_schema_and_the_group() {
+        let n = CdcNames::new(&Schema::default(), DEFAULT_GROUP).unwrap();
+        assert_eq!(n.publication, "outbox_public");
+        assert_eq!(n.slot, "outbox_public_relay");
+        assert_eq!(n.prefix, "outbox");
+        let s = Schema::new("shop").unwrap();
+        let n = CdcNames::new(&s, "eu").unwrap();
+        assert_eq!(n.slot, "outbox_shop_eu");
+        assert_eq!(n.prefix, "outbox:shop");
+    }
+
+    #[test]
+    fn bad_groups_and_long_names_are_refused() {
+        let s = Schema::default();
+        for g in ["", "A", "a-b", "a;b"] {
+            assert_eq!(CdcNames::new(&s, g).unwrap_err().kind(), ErrorKind::Config);
+        }
+        let long = Schema::new(&"s".repeat(60)).unwrap();
+        assert_eq!(
+            CdcNames::new(&long, "relay").unwrap_err().kind(),
+            ErrorKind::Config
+        );
+    }
+}

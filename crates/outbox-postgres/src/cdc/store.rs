@@ -1,0 +1,740 @@
+//! [`CdcStore`]: the relay's [`Store`] over a replication slot instead of positions. The relay's
+//! worker claims, publishes and completes as in polling mode (sinks, routes, breakers, retries
+//! and metrics are the same code); what differs is where messages come from and what is
+//! recorded:
+//!
+//! - **Claims** hand out messages in the order the stream sends them: commit order, then the
+//!   order within each transaction. A key with a message waiting for a retry holds its later
+//!   messages back, in order; other keys flow.
+//! - **The confirmed position** is the commit end of the last transaction whose messages are all
+//!   published or parked, and all before it; never a position inside a transaction. With
+//!   nothing unresolved, an idle position from the server is confirmed, so a quiet outbox does
+//!   not hold back WAL written by other tables.
+//! - **Failures park** as in polling mode: a message that ends failed is copied into
+//!   `outbox_parked` (so `outbox failed`, `redrive` and the console work unchanged), and with
+//!   `--on-failed block` the later messages of its key are parked behind it as `waiting`. A
+//!   redriven key is read back from `outbox_parked`, in order, and deleted as it is published.
+//!   That table is read only while it holds rows; an idle relay sends no query.
+//! - **Leases** are the slot's: PostgreSQL lets one session read a slot at a time. A second relay
+//!   of the group is refused and retries; it takes over when the first one's session ends (kill,
+//!   crash, or `wal_sender_timeout` after a SIGSTOP), from the confirmed position. What the first
+//!   one published past it is published again: at least once, never lost.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use outbox_core::{
+    ClaimLimits, Error, ErrorKind, FailedMessage, Maintenance, MemberId, Message, NewMessage,
+    OnFailed, Outcome, RedriveScope, Result, Stats, Store,
+};
+use sqlx::PgPool;
+use tokio::sync::{watch, Mutex};
+use tracing::{info, warn};
+
+use crate::cdc::setup::{check_wal_level, max_slot_wal_keep_mb, CdcNames};
+use crate::cdc::stream::{self, Item, Stream};
+use crate::error::map_sqlx_error;
+use crate::store::{PgStore, PARTITIONS};
+
+/// How often parked rows are looked at while there are any: a redriven key flows within this.
+const PARKED_POLL: Duration = Duration::from_secs(1);
+
+const PARK_SQL: &str = include_str!("../../queries/cdc_park.sql");
+const PARKED_READ_SQL: &str = include_str!("../../queries/cdc_parked_read.sql");
+const PARKED_DONE_SQL: &str = include_str!("../../queries/cdc_parked_done.sql");
+const PARKED_FAIL_SQL: &str = include_str!("../../queries/cdc_parked_fail.sql");
+
+/// Where a handed-out message came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// The stream: the transaction it belongs to (an index that only grows).
+    Stream(u64),
+    /// A row of `outbox_parked`, already durable.
+    Parked { partition: i16, seq: i64 },
+}
+
+/// A message the store holds: handed out, or waiting in its key's queue.
+#[derive(Debug, Clone)]
+struct Held {
+    message: Message,
+    origin: Origin,
+    /// Not handed out before this.
+    due: Instant,
+}
+
+/// A transaction of the stream not yet confirmed.
+#[derive(Debug)]
+struct Txn {
+    /// Commit end position, once its Commit was read.
+    end: Option<u64>,
+    /// Its messages neither published nor parked.
+    open: usize,
+}
+
+/// A message to write into `outbox_parked`.
+struct ToPark {
+    message: Message,
+    state: &'static str,
+    error: Option<String>,
+}
+
+#[derive(Default)]
+struct State {
+    stream: Option<Stream>,
+    /// Handed out and not completed, by handout number.
+    inflight: HashMap<i64, Held>,
+    /// Keys whose next messages wait (a retry, or messages behind one), in order.
+    held: HashMap<String, VecDeque<Held>>,
+    /// Keys that have rows in `outbox_parked`: their new messages are parked behind them.
+    parked_keys: HashSet<String>,
+    next_parked_poll: Option<Instant>,
+    txns: VecDeque<Txn>,
+    /// Index of `txns[0]`.
+    txn_base: u64,
+    /// Handout numbers (the `seq` the worker sees); never reused, across reconnections.
+    next_handout: i64,
+    confirmed: u64,
+    /// The last claim's `on_failed`, for its outcomes.
+    on_failed: OnFailed,
+}
+
+/// The relay's store in CDC mode (see the module documentation).
+pub struct CdcStore {
+    pool: PgPool,
+    url: String,
+    names: CdcNames,
+    /// For what CDC mode shares with polling: status, failed, redrive, journey.
+    inner: PgStore,
+    state: Mutex<State>,
+    /// Rung by the stream task when it has items.
+    doorbell: Arc<watch::Sender<u64>>,
+    more: AtomicBool,
+}
+
+impl CdcStore {
+    /// A CDC store reading `names.slot` of the database at `url` (its pool, `pool`, serves the
+    /// parked table and the shared reads). Checks `wal_level` and the slot now, so a missing
+    /// setup is reported at start with its fix; the stream itself starts at the first claim.
+    pub async fn new(pool: PgPool, url: &str, names: CdcNames) -> Result<Self> {
+        check_wal_level(&pool).await?;
+        if !crate::cdc::setup::slot_exists(&pool, &names.slot).await? {
+            return Err(Error::new(
+                ErrorKind::Schema,
+                format!(
+                    "the replication slot `{}` does not exist; run `outbox migrate --cdc` (same \
+                     schema and group) first",
+                    names.slot
+                ),
+            ));
+        }
+        if max_slot_wal_keep_mb(&pool).await?.is_none() {
+            warn!(
+                slot = %names.slot,
+                "max_slot_wal_keep_size is unlimited (-1): while this relay is stopped its slot \
+                 keeps every WAL segment, until the disk fills; set a bound (ALTER SYSTEM SET \
+                 max_slot_wal_keep_size = '…') and watch outbox_cdc_slot_retained_bytes"
+            );
+        }
+        stream::replication_config(url, &names)?;
+        let inner = PgStore::new(pool.clone(), names.schema.clone());
+        Ok(Self {
+            pool,
+            url: url.to_string(),
+            names,
+            inner,
+            state: Mutex::new(State::default()),
+            doorbell: Arc::new(watch::channel(0).0),
+            more: AtomicBool::new(false),
+        })
+    }
+
+    /// The slot, publication and prefix this store reads.
+    pub fn names(&self) -> &CdcNames {
+        &self.names
+    }
+
+    /// The position confirmed to the server so far (0 before the first).
+    pub async fn confirmed(&self) -> u64 {
+        self.state.lock().await.confirmed
+    }
+
+    /// Starts the stream when there is none: every message not confirmed comes again from the
+    /// server, so what was held or in flight from an earlier stream is dropped.
+    async fn connect(&self, s: &mut State) -> Result<()> {
+        if s.stream.is_some() {
+            return Ok(());
+        }
+        s.inflight.clear();
+        s.held.retain(|_, q| {
+            q.retain(|h| matches!(h.origin, Origin::Parked { .. }));
+            !q.is_empty()
+        });
+        s.txns.clear();
+        let config = stream::replication_config(&self.url, &self.names)?;
+        let stream = stream::start(config, self.names.clone(), self.doorbell.clone()).await?;
+        s.stream = Some(stream);
+        self.refresh_parked_keys(s).await?;
+        info!(slot = %self.names.slot, "CDC stream started");
+        Ok(())
+    }
+
+    async fn refresh_parked_keys(&self, s: &mut State) -> Result<()> {
+        let keys: Vec<String> = sqlx::query_scalar(
+            &self
+                .names
+                .schema
+                .render("SELECT DISTINCT aggregate_id FROM {schema}.outbox_parked"),
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading the parked keys", e))?;
+        s.parked_keys = keys.into_iter().collect();
+        s.next_parked_poll = (!s.parked_keys.is_empty()).then(|| Instant::now() + PARKED_POLL);
+        Ok(())
+    }
+
+    /// Writes `rows` into `outbox_parked`, in order, once each (by id).
+    async fn park(&self, rows: Vec<ToPark>) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let n = rows.len();
+        let mut cols = ParkColumns::with_capacity(n);
+        for r in rows {
+            cols.push(r);
+        }
+        sqlx::query(&self.names.schema.render(PARK_SQL))
+            .bind(&cols.keys)
+            .bind(&cols.ids)
+            .bind(&cols.types)
+            .bind(&cols.events)
+            .bind(&cols.payloads)
+            .bind(&cols.headers)
+            .bind(&cols.topics)
+            .bind(&cols.created)
+            .bind(&cols.states)
+            .bind(&cols.attempts)
+            .bind(&cols.errors)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("parking messages the CDC relay could not publish", e))?;
+        Ok(())
+    }
+
+    /// Marks the transaction of `origin` one message closer to confirmable.
+    fn resolve(s: &mut State, origin: Origin) {
+        if let Origin::Stream(t) = origin {
+            if let Some(txn) = t
+                .checked_sub(s.txn_base)
+                .and_then(|i| s.txns.get_mut(i as usize))
+            {
+                txn.open = txn.open.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Confirms the commit end of every leading transaction that is fully handled.
+    fn advance(s: &mut State) {
+        let mut to = None;
+        while let Some(t) = s.txns.front() {
+            match t.end {
+                Some(end) if t.open == 0 => {
+                    to = Some(end);
+                    s.txns.pop_front();
+                    s.txn_base += 1;
+                }
+                _ => break,
+            }
+        }
+        if let Some(end) = to {
+            Self::confirm(s, end);
+        }
+    }
+
+    fn confirm(s: &mut State, lsn: u64) {
+        if lsn > s.confirmed {
+            s.confirmed = lsn;
+            if let Some(stream) = &s.stream {
+                stream.confirm.send_replace(lsn);
+            }
+        }
+    }
+
+    fn hand_out(s: &mut State, mut held: Held, out: &mut Vec<Message>) {
+        s.next_handout += 1;
+        let n = s.next_handout;
+        let mut m = held.message.clone();
+        m.seq = n;
+        held.message.seq = n;
+        s.inflight.insert(n, held);
+        out.push(m);
+    }
+
+    /// Redriven parked rows of keys the store does not hold, in key order.
+    async fn parked_due(&self, s: &mut State, room: usize) -> Result<Vec<Held>> {
+        let rows: Vec<ParkedRow> = sqlx::query_as(&self.names.schema.render(PARKED_READ_SQL))
+            .bind(i64::try_from(room).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("reading redriven parked messages", e))?;
+        let busy: HashSet<String> = s
+            .inflight
+            .values()
+            .map(|h| h.message.aggregate_id.clone())
+            .chain(s.held.keys().cloned())
+            .collect();
+        let now = Instant::now();
+        Ok(rows
+            .into_iter()
+            .filter(|r| !busy.contains(&r.aggregate_id))
+            .map(|r| Held {
+                origin: Origin::Parked {
+                    partition: r.partition,
+                    seq: r.seq,
+                },
+                message: Message {
+                    seq: 0,
+                    id: r.id,
+                    aggregate_type: r.aggregate_type,
+                    aggregate_id: r.aggregate_id,
+                    event_type: r.event_type,
+                    payload: Bytes::from(r.payload),
+                    headers: r.headers,
+                    topic: r.topic,
+                    created_at: r.created_at,
+                    attempts: r.attempts,
+                },
+                due: now,
+            })
+            .collect())
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct ParkedRow {
+    partition: i16,
+    seq: i64,
+    id: uuid::Uuid,
+    aggregate_type: String,
+    aggregate_id: String,
+    event_type: String,
+    payload: String,
+    headers: String,
+    topic: Option<String>,
+    created_at: chrono::DateTime<chrono::Utc>,
+    attempts: i32,
+}
+
+/// `outbox_parked` rows as the arrays of one `INSERT … SELECT FROM unnest(…)`.
+struct ParkColumns {
+    keys: Vec<String>,
+    ids: Vec<uuid::Uuid>,
+    types: Vec<String>,
+    events: Vec<String>,
+    payloads: Vec<String>,
+    headers: Vec<String>,
+    topics: Vec<Option<String>>,
+    created: Vec<chrono::DateTime<chrono::Utc>>,
+    states: Vec<&'static str>,
+    attempts: Vec<i32>,
+    errors: Vec<Option<String>>,
+}
+
+impl ParkColumns {
+    fn with_capacity(n: usize) -> Self {
+        Self {
+            keys: Vec::with_capacity(n),
+            ids: Vec::with_capacity(n),
+            types: Vec::with_capacity(n),
+            events: Vec::with_capacity(n),
+            payloads: Vec::with_capacity(n),
+            headers: Vec::with_capacity(n),
+            topics: Vec::with_capacity(n),
+            created: Vec::with_capacity(n),
+            states: Vec::with_capacity(n),
+            attempts: Vec::with_capacity(n),
+            errors: Vec::with_capacity(n),
+        }
+    }
+
+    fn push(&mut self, r: ToPark) {
+        let m = r.message;
+        // A malformed message keeps what it carried: JSON as it is, anything else as a JSON
+        // string, so the row can be stored and read.
+        let json = |b: &[u8]| match serde_json::from_slice::<serde_json::Value>(b) {
+            Ok(v) => v.to_string(),
+            Err(_) => {
+                serde_json::Value::String(String::from_utf8_lossy(b).into_owned()).to_string()
+            }
+        };
+        self.keys.push(m.aggregate_id);
+        self.ids.push(m.id);
+        self.types.push(m.aggregate_type);
+        self.events.push(m.event_type);
+        self.payloads.push(json(&m.payload));
+        self.headers.push(json(m.headers.as_bytes()));
+        self.topics.push(m.topic);
+        self.created.push(m.created_at);
+        self.states.push(r.state);
+        self.attempts.push(m.attempts);
+        self.errors.push(r.error);
+    }
+}
+
+#[async_trait]
+impl Store for CdcStore {
+    async fn rebalance(&self, _member: &MemberId, _lease: Duration) -> Result<Vec<i32>> {
+        // The slot is the lease: whoever streams it owns every partition.
+        Ok((0..PARTITIONS as i32).collect())
+    }
+
+    async fn renew(&self, _member: &MemberId, _lease: Duration) -> Result<usize> {
+        Ok(PARTITIONS)
+    }
+
+    async fn claim(
+        &self,
+        _member: &MemberId,
+        _partitions: &[i32],
+        limits: ClaimLimits,
+        on_failed: OnFailed,
+    ) -> Result<Vec<Message>> {
+        let mut s = self.state.lock().await;
+        s.on_failed = on_failed;
+        self.connect(&mut s).await?;
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        let fits = |bytes: usize, m: &Message, n: usize| {
+            n == 0 || (n < limits.rows && bytes.saturating_add(m.payload.len()) <= limits.bytes)
+        };
+        // Due heads of held keys first: they are older than anything the stream still has.
+        let now = Instant::now();
+        let due: Vec<String> = s
+            .held
+            .iter()
+            .filter(|(_, q)| q.front().is_some_and(|h| h.due <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            // The key's due prefix, in order: the worker sends a key's messages one after the
+            // other and leaves those behind a failure without an outcome.
+            while let Some(q) = s.held.get_mut(&key) {
+                let Some(h) = q.front() else { break };
+                if h.due > now || !fits(bytes, &h.message, out.len()) {
+                    break;
+                }
+                let Some(h) = q.pop_front() else { break };
+                if q.is_empty() {
+                    s.held.remove(&key);
+                }
+                bytes += h.message.payload.len();
+                Self::hand_out(&mut s, h, &mut out);
+            }
+        }
+        // Redriven parked rows, only while `outbox_parked` has rows.
+        if s.next_parked_poll.is_some_and(|t| t <= now) && out.len() < limits.rows {
+            let room = limits.rows - out.len();
+            let rows = self.parked_due(&mut s, room).await?;
+            for h in rows {
+                if !fits(bytes, &h.message, out.len()) {
+                    break;
+                }
+                bytes += h.message.payload.len();
+                Self::hand_out(&mut s, h, &mut out);
+            }
+            self.refresh_parked_keys(&mut s).await?;
+        }
+        // Then the stream.
+        let mut to_park = Vec::new();
+        let mut ended = None;
+        // Messages read from the stream by this claim, handed out or not: a claim never takes
+        // more than a batch from the stream, so what waits in memory stays bounded.
+        let mut taken = 0usize;
+        while out.len() < limits.rows && taken < limits.rows {
+            let Some(stream) = s.stream.as_mut() else {
+                break;
+            };
+            let item = match stream.items.try_recv() {
+                Ok(item) => item,
+                Err(_) => break,
+            };
+            match item {
+                Item::Begin => s.txns.push_back(Txn { end: None, open: 0 }),
+                Item::Commit { end_lsn } => {
+                    if let Some(t) = s.txns.back_mut() {
+                        t.end = Some(end_lsn);
+                    }
+                    Self::advance(&mut s);
+                }
+                Item::Idle { wal_end } => {
+                    if s.txns.is_empty() {
+                        Self::confirm(&mut s, wal_end);
+                    }
+                }
+                Item::Ended(e) => {
+                    ended = Some(e);
+                    break;
+                }
+                Item::Message(m) | Item::Malformed(m, _)
+                    if s.txns.back().is_none_or(|t| t.end.is_some()) =>
+                {
+                    // The stream promises Begin first; a message outside one is a protocol
+                    // error, handled as a broken stream (it comes again).
+                    let _ = m;
+                    ended = Some(Error::new(
+                        ErrorKind::Other,
+                        "CDC stream: a message outside a transaction; will reconnect",
+                    ));
+                    break;
+                }
+                Item::Message(m) => {
+                    taken += 1;
+                    let txn = s.txn_base + s.txns.len() as u64 - 1;
+                    if let Some(t) = s.txns.back_mut() {
+                        t.open += 1;
+                    }
+                    let held = Held {
+                        message: *m,
+                        origin: Origin::Stream(txn),
+                        due: now,
+                    };
+                    let key = held.message.aggregate_id.clone();
+                    if s.parked_keys.contains(&key) {
+                        to_park.push((held, "waiting", None));
+                    } else if let Some(q) = s.held.get_mut(&key) {
+                        q.push_back(held);
+                    } else if fits(bytes, &held.message, out.len()) {
+                        bytes += held.message.payload.len();
+                        Self::hand_out(&mut s, held, &mut out);
+                    } else {
+                        s.held.entry(key).or_default().push_back(held);
+                        break;
+                    }
+                }
+                Item::Malformed(m, why) => {
+                    taken += 1;
+                    let txn = s.txn_base + s.txns.len() as u64 - 1;
+                    if let Some(t) = s.txns.back_mut() {
+                        t.open += 1;
+                    }
+                    warn!(id = %m.id, key = %m.aggregate_id, error = %why, "a CDC message cannot be published as written; parked as failed");
+                    let key = m.aggregate_id.clone();
+                    let held = Held {
+                        message: *m,
+                        origin: Origin::Stream(txn),
+                        due: now,
+                    };
+                    to_park.push((held, "failed", Some(why)));
+                    if on_failed == OnFailed::Block {
+                        s.parked_keys.insert(key);
+                    }
+                }
+            }
+        }
+        if !to_park.is_empty() {
+            let origins: Vec<Origin> = to_park.iter().map(|(h, _, _)| h.origin).collect();
+            self.park(
+                to_park
+                    .into_iter()
+                    .map(|(h, state, error)| ToPark {
+                        message: h.message,
+                        state,
+                        error,
+                    })
+                    .collect(),
+            )
+            .await?;
+            for o in origins {
+                Self::resolve(&mut s, o);
+            }
+            s.next_parked_poll
+                .get_or_insert(Instant::now() + PARKED_POLL);
+            Self::advance(&mut s);
+        }
+        if let Some(e) = ended {
+            warn!(error = %e, "CDC stream ended; reconnecting from the confirmed position");
+            s.stream = None;
+            if out.is_empty() {
+                return Err(e);
+            }
+        }
+        let more = s.stream.as_ref().is_some_and(|st| !st.items.is_empty());
+        self.more.store(more, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    fn more_to_read(&self, _member: &MemberId) -> bool {
+        self.more.load(Ordering::Relaxed)
+    }
+
+    async fn complete(&self, _member: &MemberId, outcomes: &[Outcome]) -> Result<u64> {
+        let mut s = self.state.lock().await;
+        let on_failed = s.on_failed;
+        let now = Instant::now();
+        let mut changed = 0u64;
+        let mut done_parked: (Vec<i16>, Vec<i64>) = (Vec::new(), Vec::new());
+        let mut failed_parked: (Vec<i16>, Vec<i64>, Vec<String>, Vec<i32>) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut to_park = Vec::new();
+        let mut back = Vec::new();
+        for o in outcomes {
+            let Some(mut h) = s.inflight.remove(&o.seq()) else {
+                continue; // handed out by an earlier stream, or recorded already
+            };
+            changed += 1;
+            match o {
+                Outcome::Published { .. } => match h.origin {
+                    Origin::Stream(_) => Self::resolve(&mut s, h.origin),
+                    Origin::Parked { partition, seq } => {
+                        done_parked.0.push(partition);
+                        done_parked.1.push(seq);
+                    }
+                },
+                Outcome::Retry { delay, .. } | Outcome::Deferred { delay, .. } => {
+                    if matches!(o, Outcome::Retry { .. }) {
+                        h.message.attempts += 1;
+                    }
+                    h.due = now + *delay;
+                    back.push(h);
+                }
+                Outcome::Failed { error, .. } => {
+                    h.message.attempts += 1;
+                    if on_failed == OnFailed::Block {
+                        s.parked_keys.insert(h.message.aggregate_id.clone());
+                    }
+                    match h.origin {
+                        Origin::Stream(_) => to_park.push((h, "failed", Some(error.clone()))),
+                        Origin::Parked { partition, seq } => {
+                            failed_parked.0.push(partition);
+                            failed_parked.1.push(seq);
+                            failed_parked.2.push(error.clone());
+                            failed_parked.3.push(h.message.attempts);
+                        }
+                    }
+                }
+            }
+        }
+        // Handed out without an outcome (behind a failure of their key, or not tried): they go
+        // back to their key's queue, in order, due now.
+        let untried: Vec<i64> = s.inflight.keys().copied().collect();
+        for n in untried {
+            if let Some(mut h) = s.inflight.remove(&n) {
+                h.due = h.due.max(now);
+                back.push(h);
+            }
+        }
+        back.sort_by_key(|h| h.message.seq);
+        for h in back.into_iter().rev() {
+            let key = h.message.aggregate_id.clone();
+            if s.parked_keys.contains(&key) && matches!(h.origin, Origin::Stream(_)) {
+                // Behind a message of its key that just failed (block): parked after it.
+                to_park.push((h, "waiting", None));
+                continue;
+            }
+            let q = s.held.entry(key).or_default();
+            q.push_front(h);
+        }
+        // The ones that failed first, then those waiting behind them, each key in its order.
+        to_park.sort_by_key(|(h, state, _)| (*state != "failed", h.message.seq));
+        let origins: Vec<Origin> = to_park.iter().map(|(h, _, _)| h.origin).collect();
+        self.park(
+            to_park
+                .into_iter()
+                .map(|(h, state, error)| ToPark {
+                    message: h.message,
+                    state,
+                    error,
+                })
+                .collect(),
+        )
+        .await?;
+        for o in origins {
+            Self::resolve(&mut s, o);
+        }
+        if !done_parked.0.is_empty() {
+            sqlx::query(&self.names.schema.render(PARKED_DONE_SQL))
+                .bind(&done_parked.0)
+                .bind(&done_parked.1)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| map_sqlx_error("deleting published parked messages", e))?;
+        }
+        if !failed_parked.0.is_empty() {
+            sqlx::query(&self.names.schema.render(PARKED_FAIL_SQL))
+                .bind(&failed_parked.0)
+                .bind(&failed_parked.1)
+                .bind(&failed_parked.2)
+                .bind(&failed_parked.3)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| map_sqlx_error("marking parked messages failed", e))?;
+        }
+        if !s.parked_keys.is_empty() {
+            s.next_parked_poll.get_or_insert(now + PARKED_POLL);
+        }
+        Self::advance(&mut s);
+        Ok(changed)
+    }
+
+    async fn report_health(
+        &self,
+        member: &MemberId,
+        circuit: &str,
+        sink_error: Option<&str>,
+    ) -> Result<()> {
+        self.inner.report_health(member, circuit, sink_error).await
+    }
+
+    async fn release(&self, _member: &MemberId) -> Result<()> {
+        // Dropping the stream ends the replication session: the slot is free for another
+        // relay of the group at once.
+        self.state.lock().await.stream = None;
+        Ok(())
+    }
+
+    async fn listen(&self, wake: watch::Sender<u64>) -> Result<()> {
+        let mut bell = self.doorbell.subscribe();
+        loop {
+            if bell.changed().await.is_err() {
+                return Ok(());
+            }
+            wake.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        self.inner.stats().await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.inner.ping().await
+    }
+
+    async fn maintain(&self, _retention: Duration) -> Result<Maintenance> {
+        Ok(Maintenance::default())
+    }
+
+    async fn failed(&self, limit: usize) -> Result<Vec<FailedMessage>> {
+        self.inner.failed(limit).await
+    }
+
+    async fn redrive(&self, scope: &RedriveScope, reason: &str) -> Result<u64> {
+        self.inner.redrive(scope, reason).await
+    }
+
+    async fn journey(
+        &self,
+        query: &outbox_core::JourneyQuery,
+        limit: usize,
+    ) -> Result<Vec<outbox_core::Journey>> {
+        self.inner.journey(query, limit).await
+    }
+
+    async fn insert(&self, messages: &[NewMessage]) -> Result<()> {
+        self.inner.insert(messages).await
+    }
+}

@@ -1,0 +1,582 @@
+//! The replication stream of one slot, read by a task of its own and turned into [`Item`]s:
+//! transaction boundaries, the outbox messages inside them (rows of the message table and
+//! logical messages with the schema's prefix), and the server's idle positions. The task also
+//! carries the relay's confirmed position back to the server.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::{DateTime, TimeZone, Utc};
+use outbox_core::{Error, ErrorKind, Message, Result};
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use tokio::sync::{mpsc, watch};
+use uuid::Uuid;
+
+use crate::cdc::pgoutput::{self, Change, Relation};
+use crate::cdc::setup::CdcNames;
+
+/// How often the confirmed position is sent to the server when it moved (the issue's 100–250
+/// ms): WAL behind it can be recycled that much sooner.
+pub const FEEDBACK_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Session settings that make `timestamptz` text what [`parse_timestamptz`] reads.
+const DATE_SETTINGS: &str = "-c datestyle=ISO,YMD -c timezone=UTC";
+
+/// Items the stream task has decoded and the relay has not taken yet. Bounded: a relay that
+/// publishes slower than the server sends stops reading, and the server waits.
+const ITEMS_BUFFERED: usize = 16_384;
+
+/// What the stream says, in WAL order.
+#[derive(Debug)]
+pub(crate) enum Item {
+    /// A committed transaction starts; its messages follow.
+    Begin,
+    /// An outbox message of the current transaction.
+    Message(Box<Message>),
+    /// A message of the current transaction that cannot be published as written: it must end
+    /// failed (visible, redrivable), never be skipped. Carries what could be read of it.
+    Malformed(Box<Message>, String),
+    /// The current transaction ends; every message of it was sent. `end_lsn` is the position to
+    /// confirm once all of them are handled.
+    Commit { end_lsn: u64 },
+    /// The server is idle at `wal_end`: with nothing in flight, that position may be confirmed
+    /// (no transaction committed before it is still to come).
+    Idle { wal_end: u64 },
+    /// The stream ended; the relay must connect again (from the slot's confirmed position).
+    Ended(Error),
+}
+
+/// A running stream: its items, and the position to confirm.
+pub(crate) struct Stream {
+    pub(crate) items: mpsc::Receiver<Item>,
+    pub(crate) confirm: watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The replication connection's settings from the relay's database URL: host, port, user,
+/// password, database and TLS as the URL gives them.
+pub(crate) fn replication_config(url: &str, names: &CdcNames) -> Result<ReplicationConfig> {
+    let redacted = outbox_core::redact::url(url);
+    let options: PgConnectOptions = url
+        .parse()
+        .map_err(|e| Error::config(format!("parsing database URL {redacted}: {e}")))?;
+    let password = url::Url::parse(url)
+        .ok()
+        .and_then(|u| u.password().map(str::to_string))
+        .map(|p| {
+            percent_decode(&p).ok_or_else(|| {
+                Error::config(format!(
+                    "the password in {redacted} is not valid percent-encoded UTF-8"
+                ))
+            })
+        })
+        .transpose()?
+        .unwrap_or_default();
+    let tls = match options.get_ssl_mode() {
+        PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => TlsConfig::disabled(),
+        PgSslMode::Require => TlsConfig::require(),
+        PgSslMode::VerifyCa => TlsConfig::verify_ca(None),
+        PgSslMode::VerifyFull => TlsConfig::verify_full(None),
+    };
+    let database = options.get_database().unwrap_or(options.get_username());
+    let config = ReplicationConfig::new(
+        options.get_host(),
+        options.get_username(),
+        password,
+        database,
+        names.slot.clone(),
+        names.publication.clone(),
+    )
+    .with_port(options.get_port())
+    .with_tls(tls)
+    // The URL's own `options` (session settings for the walsender, such as
+    // logical_decoding_work_mem), then dates as `created_at` is parsed below, whatever the
+    // server's defaults.
+    .with_options(match options.get_options() {
+        Some(own) => format!("{own} {DATE_SETTINGS}"),
+        None => DATE_SETTINGS.to_string(),
+    })
+    .with_status_interval(FEEDBACK_INTERVAL)
+    .with_wakeup_interval(Duration::from_secs(10))
+    .with_application_name(format!("outbox-cdc:{}", names.slot));
+    Ok(config)
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes: Vec<u8> = percent_encoding::percent_decode_str(s).collect();
+    String::from_utf8(bytes).ok()
+}
+
+/// Connects to the slot and starts reading. Returns once the server accepted
+/// `START_REPLICATION`: from then on this session holds the slot, and no other relay of the
+/// group can read it (the slot is the group's lease).
+pub(crate) async fn start(
+    config: ReplicationConfig,
+    names: CdcNames,
+    doorbell: Arc<watch::Sender<u64>>,
+) -> Result<Stream> {
+    let slot = names.slot.clone();
+    let mut client = ReplicationClient::connect_gated(config)
+        .await
+        .map_err(|e| replication_error(&slot, e))?;
+    client
+        .start()
+        .await
+        .map_err(|e| replication_error(&slot, e))?;
+    client
+        .wait_started()
+        .await
+        .map_err(|e| replication_error(&slot, e))?;
+    let (tx, items) = mpsc::channel(ITEMS_BUFFERED);
+    let (confirm, confirm_rx) = watch::channel(0u64);
+    let task = tokio::spawn(read(client, names, tx, confirm_rx, doorbell));
+    Ok(Stream {
+        items,
+        confirm,
+        task,
+    })
+}
+
+/// A replication error as the relay reports it: the cause, and what to do for the common ones.
+fn replication_error(slot: &str, e: pgwire_replication::PgWireError) -> Error {
+    let text = e.to_string();
+    let hint = if text.contains("is active for PID") {
+        "; another relay of this group reads the slot (one reader at a time); this one waits \
+         and takes over when it stops"
+    } else if text.contains("does not exist") {
+        "; run `outbox migrate --cdc` to create the publication and the slot"
+    } else if text.contains("can no longer get changes") || text.contains("invalidated") {
+        "; the slot lost WAL it needed (max_slot_wal_keep_size): drop it and run \
+         `outbox migrate --cdc` again after the polling relay delivered the backlog"
+    } else {
+        "; will retry"
+    };
+    let kind = if hint == "; will retry" || hint.contains("takes over") {
+        ErrorKind::Connection
+    } else {
+        ErrorKind::Config
+    };
+    Error::new(
+        kind,
+        format!("CDC replication on slot `{slot}`: {text}{hint}"),
+    )
+}
+
+/// The stream task: events in, items out, confirmed positions back to the server.
+async fn read(
+    mut client: ReplicationClient,
+    names: CdcNames,
+    tx: mpsc::Sender<Item>,
+    mut confirm: watch::Receiver<u64>,
+    doorbell: Arc<watch::Sender<u64>>,
+) {
+    let mut decoder = Decoder::new(names);
+    loop {
+        let event = tokio::select! {
+            ev = client.recv() => ev,
+            changed = confirm.changed() => {
+                if changed.is_err() {
+                    // The relay dropped the stream.
+                    client.stop();
+                    return;
+                }
+                let lsn = *confirm.borrow_and_update();
+                client.update_applied_lsn(Lsn::from_u64(lsn));
+                continue;
+            }
+        };
+        let items = match event {
+            Ok(Some(ev)) => decoder.event(ev),
+            Ok(None) => vec![Item::Ended(Error::new(
+                ErrorKind::Connection,
+                "CDC replication stream closed by the server; will reconnect",
+            ))],
+            Err(e) => vec![Item::Ended(replication_error(&decoder.names.slot, e))],
+        };
+        for item in items {
+            let end = matches!(item, Item::Ended(_));
+            if tx.send(item).await.is_err() || end {
+                client.stop();
+                doorbell.send_modify(|n| *n = n.wrapping_add(1));
+                return;
+            }
+        }
+        doorbell.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+/// Turns replication events into items: knows the message table's columns and the current
+/// transaction's commit time.
+pub(crate) struct Decoder {
+    names: CdcNames,
+    relations: HashMap<u32, Relation>,
+    commit_time: DateTime<Utc>,
+}
+
+impl Decoder {
+    pub(crate) fn new(names: CdcNames) -> Self {
+        Self {
+            names,
+            relations: HashMap::new(),
+            commit_time: Utc::now(),
+        }
+    }
+
+    pub(crate) fn event(&mut self, ev: ReplicationEvent) -> Vec<Item> {
+        match ev {
+            ReplicationEvent::Begin {
+                commit_time_micros, ..
+            } => {
+                self.commit_time = pg_time(commit_time_micros);
+                vec![Item::Begin]
+            }
+            ReplicationEvent::Commit { end_lsn, .. } => vec![Item::Commit {
+                end_lsn: end_lsn.as_u64(),
+            }],
+            ReplicationEvent::KeepAlive { wal_end, .. } => vec![Item::Idle {
+                wal_end: wal_end.as_u64(),
+            }],
+            ReplicationEvent::Message {
+                transactional,
+                lsn,
+                prefix,
+                content,
+            } => {
+                // A non-transactional message could be published before a rollback of its
+                // transaction; only transactional ones are outbox messages.
+                if !transactional || prefix != self.names.prefix {
+                    return Vec::new();
+                }
+                vec![self.logical_message(lsn.as_u64(), &content)]
+            }
+            ReplicationEvent::XLogData { data, .. } => match pgoutput::decode(&data) {
+                Ok(Change::Relation(r)) => {
+                    self.relations.insert(r.oid, r);
+                    Vec::new()
+                }
+                Ok(Change::Insert { relation, values }) => match self.relations.get(&relation) {
+                    Some(r) if r.name == "outbox" && r.namespace == self.names.schema.as_str() => {
+                        vec![row_message(r, values)]
+                    }
+                    Some(_) => Vec::new(),
+                    None => vec![Item::Ended(Error::new(
+                        ErrorKind::Other,
+                        format!("pgoutput: an insert into relation {relation} before its description; will reconnect"),
+                    ))],
+                },
+                Ok(Change::Other(_)) => Vec::new(),
+                Err(e) => vec![Item::Ended(Error::new(
+                    ErrorKind::Other,
+                    format!("{e}; will reconnect"),
+                ))],
+            },
+            ReplicationEvent::StoppedAt { .. } => Vec::new(),
+        }
+    }
+
+    /// A logical message with the schema's prefix: its JSON content as an outbox message.
+    fn logical_message(&self, lsn: u64, content: &Bytes) -> Item {
+        // The id, when the writer gave none, is the same on every redelivery: derived from the
+        // message's position in the WAL.
+        let mut lsn_id = [0u8; 16];
+        lsn_id[..6].copy_from_slice(b"outbox");
+        lsn_id[8..].copy_from_slice(&lsn.to_be_bytes());
+        let derived = uuid::Builder::from_custom_bytes(lsn_id).into_uuid();
+        let mut m = Message {
+            seq: 0,
+            id: derived,
+            aggregate_type: String::new(),
+            aggregate_id: String::new(),
+            event_type: String::new(),
+            payload: Bytes::from_static(b"null"),
+            headers: "{}".into(),
+            topic: None,
+            created_at: self.commit_time,
+            attempts: 0,
+        };
+        let v: serde_json::Value = match serde_json::from_slice(content) {
+            Ok(v) => v,
+            Err(e) => {
+                m.payload = content.clone();
+                return Item::Malformed(
+                    Box::new(m),
+                    format!("the logical message is not JSON ({e}); write an object of the outbox columns"),
+                );
+            }
+        };
+        let text = |name: &str| v.get(name).and_then(|x| x.as_str()).map(str::to_string);
+        if let Some(id) = v.get("id") {
+            match id.as_str().and_then(|s| Uuid::parse_str(s).ok()) {
+                Some(id) => m.id = id,
+                None => {
+                    return Item::Malformed(
+                        Box::new(m),
+                        "the logical message's `id` is not a UUID".into(),
+                    )
+                }
+            }
+        }
+        m.headers = v
+            .get("headers")
+            .map_or_else(|| "{}".to_string(), |h| h.to_string());
+        m.topic = text("topic");
+        m.payload = v.get("payload").map_or_else(
+            || Bytes::from_static(b"null"),
+            |p| Bytes::from(p.to_string()),
+        );
+        let mut missing = Vec::new();
+        for (field, slot) in [
+            ("aggregate_type", &mut m.aggregate_type),
+            ("aggregate_id", &mut m.aggregate_id),
+            ("event_type", &mut m.event_type),
+        ] {
+            match text(field) {
+                Some(s) => *slot = s,
+                None => missing.push(field),
+            }
+        }
+        if v.get("payload").is_none() {
+            missing.push("payload");
+        }
+        if !missing.is_empty() {
+            return Item::Malformed(
+                Box::new(m),
+                format!(
+                    "the logical message lacks {} (strings; `payload` any JSON)",
+                    missing.join(", ")
+                ),
+            );
+        }
+        Item::Message(Box::new(m))
+    }
+}
+
+/// A row of the message table as an outbox message. The columns are found by name, so the
+/// table may gain columns.
+fn row_message(r: &Relation, values: Vec<Option<Bytes>>) -> Item {
+    let mut m = Message {
+        seq: 0,
+        id: Uuid::nil(),
+        aggregate_type: String::new(),
+        aggregate_id: String::new(),
+        event_type: String::new(),
+        payload: Bytes::from_static(b"null"),
+        headers: "{}".into(),
+        topic: None,
+        created_at: Utc::now(),
+        attempts: 0,
+    };
+    let mut problems = Vec::new();
+    for (name, value) in r.columns.iter().zip(values) {
+        let text = || {
+            value
+                .as_ref()
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        };
+        match name.as_str() {
+            "id" => match text().and_then(|s| Uuid::parse_str(&s).ok()) {
+                Some(id) => m.id = id,
+                None => problems.push("id"),
+            },
+            "aggregate_type" => m.aggregate_type = text().unwrap_or_default(),
+            "aggregate_id" => m.aggregate_id = text().unwrap_or_default(),
+            "event_type" => m.event_type = text().unwrap_or_default(),
+            "payload" => m.payload = value.unwrap_or_else(|| Bytes::from_static(b"null")),
+            "headers" => m.headers = text().unwrap_or_else(|| "{}".into()),
+            "topic" => m.topic = text(),
+            "seq" => match text().and_then(|s| s.parse().ok()) {
+                Some(seq) => m.seq = seq,
+                None => problems.push("seq"),
+            },
+            "created_at" => match text().and_then(|s| parse_timestamptz(&s)) {
+                Some(t) => m.created_at = t,
+                None => problems.push("created_at"),
+            },
+            _ => {}
+        }
+    }
+    if problems.is_empty() {
+        Item::Message(Box::new(m))
+    } else {
+        let why = format!(
+            "the decoded row's {} could not be read",
+            problems.join(", ")
+        );
+        Item::Malformed(Box::new(m), why)
+    }
+}
+
+/// PostgreSQL's ISO text of a `timestamptz` in UTC (`2026-12-05 02:50:01.123456+00`).
+fn parse_timestamptz(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f%#z")
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+/// Microseconds since 2000-01-01 UTC (PostgreSQL's epoch) as a time.
+fn pg_time(micros: i64) -> DateTime<Utc> {
+    const PG_EPOCH_UNIX_SECS: i64 = 946_684_800;
+    Utc.timestamp_opt(PG_EPOCH_UNIX_SECS, 0)
+        .single()
+        .and_then(|e| e.checked_add_signed(chrono::Duration::microseconds(micros)))
+        .unwrap_or_else(Utc::now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cdc::pgoutput::tests::{insert, relation};
+    use crate::schema::Schema;
+
+    fn decoder() -> Decoder {
+        let s = Schema::new("shop").unwrap();
+        Decoder::new(CdcNames::new(&s, "relay").unwrap())
+    }
+
+    fn xlog(data: Bytes) -> ReplicationEvent {
+        ReplicationEvent::XLogData {
+            wal_start: Lsn(1),
+            wal_end: Lsn(2),
+            server_time_micros: 0,
+            data,
+        }
+    }
+
+    const COLUMNS: &[&str] = &[
+        "id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "payload",
+        "headers",
+        "topic",
+        "created_at",
+        "txid",
+        "seq",
+        "partition",
+    ];
+
+    #[test]
+    fn a_row_of_the_message_table_becomes_a_message() {
+        let mut d = decoder();
+        assert!(d
+            .event(xlog(relation(9, "shop", "outbox", COLUMNS)))
+            .is_empty());
+        let id = Uuid::now_v7().to_string();
+        let row = insert(
+            9,
+            &[
+                Some(&id),
+                Some("order"),
+                Some("o-1"),
+                Some("order.placed"),
+                Some("{\"total\": 10}"),
+                Some("{}"),
+                None,
+                Some("2026-12-05 02:50:01.123456+00"),
+                Some("800"),
+                Some("42"),
+                Some("3"),
+            ],
+        );
+        let items = d.event(xlog(row));
+        let [Item::Message(m)] = items.as_slice() else {
+            panic!("{items:?}")
+        };
+        assert_eq!(m.id.to_string(), id);
+        assert_eq!(m.aggregate_id, "o-1");
+        assert_eq!(m.seq, 42);
+        assert_eq!(&m.payload[..], b"{\"total\": 10}");
+        assert_eq!(m.topic, None);
+        assert_eq!(m.created_at.timestamp_subsec_micros(), 123_456);
+    }
+
+    #[test]
+    fn rows_of_other_schemas_are_not_this_relays() {
+        let mut d = decoder();
+        d.event(xlog(relation(9, "other", "outbox", COLUMNS)));
+        assert!(d.event(xlog(insert(9, &[None; 11]))).is_empty());
+    }
+
+    fn logical(prefix: &str, content: &str, transactional: bool) -> ReplicationEvent {
+        ReplicationEvent::Message {
+            transactional,
+            lsn: Lsn(0x16_0000_0028),
+            prefix: prefix.into(),
+            content: Bytes::from(content.to_string()),
+        }
+    }
+
+    #[test]
+    fn a_logical_message_becomes_a_message_with_a_stable_id() {
+        let mut d = decoder();
+        let c = r#"{"aggregate_type":"order","aggregate_id":"o-1","event_type":"placed","payload":{"a":1}}"#;
+        let a = d.event(logical("outbox:shop", c, true));
+        let b = d.event(logical("outbox:shop", c, true));
+        let ([Item::Message(a)], [Item::Message(b)]) = (a.as_slice(), b.as_slice()) else {
+            panic!()
+        };
+        assert_eq!(a.id, b.id, "the same WAL position gives the same id");
+        assert_eq!(&a.payload[..], br#"{"a":1}"#);
+        assert!(
+            d.event(logical("outbox", c, true)).is_empty(),
+            "another schema's"
+        );
+        assert!(
+            d.event(logical("outbox:shop", c, false)).is_empty(),
+            "not transactional"
+        );
+    }
+
+    #[test]
+    fn a_bad_logical_message_is_malformed_not_skipped() {
+        let mut d = decoder();
+        for (content, why) in [
+            ("not json", "not JSON"),
+            (
+                r#"{"aggregate_type":"o","event_type":"e","payload":1}"#,
+                "aggregate_id",
+            ),
+            (
+                r#"{"id":"x","aggregate_type":"o","aggregate_id":"k","event_type":"e","payload":1}"#,
+                "UUID",
+            ),
+        ] {
+            let items = d.event(logical("outbox:shop", content, true));
+            let [Item::Malformed(_, e)] = items.as_slice() else {
+                panic!("{content}: {items:?}")
+            };
+            assert!(e.contains(why), "{e}");
+        }
+    }
+
+    #[test]
+    fn urls_give_the_replication_settings() {
+        let n = CdcNames::new(&Schema::default(), "relay").unwrap();
+        let c = replication_config(
+            "postgres://u:p%40ss@db.example:6543/app?sslmode=require",
+            &n,
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.host.as_str(),
+                c.port,
+                c.user.as_str(),
+                c.password.as_str(),
+                c.database.as_str()
+            ),
+            ("db.example", 6543, "u", "p@ss", "app")
+        );
+        assert_eq!(c.slot, "outbox_public_relay");
+    }
+}

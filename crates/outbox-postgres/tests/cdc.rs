@@ -1,0 +1,363 @@
+//! CDC mode against the real PostgreSQL (wal_level=logical): what the stream hands out, what it
+//! confirms, and what a restarted relay reads again. Each test has its own schema, publication
+//! and slot, dropped at the end.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{database_url, msg, setup, teardown};
+use outbox_core::{ClaimLimits, MemberId, Message, OnFailed, Outcome, Store};
+use outbox_postgres::cdc::setup::{drop_cdc, migrate_cdc};
+use outbox_postgres::cdc::{CdcNames, CdcStore};
+use outbox_postgres::{Emitter, Schema, Writer};
+use sqlx::PgPool;
+
+async fn cdc(tag: &str) -> (PgPool, Schema, CdcNames) {
+    let (pool, schema, _) = setup(tag).await;
+    let names = CdcNames::new(&schema, "relay").unwrap();
+    migrate_cdc(&pool, &names).await.unwrap();
+    (pool, schema, names)
+}
+
+async fn cleanup(pool: &PgPool, schema: &Schema, names: &CdcNames) {
+    // The slot is free once the store's session ended; that takes a moment after a drop.
+    for _ in 0..50 {
+        if drop_cdc(pool, names).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    teardown(pool, schema).await;
+}
+
+async fn store(pool: &PgPool, names: &CdcNames, url: &str) -> CdcStore {
+    CdcStore::new(pool.clone(), url, names.clone())
+        .await
+        .unwrap()
+}
+
+fn member() -> MemberId {
+    MemberId::random("cdc-test")
+}
+
+/// Claims until `n` messages came or `within` passed.
+async fn claim_n(s: &CdcStore, n: usize, within: Duration) -> Vec<Message> {
+    let m = member();
+    let mut got = Vec::new();
+    let until = Instant::now() + within;
+    while got.len() < n && Instant::now() < until {
+        let batch = s
+            .claim(&m, &[], ClaimLimits::rows(1000), OnFailed::Block)
+            .await
+            .unwrap();
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        got.extend(batch);
+    }
+    got
+}
+
+async fn publish(s: &CdcStore, got: &[Message]) {
+    let outcomes: Vec<Outcome> = got
+        .iter()
+        .map(|m| Outcome::Published { seq: m.seq })
+        .collect();
+    s.complete(&member(), &outcomes).await.unwrap();
+}
+
+async fn write(pool: &PgPool, schema: &Schema, key: &str, range: std::ops::Range<u32>) {
+    let mut tx = pool.begin().await.unwrap();
+    let w = Writer::new(schema);
+    for n in range {
+        w.enqueue(&mut tx, &msg(key, n)).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+}
+
+fn numbers(got: &[Message]) -> Vec<u64> {
+    got.iter()
+        .map(|m| {
+            let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+            v["n"].as_u64().unwrap()
+        })
+        .collect()
+}
+
+async fn slot_confirmed(pool: &PgPool, slot: &str) -> u64 {
+    let lsn: String = sqlx::query_scalar(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    pgwire_lsn(&lsn)
+}
+
+fn pgwire_lsn(text: &str) -> u64 {
+    let (hi, lo) = text.split_once('/').unwrap();
+    (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
+}
+
+/// Waits until the server has what the store confirmed (feedback goes every 200 ms).
+async fn wait_confirmed(pool: &PgPool, s: &CdcStore, slot: &str) {
+    let want = s.confirmed().await;
+    assert!(want > 0, "the store confirmed nothing");
+    let until = Instant::now() + Duration::from_secs(10);
+    while slot_confirmed(pool, slot).await < want {
+        assert!(Instant::now() < until, "feedback did not reach the server");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_restarted_relay_gets_exactly_the_transactions_after_the_confirmed_position() {
+    let (pool, schema, names) = cdc("cdc_restart").await;
+    let url = database_url();
+    let s = store(&pool, &names, &url).await;
+    // Connect first: the stream starts at the slot's position.
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    write(&pool, &schema, "a", 0..3).await;
+    write(&pool, &schema, "b", 3..6).await;
+    write(&pool, &schema, "a", 6..9).await;
+    let got = claim_n(&s, 9, Duration::from_secs(10)).await;
+    assert_eq!(numbers(&got), (0..9).collect::<Vec<_>>());
+    // The first two transactions published, and one message of the third: the third is not
+    // confirmed, whatever was published of it.
+    publish(&s, &got[..7]).await;
+    wait_confirmed(&pool, &s, &names.slot).await;
+    s.release(&member()).await.unwrap();
+    drop(s);
+    let again = store(&pool, &names, &url).await;
+    let mut got = Vec::new();
+    for _ in 0..50 {
+        match again
+            .claim(&member(), &[], ClaimLimits::rows(1000), OnFailed::Block)
+            .await
+        {
+            Ok(batch) => got.extend(batch),
+            // The old session may still hold the slot for a moment.
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+        if got.len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Nothing more arrives.
+    got.extend(claim_n(&again, 1, Duration::from_millis(500)).await);
+    assert_eq!(numbers(&got), vec![6, 7, 8]);
+    again.release(&member()).await.unwrap();
+    drop(again);
+    cleanup(&pool, &schema, &names).await;
+}
+
+#[tokio::test]
+async fn a_rolled_back_transaction_is_never_published_and_emit_writes_no_row() {
+    let (pool, schema, names) = cdc("cdc_rollback").await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    write(&pool, &schema, "k", 0..1).await;
+    let mut tx = pool.begin().await.unwrap();
+    Writer::new(&schema)
+        .enqueue(&mut tx, &msg("k", 1))
+        .await
+        .unwrap();
+    Emitter::new(&schema)
+        .emit(&mut tx, &msg("k", 2))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let emitted = msg("k", 3);
+    Emitter::new(&schema).emit(&mut tx, &emitted).await.unwrap();
+    tx.commit().await.unwrap();
+    write(&pool, &schema, "k", 4..5).await;
+    let got = claim_n(&s, 3, Duration::from_secs(10)).await;
+    got.iter().for_each(|m| assert_eq!(m.aggregate_id, "k"));
+    assert_eq!(
+        numbers(&got),
+        vec![0, 3, 4],
+        "commit order, no rolled-back message"
+    );
+    assert_eq!(got[1].id, emitted.id, "an emitted message keeps its id");
+    assert!(claim_n(&s, 1, Duration::from_millis(500)).await.is_empty());
+    let rows: i64 = sqlx::query_scalar(&schema.render("SELECT count(*) FROM {schema}.outbox"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 2, "emit wrote no row");
+    s.release(&member()).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// A transaction larger than `logical_decoding_work_mem` is spilled to disk by the server and
+/// sent whole once it committed: every message, in order.
+#[tokio::test]
+async fn a_transaction_spilled_to_disk_is_published_whole_and_in_order() {
+    let (pool, schema, names) = cdc("cdc_spill").await;
+    let url = format!(
+        "{}?options=-c%20logical_decoding_work_mem%3D64kB",
+        database_url()
+    );
+    let s = store(&pool, &names, &url).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    const N: u32 = 5_000;
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&schema.render(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload) \
+         SELECT 'order', 'k' || (g % 7), 'placed', \
+                jsonb_build_object('n', g, 'pad', repeat('x', 200)) \
+         FROM generate_series(0, $1 - 1) AS g",
+    ))
+    .bind(N as i32)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let got = claim_n(&s, N as usize, Duration::from_secs(30)).await;
+    assert_eq!(numbers(&got), (0..u64::from(N)).collect::<Vec<_>>());
+    publish(&s, &got).await;
+    wait_confirmed(&pool, &s, &names.slot).await;
+    let spilled: i64 =
+        sqlx::query_scalar("SELECT spill_txns FROM pg_stat_replication_slots WHERE slot_name = $1")
+            .bind(&names.slot)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(
+        spilled > 0,
+        "the transaction was not spilled: the test proves nothing"
+    );
+    s.release(&member()).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// With nothing in flight, the server's idle positions are confirmed: WAL written by other
+/// tables is not held back by a quiet outbox.
+#[tokio::test]
+async fn an_idle_outbox_does_not_hold_back_wal_written_by_other_tables() {
+    let (pool, schema, names) = cdc("cdc_idle").await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    sqlx::raw_sql(&schema.render(
+        "CREATE TABLE {schema}.other (id bigint, pad text); \
+         INSERT INTO {schema}.other SELECT g, repeat('y', 500) FROM generate_series(1, 40000) g",
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let written: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let written = pgwire_lsn(&written);
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        claim_n(&s, 1, Duration::from_millis(100)).await;
+        if slot_confirmed(&pool, &names.slot).await >= written {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the slot stayed behind the other table's WAL for a minute"
+        );
+    }
+    s.release(&member()).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+#[tokio::test]
+async fn a_failed_message_parks_its_key_and_a_redrive_publishes_it_in_order() {
+    let (pool, schema, names) = cdc("cdc_park").await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    write(&pool, &schema, "k", 0..2).await;
+    let got = claim_n(&s, 2, Duration::from_secs(10)).await;
+    // The first fails; the second, behind it, was not tried.
+    s.complete(
+        &member(),
+        &[Outcome::Failed {
+            seq: got[0].seq,
+            error: "rejected for good".into(),
+        }],
+    )
+    .await
+    .unwrap();
+    write(&pool, &schema, "k", 2..3).await;
+    write(&pool, &schema, "other", 3..4).await;
+    let flowing = claim_n(&s, 1, Duration::from_secs(10)).await;
+    assert_eq!(numbers(&flowing), vec![3], "other keys flow; k waits");
+    publish(&s, &flowing).await;
+    wait_confirmed(&pool, &s, &names.slot).await;
+    let parked: Vec<(String, serde_json::Value)> = sqlx::query_as(
+        &schema.render("SELECT state, payload FROM {schema}.outbox_parked ORDER BY seq"),
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let states: Vec<&str> = parked.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(states, vec!["failed", "waiting", "waiting"]);
+    assert_eq!(s.failed(10).await.unwrap().len(), 1);
+    assert_eq!(
+        s.redrive(&outbox_core::RedriveScope::All, "test")
+            .await
+            .unwrap(),
+        1
+    );
+    let again = claim_n(&s, 3, Duration::from_secs(10)).await;
+    assert_eq!(
+        numbers(&again),
+        vec![0, 1, 2],
+        "the key, in order, after the redrive"
+    );
+    publish(&s, &again).await;
+    let left: i64 =
+        sqlx::query_scalar(&schema.render("SELECT count(*) FROM {schema}.outbox_parked"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(left, 0);
+    s.release(&member()).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+#[tokio::test]
+async fn a_second_reader_of_the_group_is_refused_while_the_first_holds_the_slot() {
+    let (pool, schema, names) = cdc("cdc_lease").await;
+    let first = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&first, 1, Duration::from_millis(300))
+        .await
+        .is_empty());
+    let second = store(&pool, &names, &database_url()).await;
+    let e = second
+        .claim(&member(), &[], ClaimLimits::rows(10), OnFailed::Block)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("one reader at a time"), "{e}");
+    first.release(&member()).await.unwrap();
+    drop(first);
+    second.release(&member()).await.unwrap();
+    drop(second);
+    cleanup(&pool, &schema, &names).await;
+}
+
+#[tokio::test]
+async fn a_missing_slot_is_reported_with_its_fix() {
+    let (pool, schema, _) = setup("cdc_noslot").await;
+    let names = CdcNames::new(&schema, "relay").unwrap();
+    let e = CdcStore::new(pool.clone(), &database_url(), names)
+        .await
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("outbox migrate --cdc"), "{e}");
+    teardown(&pool, &schema).await;
+}
