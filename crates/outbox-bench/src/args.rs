@@ -98,6 +98,12 @@ pub struct Args {
     /// Skip the naive relay (backlog mode).
     #[arg(long)]
     pub skip_naive: bool,
+    /// CDC mode: how long the idle CDC relay is watched for statements and CPU.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub idle: Dur,
+    /// CDC mode: leave out the writers comparison (emit, the outbox table, the naive table).
+    #[arg(long)]
+    pub skip_writers: bool,
     /// Print the results as one JSON object as well.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
@@ -138,6 +144,8 @@ impl Args {
                 Storage::File
             },
             naive: !self.skip_naive,
+            idle: self.idle.0,
+            writers: !self.skip_writers,
             json: self.format == Format::Json,
         }
     }

@@ -159,7 +159,7 @@ fn print_summary(runs: &[Run]) {
 }
 
 /// Fills, analyses and drains a backlog of `--rows` with the relay in a scratch schema.
-async fn relay_drain(ctx: &Ctx, keys: usize) -> anyhow::Result<Drain> {
+pub(crate) async fn relay_drain(ctx: &Ctx, keys: usize) -> anyhow::Result<Drain> {
     let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "relay").await?;
     let result = relay_drain_in(ctx, &scratch, keys).await;
     scratch.drop().await;
@@ -244,7 +244,7 @@ async fn engine_drain_in(
 
 /// Fills the scratch outbox with `--rows` over `keys` keys, recording commits in `probe`'s
 /// ledger, and analyses it unless `--no-analyze`; prints the fill rate when `report`.
-async fn fill_analysed(
+pub(crate) async fn fill_analysed(
     ctx: &Ctx,
     scratch: &Scratch,
     keys: usize,
@@ -342,7 +342,7 @@ async fn naive_drain_in(
 }
 
 /// Waits for the probe to see every message, checks the stream, and assembles the figures.
-async fn finish(
+pub(crate) async fn finish(
     scratch: &Scratch,
     probe: Probe,
     rows: u64,

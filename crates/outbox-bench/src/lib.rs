@@ -11,6 +11,7 @@
 //! - `big-tx`: one transaction of a million rows committed while the relay drains other keys,
 //!   beside the same rows written as a thousand transactions.
 //! - `idle`: CPU of the relay and of PostgreSQL with no traffic.
+//! - `cdc`: the relay reading the WAL beside the polling relay (backlog, steady, idle, writers).
 //! - `inbox`: the receiving side, ingest and handlers, each beside a naive consumer that does one
 //!   transaction per message.
 //!
@@ -23,6 +24,7 @@
 mod args;
 mod backlog;
 mod big_tx;
+mod cdc;
 mod cpu;
 mod discard;
 mod idle;
@@ -76,6 +78,9 @@ pub enum Mode {
     /// the relay drains other keys, beside the same rows written as 1,000 transactions: drain
     /// rates and claim times.
     BigTx,
+    /// The CDC relay (reading the WAL) beside the polling relay: backlog drain, steady
+    /// commit→ack and CPU, idle statements, and the writers (emit among them).
+    Cdc,
 }
 
 /// JetStream storage of the bench streams.
@@ -150,6 +155,10 @@ pub struct Options {
     pub storage: Storage,
     /// Backlog mode: drain with the naive relay too.
     pub naive: bool,
+    /// CDC mode: how long the idle relay is watched.
+    pub idle: Duration,
+    /// CDC mode: run the writers comparison too.
+    pub writers: bool,
     /// The caller prints the [`Report`] as JSON: a mode whose text summary only repeats the
     /// report (inbox) leaves it out.
     pub json: bool,
@@ -348,6 +357,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         Mode::Idle => idle::run(&ctx).await,
         Mode::Inbox => inbox::run(&ctx).await,
         Mode::BigTx => big_tx::run(&ctx).await,
+        Mode::Cdc => cdc::run(&ctx).await,
     }
 }
 

@@ -67,6 +67,42 @@ impl RelayUnderTest {
         })
     }
 
+    /// The relay in CDC mode: it reads the slot `outbox_<schema>_relay` (made by
+    /// [`crate::cdc`] before the rows were written) and publishes to the scratch stream.
+    pub async fn start_cdc(ctx: &Ctx, scratch: &Scratch) -> anyhow::Result<Self> {
+        let sink = outbox_sinks::connect(&ctx.options.nats_url).await?;
+        let destination =
+            DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
+        let application_name = format!("outbox_bench_relay_{}", scratch.suffix);
+        let options = outbox_postgres::connect_options(&ctx.options.database_url)?
+            .application_name(&application_name);
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        let names = outbox_postgres::cdc::CdcNames::new(&scratch.schema, "relay")?;
+        let store: Arc<dyn Store> = Arc::new(
+            outbox_postgres::cdc::CdcStore::new(pool.clone(), &ctx.options.database_url, names)
+                .await?,
+        );
+        let mut cfg = config(ctx, destination);
+        cfg.workers = 1;
+        cfg.listen = true;
+        cfg.read_ahead = false;
+        let relay = Relay::new(store, sink, cfg);
+        let metrics = relay.metrics();
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn(relay.run(stop.clone()));
+        Ok(Self {
+            stop,
+            metrics,
+            handle,
+            pool,
+            application_name,
+        })
+    }
+
     /// Waits until the relay has settled: its workers rebalance every second, so a partition
     /// the first worker took and must hand to the second changes owner within about two.
     /// Timed loads start after this, so a start-up hand-over does not land in their tail.

@@ -35,14 +35,17 @@ enum Variant {
     RawSql,
     Naive,
     UpdateOnly,
+    /// The table-less writer of CDC mode: a transactional logical message, no row.
+    Emit,
 }
 
 impl Variant {
-    const ALL: [Variant; 4] = [
+    const ALL: [Variant; 5] = [
         Variant::WriterApi,
         Variant::RawSql,
         Variant::Naive,
         Variant::UpdateOnly,
+        Variant::Emit,
     ];
 
     fn label(self) -> &'static str {
@@ -51,6 +54,7 @@ impl Variant {
             Variant::RawSql => "(b) UPDATE + raw SQL INSERT into outbox",
             Variant::Naive => "(c) UPDATE + INSERT into naive seed table",
             Variant::UpdateOnly => "(d) UPDATE alone",
+            Variant::Emit => "(e) UPDATE + emit (CDC: logical message, no row)",
         }
     }
 }
@@ -62,6 +66,7 @@ struct Statements {
     raw_insert: String,
     naive_insert: String,
     writer: Writer,
+    emitter: outbox_postgres::Emitter,
 }
 
 /// TPS of one variant.
@@ -99,6 +104,7 @@ async fn measure(
         raw_insert: s.render(sql::OUTBOX_RAW_INSERT),
         naive_insert: s.render(sql::NAIVE_INSERT),
         writer: Writer::new(s),
+        emitter: outbox_postgres::Emitter::new(s),
     };
     // Variants alternate in rounds (each a slice of the duration, the order rotated every
     // round), so drift on a shared machine (other load, checkpoints, autovacuum) spreads over
@@ -236,6 +242,10 @@ async fn client(
                     .await?;
             }
             Variant::UpdateOnly => {}
+            Variant::Emit => {
+                let m = NewMessage::new("account", id.to_string(), "credited", payload);
+                st.emitter.emit(&mut tx, &m).await?;
+            }
         }
         tx.commit().await?;
         committed += 1;
@@ -253,6 +263,7 @@ fn report(ctx: &Ctx, results: &[(Variant, Tps)]) -> Report {
     let naive = tps(Variant::Naive);
     let ratio = |v: Variant| if naive > 0.0 { tps(v) / naive } else { 0.0 };
     let (a, b) = (ratio(Variant::WriterApi), ratio(Variant::RawSql));
+    let e = ratio(Variant::Emit);
     println!(
         "  writer API / naive table: {:.0}% ({}), raw SQL / naive table: {:.0}% ({}); target ≥ {:.0}%",
         a * 100.0,
@@ -260,6 +271,11 @@ fn report(ctx: &Ctx, results: &[(Variant, Tps)]) -> Report {
         b * 100.0,
         verdict(b >= TARGET_RATIO),
         TARGET_RATIO * 100.0
+    );
+    println!(
+        "  emit (CDC) / naive table: {:.0}% ({}; target ≥ 100%)",
+        e * 100.0,
+        verdict(e >= 1.0)
     );
     let by_name: serde_json::Map<String, serde_json::Value> = results
         .iter()
@@ -269,6 +285,7 @@ fn report(ctx: &Ctx, results: &[(Variant, Tps)]) -> Report {
                 Variant::RawSql => "raw_sql",
                 Variant::Naive => "naive_table",
                 Variant::UpdateOnly => "update_only",
+                Variant::Emit => "emit",
             };
             (name.to_string(), serde_json::json!(t))
         })
@@ -276,6 +293,7 @@ fn report(ctx: &Ctx, results: &[(Variant, Tps)]) -> Report {
     Report::line(serde_json::json!({
         "mode": "writers", "clients": ctx.options.clients, "accounts": ctx.options.accounts,
         "variants": by_name,
-        "ratios": { "writer_api_vs_naive": a, "raw_sql_vs_naive": b, "target": TARGET_RATIO },
+        "ratios": { "writer_api_vs_naive": a, "raw_sql_vs_naive": b, "target": TARGET_RATIO,
+                    "emit_vs_naive": e },
     }))
 }

@@ -9,9 +9,10 @@ use outbox_relay::telemetry::MetricDef;
 use tokio_util::sync::CancellationToken;
 
 /// Every metric `outbox relay` exports.
-pub const RELAY_METRICS: [&[MetricDef]; 2] = [
+pub const RELAY_METRICS: [&[MetricDef]; 3] = [
     outbox_relay::telemetry::CATALOGUE,
     outbox_observe::RELAY_CATALOGUE,
+    outbox_observe::CDC_CATALOGUE,
 ];
 
 /// Every metric `outbox inbox` exports.

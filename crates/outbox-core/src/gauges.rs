@@ -38,6 +38,24 @@ pub struct Gauges {
     /// What holds retention back, each with its age; empty for stores without a retention
     /// horizon (SQLite deletes published rows by age, nothing can pin it).
     pub retention_pins: Vec<PinAge>,
+    /// The replication slot of a CDC relay (PostgreSQL `relay --mode cdc`); `None` otherwise.
+    pub cdc_slot: Option<SlotGauges>,
+}
+
+/// A CDC relay's replication slot as the server and the relay see it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SlotGauges {
+    /// WAL written since the slot's confirmed position, in bytes: what the relay still has to
+    /// read and handle (the whole cluster's WAL, other databases included).
+    pub lag_bytes: i64,
+    /// WAL the server keeps for the slot, in bytes (from its restart position).
+    pub retained_bytes: i64,
+    /// How long the oldest transaction the relay holds unconfirmed has been committed, in
+    /// seconds (0 when it holds none).
+    pub lag_seconds: f64,
+    /// The slot is gone, or PostgreSQL invalidated it (`wal_status = 'lost'`): the relay cannot
+    /// go on from it.
+    pub lost: bool,
 }
 
 /// One kind of thing that can hold retention back, and how long it has.
@@ -66,6 +84,7 @@ impl Gauges {
             partitions_at_parking_cap: s.partitions_at_parking_cap,
             segments: None,
             retention_pins: Vec::new(),
+            cdc_slot: None,
         }
     }
 }

@@ -214,6 +214,44 @@ pub const RELAY_CATALOGUE: &[MetricDef] = &[
     RELAY_LIVE[5],
 ];
 
+/// `outbox_cdc_slot_lag_bytes`.
+pub(crate) const CDC_LAG_BYTES: &str = "outbox_cdc_slot_lag_bytes";
+/// `outbox_cdc_slot_retained_bytes`.
+pub(crate) const CDC_RETAINED_BYTES: &str = "outbox_cdc_slot_retained_bytes";
+/// `outbox_cdc_slot_lag_seconds`.
+pub(crate) const CDC_LAG_SECONDS: &str = "outbox_cdc_slot_lag_seconds";
+/// `outbox_cdc_slot_lost`.
+pub(crate) const CDC_LOST: &str = "outbox_cdc_slot_lost";
+
+/// The replication slot's figures a CDC relay (`outbox relay --mode cdc`) sets at scrape time,
+/// beside [`RELAY_CATALOGUE`].
+pub const CDC_CATALOGUE: &[MetricDef] = &[
+    gauge(
+        CDC_LAG_BYTES,
+        &[],
+        "CDC mode: WAL written since the slot's confirmed position, in bytes: what the relay \
+         still has to read and publish (the cluster's whole WAL counts).",
+    ),
+    gauge(
+        CDC_RETAINED_BYTES,
+        &[],
+        "CDC mode: WAL the server keeps for the slot, in bytes; bounded by \
+         max_slot_wal_keep_size, past which the slot is lost.",
+    ),
+    gauge(
+        CDC_LAG_SECONDS,
+        &[],
+        "CDC mode: seconds since the oldest transaction the relay holds unconfirmed committed \
+         (0 when none).",
+    ),
+    gauge(
+        CDC_LOST,
+        &[],
+        "CDC mode: 1 when the slot is gone or invalidated (wal_status lost): the relay cannot \
+         go on from it.",
+    ),
+];
+
 /// Every metric an inbox [`crate::Target`] sets at scrape time.
 pub const INBOX_CATALOGUE: &[MetricDef] = &[
     INBOX_STORE[0],

@@ -151,6 +151,15 @@ impl Target {
                 for p in &g.retention_pins {
                     metrics::gauge!(n.retention_pin, "pin" => p.pin).set(p.age_seconds);
                 }
+                if let Some(slot) = &g.cdc_slot {
+                    use crate::catalogue::{
+                        CDC_LAG_BYTES, CDC_LAG_SECONDS, CDC_LOST, CDC_RETAINED_BYTES,
+                    };
+                    metrics::gauge!(CDC_LAG_BYTES).set(slot.lag_bytes as f64);
+                    metrics::gauge!(CDC_RETAINED_BYTES).set(slot.retained_bytes as f64);
+                    metrics::gauge!(CDC_LAG_SECONDS).set(slot.lag_seconds);
+                    metrics::gauge!(CDC_LOST).set(if slot.lost { 1.0 } else { 0.0 });
+                }
             }
             Ok(Err(error)) => {
                 debug!(%error, "metrics: the store's figures could not be read");

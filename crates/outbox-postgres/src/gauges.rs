@@ -54,6 +54,7 @@ pub(crate) async fn read(pool: &PgPool, schema: &Schema, parked_cap: i64) -> Res
                 age_seconds: age("pin_prepared")?.max(0.0),
             },
         ],
+        cdc_slot: None,
     })
 }
 

@@ -361,3 +361,147 @@ async fn a_missing_slot_is_reported_with_its_fix() {
     assert!(e.to_string().contains("outbox migrate --cdc"), "{e}");
     teardown(&pool, &schema).await;
 }
+
+/// Runs maintenance until the polling positions show nothing pending: the first round marks,
+/// a later one (once the slot passed the mark) moves the positions.
+async fn checkpointed(s: &CdcStore, pool: &PgPool, schema: &Schema) {
+    let polling = outbox_postgres::PgStore::new(pool.clone(), schema.clone());
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        s.maintain(Duration::from_secs(3600)).await.unwrap();
+        if polling.stats().await.unwrap().pending == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "the positions never followed the relay"
+        );
+        // Idle positions from the server move the confirmed position past the mark.
+        claim_n(s, 1, Duration::from_millis(100)).await;
+    }
+}
+
+/// Claims and publishes everything the polling engine hands out through `s` (fallen back).
+async fn drain_polling(s: &CdcStore) -> Vec<Message> {
+    let m = member();
+    s.rebalance(&m, Duration::from_secs(30)).await.unwrap();
+    let mut all = Vec::new();
+    let mut empty = 0;
+    while empty < 3 {
+        let got = s
+            .claim(
+                &m,
+                &(0..64).collect::<Vec<i32>>(),
+                ClaimLimits::rows(1000),
+                OnFailed::Block,
+            )
+            .await
+            .unwrap();
+        if got.is_empty() {
+            empty += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        empty = 0;
+        let outcomes: Vec<Outcome> = got
+            .iter()
+            .map(|x| Outcome::Published { seq: x.seq })
+            .collect();
+        s.complete(&m, &outcomes).await.unwrap();
+        all.extend(got);
+    }
+    s.release(&m).await.unwrap();
+    all
+}
+
+/// The CDC relay moves the polling positions behind it (checkpoints), so `outbox status` counts
+/// nothing pending once it published everything.
+#[tokio::test]
+async fn checkpoints_move_the_polling_positions_behind_the_relay() {
+    let (pool, schema, names) = cdc("cdc_ckpt").await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    for k in 0..20 {
+        write(&pool, &schema, &format!("k{k}"), k * 5..k * 5 + 5).await;
+    }
+    let polling = outbox_postgres::PgStore::new(pool.clone(), schema.clone());
+    assert_eq!(polling.stats().await.unwrap().pending, 100);
+    let got = claim_n(&s, 100, Duration::from_secs(10)).await;
+    publish(&s, &got).await;
+    checkpointed(&s, &pool, &schema).await;
+    s.release(&member()).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// The slot is dropped under the relay: it falls back to the polling engine, which publishes
+/// every message from the last checkpoint on: everything written is published at least once.
+#[tokio::test]
+async fn a_dropped_slot_falls_back_to_polling_without_loss() {
+    let (pool, schema, names) = cdc("cdc_fallback").await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    // 50 messages published and checkpointed.
+    for k in 0..5 {
+        write(&pool, &schema, &format!("k{k}"), k * 10..k * 10 + 10).await;
+    }
+    let early = claim_n(&s, 50, Duration::from_secs(10)).await;
+    publish(&s, &early).await;
+    checkpointed(&s, &pool, &schema).await;
+    // 50 more, of which 30 published, not checkpointed.
+    for k in 5..10 {
+        write(&pool, &schema, &format!("k{k}"), k * 10..k * 10 + 10).await;
+    }
+    let late = claim_n(&s, 50, Duration::from_secs(10)).await;
+    publish(&s, &late[..30]).await;
+    let first: Vec<Message> = early.into_iter().chain(late.into_iter().take(30)).collect();
+    wait_confirmed(&pool, &s, &names.slot).await;
+    // The slot goes: its session ended by the server, then dropped before the relay is back.
+    sqlx::query(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+         WHERE slot_name = $1 AND active_pid IS NOT NULL",
+    )
+    .bind(&names.slot)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&names.slot)
+        .execute(&pool)
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < until, "the slot could not be dropped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    write(&pool, &schema, "after", 100..110).await;
+    // The next claims find the stream gone and the slot with it: polling from here.
+    let mut errors = 0;
+    while !s.fell_back() {
+        let _ = s
+            .claim(&member(), &[], ClaimLimits::rows(1000), OnFailed::Block)
+            .await;
+        errors += 1;
+        assert!(errors < 100, "the relay never fell back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let rest = drain_polling(&s).await;
+    let mut all: Vec<u64> = numbers(&first);
+    all.extend(numbers(&rest));
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(
+        all,
+        (0..110).collect::<Vec<_>>(),
+        "every message, at least once"
+    );
+    assert_eq!(
+        rest.len(),
+        60,
+        "the polling engine starts from the checkpoint: the 50 messages after it and the 10 \
+         written after the slot went"
+    );
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}

@@ -40,6 +40,7 @@ pub(crate) async fn read(pool: &SqlitePool, tables: &Tables, now_ms: i64) -> Res
         partitions_at_parking_cap: 0,
         segments: None,
         retention_pins: Vec::new(),
+        cdc_slot: None,
     })
 }
 

@@ -105,6 +105,24 @@ pub struct Args {
     /// per-key order.
     #[arg(long)]
     pub through_inbox: bool,
+    /// polling (default), or cdc: the relays run `outbox relay --mode cdc` on the slot
+    /// `verify --mode cdc` makes first (PostgreSQL with wal_level=logical); the plain-INSERT
+    /// producers' order becomes a guarantee (commit order), and emit producers write logical
+    /// messages beside them.
+    #[arg(long, value_enum, default_value_t = VerifyMode::Polling)]
+    pub mode: VerifyMode,
+    /// CDC mode: producers writing with `emit` (no row), on keys of their own (default 2).
+    #[arg(long)]
+    pub emit_producers: Option<usize>,
+}
+
+/// Which relay `outbox verify` checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VerifyMode {
+    /// The polling relay.
+    Polling,
+    /// The CDC relay (`outbox relay --mode cdc`).
+    Cdc,
 }
 
 impl Args {
@@ -123,7 +141,19 @@ impl Args {
             keys,
             raw_producers: self.raw_producers.unwrap_or(rp),
             raw_keys: (keys / 4).max(2),
+            emit_producers: match self.mode {
+                VerifyMode::Cdc => self.emit_producers.unwrap_or(2),
+                VerifyMode::Polling => 0,
+            },
         };
+        if self.mode == VerifyMode::Polling && self.emit_producers.is_some_and(|e| e > 0) {
+            anyhow::bail!("verify: --emit-producers writes logical messages only a CDC relay reads; add --mode cdc");
+        }
+        if self.mode == VerifyMode::Cdc && self.through_inbox {
+            anyhow::bail!(
+                "verify: --mode cdc and --through-inbox are not combined yet; run them apart"
+            );
+        }
         let mut kinds: Vec<String> = Vec::new();
         for f in &self.faults {
             match f.as_str() {
@@ -161,6 +191,7 @@ impl Args {
             program,
             announce: self.format == Format::Text,
             through_inbox: self.through_inbox,
+            cdc: self.mode == VerifyMode::Cdc,
         })
     }
 }

@@ -18,8 +18,11 @@ pub enum WriterKind {
     /// guarantee.
     Locked,
     /// With the SQL contract's plain `INSERT` and no lock: per-key order is reported, not
-    /// required.
+    /// required (a guarantee where the database orders it: MySQL/MariaDB, and CDC mode).
     Raw,
+    /// CDC mode's table-less writer (`emit`, a logical message in the transaction): per-key
+    /// order is commit order, a guarantee.
+    Emit,
 }
 
 impl WriterKind {
@@ -28,6 +31,7 @@ impl WriterKind {
         match self {
             Self::Locked => "locked",
             Self::Raw => "raw",
+            Self::Emit => "emit",
         }
     }
 
@@ -36,6 +40,7 @@ impl WriterKind {
         match s {
             "locked" => Some(Self::Locked),
             "raw" => Some(Self::Raw),
+            "emit" => Some(Self::Emit),
             _ => None,
         }
     }
@@ -176,7 +181,7 @@ pub fn check(
         // Order is judged on the committed key, so a mismatch is not counted twice.
         let key = c.key.as_str();
         match c.writer {
-            WriterKind::Locked => {
+            WriterKind::Locked | WriterKind::Emit => {
                 let h = high.entry(key).or_insert(i64::MIN);
                 if c.n < *h {
                     v.order_violations += 1;
@@ -216,7 +221,7 @@ pub fn check(
     for ((_, writer), ps) in &producers {
         let shared = usize::from(ps.len() > 1);
         match writer {
-            WriterKind::Locked => v.keys_written_by_several_producers += shared,
+            WriterKind::Locked | WriterKind::Emit => v.keys_written_by_several_producers += shared,
             WriterKind::Raw => {
                 v.raw_order.keys += 1;
                 v.raw_order.keys_written_by_several_producers += shared;

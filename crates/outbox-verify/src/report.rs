@@ -90,6 +90,12 @@ pub struct Report {
     /// Whether the database orders a plain insert per key (MySQL/MariaDB), so the raw keys'
     /// violations are counted in `order_violations`.
     pub raw_ordered: bool,
+    /// CDC mode: producers writing logical messages (`emit`, no row), and what they committed.
+    pub emit_producers: usize,
+    /// See `emit_producers`.
+    pub emit_committed: usize,
+    /// The relay checked: `polling` or `cdc`.
+    pub mode: &'static str,
     /// Producer transactions that failed (faults); the ledger says which committed.
     pub producer_errors: usize,
     /// With `--through-inbox`: the effects the inbox handlers applied.
@@ -141,6 +147,13 @@ impl Report {
                 r.adjacent_pairs_out_of_order,
                 r.adjacent_pairs,
                 r.keys_out_of_order
+            );
+        }
+        if self.emit_producers > 0 {
+            println!(
+                "  emit (CDC, a logical message and no row; order counted): {} producers, {} \
+                 messages committed",
+                self.emit_producers, self.emit_committed
             );
         }
         if self.unreadable > 0 || self.pending_after_drain != 0 || self.producer_errors > 0 {

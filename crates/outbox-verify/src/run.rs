@@ -59,6 +59,8 @@ pub struct Settings {
     /// inbox beside the outbox, handler processes apply each message's effect, the faults hit
     /// them too, and every effect must be applied once, in per-key order (PostgreSQL and NATS).
     pub through_inbox: bool,
+    /// Run the relays in CDC mode (`outbox relay --mode cdc`): see `Args::mode`.
+    pub cdc: bool,
 }
 
 /// `outbox inbox` daemons of a `--through-inbox` run: one ingests, one stands by.
@@ -112,6 +114,29 @@ impl Received {
     }
 }
 
+/// The server's WAL position now (CDC mode).
+async fn cdc_wal_now(db: &Database) -> outbox_core::Result<String> {
+    let (lsn,): (String,) = db
+        .fetch_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?;
+    Ok(lsn)
+}
+
+/// CDC mode's pending figure: 1 while the slot has not confirmed `lsn` (a position after the
+/// last commit of the load), plus the parked messages still to publish; 0 once everything is
+/// handled.
+async fn cdc_pending(db: &Database, lsn: String) -> outbox_core::Result<i64> {
+    let schema = db.schema().to_string();
+    let sql = format!(
+        "SELECT (SELECT count(*) FROM pg_replication_slots \
+                 WHERE slot_name = 'outbox_' || $1 || '_relay' \
+                   AND confirmed_flush_lsn < CAST($2 AS pg_lsn)) \
+              + (SELECT count(*) FROM {schema}.outbox_parked WHERE state <> 'failed')"
+    );
+    let (n,): (i64,) = db.fetch_one(&sql, &[schema.into(), lsn.into()]).await?;
+    Ok(n)
+}
+
 /// Opens the run's database: a fresh schema of its own on PostgreSQL; on SQLite the file the
 /// URL names, or a fresh one in `tmp` when it names none. Returns it and the URL relays use.
 async fn open_database(
@@ -155,6 +180,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         program,
         announce,
         through_inbox,
+        cdc,
     } = settings;
     let tmp = std::env::temp_dir().join(format!("outbox-verify-{:08x}", fastrand::u32(..)));
     std::fs::create_dir_all(&tmp)?;
@@ -164,9 +190,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         sink_url
     };
     // A connection per producer, plus the consumer's status reads and the ledger.
-    let pool_size = (shape.producers + shape.raw_producers) as u32 + 4;
+    let pool_size = (shape.producers + shape.raw_producers + shape.emit_producers) as u32 + 4;
     let (db, relay_db_url) = open_database(&db_url, &tmp, pool_size).await?;
-    workload::prepare(&db, &shape).await?;
+    workload::prepare(&db, &shape, cdc).await?;
     let place = db.place();
     let db = Arc::new(db);
     let store = db.store();
@@ -202,6 +228,13 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             reader.describe(),
             tmp.display()
         );
+        if cdc {
+            println!(
+                "  relays in CDC mode (outbox relay --mode cdc, one slot reader at a time); {} \
+                 emit producers on {} keys of their own; plain-INSERT order is a guarantee",
+                shape.emit_producers, shape.raw_keys
+            );
+        }
         if through_inbox {
             println!(
                 "  through the inbox: {INBOX_DAEMONS} `outbox inbox` daemons and {INBOX_HANDLERS} \
@@ -251,8 +284,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         .map_err(|why| outbox_core::Error::config(format!("verify: {why}")))?;
     }
     // Nothing secret on the command line: the database and sink URLs go in the environment.
+    let mode = if cdc { "cdc" } else { "polling" };
     let relay_args: Vec<String> = [
         "relay",
+        "--mode",
+        mode,
         "--schema",
         db.schema(),
         "--destination",
@@ -384,10 +420,20 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             ));
         }
     }
-    let pending_at_load_end = bounded(store.stats())
-        .await
-        .map(|s| s.pending)
-        .unwrap_or(-1);
+    // In CDC mode the backlog is the WAL the slot has not confirmed up to here, and the parked
+    // messages still to publish (the table's positions are the polling relay's).
+    let load_end_lsn = if cdc {
+        bounded(cdc_wal_now(&db)).await.ok()
+    } else {
+        None
+    };
+    let pending_at_load_end = match &load_end_lsn {
+        Some(lsn) => bounded(cdc_pending(&db, lsn.clone())).await.unwrap_or(-1),
+        None => bounded(store.stats())
+            .await
+            .map(|s| s.pending)
+            .unwrap_or(-1),
+    };
     let fault_abort = fault_task.abort_handle();
     match tokio::time::timeout(PHASE_LIMIT + Duration::from_secs(120), fault_task).await {
         Ok(done) => done.context("fault task")?.context("injecting a fault")?,
@@ -412,10 +458,13 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     loop {
         let missing = ledger.keys().filter(|id| !got.seen.contains(id)).count();
         if missing == 0 {
-            pending = bounded(store.stats())
-                .await
-                .map(|s| s.pending)
-                .unwrap_or(-1);
+            pending = match &load_end_lsn {
+                Some(lsn) => bounded(cdc_pending(&db, lsn.clone())).await.unwrap_or(-1),
+                None => bounded(store.stats())
+                    .await
+                    .map(|s| s.pending)
+                    .unwrap_or(-1),
+            };
             if pending == 0 {
                 break;
             }
@@ -499,7 +548,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     let mut verdict = check(&ledger, &got.arrivals, &marks);
     // MySQL/MariaDB orders the plain insert too (docs/sql-contract.md, section 8): there the
     // raw writers' keys are a guarantee, not information.
-    let raw_ordered = db.backend() == Backend::Mysql;
+    // So does CDC mode: the WAL is in commit order, whatever the writer did.
+    let raw_ordered = db.backend() == Backend::Mysql || cdc;
     if raw_ordered {
         verdict.count_raw_order();
     }
@@ -540,6 +590,12 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         raw_producers: shape.raw_producers,
         raw_order: verdict.raw_order,
         raw_ordered,
+        emit_producers: shape.emit_producers,
+        emit_committed: ledger
+            .values()
+            .filter(|c| c.writer == crate::checker::WriterKind::Emit)
+            .count(),
+        mode: if cdc { "cdc" } else { "polling" },
         producer_errors: tally.errors.load(Ordering::Relaxed),
         inbox: inbox_effects,
         stuck,
@@ -548,6 +604,24 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     if !keep {
         if let Some((inbox, _)) = inbox_setup {
             let _ = bounded(inbox.destroy_queue()).await;
+        }
+        if cdc {
+            // The relays are gone; their sessions let go of the slot within a moment.
+            if let (Database::Postgres(pg), Ok(names)) = (
+                &*db,
+                outbox_postgres::Schema::new(db.schema())
+                    .and_then(|s| outbox_postgres::cdc::CdcNames::new(&s, "relay")),
+            ) {
+                for _ in 0..100 {
+                    if outbox_postgres::cdc::setup::drop_cdc(pg.pool(), &names)
+                        .await
+                        .is_ok()
+                    {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
         }
         let _ = bounded(Database::clone(&db).destroy()).await;
         let _ = tokio::time::timeout(PHASE_LIMIT, reader.cleanup()).await;

@@ -65,6 +65,9 @@ const RAW_INSERT: &str = "
     VALUES ($1, $2, $3, $4)
     RETURNING CAST(id AS TEXT)";
 
+/// CDC mode's table-less write: the message as a transactional logical message.
+const EMIT: &str = "SELECT pg_logical_emit_message(true, $1, $2)::text";
+
 /// The commit-order witness (see the module comment).
 const BUMP_COUNTER: &str =
     "UPDATE {schema}.verify_counters SET n = n + 1 WHERE key = $1 RETURNING n";
@@ -149,6 +152,9 @@ pub struct Shape {
     pub raw_producers: usize,
     /// Keys of the raw producers (none of them is a locked key).
     pub raw_keys: usize,
+    /// CDC mode: producers writing with `emit` (a logical message, no row), on `raw_keys`
+    /// keys of their own (`emit-…`), shared as the raw producers share theirs.
+    pub emit_producers: usize,
 }
 
 impl Shape {
@@ -168,11 +174,23 @@ impl Shape {
             .collect()
     }
 
+    /// The keys emit producer `j` writes, shared as [`Shape::raw_keys_of`] shares them.
+    pub fn emit_keys_of(&self, j: usize) -> Vec<String> {
+        let r = self.emit_producers.max(1);
+        (0..self.raw_keys)
+            .filter(|k| k % r == j || (k % 2 == 0 && (k + 1) % r == j))
+            .map(|k| format!("emit-{k}"))
+            .collect()
+    }
+
     /// Every key the counters table needs a row for.
     fn all_keys(&self) -> Vec<String> {
         let mut keys = self.locked_keys();
         if self.raw_producers > 0 {
             keys.extend((0..self.raw_keys).map(|k| format!("raw-{k}")));
+        }
+        if self.emit_producers > 0 {
+            keys.extend((0..self.raw_keys).map(|k| format!("emit-{k}")));
         }
         keys
     }
@@ -187,10 +205,20 @@ pub struct Tally {
     pub errors: AtomicUsize,
 }
 
-/// Creates the outbox tables, the ledger and a counter row per key.
-pub async fn prepare(db: &Database, shape: &Shape) -> anyhow::Result<()> {
+/// Creates the outbox tables, the ledger and a counter row per key; in CDC mode also the
+/// publication and the slot (before any message is written, so the slot's stream has them all).
+pub async fn prepare(db: &Database, shape: &Shape, cdc: bool) -> anyhow::Result<()> {
     let dialect = Dialect::of(db.backend());
     db.migrate().await.context("migrating the outbox")?;
+    if cdc {
+        let Database::Postgres(store) = db else {
+            anyhow::bail!("verify --mode cdc reads PostgreSQL's WAL; use a postgres:// URL");
+        };
+        let names = outbox_postgres::cdc::CdcNames::new(store.schema(), "relay")?;
+        outbox_postgres::cdc::setup::migrate_cdc(store.pool(), &names)
+            .await
+            .context("creating the CDC publication and slot")?;
+    }
     db.execute_script(dialect.tables)
         .await
         .context("creating the ledger")?;
@@ -203,7 +231,7 @@ pub async fn prepare(db: &Database, shape: &Shape) -> anyhow::Result<()> {
 }
 
 /// Starts every producer; they run until `stop` is cancelled. Producer ids in the ledger:
-/// `0..P` locked, `P..P+R` raw.
+/// `0..P` locked, `P..P+R` raw, `P+R..P+R+E` emit.
 pub fn spawn(
     db: Arc<Database>,
     shape: Shape,
@@ -221,6 +249,7 @@ pub fn spawn(
             keys: locked_keys.clone(),
             hot: HOT_KEYS.min(shape.keys),
             tally: tally.clone(),
+            prefix: String::new(),
         };
         tasks.push(tokio::spawn(producer.run(seed, stop.clone())));
     }
@@ -232,6 +261,22 @@ pub fn spawn(
             keys: shape.raw_keys_of(j),
             hot: 0,
             tally: tally.clone(),
+            prefix: String::new(),
+        };
+        tasks.push(tokio::spawn(producer.run(seed, stop.clone())));
+    }
+    let prefix = outbox_postgres::Schema::new(db.schema())
+        .map(|s| outbox_postgres::cdc::setup::message_prefix(&s))
+        .unwrap_or_default();
+    for j in 0..shape.emit_producers {
+        let producer = Producer {
+            db: db.clone(),
+            writer: WriterKind::Emit,
+            id: shape.producers + shape.raw_producers + j,
+            keys: shape.emit_keys_of(j),
+            hot: 0,
+            tally: tally.clone(),
+            prefix: prefix.clone(),
         };
         tasks.push(tokio::spawn(producer.run(seed, stop.clone())));
     }
@@ -273,6 +318,8 @@ struct Producer {
     /// The first `hot` keys take half the writes.
     hot: usize,
     tally: Arc<Tally>,
+    /// The logical message prefix emit producers write under (empty for the others).
+    prefix: String,
 }
 
 impl Producer {
@@ -322,6 +369,18 @@ impl Producer {
             WriterKind::Locked => {
                 tx.enqueue(&NewMessage::new("verify", key, "event", payload))
                     .await?
+            }
+            WriterKind::Emit => {
+                let m = NewMessage::new("verify", key, "event", payload);
+                tx.execute(
+                    EMIT,
+                    &[
+                        self.prefix.clone().into(),
+                        outbox_postgres::cdc::emit::content(&m).into(),
+                    ],
+                )
+                .await?;
+                m.id
             }
             WriterKind::Raw => {
                 let params = [
@@ -383,6 +442,7 @@ mod tests {
             keys: 64,
             raw_producers,
             raw_keys,
+            emit_producers: 0,
         }
     }
 

@@ -59,6 +59,13 @@ impl CdcNames {
     }
 }
 
+impl CdcNames {
+    /// The `outbox_settings` row holding the snapshot taken just after the slot was created.
+    pub fn start_setting(&self) -> String {
+        format!("cdc_start:{}", self.slot)
+    }
+}
+
 /// The logical message prefix of `schema`'s outbox (see [`MESSAGE_PREFIX`]).
 pub fn message_prefix(schema: &Schema) -> String {
     if schema.as_str() == crate::schema::DEFAULT_SCHEMA {
@@ -147,6 +154,21 @@ pub async fn migrate_cdc(pool: &PgPool, names: &CdcNames) -> Result<CdcSetup> {
             Err(e) => return Err(map_sqlx_error("creating the CDC replication slot", e)),
         }
     }
+    // The snapshot just after the slot's start: checkpoints (cdc_checkpoint.sql) move the
+    // polling positions of a partition only once every row visible in it is behind them.
+    let record = if slot_exists {
+        "INSERT INTO {schema}.outbox_settings (name, value) \
+         VALUES ($1, pg_current_snapshot()::text) ON CONFLICT (name) DO NOTHING"
+    } else {
+        "INSERT INTO {schema}.outbox_settings (name, value) \
+         VALUES ($1, pg_current_snapshot()::text) \
+         ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"
+    };
+    sqlx::query(&names.schema.render(record))
+        .bind(names.start_setting())
+        .execute(pool)
+        .await
+        .map_err(|e| map_sqlx_error("recording where the CDC slot starts", e))?;
     Ok(CdcSetup {
         publication_created: !publication_exists,
         slot_created: !slot_exists,
@@ -176,6 +198,14 @@ pub async fn drop_cdc(pool: &PgPool, names: &CdcNames) -> Result<()> {
             .await
             .map_err(|e| map_sqlx_error("dropping the CDC replication slot", e))?;
     }
+    let _ = sqlx::query(
+        &names
+            .schema
+            .render("DELETE FROM {schema}.outbox_settings WHERE name = $1"),
+    )
+    .bind(names.start_setting())
+    .execute(pool)
+    .await;
     sqlx::query(&format!("DROP PUBLICATION IF EXISTS {}", names.publication))
         .execute(pool)
         .await

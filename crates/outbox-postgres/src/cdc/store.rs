@@ -47,6 +47,9 @@ const PARK_SQL: &str = include_str!("../../queries/cdc_park.sql");
 const PARKED_READ_SQL: &str = include_str!("../../queries/cdc_parked_read.sql");
 const PARKED_DONE_SQL: &str = include_str!("../../queries/cdc_parked_done.sql");
 const PARKED_FAIL_SQL: &str = include_str!("../../queries/cdc_parked_fail.sql");
+const GAUGES_SQL: &str = include_str!("../../queries/cdc_gauges.sql");
+const MARK_SQL: &str = include_str!("../../queries/cdc_mark.sql");
+const CHECKPOINT_SQL: &str = include_str!("../../queries/cdc_checkpoint.sql");
 
 /// Where a handed-out message came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +76,10 @@ struct Txn {
     end: Option<u64>,
     /// Its messages neither published nor parked.
     open: usize,
+    /// Its messages.
+    messages: usize,
+    /// When it committed.
+    committed_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// A message to write into `outbox_parked`.
@@ -100,6 +107,21 @@ struct State {
     confirmed: u64,
     /// The last claim's `on_failed`, for its outcomes.
     on_failed: OnFailed,
+    /// The checkpoint waiting for the slot to pass it.
+    mark: Option<Mark>,
+    /// Messages of confirmed transactions since the last mark, and since the last maintenance:
+    /// with none, maintenance sends no statement (an idle relay is silent).
+    handled_since_mark: usize,
+    handled_since_maintain: usize,
+}
+
+/// A point the polling positions may move to once the slot confirmed `lsn` (cdc_mark.sql).
+#[derive(Debug, Clone)]
+struct Mark {
+    snapshot: String,
+    floor: i64,
+    lsn: u64,
+    at: chrono::DateTime<chrono::Utc>,
 }
 
 /// The relay's store in CDC mode (see the module documentation).
@@ -113,6 +135,8 @@ pub struct CdcStore {
     /// Rung by the stream task when it has items.
     doorbell: Arc<watch::Sender<u64>>,
     more: AtomicBool,
+    /// The slot is gone: every call goes to the polling engine from now on.
+    fallback: AtomicBool,
 }
 
 impl CdcStore {
@@ -149,6 +173,7 @@ impl CdcStore {
             state: Mutex::new(State::default()),
             doorbell: Arc::new(watch::channel(0).0),
             more: AtomicBool::new(false),
+            fallback: AtomicBool::new(false),
         })
     }
 
@@ -160,6 +185,111 @@ impl CdcStore {
     /// The position confirmed to the server so far (0 before the first).
     pub async fn confirmed(&self) -> u64 {
         self.state.lock().await.confirmed
+    }
+
+    /// Whether the relay fell back to the polling engine.
+    pub fn fell_back(&self) -> bool {
+        self.fallback.load(Ordering::Relaxed)
+    }
+
+    /// Whether the slot is gone or invalidated (`wal_status = 'lost'`), as opposed to busy or
+    /// unreachable.
+    async fn slot_lost(&self) -> Result<bool> {
+        let lost: Option<bool> = sqlx::query_scalar(
+            "SELECT wal_status = 'lost' FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&self.names.slot)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| map_sqlx_error("looking at the CDC slot", e))?;
+        Ok(lost.unwrap_or(true))
+    }
+
+    /// Gives up the slot for good: every later call goes to the polling engine, which starts
+    /// from the last checkpoint and so publishes again what came after it (same ids), never
+    /// less.
+    fn fall_back(&self, s: &mut State, why: &Error) {
+        tracing::error!(
+            slot = %self.names.slot,
+            error = %why,
+            "CDC SLOT LOST: the relay falls back to the polling engine, which delivers every \
+             message of the table from the last checkpoint on (some again, none lost). Logical \
+             messages (emit) not yet published are gone with the slot's WAL. To return to CDC, \
+             let the polling relay catch up, run `outbox migrate --cdc` and restart the relay"
+        );
+        *s = State::default();
+        self.fallback.store(true, Ordering::Relaxed);
+    }
+
+    /// Moves the polling positions to the last mark once the slot passed it, then takes the
+    /// next mark: only when messages were handled since, so an idle relay sends nothing.
+    async fn checkpoint(&self) -> Result<()> {
+        let (apply, take, setting) = {
+            let s = self.state.lock().await;
+            let apply = s.mark.clone().filter(|m| s.confirmed >= m.lsn);
+            let free = s.mark.is_none() || apply.is_some();
+            (
+                apply,
+                free && s.handled_since_mark > 0,
+                self.names.start_setting(),
+            )
+        };
+        if let Some(m) = apply {
+            let start: Option<String> = sqlx::query_scalar(
+                &self
+                    .names
+                    .schema
+                    .render("SELECT value FROM {schema}.outbox_settings WHERE name = $1"),
+            )
+            .bind(&setting)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("reading where the CDC slot starts", e))?;
+            match start {
+                Some(start) => {
+                    let moved: Vec<i16> =
+                        sqlx::query_scalar(&self.names.schema.render(CHECKPOINT_SQL))
+                            .bind(&m.snapshot)
+                            .bind(m.floor)
+                            .bind(m.at)
+                            .bind(&start)
+                            .fetch_all(&self.pool)
+                            .await
+                            .map_err(|e| map_sqlx_error("recording a CDC checkpoint", e))?;
+                    tracing::debug!(partitions = moved.len(), "CDC checkpoint recorded");
+                }
+                None => warn!(
+                    slot = %self.names.slot,
+                    "where the CDC slot starts is not recorded: run `outbox migrate --cdc` once \
+                     more, so the polling positions (status, retention, fallback) follow the relay"
+                ),
+            }
+            self.state.lock().await.mark = None;
+        }
+        if take {
+            use sqlx::Row as _;
+            let r = sqlx::query(&self.names.schema.render(MARK_SQL))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| map_sqlx_error("marking a CDC checkpoint", e))?;
+            let err = |e| map_sqlx_error("marking a CDC checkpoint", e);
+            let lsn: String = r.try_get("lsn").map_err(err)?;
+            let mark = Mark {
+                snapshot: r.try_get("snapshot").map_err(err)?,
+                floor: r.try_get("floor").map_err(err)?,
+                lsn: parse_lsn(&lsn).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Database,
+                        format!("the server's WAL position `{lsn}` is not an LSN"),
+                    )
+                })?,
+                at: chrono::Utc::now(),
+            };
+            let mut s = self.state.lock().await;
+            s.mark = Some(mark);
+            s.handled_since_mark = 0;
+        }
+        Ok(())
     }
 
     /// Starts the stream when there is none: every message not confirmed comes again from the
@@ -175,7 +305,15 @@ impl CdcStore {
         });
         s.txns.clear();
         let config = stream::replication_config(&self.url, &self.names)?;
-        let stream = stream::start(config, self.names.clone(), self.doorbell.clone()).await?;
+        let stream = match stream::start(config, self.names.clone(), self.doorbell.clone()).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                if self.slot_lost().await.unwrap_or(false) {
+                    self.fall_back(s, &e);
+                }
+                return Err(e);
+            }
+        };
         s.stream = Some(stream);
         self.refresh_parked_keys(s).await?;
         info!(slot = %self.names.slot, "CDC stream started");
@@ -244,6 +382,8 @@ impl CdcStore {
             match t.end {
                 Some(end) if t.open == 0 => {
                     to = Some(end);
+                    s.handled_since_mark += t.messages;
+                    s.handled_since_maintain += t.messages;
                     s.txns.pop_front();
                     s.txn_base += 1;
                 }
@@ -387,12 +527,18 @@ impl ParkColumns {
 
 #[async_trait]
 impl Store for CdcStore {
-    async fn rebalance(&self, _member: &MemberId, _lease: Duration) -> Result<Vec<i32>> {
+    async fn rebalance(&self, member: &MemberId, lease: Duration) -> Result<Vec<i32>> {
+        if self.fell_back() {
+            return self.inner.rebalance(member, lease).await;
+        }
         // The slot is the lease: whoever streams it owns every partition.
         Ok((0..PARTITIONS as i32).collect())
     }
 
-    async fn renew(&self, _member: &MemberId, _lease: Duration) -> Result<usize> {
+    async fn renew(&self, member: &MemberId, lease: Duration) -> Result<usize> {
+        if self.fell_back() {
+            return self.inner.renew(member, lease).await;
+        }
         Ok(PARTITIONS)
     }
 
@@ -403,6 +549,12 @@ impl Store for CdcStore {
         limits: ClaimLimits,
         on_failed: OnFailed,
     ) -> Result<Vec<Message>> {
+        if self.fell_back() {
+            return self
+                .inner
+                .claim(_member, _partitions, limits, on_failed)
+                .await;
+        }
         let mut s = self.state.lock().await;
         s.on_failed = on_failed;
         self.connect(&mut s).await?;
@@ -463,7 +615,12 @@ impl Store for CdcStore {
                 Err(_) => break,
             };
             match item {
-                Item::Begin => s.txns.push_back(Txn { end: None, open: 0 }),
+                Item::Begin { commit_time } => s.txns.push_back(Txn {
+                    end: None,
+                    open: 0,
+                    messages: 0,
+                    committed_at: commit_time,
+                }),
                 Item::Commit { end_lsn } => {
                     if let Some(t) = s.txns.back_mut() {
                         t.end = Some(end_lsn);
@@ -496,6 +653,7 @@ impl Store for CdcStore {
                     let txn = s.txn_base + s.txns.len() as u64 - 1;
                     if let Some(t) = s.txns.back_mut() {
                         t.open += 1;
+                        t.messages += 1;
                     }
                     let held = Held {
                         message: *m,
@@ -520,6 +678,7 @@ impl Store for CdcStore {
                     let txn = s.txn_base + s.txns.len() as u64 - 1;
                     if let Some(t) = s.txns.back_mut() {
                         t.open += 1;
+                        t.messages += 1;
                     }
                     warn!(id = %m.id, key = %m.aggregate_id, error = %why, "a CDC message cannot be published as written; parked as failed");
                     let key = m.aggregate_id.clone();
@@ -567,11 +726,17 @@ impl Store for CdcStore {
         Ok(out)
     }
 
-    fn more_to_read(&self, _member: &MemberId) -> bool {
+    fn more_to_read(&self, member: &MemberId) -> bool {
+        if self.fell_back() {
+            return self.inner.more_to_read(member);
+        }
         self.more.load(Ordering::Relaxed)
     }
 
-    async fn complete(&self, _member: &MemberId, outcomes: &[Outcome]) -> Result<u64> {
+    async fn complete(&self, member: &MemberId, outcomes: &[Outcome]) -> Result<u64> {
+        if self.fell_back() {
+            return self.inner.complete(member, outcomes).await;
+        }
         let mut s = self.state.lock().await;
         let on_failed = s.on_failed;
         let now = Instant::now();
@@ -689,7 +854,10 @@ impl Store for CdcStore {
         self.inner.report_health(member, circuit, sink_error).await
     }
 
-    async fn release(&self, _member: &MemberId) -> Result<()> {
+    async fn release(&self, member: &MemberId) -> Result<()> {
+        if self.fell_back() {
+            return self.inner.release(member).await;
+        }
         // Dropping the stream ends the replication session: the slot is free for another
         // relay of the group at once.
         self.state.lock().await.stream = None;
@@ -710,12 +878,85 @@ impl Store for CdcStore {
         self.inner.stats().await
     }
 
+    /// In CDC mode the backlog is in the WAL, not in the table: pending counts the messages the
+    /// relay read and has not published or parked yet, and the parked rows still to publish;
+    /// the slot's lag says how much WAL is still to read.
+    async fn gauges(&self) -> Result<outbox_core::Gauges> {
+        if self.fell_back() {
+            return self.inner.gauges().await;
+        }
+        use sqlx::Row as _;
+        let r = sqlx::query(&self.names.schema.render(GAUGES_SQL))
+            .bind(&self.names.slot)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("reading the CDC slot's figures", e))?;
+        let err = |e| map_sqlx_error("reading the CDC slot's figures", e);
+        let parked: i64 = r.try_get("parked").map_err(err)?;
+        let failed: i64 = r.try_get("failed").map_err(err)?;
+        let s = self.state.lock().await;
+        let held = s.held.values().map(VecDeque::len).sum::<usize>() + s.inflight.len();
+        let retrying = s
+            .held
+            .values()
+            .filter_map(|q| q.front())
+            .filter(|h| h.message.attempts > 0)
+            .count();
+        let unresolved: usize = s.txns.iter().map(|t| t.open).sum();
+        let lag_seconds = s.txns.front().map_or(0.0, |t| {
+            (chrono::Utc::now() - t.committed_at)
+                .num_milliseconds()
+                .max(0) as f64
+                / 1000.0
+        });
+        drop(s);
+        Ok(outbox_core::Gauges {
+            pending: i64::try_from(unresolved.max(held)).unwrap_or(i64::MAX) + parked - failed,
+            pending_capped: false,
+            oldest_pending_age_seconds: (lag_seconds > 0.0).then_some(lag_seconds),
+            retrying: i64::try_from(retrying).unwrap_or(i64::MAX),
+            published: None,
+            parked,
+            failed,
+            partitions_at_parking_cap: 0,
+            segments: None,
+            retention_pins: Vec::new(),
+            cdc_slot: Some(outbox_core::SlotGauges {
+                lag_bytes: r
+                    .try_get::<Option<i64>, _>("lag_bytes")
+                    .map_err(err)?
+                    .unwrap_or(0),
+                retained_bytes: r
+                    .try_get::<Option<i64>, _>("retained_bytes")
+                    .map_err(err)?
+                    .unwrap_or(0),
+                lag_seconds,
+                lost: r.try_get("lost").map_err(err)?,
+            }),
+        })
+    }
+
     async fn ping(&self) -> Result<()> {
         self.inner.ping().await
     }
 
-    async fn maintain(&self, _retention: Duration) -> Result<Maintenance> {
-        Ok(Maintenance::default())
+    /// Checkpoints (see [`CdcStore::checkpoint`]), then the polling engine's upkeep (segments
+    /// ahead of the writers, retention), but only after messages were handled since the last
+    /// round: an idle database gets no statement.
+    async fn maintain(&self, retention: Duration) -> Result<Maintenance> {
+        if self.fell_back() {
+            return self.inner.maintain(retention).await;
+        }
+        self.checkpoint().await?;
+        let due = {
+            let mut s = self.state.lock().await;
+            std::mem::take(&mut s.handled_since_maintain) > 0
+        };
+        if due {
+            self.inner.maintain(retention).await
+        } else {
+            Ok(Maintenance::default())
+        }
     }
 
     async fn failed(&self, limit: usize) -> Result<Vec<FailedMessage>> {
@@ -736,5 +977,24 @@ impl Store for CdcStore {
 
     async fn insert(&self, messages: &[NewMessage]) -> Result<()> {
         self.inner.insert(messages).await
+    }
+}
+
+/// `16/B374D848` as a number.
+fn parse_lsn(text: &str) -> Option<u64> {
+    let (hi, lo) = text.split_once('/')?;
+    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn lsns_parse_as_the_server_writes_them() {
+        assert_eq!(super::parse_lsn("0/1E40350"), Some(0x1E4_0350));
+        assert_eq!(
+            super::parse_lsn("16/B374D848"),
+            Some((0x16 << 32) | 0xB374_D848)
+        );
+        assert_eq!(super::parse_lsn("nonsense"), None);
     }
 }

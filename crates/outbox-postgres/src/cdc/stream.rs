@@ -33,7 +33,10 @@ const ITEMS_BUFFERED: usize = 16_384;
 #[derive(Debug)]
 pub(crate) enum Item {
     /// A committed transaction starts; its messages follow.
-    Begin,
+    Begin {
+        /// When it committed.
+        commit_time: DateTime<Utc>,
+    },
     /// An outbox message of the current transaction.
     Message(Box<Message>),
     /// A message of the current transaction that cannot be published as written: it must end
@@ -237,7 +240,9 @@ impl Decoder {
                 commit_time_micros, ..
             } => {
                 self.commit_time = pg_time(commit_time_micros);
-                vec![Item::Begin]
+                vec![Item::Begin {
+                    commit_time: self.commit_time,
+                }]
             }
             ReplicationEvent::Commit { end_lsn, .. } => vec![Item::Commit {
                 end_lsn: end_lsn.as_u64(),

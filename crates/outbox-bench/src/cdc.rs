@@ -1,0 +1,347 @@
+//! CDC mode: the relay reading PostgreSQL's WAL (`outbox relay --mode cdc`) beside the polling
+//! relay, in one run, each in scratch schemas of its own:
+//!
+//! 1. **Backlog**: `--rows` over `--keys` keys, written before either relay starts (the CDC
+//!    scratch has its slot first, so the rows are in its stream), `ANALYZE`d, drained to NATS;
+//!    events/s and CPU per message of the relay, PostgreSQL and NATS.
+//! 2. **Steady**: `--rate` events/s for `--duration`, one row per transaction: commit→ack at the
+//!    broker, and CPU of this process (the relay and the read-back consumer: what the same
+//!    load used with no relay is taken off) plus the relay's own server processes (its pool's
+//!    backends and, in CDC mode, its WAL sender), as a share of one core.
+//! 3. **Idle**: the CDC relay over an idle schema for `--idle` (default 10 s): how many of its
+//!    sessions ran a statement (read from `pg_stat_activity.query_start`), and CPU.
+//!
+//! The writer side (emit against the table and the naive table) is `--mode writers`, whose
+//! variant (e) is `emit`; this mode runs it too unless `--skip-writers`.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::backlog::{fill_analysed, finish, relay_drain, wait_published};
+use crate::cpu::{own_ticks, ticks_of, CpuMeter, USER_HZ};
+use crate::latency::Probe;
+use crate::load::{paced, Paced};
+use crate::relay::RelayUnderTest;
+use crate::scratch::Scratch;
+use crate::{verdict, Ctx, Drain, Report};
+
+/// Steady load length when `--duration` is not given.
+const DEFAULT_STEADY: Duration = Duration::from_secs(20);
+/// Target p99 commit→ack of the CDC relay at the steady rate, in milliseconds.
+const TARGET_P99_MS: f64 = 10.0;
+/// Target CPU of the relay and PostgreSQL at the steady rate, in % of one core.
+const TARGET_STEADY_CPU: f64 = 10.0;
+
+/// One relay at a steady rate.
+#[derive(Debug, Serialize)]
+struct Steady {
+    drain: Drain,
+    /// This process (the relay and the read-back consumer) less what the producers alone
+    /// used, % of one core.
+    process_percent: f64,
+    /// The relay's server processes (pool backends; the WAL sender in CDC mode).
+    relay_backends_percent: f64,
+    /// Every PostgreSQL process, the producers' backends included.
+    postgres_percent: f64,
+}
+
+/// The CDC relay with no traffic.
+#[derive(Debug, Serialize)]
+struct Idle {
+    seconds: f64,
+    /// Sessions of the relay (pool and WAL sender) whose `query_start` moved: 0 means no
+    /// statement at all.
+    sessions_that_ran_a_statement: usize,
+    sessions: usize,
+    process_percent: f64,
+    relay_backends_percent: f64,
+}
+
+/// Runs CDC mode.
+pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
+    let a = &ctx.options;
+    let keys = ctx.single_keys()?;
+    println!(
+        "outbox bench: CDC relay beside the polling relay; backlog of {} events over {keys} keys, \
+         {} B payloads, NATS JetStream ({} storage); steady {} events/s",
+        a.rows, a.payload_bytes, a.storage, a.rate
+    );
+    let polling = relay_drain(ctx, keys).await?;
+    println!("  backlog  polling: {}", line(&polling));
+    let cdc = cdc_drain(ctx, keys).await?;
+    println!("  backlog  cdc:     {}", line(&cdc));
+    let ratio = cdc.best_rate() / polling.best_rate();
+    println!(
+        "  backlog  cdc / polling: {ratio:.2} (target ≥ 1: {})",
+        verdict(ratio >= 1.0)
+    );
+    let spec = Paced {
+        rate: a.rate,
+        producers: a.producers,
+        duration: ctx.duration(DEFAULT_STEADY),
+        keys,
+        pad: ctx.pad(),
+    };
+    let producers = producers_alone(ctx, &spec).await?;
+    println!(
+        "  steady   producers alone (no relay): {producers:.1}% of a core in this process, \
+         taken off the relays' process figures below"
+    );
+    let steady_polling = steady(ctx, &spec, false, producers).await?;
+    println!("  steady   polling: {}", steady_line(&steady_polling));
+    let steady_cdc = steady(ctx, &spec, true, producers).await?;
+    println!("  steady   cdc:     {}", steady_line(&steady_cdc));
+    let p99 = steady_cdc.drain.latency.p99_ms;
+    let cpu = steady_cdc.process_percent + steady_cdc.relay_backends_percent;
+    println!(
+        "  steady   cdc p99 commit→ack {p99:.1} ms (target ≤ {TARGET_P99_MS} ms: {}); relay + its \
+         server processes {cpu:.1}% of a core (target ≤ {TARGET_STEADY_CPU}%: {})",
+        verdict(p99 <= TARGET_P99_MS),
+        verdict(cpu <= TARGET_STEADY_CPU)
+    );
+    let idle = idle(ctx, a.idle).await?;
+    println!(
+        "  idle     cdc: {} of {} relay sessions ran a statement in {:.0} s (target 0: {}); \
+         process {:.2}%, relay server processes {:.2}% of a core",
+        idle.sessions_that_ran_a_statement,
+        idle.sessions,
+        idle.seconds,
+        verdict(idle.sessions_that_ran_a_statement == 0),
+        idle.process_percent,
+        idle.relay_backends_percent
+    );
+    let writers = if a.writers {
+        Some(crate::writers::run(ctx).await?)
+    } else {
+        None
+    };
+    let writers: Option<serde_json::Value> = writers
+        .map(|r| serde_json::from_str(r.json()))
+        .transpose()?;
+    Ok(Report::line(serde_json::json!({
+        "mode": "cdc", "rows": a.rows, "keys": keys,
+        "backlog": { "polling": polling, "cdc": cdc, "cdc_vs_polling": ratio },
+        "steady": { "rate": a.rate, "polling": steady_polling, "cdc": steady_cdc },
+        "idle": idle, "writers": writers,
+    })))
+}
+
+fn line(d: &Drain) -> String {
+    let steady = d
+        .steady_events_per_second
+        .map_or(String::new(), |s| format!(" ({s:.0} from 10% to 90%)"));
+    let cpu = d.cpu.map_or(String::new(), |c| format!("; {}", c.line()));
+    format!(
+        "{} events in {:.2} s = {:.0} events/s{steady}{cpu}",
+        d.events, d.seconds, d.events_per_second
+    )
+}
+
+fn steady_line(s: &Steady) -> String {
+    format!(
+        "{} events ({:.0}/s), commit→ack {}; CPU: process {:.1}%, relay server processes \
+         {:.1}%, all PostgreSQL {:.1}% of a core",
+        s.drain.events,
+        s.drain.events_per_second,
+        s.drain.latency.line(),
+        s.process_percent,
+        s.relay_backends_percent,
+        s.postgres_percent
+    )
+}
+
+/// A scratch schema with the publication and slot made before any row is written.
+async fn cdc_scratch(ctx: &Ctx, tag: &str) -> anyhow::Result<Scratch> {
+    let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, tag).await?;
+    let names = outbox_postgres::cdc::CdcNames::new(&scratch.schema, "relay")?;
+    if let Err(e) = outbox_postgres::cdc::setup::migrate_cdc(&ctx.pool, &names).await {
+        scratch.drop().await;
+        return Err(e.into());
+    }
+    Ok(scratch)
+}
+
+/// Drops the scratch's slot and publication (once the relay's session let go of the slot),
+/// then the scratch.
+async fn drop_cdc_scratch(ctx: &Ctx, scratch: Scratch) {
+    if let Ok(names) = outbox_postgres::cdc::CdcNames::new(&scratch.schema, "relay") {
+        for _ in 0..100 {
+            if outbox_postgres::cdc::setup::drop_cdc(&ctx.pool, &names)
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    scratch.drop().await;
+}
+
+async fn cdc_drain(ctx: &Ctx, keys: usize) -> anyhow::Result<Drain> {
+    let scratch = cdc_scratch(ctx, "cdc").await?;
+    let result = async {
+        let rows = ctx.options.rows as u64;
+        let probe = Probe::start(&scratch.js, &scratch.stream).await?;
+        fill_analysed(ctx, &scratch, keys, &probe, true).await?;
+        let started = Instant::now();
+        let meter = CpuMeter::start();
+        let relay = RelayUnderTest::start_cdc(ctx, &scratch).await?;
+        let drained = wait_published(relay.metrics(), rows, started).await;
+        relay.stop().await;
+        let mut timing = drained?;
+        timing.cpu = meter.per_message(rows);
+        finish(&scratch, probe, rows, timing).await
+    }
+    .await;
+    drop_cdc_scratch(ctx, scratch).await;
+    result
+}
+
+/// The pids of the relay's server processes: its pool's backends, and its WAL sender.
+async fn relay_pids(ctx: &Ctx, relay: &RelayUnderTest, scratch: &Scratch) -> Vec<u32> {
+    let walsender = format!("outbox-cdc:outbox_{}_relay", scratch.schema.as_str());
+    sqlx::query_scalar::<_, i32>(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1 OR application_name = $2",
+    )
+    .bind(&relay.application_name)
+    .bind(walsender)
+    .fetch_all(&ctx.pool)
+    .await
+    .unwrap_or_default()
+    .into_iter()
+    .filter_map(|p| u32::try_from(p).ok())
+    .collect()
+}
+
+/// CPU of this process while the paced load runs with no relay at all: the producers' share
+/// of the relays' process figures, in % of one core.
+async fn producers_alone(ctx: &Ctx, spec: &Paced) -> anyhow::Result<f64> {
+    let scratch =
+        Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "producers").await?;
+    let result = async {
+        let probe = Probe::recorded_elsewhere();
+        let (own0, t0) = (own_ticks()?, Instant::now());
+        paced(&scratch.pool, &scratch.schema, spec, &probe.latency()).await?;
+        let (own1, seconds) = (own_ticks()?, t0.elapsed().as_secs_f64());
+        Ok(own1.saturating_sub(own0) as f64 / USER_HZ / seconds * 100.0)
+    }
+    .await;
+    scratch.drop().await;
+    result
+}
+
+async fn steady(ctx: &Ctx, spec: &Paced, cdc: bool, producers: f64) -> anyhow::Result<Steady> {
+    let scratch = if cdc {
+        cdc_scratch(ctx, "cdcsteady").await?
+    } else {
+        Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "pollsteady").await?
+    };
+    let result = async {
+        let probe = Probe::start(&scratch.js, &scratch.stream).await?;
+        let relay = if cdc {
+            RelayUnderTest::start_cdc(ctx, &scratch).await?
+        } else {
+            RelayUnderTest::start(ctx, &scratch).await?
+        };
+        relay.settle().await;
+        let pids = relay_pids(ctx, &relay, &scratch).await;
+        let (own0, pg0, t0) = (own_ticks()?, ticks_of(&["postgres"]), Instant::now());
+        let produced = paced(&scratch.pool, &scratch.schema, spec, &probe.latency()).await;
+        let (own1, pg1, seconds) = (
+            own_ticks()?,
+            ticks_of(&["postgres"]),
+            t0.elapsed().as_secs_f64(),
+        );
+        let missing = probe.drain(Duration::from_secs(120)).await;
+        relay.stop().await;
+        let produced = produced?;
+        let latency = probe.finish().await;
+        if missing > 0 {
+            anyhow::bail!(
+                "{missing} of {} committed events never reached the stream",
+                produced.committed
+            );
+        }
+        let percent = |ticks: u64| ticks as f64 / USER_HZ / seconds * 100.0;
+        let used = |pid: &u32| {
+            pg1.get(pid)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(pg0.get(pid).copied().unwrap_or(0))
+        };
+        Ok(Steady {
+            drain: Drain {
+                events: produced.committed,
+                seconds: produced.seconds,
+                events_per_second: produced.events_per_second,
+                steady_events_per_second: None,
+                latency,
+                cpu: None,
+            },
+            process_percent: (percent(own1.saturating_sub(own0)) - producers).max(0.0),
+            relay_backends_percent: percent(pids.iter().map(used).sum()),
+            postgres_percent: percent(pg1.keys().map(used).sum()),
+        })
+    }
+    .await;
+    if cdc {
+        drop_cdc_scratch(ctx, scratch).await;
+    } else {
+        scratch.drop().await;
+    }
+    result
+}
+
+/// The `query_start` of each of the relay's sessions.
+async fn query_starts(ctx: &Ctx, pids: &[u32]) -> Vec<(i32, Option<String>)> {
+    let pids: Vec<i32> = pids.iter().filter_map(|&p| i32::try_from(p).ok()).collect();
+    sqlx::query_as(
+        "SELECT pid, query_start::text FROM pg_stat_activity WHERE pid = ANY($1) ORDER BY pid",
+    )
+    .bind(&pids)
+    .fetch_all(&ctx.pool)
+    .await
+    .unwrap_or_default()
+}
+
+async fn idle(ctx: &Ctx, duration: Duration) -> anyhow::Result<Idle> {
+    let scratch = cdc_scratch(ctx, "cdcidle").await?;
+    let result = async {
+        let relay = RelayUnderTest::start_cdc(ctx, &scratch).await?;
+        relay.settle().await;
+        let pids = relay_pids(ctx, &relay, &scratch).await;
+        let before = query_starts(ctx, &pids).await;
+        let (own0, pg0, t0) = (own_ticks()?, ticks_of(&["postgres"]), Instant::now());
+        tokio::time::sleep(duration).await;
+        let (own1, pg1, seconds) = (
+            own_ticks()?,
+            ticks_of(&["postgres"]),
+            t0.elapsed().as_secs_f64(),
+        );
+        let after = query_starts(ctx, &pids).await;
+        // Sessions opened during the window ran a statement as they connected.
+        let after_pids = relay_pids(ctx, &relay, &scratch).await;
+        relay.stop().await;
+        let moved = after.iter().filter(|a| !before.contains(a)).count()
+            + after_pids.iter().filter(|p| !pids.contains(p)).count();
+        let percent = |ticks: u64| ticks as f64 / USER_HZ / seconds * 100.0;
+        let used = |pid: &u32| {
+            pg1.get(pid)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(pg0.get(pid).copied().unwrap_or(0))
+        };
+        Ok(Idle {
+            seconds,
+            sessions_that_ran_a_statement: moved,
+            sessions: pids.len(),
+            process_percent: percent(own1.saturating_sub(own0)),
+            relay_backends_percent: percent(pids.iter().map(used).sum()),
+        })
+    }
+    .await;
+    drop_cdc_scratch(ctx, scratch).await;
+    result
+}
