@@ -29,6 +29,27 @@ pub struct StatusDetail {
     /// them up per partition, per route and per type: a store leaves each partition's
     /// `pending` and `oldest_pending_age_seconds` at zero and `None`.
     pub pending: Vec<PendingCell>,
+    /// The CDC relays' replication slots of this outbox (PostgreSQL, `outbox migrate --cdc`);
+    /// empty without CDC mode.
+    pub cdc_slots: Vec<SlotStatus>,
+}
+
+/// A CDC replication slot as `outbox status` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SlotStatus {
+    /// The slot's name (`outbox_<schema>_<group>`).
+    pub slot: String,
+    /// The server process of the relay reading it; `None` while no relay does.
+    pub active_pid: Option<i32>,
+    /// PostgreSQL's `wal_status`: `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+    /// WAL written since the slot's confirmed position, in bytes.
+    pub lag_bytes: Option<i64>,
+    /// WAL the server keeps for the slot, in bytes.
+    pub retained_bytes: Option<i64>,
+    /// How much more WAL may be written before the slot is lost (`max_slot_wal_keep_size`);
+    /// `None` when unbounded.
+    pub safe_wal_bytes: Option<i64>,
 }
 
 /// One relay partition as `outbox status` shows it.
@@ -223,6 +244,8 @@ pub struct Report {
     pub routes: Vec<RouteLag>,
     /// Backlog per aggregate type, event type and topic, oldest first.
     pub pending_by_type: Vec<TypeLag>,
+    /// The CDC relays' replication slots (empty without CDC mode).
+    pub cdc_slots: Vec<SlotStatus>,
 }
 
 impl Report {
@@ -317,6 +340,7 @@ impl Report {
             retention: detail.retention,
             routes: by_route,
             pending_by_type,
+            cdc_slots: detail.cdc_slots,
         }
     }
 
@@ -381,6 +405,9 @@ impl Report {
         self.render_partitions(&mut line);
         if let Some(r) = &self.retention {
             render_retention(r, self.at, &mut line);
+        }
+        for c in &self.cdc_slots {
+            render_slot(c, &mut line);
         }
         if self.routes.len() > 1 {
             line("pending by route".into());
@@ -491,6 +518,35 @@ fn more(n: usize, line: &mut impl FnMut(String)) {
             "  … and {} more (--format json lists all)",
             n - TEXT_ROWS
         ));
+    }
+}
+
+/// A CDC slot: who reads it, how far behind, what it keeps, and what to do when it is lost.
+fn render_slot(c: &SlotStatus, line: &mut impl FnMut(String)) {
+    let mib = |b: Option<i64>| {
+        b.map_or("-".to_string(), |b| {
+            format!("{:.1} MiB", b as f64 / 1_048_576.0)
+        })
+    };
+    let reader = c.active_pid.map_or("no relay reads it".to_string(), |p| {
+        format!("read by pid {p}")
+    });
+    line(format!(
+        "cdc slot            {}: {reader}; lag {}, keeps {} of WAL, {}",
+        c.slot,
+        mib(c.lag_bytes),
+        mib(c.retained_bytes),
+        match c.safe_wal_bytes {
+            Some(_) => format!("{} more before it is lost", mib(c.safe_wal_bytes)),
+            None => "no bound (max_slot_wal_keep_size = -1)".to_string(),
+        }
+    ));
+    if c.wal_status.as_deref() == Some("lost") {
+        line(
+            "  LOST: PostgreSQL invalidated it; the relay fell back to polling. Run \
+             `outbox migrate --cdc` after the backlog is delivered (docs/cdc.md)"
+                .to_string(),
+        );
     }
 }
 

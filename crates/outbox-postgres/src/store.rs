@@ -1707,6 +1707,7 @@ impl Store for PgStore {
             partitions,
             retention: Some(retention),
             pending,
+            cdc_slots: crate::cdc::setup::slots(&self.pool, &self.schema).await?,
         })
     }
 

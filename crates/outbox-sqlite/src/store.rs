@@ -655,6 +655,7 @@ impl Store for SqliteStore {
             partitions,
             retention: None,
             pending,
+            cdc_slots: Vec::new(),
         })
     }
 

@@ -188,6 +188,49 @@ pub async fn slot_exists(pool: &PgPool, slot: &str) -> Result<bool> {
     .map_err(|e| map_sqlx_error("looking for the CDC replication slot", e))
 }
 
+/// A row of `pg_replication_slots` as [`slots`] reads it: name, reader pid, `wal_status`, lag,
+/// retained and safe bytes.
+type SlotRow = (
+    String,
+    Option<i32>,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+);
+
+/// The CDC slots of `schema`'s outbox (`outbox_<schema>_<group>`), for `outbox status`.
+pub async fn slots(pool: &PgPool, schema: &Schema) -> Result<Vec<outbox_core::status::SlotStatus>> {
+    let prefix = format!("outbox_{}_", schema.as_str());
+    let rows: Vec<SlotRow> = sqlx::query_as(
+        "SELECT slot_name::text, active_pid, wal_status, \
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, \
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, \
+                    safe_wal_size \
+             FROM pg_replication_slots \
+             WHERE database = current_database() AND plugin = 'pgoutput' \
+               AND left(slot_name::text, length($1)) = $1 \
+             ORDER BY slot_name",
+    )
+    .bind(&prefix)
+    .fetch_all(pool)
+    .await
+    .map_err(|e| map_sqlx_error("reading the CDC slots", e))?;
+    Ok(rows
+        .into_iter()
+        .map(|(slot, active_pid, wal_status, lag, retained, safe)| {
+            outbox_core::status::SlotStatus {
+                slot,
+                active_pid,
+                wal_status,
+                lag_bytes: lag,
+                retained_bytes: retained,
+                safe_wal_bytes: safe,
+            }
+        })
+        .collect())
+}
+
 /// Drops the slot and the publication (for tests and `outbox migrate --cdc --drop`): the WAL the
 /// slot held is released. Waits for nothing: a slot in use by a relay cannot be dropped.
 pub async fn drop_cdc(pool: &PgPool, names: &CdcNames) -> Result<()> {

@@ -182,6 +182,7 @@ async fn read(
     mut confirm: watch::Receiver<u64>,
     doorbell: Arc<watch::Sender<u64>>,
 ) {
+    use futures::FutureExt as _;
     let mut decoder = Decoder::new(names);
     loop {
         let event = tokio::select! {
@@ -197,21 +198,27 @@ async fn read(
                 continue;
             }
         };
-        let items = match event {
-            Ok(Some(ev)) => decoder.event(ev),
-            Ok(None) => vec![Item::Ended(Error::new(
-                ErrorKind::Connection,
-                "CDC replication stream closed by the server; will reconnect",
-            ))],
-            Err(e) => vec![Item::Ended(replication_error(&decoder.names.slot, e))],
-        };
-        for item in items {
-            let end = matches!(item, Item::Ended(_));
-            if tx.send(item).await.is_err() || end {
-                client.stop();
-                doorbell.send_modify(|n| *n = n.wrapping_add(1));
-                return;
+        // This event and every one already waiting, then one ring of the doorbell: a
+        // transaction is three events (Begin, the row, Commit), and each ring wakes the relay.
+        let mut next = Some(event);
+        while let Some(event) = next.take() {
+            let items = match event {
+                Ok(Some(ev)) => decoder.event(ev),
+                Ok(None) => vec![Item::Ended(Error::new(
+                    ErrorKind::Connection,
+                    "CDC replication stream closed by the server; will reconnect",
+                ))],
+                Err(e) => vec![Item::Ended(replication_error(&decoder.names.slot, e))],
+            };
+            for item in items {
+                let end = matches!(item, Item::Ended(_));
+                if tx.send(item).await.is_err() || end {
+                    client.stop();
+                    doorbell.send_modify(|n| *n = n.wrapping_add(1));
+                    return;
+                }
             }
+            next = client.recv().now_or_never();
         }
         doorbell.send_modify(|n| *n = n.wrapping_add(1));
     }
