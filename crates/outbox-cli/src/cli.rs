@@ -233,6 +233,12 @@ pub struct RelayArgs {
         env = "OUTBOX_CDC_GROUP"
     )]
     pub cdc_group: String,
+    /// CDC mode: write a heartbeat (a non-transactional logical message) into the WAL when
+    /// the stream has been silent this long, e.g. 30s (default: off; PostgreSQL's own idle
+    /// positions keep the slot moving, and an idle relay then sends no statement). Env:
+    /// OUTBOX_CDC_HEARTBEAT.
+    #[arg(long, value_name = "DURATION", env = "OUTBOX_CDC_HEARTBEAT")]
+    pub cdc_heartbeat: Option<crate::config::Dur>,
     /// Sink URL, e.g. nats://127.0.0.1:4222. Env: OUTBOX_SINK.
     #[arg(long, value_name = "URL")]
     pub sink: Option<String>,

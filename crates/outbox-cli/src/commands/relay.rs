@@ -108,7 +108,15 @@ pub async fn run(s: RelaySettings, args: &crate::cli::RelayArgs) -> anyhow::Resu
     let store = match args.mode {
         crate::cli::RelayMode::Polling => database.store(),
         crate::cli::RelayMode::Cdc => {
-            cdc_store(&database, &s.db.url, &args.cdc_group, &mut s.relay).await?
+            let heartbeat = args.cdc_heartbeat.map(|d| d.0);
+            cdc_store(
+                &database,
+                &s.db.url,
+                &args.cdc_group,
+                heartbeat,
+                &mut s.relay,
+            )
+            .await?
         }
     };
     let routes = connect_routes(&s).await?;
@@ -150,6 +158,7 @@ async fn cdc_store(
     database: &outbox_db::Database,
     url: &str,
     group: &str,
+    heartbeat: Option<std::time::Duration>,
     relay: &mut outbox_relay::RelayConfig,
 ) -> anyhow::Result<Arc<dyn outbox_core::Store>> {
     let outbox_db::Database::Postgres(pg) = database else {
@@ -160,7 +169,9 @@ async fn cdc_store(
         );
     };
     let names = outbox_postgres::cdc::CdcNames::new(pg.schema(), group)?;
-    let store = outbox_postgres::cdc::CdcStore::new(pg.pool().clone(), url, names).await?;
+    let store = outbox_postgres::cdc::CdcStore::new(pg.pool().clone(), url, names)
+        .await?
+        .with_heartbeat(heartbeat);
     if relay.workers != 1 {
         info!(
             workers = relay.workers,

@@ -60,6 +60,12 @@ impl CdcNames {
 }
 
 impl CdcNames {
+    /// The prefix of the group's heartbeats (`outbox-heartbeat:<slot>`), non-transactional
+    /// logical messages the relay writes when asked to (`--cdc-heartbeat`).
+    pub fn heartbeat_prefix(&self) -> String {
+        format!("outbox-heartbeat:{}", self.slot)
+    }
+
     /// The `outbox_settings` row holding the snapshot taken just after the slot was created.
     pub fn start_setting(&self) -> String {
         format!("cdc_start:{}", self.slot)

@@ -143,6 +143,8 @@ pub struct CdcStore {
     more: AtomicBool,
     /// The slot is gone: every call goes to the polling engine from now on.
     fallback: AtomicBool,
+    /// Write a heartbeat after this long without stream items (`None`: never).
+    heartbeat: Option<Duration>,
 }
 
 impl CdcStore {
@@ -180,6 +182,7 @@ impl CdcStore {
             doorbell: Arc::new(watch::channel(0).0),
             more: AtomicBool::new(false),
             fallback: AtomicBool::new(false),
+            heartbeat: None,
         })
     }
 
@@ -191,6 +194,29 @@ impl CdcStore {
     /// The position confirmed to the server so far (0 before the first).
     pub async fn confirmed(&self) -> u64 {
         self.state.lock().await.confirmed
+    }
+
+    /// Writes a heartbeat into the WAL every `every` the stream is silent: a non-transactional
+    /// logical message of this group, which the stream returns as a position to confirm. Off by
+    /// default, since PostgreSQL's own idle positions keep the slot moving (see docs/cdc.md) and
+    /// a relay that sends nothing on an idle database is worth keeping; turn it on where the
+    /// slot's confirmed position must move although nothing of this database is written.
+    pub fn with_heartbeat(mut self, every: Option<Duration>) -> Self {
+        self.heartbeat = every.filter(|d| !d.is_zero());
+        self
+    }
+
+    async fn beat(&self) {
+        if self.fell_back() {
+            return;
+        }
+        let r = sqlx::query("SELECT pg_logical_emit_message(false, $1, '')::text")
+            .bind(self.names.heartbeat_prefix())
+            .execute(&self.pool)
+            .await;
+        if let Err(error) = r {
+            tracing::debug!(%error, "CDC heartbeat not written; the next one will try again");
+        }
     }
 
     /// Whether the relay fell back to the polling engine.
@@ -872,11 +898,22 @@ impl Store for CdcStore {
 
     /// Wakes the relay when the stream has items, at most once per [`LINGER`]: messages that
     /// arrive meanwhile go out in the same batch (at 1,000 events/s a wake-up per message was
-    /// most of the relay's CPU: task switches, not work).
+    /// most of the relay's CPU: task switches, not work). With a heartbeat set, writes one when
+    /// the stream has been silent that long (see [`CdcStore::with_heartbeat`]).
     async fn listen(&self, wake: watch::Sender<u64>) -> Result<()> {
         let mut bell = self.doorbell.subscribe();
         loop {
-            if bell.changed().await.is_err() {
+            let rang = match self.heartbeat {
+                None => bell.changed().await,
+                Some(every) => match tokio::time::timeout(every, bell.changed()).await {
+                    Ok(rang) => rang,
+                    Err(_) => {
+                        self.beat().await;
+                        continue;
+                    }
+                },
+            };
+            if rang.is_err() {
                 return Ok(());
             }
             tokio::time::sleep(LINGER).await;

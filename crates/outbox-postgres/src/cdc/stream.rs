@@ -263,6 +263,12 @@ impl Decoder {
                 prefix,
                 content,
             } => {
+                // This group's heartbeat: a position in the WAL, like an idle one.
+                if !transactional && prefix == self.names.heartbeat_prefix() {
+                    return vec![Item::Idle {
+                        wal_end: lsn.as_u64(),
+                    }];
+                }
                 // A non-transactional message could be published before a rollback of its
                 // transaction; only transactional ones are outbox messages.
                 if !transactional || prefix != self.names.prefix {
@@ -547,6 +553,20 @@ mod tests {
             d.event(logical("outbox:shop", c, false)).is_empty(),
             "not transactional"
         );
+    }
+
+    #[test]
+    fn the_groups_heartbeat_is_a_position_and_others_are_ignored() {
+        let mut d = decoder();
+        let own = d.names.heartbeat_prefix();
+        let items = d.event(logical(&own, "", false));
+        let [Item::Idle { wal_end }] = items.as_slice() else {
+            panic!("{items:?}")
+        };
+        assert_eq!(*wal_end, 0x16_0000_0028);
+        assert!(d
+            .event(logical("outbox-heartbeat:another_slot", "", false))
+            .is_empty());
     }
 
     #[test]
