@@ -505,3 +505,42 @@ async fn a_dropped_slot_falls_back_to_polling_without_loss() {
     drop(s);
     cleanup(&pool, &schema, &names).await;
 }
+
+/// Parking fails (the database refuses the write): the relay reads the stream again from the
+/// confirmed position, so the message is parked on the next try instead of being held for ever.
+#[tokio::test]
+async fn a_park_that_fails_reads_the_stream_again_instead_of_stalling() {
+    let (pool, schema, names) = cdc("cdc_parkfail").await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    write(&pool, &schema, "k", 0..2).await;
+    let got = claim_n(&s, 2, Duration::from_secs(10)).await;
+    let rename = |from: &'static str, to: &'static str| {
+        let sql = schema.render(&format!("ALTER TABLE {{schema}}.{from} RENAME TO {to}"));
+        let pool = pool.clone();
+        async move { sqlx::query(&sql).execute(&pool).await.unwrap() }
+    };
+    rename("outbox_parked", "outbox_parked_away").await;
+    let failed = |m: &Message| Outcome::Failed {
+        seq: m.seq,
+        error: "rejected for good".into(),
+    };
+    assert!(s.complete(&member(), &[failed(&got[0])]).await.is_err());
+    rename("outbox_parked_away", "outbox_parked").await;
+    let again = claim_n(&s, 2, Duration::from_secs(10)).await;
+    assert_eq!(
+        numbers(&again),
+        vec![0, 1],
+        "read again from the confirmed position"
+    );
+    s.complete(&member(), &[failed(&again[0])]).await.unwrap();
+    let states: Vec<String> =
+        sqlx::query_scalar(&schema.render("SELECT state FROM {schema}.outbox_parked ORDER BY seq"))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(states, vec!["failed", "waiting"]);
+    s.release(&member()).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}

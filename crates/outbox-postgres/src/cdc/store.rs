@@ -728,17 +728,25 @@ impl Store for CdcStore {
         }
         if !to_park.is_empty() {
             let origins: Vec<Origin> = to_park.iter().map(|(h, _, _)| h.origin).collect();
-            self.park(
-                to_park
-                    .into_iter()
-                    .map(|(h, state, error)| ToPark {
-                        message: h.message,
-                        state,
-                        error,
-                    })
-                    .collect(),
-            )
-            .await?;
+            let parked = self
+                .park(
+                    to_park
+                        .into_iter()
+                        .map(|(h, state, error)| ToPark {
+                            message: h.message,
+                            state,
+                            error,
+                        })
+                        .collect(),
+                )
+                .await;
+            if let Err(e) = parked {
+                // Those messages are no longer anywhere but in the WAL: read it again from the
+                // confirmed position (they and what follows come again) rather than wait for
+                // them for ever.
+                s.stream = None;
+                return Err(e);
+            }
             for o in origins {
                 Self::resolve(&mut s, o);
             }
@@ -838,37 +846,48 @@ impl Store for CdcStore {
         // The ones that failed first, then those waiting behind them, each key in its order.
         to_park.sort_by_key(|(h, state, _)| (*state != "failed", h.message.seq));
         let origins: Vec<Origin> = to_park.iter().map(|(h, _, _)| h.origin).collect();
-        self.park(
-            to_park
-                .into_iter()
-                .map(|(h, state, error)| ToPark {
-                    message: h.message,
-                    state,
-                    error,
-                })
-                .collect(),
-        )
-        .await?;
+        let written = async {
+            self.park(
+                to_park
+                    .into_iter()
+                    .map(|(h, state, error)| ToPark {
+                        message: h.message,
+                        state,
+                        error,
+                    })
+                    .collect(),
+            )
+            .await?;
+            if !done_parked.0.is_empty() {
+                sqlx::query(&self.names.schema.render(PARKED_DONE_SQL))
+                    .bind(&done_parked.0)
+                    .bind(&done_parked.1)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|e| map_sqlx_error("deleting published parked messages", e))?;
+            }
+            if !failed_parked.0.is_empty() {
+                sqlx::query(&self.names.schema.render(PARKED_FAIL_SQL))
+                    .bind(&failed_parked.0)
+                    .bind(&failed_parked.1)
+                    .bind(&failed_parked.2)
+                    .bind(&failed_parked.3)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|e| map_sqlx_error("marking parked messages failed", e))?;
+            }
+            Ok::<_, Error>(())
+        }
+        .await;
+        if let Err(e) = written {
+            // What was to be parked is in the WAL only, and a parked row published or failed
+            // again keeps its old state (it is published again, never lost): read the stream
+            // again from the confirmed position instead of holding those transactions open.
+            s.stream = None;
+            return Err(e);
+        }
         for o in origins {
             Self::resolve(&mut s, o);
-        }
-        if !done_parked.0.is_empty() {
-            sqlx::query(&self.names.schema.render(PARKED_DONE_SQL))
-                .bind(&done_parked.0)
-                .bind(&done_parked.1)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| map_sqlx_error("deleting published parked messages", e))?;
-        }
-        if !failed_parked.0.is_empty() {
-            sqlx::query(&self.names.schema.render(PARKED_FAIL_SQL))
-                .bind(&failed_parked.0)
-                .bind(&failed_parked.1)
-                .bind(&failed_parked.2)
-                .bind(&failed_parked.3)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| map_sqlx_error("marking parked messages failed", e))?;
         }
         if !s.parked_keys.is_empty() {
             s.next_parked_poll.get_or_insert(now + PARKED_POLL);
