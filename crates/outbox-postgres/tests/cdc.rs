@@ -544,3 +544,53 @@ async fn a_park_that_fails_reads_the_stream_again_instead_of_stalling() {
     drop(s);
     cleanup(&pool, &schema, &names).await;
 }
+
+/// A message of the key waits in the relay (it did not fit the last claim's byte bound) when the
+/// key's head fails: it is parked behind the failure, never published ahead of it.
+#[tokio::test]
+async fn what_the_relay_holds_of_a_key_is_parked_behind_its_failed_head() {
+    let (pool, schema, names) = cdc("cdc_holdpark").await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    write(&pool, &schema, "k", 0..2).await;
+    let m = member();
+    let mut got = Vec::new();
+    let until = Instant::now() + Duration::from_secs(10);
+    while got.is_empty() {
+        assert!(Instant::now() < until);
+        // One byte: the first message goes alone, the second waits in the relay.
+        got = s
+            .claim(&m, &[], ClaimLimits { rows: 10, bytes: 1 }, OnFailed::Block)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(numbers(&got), vec![0]);
+    s.complete(
+        &m,
+        &[Outcome::Failed {
+            seq: got[0].seq,
+            error: "rejected for good".into(),
+        }],
+    )
+    .await
+    .unwrap();
+    assert!(
+        claim_n(&s, 1, Duration::from_millis(500)).await.is_empty(),
+        "the key's next message must wait behind its failure"
+    );
+    let parked: Vec<(String, serde_json::Value)> = sqlx::query_as(
+        &schema.render("SELECT state, payload FROM {schema}.outbox_parked ORDER BY seq"),
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let got: Vec<(&str, u64)> = parked
+        .iter()
+        .map(|(st, p)| (st.as_str(), p["n"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(got, vec![("failed", 0), ("waiting", 1)]);
+    s.release(&member()).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}

@@ -71,6 +71,8 @@ struct Held {
     origin: Origin,
     /// Not handed out before this.
     due: Instant,
+    /// Stream order (0 for parked rows): a key's messages are handed out and parked in it.
+    order: u64,
 }
 
 /// A transaction of the stream not yet confirmed.
@@ -108,6 +110,8 @@ struct State {
     txn_base: u64,
     /// Handout numbers (the `seq` the worker sees); never reused, across reconnections.
     next_handout: i64,
+    /// The last stream order given (see [`Held::order`]).
+    next_order: u64,
     confirmed: u64,
     /// The last claim's `on_failed`, for its outcomes.
     on_failed: OnFailed,
@@ -481,6 +485,7 @@ impl CdcStore {
                     attempts: r.attempts,
                 },
                 due: now,
+                order: 0,
             })
             .collect())
     }
@@ -687,10 +692,12 @@ impl Store for CdcStore {
                         t.open += 1;
                         t.messages += 1;
                     }
+                    s.next_order += 1;
                     let held = Held {
                         message: *m,
                         origin: Origin::Stream(txn),
                         due: now,
+                        order: s.next_order,
                     };
                     let key = held.message.aggregate_id.clone();
                     if s.parked_keys.contains(&key) {
@@ -714,10 +721,12 @@ impl Store for CdcStore {
                     }
                     warn!(id = %m.id, key = %m.aggregate_id, error = %why, "a CDC message cannot be published as written; parked as failed");
                     let key = m.aggregate_id.clone();
+                    s.next_order += 1;
                     let held = Held {
                         message: *m,
                         origin: Origin::Stream(txn),
                         due: now,
+                        order: s.next_order,
                     };
                     to_park.push((held, "failed", Some(why)));
                     if on_failed == OnFailed::Block {
@@ -786,6 +795,9 @@ impl Store for CdcStore {
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut to_park = Vec::new();
         let mut back = Vec::new();
+        // Keys a failure blocked in this batch: everything of theirs the relay still holds is
+        // parked behind the failure, so nothing of the key overtakes it.
+        let mut blocked: Vec<String> = Vec::new();
         for o in outcomes {
             let Some(mut h) = s.inflight.remove(&o.seq()) else {
                 continue; // handed out by an earlier stream, or recorded already
@@ -810,6 +822,7 @@ impl Store for CdcStore {
                     h.message.attempts += 1;
                     if on_failed == OnFailed::Block {
                         s.parked_keys.insert(h.message.aggregate_id.clone());
+                        blocked.push(h.message.aggregate_id.clone());
                     }
                     match h.origin {
                         Origin::Stream(_) => to_park.push((h, "failed", Some(error.clone()))),
@@ -832,7 +845,18 @@ impl Store for CdcStore {
                 back.push(h);
             }
         }
-        back.sort_by_key(|h| h.message.seq);
+        for key in &blocked {
+            if let Some(q) = s.held.remove(key) {
+                let (stream, parked): (Vec<Held>, Vec<Held>) = q
+                    .into_iter()
+                    .partition(|h| matches!(h.origin, Origin::Stream(_)));
+                to_park.extend(stream.into_iter().map(|h| (h, "waiting", None)));
+                if !parked.is_empty() {
+                    s.held.insert(key.clone(), parked.into());
+                }
+            }
+        }
+        back.sort_by_key(|h| h.order);
         for h in back.into_iter().rev() {
             let key = h.message.aggregate_id.clone();
             if s.parked_keys.contains(&key) && matches!(h.origin, Origin::Stream(_)) {
@@ -843,8 +867,8 @@ impl Store for CdcStore {
             let q = s.held.entry(key).or_default();
             q.push_front(h);
         }
-        // The ones that failed first, then those waiting behind them, each key in its order.
-        to_park.sort_by_key(|(h, state, _)| (*state != "failed", h.message.seq));
+        // In stream order: a key's failure first, then what waits behind it.
+        to_park.sort_by_key(|(h, _, _)| h.order);
         let origins: Vec<Origin> = to_park.iter().map(|(h, _, _)| h.origin).collect();
         let written = async {
             self.park(
