@@ -43,22 +43,47 @@ fn member() -> MemberId {
     MemberId::random("cdc-test")
 }
 
-/// Claims until `n` messages came or `within` passed.
+/// Claims until the outstanding batch holds `n` messages or `within` passed, and returns it
+/// uncompleted (the caller decides the outcomes). A claim hands out again, first, what the last
+/// one handed out and nobody completed, so the last non-empty claim is the whole batch. Errors
+/// (a slot still held by an old session) count as empty claims.
 async fn claim_n(s: &CdcStore, n: usize, within: Duration) -> Vec<Message> {
     let m = member();
     let mut got = Vec::new();
     let until = Instant::now() + within;
     while got.len() < n && Instant::now() < until {
         let batch = s
-            .claim(&m, &[], ClaimLimits::rows(1000), OnFailed::Block)
+            .claim(&m, &[], ClaimLimits::rows(10_000), OnFailed::Block)
             .await
-            .unwrap();
+            .unwrap_or_default();
         if batch.is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;
+        } else {
+            got = batch;
         }
-        got.extend(batch);
     }
     got
+}
+
+/// Claims and publishes batch after batch, as the relay's worker does, until `n` messages were
+/// published or `within` passed; returns them in the order handed out.
+async fn drain_n(s: &CdcStore, n: usize, within: Duration) -> Vec<Message> {
+    let m = member();
+    let mut all = Vec::new();
+    let until = Instant::now() + within;
+    while all.len() < n && Instant::now() < until {
+        let batch = s
+            .claim(&m, &[], ClaimLimits::rows(1000), OnFailed::Block)
+            .await
+            .unwrap_or_default();
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        publish(s, &batch).await;
+        all.extend(batch);
+    }
+    all
 }
 
 async fn publish(s: &CdcStore, got: &[Message]) {
@@ -133,23 +158,12 @@ async fn a_restarted_relay_gets_exactly_the_transactions_after_the_confirmed_pos
     s.release(&member()).await.unwrap();
     drop(s);
     let again = store(&pool, &names, &url).await;
-    let mut got = Vec::new();
-    for _ in 0..50 {
-        match again
-            .claim(&member(), &[], ClaimLimits::rows(1000), OnFailed::Block)
-            .await
-        {
-            Ok(batch) => got.extend(batch),
-            // The old session may still hold the slot for a moment.
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-        if got.len() >= 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The old session may hold the slot for a moment: claim_n retries.
+    let got = drain_n(&again, 3, Duration::from_secs(10)).await;
     // Nothing more arrives.
-    got.extend(claim_n(&again, 1, Duration::from_millis(500)).await);
+    assert!(claim_n(&again, 1, Duration::from_millis(500))
+        .await
+        .is_empty());
     assert_eq!(numbers(&got), vec![6, 7, 8]);
     again.release(&member()).await.unwrap();
     drop(again);
@@ -185,6 +199,7 @@ async fn a_rolled_back_transaction_is_never_published_and_emit_writes_no_row() {
         "commit order, no rolled-back message"
     );
     assert_eq!(got[1].id, emitted.id, "an emitted message keeps its id");
+    publish(&s, &got).await;
     assert!(claim_n(&s, 1, Duration::from_millis(500)).await.is_empty());
     let rows: i64 = sqlx::query_scalar(&schema.render("SELECT count(*) FROM {schema}.outbox"))
         .fetch_one(&pool)
@@ -220,9 +235,8 @@ async fn a_transaction_spilled_to_disk_is_published_whole_and_in_order() {
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    let got = claim_n(&s, N as usize, Duration::from_secs(30)).await;
+    let got = drain_n(&s, N as usize, Duration::from_secs(30)).await;
     assert_eq!(numbers(&got), (0..u64::from(N)).collect::<Vec<_>>());
-    publish(&s, &got).await;
     wait_confirmed(&pool, &s, &names.slot).await;
     let spilled: i64 =
         sqlx::query_scalar("SELECT spill_txns FROM pg_stat_replication_slots WHERE slot_name = $1")
@@ -317,6 +331,38 @@ async fn a_failed_message_parks_its_key_and_a_redrive_publishes_it_in_order() {
         numbers(&again),
         vec![0, 1, 2],
         "the key, in order, after the redrive"
+    );
+    // The redriven head fails again: the two behind it stay parked, unpublished.
+    s.complete(
+        &member(),
+        &[Outcome::Failed {
+            seq: again[0].seq,
+            error: "rejected again".into(),
+        }],
+    )
+    .await
+    .unwrap();
+    assert!(
+        claim_n(&s, 1, Duration::from_millis(1500)).await.is_empty(),
+        "nothing of the key may pass its failed head"
+    );
+    let states: Vec<String> =
+        sqlx::query_scalar(&schema.render("SELECT state FROM {schema}.outbox_parked ORDER BY seq"))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(states, vec!["failed", "waiting", "waiting"]);
+    assert_eq!(
+        s.redrive(&outbox_core::RedriveScope::All, "test")
+            .await
+            .unwrap(),
+        1
+    );
+    let again = claim_n(&s, 3, Duration::from_secs(10)).await;
+    assert_eq!(
+        numbers(&again),
+        vec![0, 1, 2],
+        "in order after the second redrive"
     );
     publish(&s, &again).await;
     let left: i64 =
@@ -591,6 +637,178 @@ async fn what_the_relay_holds_of_a_key_is_parked_behind_its_failed_head() {
         .collect();
     assert_eq!(got, vec![("failed", 0), ("waiting", 1)]);
     s.release(&member()).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// A batch handed out and never completed (the worker lost the answer) is handed out again,
+/// in order, before anything new.
+#[tokio::test]
+async fn messages_handed_out_without_an_outcome_come_again_first() {
+    let (pool, schema, names) = cdc("cdc_leftover").await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    write(&pool, &schema, "k", 0..2).await;
+    let m = member();
+    let mut first = Vec::new();
+    let until = Instant::now() + Duration::from_secs(10);
+    while first.len() < 2 && Instant::now() < until {
+        first = s
+            .claim(&m, &[], ClaimLimits::rows(2), OnFailed::Block)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(numbers(&first), vec![0, 1]);
+    write(&pool, &schema, "k", 2..3).await;
+    let again = claim_n(&s, 3, Duration::from_secs(10)).await;
+    assert_eq!(
+        numbers(&again),
+        vec![0, 1, 2],
+        "again, in order, then the new one"
+    );
+    publish(&s, &again).await;
+    s.release(&member()).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// Under `--on-failed skip` a failed message does not hold its key, also after a restart.
+#[tokio::test]
+async fn under_skip_a_failed_message_does_not_hold_its_key_after_a_restart() {
+    let (pool, schema, names) = cdc("cdc_skip").await;
+    let m = member();
+    async fn claim_skip(s: &CdcStore, m: &MemberId) -> Vec<Message> {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let got = s
+                .claim(m, &[], ClaimLimits::rows(100), OnFailed::Skip)
+                .await
+                .unwrap_or_default();
+            if !got.is_empty() || Instant::now() > until {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let s = store(&pool, &names, &database_url()).await;
+    let _ = s
+        .claim(&m, &[], ClaimLimits::rows(1), OnFailed::Skip)
+        .await
+        .unwrap();
+    write(&pool, &schema, "k", 0..1).await;
+    let got = claim_skip(&s, &m).await;
+    assert_eq!(numbers(&got), vec![0]);
+    s.complete(
+        &m,
+        &[Outcome::Failed {
+            seq: got[0].seq,
+            error: "rejected for good".into(),
+        }],
+    )
+    .await
+    .unwrap();
+    wait_confirmed(&pool, &s, &names.slot).await;
+    s.release(&m).await.unwrap();
+    drop(s);
+    let s = store(&pool, &names, &database_url()).await;
+    write(&pool, &schema, "k", 1..2).await;
+    let got = claim_skip(&s, &m).await;
+    assert_eq!(
+        numbers(&got),
+        vec![1],
+        "the key flows past its failed message"
+    );
+    publish(&s, &got).await;
+    s.release(&m).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+#[tokio::test]
+async fn a_second_cdc_group_on_one_schema_is_refused() {
+    let (pool, schema, names) = cdc("cdc_groups").await;
+    let other = CdcNames::new(&schema, "eu").unwrap();
+    let e = migrate_cdc(&pool, &other).await.unwrap_err();
+    assert!(e.to_string().contains("one CDC group per schema"), "{e}");
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// After the fallback, a message the CDC relay parked as failed is still the polling engine's
+/// to deliver: redriven, it is published, in order with its key.
+#[tokio::test]
+async fn after_the_fallback_a_message_parked_by_cdc_is_redriven_by_polling() {
+    let (pool, schema, names) = cdc("cdc_fbpark").await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    write(&pool, &schema, "warm", 0..5).await;
+    drain_n(&s, 5, Duration::from_secs(10)).await;
+    checkpointed(&s, &pool, &schema).await;
+    // The key's head is a logical message: after the fallback it exists only as a parked row.
+    let mut tx = pool.begin().await.unwrap();
+    Emitter::new(&schema)
+        .emit(&mut tx, &msg("k", 10))
+        .await
+        .unwrap();
+    Writer::new(&schema)
+        .enqueue(&mut tx, &msg("k", 11))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let got = claim_n(&s, 2, Duration::from_secs(10)).await;
+    assert_eq!(numbers(&got), vec![10, 11]);
+    s.complete(
+        &member(),
+        &[Outcome::Failed {
+            seq: got[0].seq,
+            error: "rejected for good".into(),
+        }],
+    )
+    .await
+    .unwrap();
+    wait_confirmed(&pool, &s, &names.slot).await;
+    sqlx::query(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+         WHERE slot_name = $1 AND active_pid IS NOT NULL",
+    )
+    .bind(&names.slot)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(&names.slot)
+        .execute(&pool)
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < until, "the slot could not be dropped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut tries = 0;
+    while !s.fell_back() {
+        let _ = s
+            .claim(&member(), &[], ClaimLimits::rows(1000), OnFailed::Block)
+            .await;
+        tries += 1;
+        assert!(tries < 100, "the relay never fell back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        s.redrive(&outbox_core::RedriveScope::All, "test")
+            .await
+            .unwrap(),
+        1
+    );
+    let rest = drain_polling(&s).await;
+    let keyed: Vec<u64> = numbers(&rest)
+        .into_iter()
+        .filter(|n| (10..12).contains(n))
+        .collect();
+    assert!(
+        keyed.first() == Some(&10) && keyed.contains(&11),
+        "the redriven head first, then its key: {keyed:?}"
+    );
     drop(s);
     cleanup(&pool, &schema, &names).await;
 }

@@ -122,11 +122,37 @@ pub async fn max_slot_wal_keep_mb(pool: &PgPool) -> Result<Option<i64>> {
     Ok((mb >= 0).then_some(mb))
 }
 
+/// Refuses a second CDC group on one schema: the groups would share `outbox_parked` (one would
+/// publish and delete the other's redriven messages) and the polling positions (one's
+/// checkpoints would move them past what the other has not published). The groups of a schema
+/// are the slots its `outbox_settings` records (`cdc_start:<slot>`, written by
+/// [`migrate_cdc`]).
+pub async fn check_one_group(pool: &PgPool, names: &CdcNames) -> Result<()> {
+    let others: Vec<String> = sqlx::query_scalar(&names.schema.render(
+        "SELECT substr(name, length('cdc_start:') + 1) FROM {schema}.outbox_settings \
+         WHERE left(name, length('cdc_start:')) = 'cdc_start:' AND name <> $1 ORDER BY name",
+    ))
+    .bind(names.start_setting())
+    .fetch_all(pool)
+    .await
+    .map_err(|e| map_sqlx_error("looking for other CDC groups", e))?;
+    match others.first() {
+        None => Ok(()),
+        Some(other) => Err(Error::config(format!(
+            "schema `{}` already has the CDC slot `{other}`: one CDC group per schema (the \
+             groups would share parked messages and the polling positions); use that group, \
+             or drop it first",
+            names.schema.as_str()
+        ))),
+    }
+}
+
 /// Creates the publication and the slot when missing. Idempotent. The slot starts at the
 /// moment it is created: messages written before are not in its stream (the polling relay
 /// delivers them; see docs/cdc.md, "Switching a running outbox to CDC").
 pub async fn migrate_cdc(pool: &PgPool, names: &CdcNames) -> Result<CdcSetup> {
     check_wal_level(pool).await?;
+    check_one_group(pool, names).await?;
     let publication_exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
             .bind(&names.publication)

@@ -44,6 +44,11 @@ use crate::store::{PgStore, PARTITIONS};
 /// the price in latency of batching a trickle.
 const LINGER: Duration = Duration::from_millis(2);
 
+/// Messages the relay holds back at most (waiting for a retry of their key's head, or behind
+/// it) before it stops reading the stream; their payloads are bounded too, at four times the
+/// worker's byte share.
+const MAX_HELD: usize = 10_000;
+
 /// How often parked rows are looked at while there are any: a redriven key flows within this.
 const PARKED_POLL: Duration = Duration::from_secs(1);
 
@@ -54,6 +59,7 @@ const PARKED_FAIL_SQL: &str = include_str!("../../queries/cdc_parked_fail.sql");
 const GAUGES_SQL: &str = include_str!("../../queries/cdc_gauges.sql");
 const MARK_SQL: &str = include_str!("../../queries/cdc_mark.sql");
 const CHECKPOINT_SQL: &str = include_str!("../../queries/cdc_checkpoint.sql");
+const RECOUNT_SQL: &str = include_str!("../../queries/cdc_recount_parked.sql");
 
 /// Where a handed-out message came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +129,11 @@ struct State {
     handled_since_maintain: usize,
     /// `confirmed` at the last maintenance round.
     confirmed_at_maintain: u64,
+    /// Set while a claim or a complete awaits the database with memory already changed: found
+    /// set by the next call, that call was dropped mid-way (the relay's store deadline), and
+    /// what it held is only in the WAL now: the stream is read again from the confirmed
+    /// position.
+    writing: bool,
 }
 
 /// A point the polling positions may move to once the slot confirmed `lsn` (cdc_mark.sql).
@@ -149,6 +160,9 @@ pub struct CdcStore {
     fallback: AtomicBool,
     /// Write a heartbeat after this long without stream items (`None`: never).
     heartbeat: Option<Duration>,
+    /// After the fallback: the positions' parked counts still to be set right (see
+    /// cdc_recount_parked.sql), tried at once and at each maintenance round until done.
+    recount_due: AtomicBool,
 }
 
 impl CdcStore {
@@ -167,6 +181,7 @@ impl CdcStore {
                 ),
             ));
         }
+        crate::cdc::setup::check_one_group(&pool, &names).await?;
         if max_slot_wal_keep_mb(&pool).await?.is_none() {
             warn!(
                 slot = %names.slot,
@@ -187,6 +202,7 @@ impl CdcStore {
             more: AtomicBool::new(false),
             fallback: AtomicBool::new(false),
             heartbeat: None,
+            recount_due: AtomicBool::new(false),
         })
     }
 
@@ -254,7 +270,26 @@ impl CdcStore {
              let the polling relay catch up, run `outbox migrate --cdc` and restart the relay"
         );
         *s = State::default();
+        self.recount_due.store(true, Ordering::Relaxed);
         self.fallback.store(true, Ordering::Relaxed);
+    }
+
+    /// Sets the positions' parked counts right after the fallback, once.
+    async fn recount_parked(&self) {
+        if !self.recount_due.load(Ordering::Relaxed) {
+            return;
+        }
+        match sqlx::query(&self.names.schema.render(RECOUNT_SQL))
+            .execute(&self.pool)
+            .await
+        {
+            Ok(_) => self.recount_due.store(false, Ordering::Relaxed),
+            Err(e) => warn!(
+                error = %map_sqlx_error("recounting parked messages", e),
+                "the polling engine may not see messages the CDC relay parked until this \
+                 succeeds; will try again at the next maintenance"
+            ),
+        }
     }
 
     /// Moves the polling positions to the last mark once the slot passed it, then takes the
@@ -346,23 +381,25 @@ impl CdcStore {
             Err(e) => {
                 if self.slot_lost().await.unwrap_or(false) {
                     self.fall_back(s, &e);
+                    self.recount_parked().await;
                 }
                 return Err(e);
             }
         };
-        s.stream = Some(stream);
+        // The parked keys first: a stream without them would let a key flow past its failure.
         self.refresh_parked_keys(s).await?;
+        s.stream = Some(stream);
         info!(slot = %self.names.slot, "CDC stream started");
         Ok(())
     }
 
     async fn refresh_parked_keys(&self, s: &mut State) -> Result<()> {
-        let keys: Vec<String> = sqlx::query_scalar(
-            &self
-                .names
-                .schema
-                .render("SELECT DISTINCT aggregate_id FROM {schema}.outbox_parked"),
-        )
+        // Under block a failed row holds its key; under skip only rows still to publish do.
+        let keys: Vec<String> = sqlx::query_scalar(&self.names.schema.render(
+            "SELECT DISTINCT aggregate_id FROM {schema}.outbox_parked \
+             WHERE $1 OR state <> 'failed'",
+        ))
+        .bind(s.on_failed == OnFailed::Block)
         .fetch_all(&self.pool)
         .await
         .map_err(|e| map_sqlx_error("reading the parked keys", e))?;
@@ -452,21 +489,26 @@ impl CdcStore {
 
     /// Redriven parked rows of keys the store does not hold, in key order.
     async fn parked_due(&self, s: &mut State, room: usize) -> Result<Vec<Held>> {
-        let rows: Vec<ParkedRow> = sqlx::query_as(&self.names.schema.render(PARKED_READ_SQL))
-            .bind(i64::try_from(room).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| map_sqlx_error("reading redriven parked messages", e))?;
-        let busy: HashSet<String> = s
+        // Keys the relay holds (in flight, or waiting for a retry) are left out in SQL, so
+        // they cannot fill the batch and starve the others.
+        let busy: Vec<String> = s
             .inflight
             .values()
             .map(|h| h.message.aggregate_id.clone())
             .chain(s.held.keys().cloned())
+            .collect::<HashSet<String>>()
+            .into_iter()
             .collect();
+        let rows: Vec<ParkedRow> = sqlx::query_as(&self.names.schema.render(PARKED_READ_SQL))
+            .bind(i64::try_from(room).unwrap_or(i64::MAX))
+            .bind(s.on_failed == OnFailed::Block)
+            .bind(&busy)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("reading redriven parked messages", e))?;
         let now = Instant::now();
         Ok(rows
             .into_iter()
-            .filter(|r| !busy.contains(&r.aggregate_id))
             .map(|r| Held {
                 origin: Origin::Parked {
                     partition: r.partition,
@@ -594,6 +636,23 @@ impl Store for CdcStore {
         }
         let mut s = self.state.lock().await;
         s.on_failed = on_failed;
+        if std::mem::take(&mut s.writing) {
+            s.stream = None;
+        }
+        // Handed out by a claim whose answer never reached the worker (it failed after handing
+        // out, or was dropped): back to their keys' queues, in order, before anything new.
+        let leftover: Vec<i64> = s.inflight.keys().copied().collect();
+        let mut back: Vec<Held> = leftover
+            .into_iter()
+            .filter_map(|n| s.inflight.remove(&n))
+            .collect();
+        back.sort_by_key(|h| h.order);
+        for h in back.into_iter().rev() {
+            s.held
+                .entry(h.message.aggregate_id.clone())
+                .or_default()
+                .push_front(h);
+        }
         self.connect(&mut s).await?;
         let mut out = Vec::new();
         let mut bytes = 0usize;
@@ -602,12 +661,18 @@ impl Store for CdcStore {
         };
         // Due heads of held keys first: they are older than anything the stream still has.
         let now = Instant::now();
-        let due: Vec<String> = s
+        // Oldest head first: the batch stays in stream (commit) order across keys too.
+        let mut due: Vec<(u64, String)> = s
             .held
             .iter()
-            .filter(|(_, q)| q.front().is_some_and(|h| h.due <= now))
-            .map(|(k, _)| k.clone())
+            .filter_map(|(k, q)| {
+                q.front()
+                    .filter(|h| h.due <= now)
+                    .map(|h| (h.order, k.clone()))
+            })
             .collect();
+        due.sort_unstable();
+        let due: Vec<String> = due.into_iter().map(|(_, k)| k).collect();
         for key in due {
             // The key's due prefix, in order: the worker sends a key's messages one after the
             // other and leaves those behind a failure without an outcome.
@@ -627,6 +692,7 @@ impl Store for CdcStore {
         // Redriven parked rows, only while `outbox_parked` has rows.
         if s.next_parked_poll.is_some_and(|t| t <= now) && out.len() < limits.rows {
             let room = limits.rows - out.len();
+            s.writing = true;
             let rows = self.parked_due(&mut s, room).await?;
             for h in rows {
                 if !fits(bytes, &h.message, out.len()) {
@@ -636,14 +702,26 @@ impl Store for CdcStore {
                 Self::hand_out(&mut s, h, &mut out);
             }
             self.refresh_parked_keys(&mut s).await?;
+            s.writing = false;
         }
-        // Then the stream.
+        // Then the stream, unless the relay already holds as much as it may: a key waiting for
+        // a retry keeps its later messages here, and so does a lane whose sink is down; past
+        // the bound the relay stops reading and the server waits (memory stays bounded, the
+        // slot keeps the WAL).
+        let (held_n, held_bytes) = s
+            .held
+            .values()
+            .flatten()
+            .fold((0usize, 0usize), |(n, b), h| {
+                (n + 1, b.saturating_add(h.message.payload.len()))
+            });
+        let full = held_n >= MAX_HELD || held_bytes >= limits.bytes.saturating_mul(4);
         let mut to_park = Vec::new();
         let mut ended = None;
         // Messages read from the stream by this claim, handed out or not: a claim never takes
         // more than a batch from the stream, so what waits in memory stays bounded.
         let mut taken = 0usize;
-        while out.len() < limits.rows && taken < limits.rows {
+        while !full && out.len() < limits.rows && taken < limits.rows {
             let Some(stream) = s.stream.as_mut() else {
                 break;
             };
@@ -737,6 +815,7 @@ impl Store for CdcStore {
         }
         if !to_park.is_empty() {
             let origins: Vec<Origin> = to_park.iter().map(|(h, _, _)| h.origin).collect();
+            s.writing = true;
             let parked = self
                 .park(
                     to_park
@@ -754,8 +833,10 @@ impl Store for CdcStore {
                 // confirmed position (they and what follows come again) rather than wait for
                 // them for ever.
                 s.stream = None;
+                s.writing = false;
                 return Err(e);
             }
+            s.writing = false;
             for o in origins {
                 Self::resolve(&mut s, o);
             }
@@ -787,6 +868,12 @@ impl Store for CdcStore {
             return self.inner.complete(member, outcomes).await;
         }
         let mut s = self.state.lock().await;
+        if std::mem::take(&mut s.writing) {
+            // The last call was dropped mid-way: the stream is read again, and these outcomes
+            // are of messages that come again (see `State::writing`).
+            s.stream = None;
+            return Ok(0);
+        }
         let on_failed = s.on_failed;
         let now = Instant::now();
         let mut changed = 0u64;
@@ -847,15 +934,19 @@ impl Store for CdcStore {
         }
         for key in &blocked {
             if let Some(q) = s.held.remove(key) {
-                let (stream, parked): (Vec<Held>, Vec<Held>) = q
-                    .into_iter()
-                    .partition(|h| matches!(h.origin, Origin::Stream(_)));
-                to_park.extend(stream.into_iter().map(|h| (h, "waiting", None)));
-                if !parked.is_empty() {
-                    s.held.insert(key.clone(), parked.into());
-                }
+                // From the stream: parked behind the failure. Parked rows are in the table
+                // already, behind it, and come back after the next redrive.
+                to_park.extend(
+                    q.into_iter()
+                        .filter(|h| matches!(h.origin, Origin::Stream(_)))
+                        .map(|h| (h, "waiting", None)),
+                );
             }
         }
+        back.retain(|h| {
+            !(matches!(h.origin, Origin::Parked { .. })
+                && blocked.contains(&h.message.aggregate_id))
+        });
         back.sort_by_key(|h| h.order);
         for h in back.into_iter().rev() {
             let key = h.message.aggregate_id.clone();
@@ -870,6 +961,7 @@ impl Store for CdcStore {
         // In stream order: a key's failure first, then what waits behind it.
         to_park.sort_by_key(|(h, _, _)| h.order);
         let origins: Vec<Origin> = to_park.iter().map(|(h, _, _)| h.origin).collect();
+        s.writing = true;
         let written = async {
             self.park(
                 to_park
@@ -908,8 +1000,10 @@ impl Store for CdcStore {
             // again keeps its old state (it is published again, never lost): read the stream
             // again from the confirmed position instead of holding those transactions open.
             s.stream = None;
+            s.writing = false;
             return Err(e);
         }
+        s.writing = false;
         for o in origins {
             Self::resolve(&mut s, o);
         }
@@ -1036,6 +1130,7 @@ impl Store for CdcStore {
     /// round: an idle database gets no statement.
     async fn maintain(&self, retention: Duration) -> Result<Maintenance> {
         if self.fell_back() {
+            self.recount_parked().await;
             return self.inner.maintain(retention).await;
         }
         self.checkpoint().await?;

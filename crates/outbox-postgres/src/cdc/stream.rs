@@ -218,6 +218,12 @@ async fn read(
                     return;
                 }
             }
+            // A long catch-up stays in this loop: pass on what the relay confirmed meanwhile,
+            // so the slot moves (and its WAL is freed) while the backlog drains.
+            if confirm.has_changed().unwrap_or(false) {
+                let lsn = *confirm.borrow_and_update();
+                client.update_applied_lsn(Lsn::from_u64(lsn));
+            }
             next = client.recv().now_or_never();
         }
         doorbell.send_modify(|n| *n = n.wrapping_add(1));
