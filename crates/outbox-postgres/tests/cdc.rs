@@ -427,6 +427,42 @@ async fn checkpointed(s: &CdcStore, pool: &PgPool, schema: &Schema) {
     }
 }
 
+/// Ends the relay's replication session from the server and drops its slot before the relay
+/// connects again: the slot is lost under a running relay.
+async fn drop_slot_under_the_relay(pool: &PgPool, slot: &str) {
+    sqlx::query(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+         WHERE slot_name = $1 AND active_pid IS NOT NULL",
+    )
+    .bind(slot)
+    .execute(pool)
+    .await
+    .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(slot)
+        .execute(pool)
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < until, "the slot could not be dropped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Claims (finding the stream gone and the slot with it) until the store falls back to polling.
+async fn claim_until_it_falls_back(s: &CdcStore) {
+    let mut tries = 0;
+    while !s.fell_back() {
+        let _ = s
+            .claim(&member(), &[], ClaimLimits::rows(1000), OnFailed::Block)
+            .await;
+        tries += 1;
+        assert!(tries < 100, "the relay never fell back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Claims and publishes everything the polling engine hands out through `s` (fallen back).
 async fn drain_polling(s: &CdcStore) -> Vec<Message> {
     let m = member();
@@ -503,35 +539,10 @@ async fn a_dropped_slot_falls_back_to_polling_without_loss() {
     let first: Vec<Message> = early.into_iter().chain(late.into_iter().take(30)).collect();
     wait_confirmed(&pool, &s, &names.slot).await;
     // The slot goes: its session ended by the server, then dropped before the relay is back.
-    sqlx::query(
-        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-         WHERE slot_name = $1 AND active_pid IS NOT NULL",
-    )
-    .bind(&names.slot)
-    .execute(&pool)
-    .await
-    .unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    while sqlx::query("SELECT pg_drop_replication_slot($1)")
-        .bind(&names.slot)
-        .execute(&pool)
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < until, "the slot could not be dropped");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    drop_slot_under_the_relay(&pool, &names.slot).await;
     write(&pool, &schema, "after", 100..110).await;
     // The next claims find the stream gone and the slot with it: polling from here.
-    let mut errors = 0;
-    while !s.fell_back() {
-        let _ = s
-            .claim(&member(), &[], ClaimLimits::rows(1000), OnFailed::Block)
-            .await;
-        errors += 1;
-        assert!(errors < 100, "the relay never fell back");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    claim_until_it_falls_back(&s).await;
     let rest = drain_polling(&s).await;
     let mut all: Vec<u64> = numbers(&first);
     all.extend(numbers(&rest));
@@ -767,33 +778,8 @@ async fn after_the_fallback_a_message_parked_by_cdc_is_redriven_by_polling() {
     .await
     .unwrap();
     wait_confirmed(&pool, &s, &names.slot).await;
-    sqlx::query(
-        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
-         WHERE slot_name = $1 AND active_pid IS NOT NULL",
-    )
-    .bind(&names.slot)
-    .execute(&pool)
-    .await
-    .unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    while sqlx::query("SELECT pg_drop_replication_slot($1)")
-        .bind(&names.slot)
-        .execute(&pool)
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < until, "the slot could not be dropped");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let mut tries = 0;
-    while !s.fell_back() {
-        let _ = s
-            .claim(&member(), &[], ClaimLimits::rows(1000), OnFailed::Block)
-            .await;
-        tries += 1;
-        assert!(tries < 100, "the relay never fell back");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    drop_slot_under_the_relay(&pool, &names.slot).await;
+    claim_until_it_falls_back(&s).await;
     assert_eq!(
         s.redrive(&outbox_core::RedriveScope::All, "test")
             .await

@@ -94,11 +94,17 @@ struct Txn {
     committed_at: chrono::DateTime<chrono::Utc>,
 }
 
-/// A message to write into `outbox_parked`.
+/// A message to write into `outbox_parked`: `state` is `failed` or `waiting`.
 struct ToPark {
-    message: Message,
+    held: Held,
     state: &'static str,
     error: Option<String>,
+}
+
+impl ToPark {
+    fn new(held: Held, state: &'static str, error: Option<String>) -> Self {
+        Self { held, state, error }
+    }
 }
 
 #[derive(Default)]
@@ -408,13 +414,16 @@ impl CdcStore {
         Ok(())
     }
 
-    /// Writes `rows` into `outbox_parked`, in order, once each (by id).
-    async fn park(&self, rows: Vec<ToPark>) -> Result<()> {
+    /// Writes `rows` into `outbox_parked` in stream order, once each (by id). Returns where
+    /// each came from, to resolve once the write committed.
+    async fn park(&self, mut rows: Vec<ToPark>) -> Result<Vec<Origin>> {
         if rows.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        let n = rows.len();
-        let mut cols = ParkColumns::with_capacity(n);
+        // A key's failure first, then what waits behind it.
+        rows.sort_by_key(|r| r.held.order);
+        let origins = rows.iter().map(|r| r.held.origin).collect();
+        let mut cols = ParkColumns::with_capacity(rows.len());
         for r in rows {
             cols.push(r);
         }
@@ -433,7 +442,7 @@ impl CdcStore {
             .execute(&self.pool)
             .await
             .map_err(|e| map_sqlx_error("parking messages the CDC relay could not publish", e))?;
-        Ok(())
+        Ok(origins)
     }
 
     /// Marks the transaction of `origin` one message closer to confirmable.
@@ -474,6 +483,39 @@ impl CdcStore {
             if let Some(stream) = &s.stream {
                 stream.confirm.send_replace(lsn);
             }
+        }
+    }
+
+    /// A message read from the stream, counted in its (current) transaction and given its
+    /// stream order.
+    fn accept(s: &mut State, message: Message, now: Instant) -> Held {
+        let txn = s.txn_base + s.txns.len() as u64 - 1;
+        if let Some(t) = s.txns.back_mut() {
+            t.open += 1;
+            t.messages += 1;
+        }
+        s.next_order += 1;
+        Held {
+            message,
+            origin: Origin::Stream(txn),
+            due: now,
+            order: s.next_order,
+        }
+    }
+
+    /// Everything handed out and not completed.
+    fn drain_inflight(s: &mut State) -> Vec<Held> {
+        s.inflight.drain().map(|(_, h)| h).collect()
+    }
+
+    /// Puts `back` at the front of their keys' queues, each key in stream order.
+    fn requeue(s: &mut State, mut back: Vec<Held>) {
+        back.sort_by_key(|h| h.order);
+        for h in back.into_iter().rev() {
+            s.held
+                .entry(h.message.aggregate_id.clone())
+                .or_default()
+                .push_front(h);
         }
     }
 
@@ -581,7 +623,7 @@ impl ParkColumns {
     }
 
     fn push(&mut self, r: ToPark) {
-        let m = r.message;
+        let m = r.held.message;
         // A malformed message keeps what it carried: JSON as it is, anything else as a JSON
         // string, so the row can be stored and read.
         let json = |b: &[u8]| match serde_json::from_slice::<serde_json::Value>(b) {
@@ -641,18 +683,8 @@ impl Store for CdcStore {
         }
         // Handed out by a claim whose answer never reached the worker (it failed after handing
         // out, or was dropped): back to their keys' queues, in order, before anything new.
-        let leftover: Vec<i64> = s.inflight.keys().copied().collect();
-        let mut back: Vec<Held> = leftover
-            .into_iter()
-            .filter_map(|n| s.inflight.remove(&n))
-            .collect();
-        back.sort_by_key(|h| h.order);
-        for h in back.into_iter().rev() {
-            s.held
-                .entry(h.message.aggregate_id.clone())
-                .or_default()
-                .push_front(h);
-        }
+        let leftover = Self::drain_inflight(&mut s);
+        Self::requeue(&mut s, leftover);
         self.connect(&mut s).await?;
         let mut out = Vec::new();
         let mut bytes = 0usize;
@@ -765,21 +797,10 @@ impl Store for CdcStore {
                 }
                 Item::Message(m) => {
                     taken += 1;
-                    let txn = s.txn_base + s.txns.len() as u64 - 1;
-                    if let Some(t) = s.txns.back_mut() {
-                        t.open += 1;
-                        t.messages += 1;
-                    }
-                    s.next_order += 1;
-                    let held = Held {
-                        message: *m,
-                        origin: Origin::Stream(txn),
-                        due: now,
-                        order: s.next_order,
-                    };
+                    let held = Self::accept(&mut s, *m, now);
                     let key = held.message.aggregate_id.clone();
                     if s.parked_keys.contains(&key) {
-                        to_park.push((held, "waiting", None));
+                        to_park.push(ToPark::new(held, "waiting", None));
                     } else if let Some(q) = s.held.get_mut(&key) {
                         q.push_back(held);
                     } else if fits(bytes, &held.message, out.len()) {
@@ -792,50 +813,20 @@ impl Store for CdcStore {
                 }
                 Item::Malformed(m, why) => {
                     taken += 1;
-                    let txn = s.txn_base + s.txns.len() as u64 - 1;
-                    if let Some(t) = s.txns.back_mut() {
-                        t.open += 1;
-                        t.messages += 1;
-                    }
                     warn!(id = %m.id, key = %m.aggregate_id, error = %why, "a CDC message cannot be published as written; parked as failed");
-                    let key = m.aggregate_id.clone();
-                    s.next_order += 1;
-                    let held = Held {
-                        message: *m,
-                        origin: Origin::Stream(txn),
-                        due: now,
-                        order: s.next_order,
-                    };
-                    to_park.push((held, "failed", Some(why)));
+                    let held = Self::accept(&mut s, *m, now);
                     if on_failed == OnFailed::Block {
-                        s.parked_keys.insert(key);
+                        s.parked_keys.insert(held.message.aggregate_id.clone());
                     }
+                    to_park.push(ToPark::new(held, "failed", Some(why)));
                 }
             }
         }
         if !to_park.is_empty() {
-            let origins: Vec<Origin> = to_park.iter().map(|(h, _, _)| h.origin).collect();
+            // On an error `writing` stays set: those messages are in the WAL only now, and the
+            // next call reads it again from the confirmed position rather than wait for them.
             s.writing = true;
-            let parked = self
-                .park(
-                    to_park
-                        .into_iter()
-                        .map(|(h, state, error)| ToPark {
-                            message: h.message,
-                            state,
-                            error,
-                        })
-                        .collect(),
-                )
-                .await;
-            if let Err(e) = parked {
-                // Those messages are no longer anywhere but in the WAL: read it again from the
-                // confirmed position (they and what follows come again) rather than wait for
-                // them for ever.
-                s.stream = None;
-                s.writing = false;
-                return Err(e);
-            }
+            let origins = self.park(to_park).await?;
             s.writing = false;
             for o in origins {
                 Self::resolve(&mut s, o);
@@ -912,7 +903,9 @@ impl Store for CdcStore {
                         blocked.push(h.message.aggregate_id.clone());
                     }
                     match h.origin {
-                        Origin::Stream(_) => to_park.push((h, "failed", Some(error.clone()))),
+                        Origin::Stream(_) => {
+                            to_park.push(ToPark::new(h, "failed", Some(error.clone())))
+                        }
                         Origin::Parked { partition, seq } => {
                             failed_parked.0.push(partition);
                             failed_parked.1.push(seq);
@@ -925,55 +918,31 @@ impl Store for CdcStore {
         }
         // Handed out without an outcome (behind a failure of their key, or not tried): they go
         // back to their key's queue, in order, due now.
-        let untried: Vec<i64> = s.inflight.keys().copied().collect();
-        for n in untried {
-            if let Some(mut h) = s.inflight.remove(&n) {
-                h.due = h.due.max(now);
-                back.push(h);
-            }
-        }
+        back.extend(Self::drain_inflight(&mut s));
+        // A key a failure blocked: what the relay holds of it from the stream is parked behind
+        // the failure; its parked rows are in the table already, behind it, and come back
+        // after the next redrive.
         for key in &blocked {
-            if let Some(q) = s.held.remove(key) {
-                // From the stream: parked behind the failure. Parked rows are in the table
-                // already, behind it, and come back after the next redrive.
-                to_park.extend(
-                    q.into_iter()
-                        .filter(|h| matches!(h.origin, Origin::Stream(_)))
-                        .map(|h| (h, "waiting", None)),
-                );
+            back.extend(s.held.remove(key).into_iter().flatten());
+        }
+        let mut requeued = Vec::with_capacity(back.len());
+        for h in back {
+            let key = &h.message.aggregate_id;
+            match h.origin {
+                Origin::Stream(_) if s.parked_keys.contains(key) => {
+                    to_park.push(ToPark::new(h, "waiting", None))
+                }
+                Origin::Parked { .. } if blocked.contains(key) => {}
+                _ => requeued.push(h),
             }
         }
-        back.retain(|h| {
-            !(matches!(h.origin, Origin::Parked { .. })
-                && blocked.contains(&h.message.aggregate_id))
-        });
-        back.sort_by_key(|h| h.order);
-        for h in back.into_iter().rev() {
-            let key = h.message.aggregate_id.clone();
-            if s.parked_keys.contains(&key) && matches!(h.origin, Origin::Stream(_)) {
-                // Behind a message of its key that just failed (block): parked after it.
-                to_park.push((h, "waiting", None));
-                continue;
-            }
-            let q = s.held.entry(key).or_default();
-            q.push_front(h);
-        }
-        // In stream order: a key's failure first, then what waits behind it.
-        to_park.sort_by_key(|(h, _, _)| h.order);
-        let origins: Vec<Origin> = to_park.iter().map(|(h, _, _)| h.origin).collect();
+        Self::requeue(&mut s, requeued);
+        // On an error `writing` stays set: what was to be parked is in the WAL only, and a
+        // parked row published or failed again keeps its old state (it is published again,
+        // never lost); the next call reads the stream again from the confirmed position.
         s.writing = true;
         let written = async {
-            self.park(
-                to_park
-                    .into_iter()
-                    .map(|(h, state, error)| ToPark {
-                        message: h.message,
-                        state,
-                        error,
-                    })
-                    .collect(),
-            )
-            .await?;
+            let origins = self.park(to_park).await?;
             if !done_parked.0.is_empty() {
                 sqlx::query(&self.names.schema.render(PARKED_DONE_SQL))
                     .bind(&done_parked.0)
@@ -992,19 +961,11 @@ impl Store for CdcStore {
                     .await
                     .map_err(|e| map_sqlx_error("marking parked messages failed", e))?;
             }
-            Ok::<_, Error>(())
+            Ok::<_, Error>(origins)
         }
-        .await;
-        if let Err(e) = written {
-            // What was to be parked is in the WAL only, and a parked row published or failed
-            // again keeps its old state (it is published again, never lost): read the stream
-            // again from the confirmed position instead of holding those transactions open.
-            s.stream = None;
-            s.writing = false;
-            return Err(e);
-        }
+        .await?;
         s.writing = false;
-        for o in origins {
+        for o in written {
             Self::resolve(&mut s, o);
         }
         if !s.parked_keys.is_empty() {
