@@ -115,7 +115,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     ))
 }
 
-fn line(d: &Drain) -> String {
+pub(crate) fn line(d: &Drain) -> String {
     let steady = d
         .steady_events_per_second
         .map_or(String::new(), |s| format!(" ({s:.0} from 10% to 90%)"));
@@ -282,13 +282,25 @@ async fn timed_drain(
     sink: Arc<dyn outbox_core::Sink>,
     destination: DestinationTemplate,
 ) -> anyhow::Result<DrainTiming> {
+    let relay = RelayUnderTest::start_with(ctx, scratch, sink, destination);
+    measured_drain(ctx.options.rows as u64, relay).await
+}
+
+/// Starts the relay `start` makes and waits until it published `rows`; times it from before
+/// the start and reads CPU per message before the relay stops: its server processes (pool
+/// backends, a WAL sender) end with it, and their CPU would be lost.
+pub(crate) async fn measured_drain(
+    rows: u64,
+    start: impl std::future::Future<Output = anyhow::Result<RelayUnderTest>>,
+) -> anyhow::Result<DrainTiming> {
     let started = Instant::now();
     let meter = CpuMeter::start();
-    let relay = RelayUnderTest::start_with(ctx, scratch, sink, destination).await?;
-    let drained = wait_published(relay.metrics(), ctx.options.rows as u64, started).await;
+    let relay = start.await?;
+    let drained = wait_published(relay.metrics(), rows, started).await;
+    let cpu = meter.per_message(rows);
     relay.stop().await;
     drained.map(|mut t| {
-        t.cpu = meter.per_message(ctx.options.rows as u64);
+        t.cpu = cpu;
         t
     })
 }

@@ -14,12 +14,12 @@
 //! The writer side (emit against the table and the naive table) is `--mode writers`, whose
 //! variant (e) is `emit`; this mode runs it too unless `--skip-writers`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::backlog::{fill_analysed, finish, relay_drain, wait_published};
-use crate::cpu::{own_ticks, ticks_of, CpuMeter, USER_HZ};
+use crate::backlog::{fill_analysed, finish, line, measured_drain, relay_drain};
+use crate::cpu::CpuWindow;
 use crate::latency::Probe;
 use crate::load::{paced, Paced};
 use crate::relay::RelayUnderTest;
@@ -127,17 +127,6 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
     })))
 }
 
-fn line(d: &Drain) -> String {
-    let steady = d
-        .steady_events_per_second
-        .map_or(String::new(), |s| format!(" ({s:.0} from 10% to 90%)"));
-    let cpu = d.cpu.map_or(String::new(), |c| format!("; {}", c.line()));
-    format!(
-        "{} events in {:.2} s = {:.0} events/s{steady}{cpu}",
-        d.events, d.seconds, d.events_per_second
-    )
-}
-
 fn steady_line(s: &Steady) -> String {
     format!(
         "{} events ({:.0}/s), commit→ack {}; CPU: process {:.1}%, relay server processes \
@@ -185,13 +174,7 @@ async fn cdc_drain(ctx: &Ctx, keys: usize) -> anyhow::Result<Drain> {
         let rows = ctx.options.rows as u64;
         let probe = Probe::start(&scratch.js, &scratch.stream).await?;
         fill_analysed(ctx, &scratch, keys, &probe, true).await?;
-        let started = Instant::now();
-        let meter = CpuMeter::start();
-        let relay = RelayUnderTest::start_cdc(ctx, &scratch).await?;
-        let drained = wait_published(relay.metrics(), rows, started).await;
-        relay.stop().await;
-        let mut timing = drained?;
-        timing.cpu = meter.per_message(rows);
+        let timing = measured_drain(rows, RelayUnderTest::start_cdc(ctx, &scratch)).await?;
         finish(&scratch, probe, rows, timing).await
     }
     .await;
@@ -222,10 +205,9 @@ async fn producers_alone(ctx: &Ctx, spec: &Paced) -> anyhow::Result<f64> {
         Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "producers").await?;
     let result = async {
         let probe = Probe::recorded_elsewhere();
-        let (own0, t0) = (own_ticks()?, Instant::now());
+        let window = CpuWindow::start()?;
         paced(&scratch.pool, &scratch.schema, spec, &probe.latency()).await?;
-        let (own1, seconds) = (own_ticks()?, t0.elapsed().as_secs_f64());
-        Ok(own1.saturating_sub(own0) as f64 / USER_HZ / seconds * 100.0)
+        Ok(window.end()?.own_percent())
     }
     .await;
     scratch.drop().await;
@@ -247,13 +229,9 @@ async fn steady(ctx: &Ctx, spec: &Paced, cdc: bool, producers: f64) -> anyhow::R
         };
         relay.settle().await;
         let pids = relay_pids(ctx, &relay, &scratch).await;
-        let (own0, pg0, t0) = (own_ticks()?, ticks_of(&["postgres"]), Instant::now());
+        let window = CpuWindow::start()?;
         let produced = paced(&scratch.pool, &scratch.schema, spec, &probe.latency()).await;
-        let (own1, pg1, seconds) = (
-            own_ticks()?,
-            ticks_of(&["postgres"]),
-            t0.elapsed().as_secs_f64(),
-        );
+        let cpu = window.end()?;
         let missing = probe.drain(Duration::from_secs(120)).await;
         relay.stop().await;
         let produced = produced?;
@@ -264,13 +242,6 @@ async fn steady(ctx: &Ctx, spec: &Paced, cdc: bool, producers: f64) -> anyhow::R
                 produced.committed
             );
         }
-        let percent = |ticks: u64| ticks as f64 / USER_HZ / seconds * 100.0;
-        let used = |pid: &u32| {
-            pg1.get(pid)
-                .copied()
-                .unwrap_or(0)
-                .saturating_sub(pg0.get(pid).copied().unwrap_or(0))
-        };
         Ok(Steady {
             drain: Drain {
                 events: produced.committed,
@@ -280,9 +251,9 @@ async fn steady(ctx: &Ctx, spec: &Paced, cdc: bool, producers: f64) -> anyhow::R
                 latency,
                 cpu: None,
             },
-            process_percent: (percent(own1.saturating_sub(own0)) - producers).max(0.0),
-            relay_backends_percent: percent(pids.iter().map(used).sum()),
-            postgres_percent: percent(pg1.keys().map(used).sum()),
+            process_percent: (cpu.own_percent() - producers).max(0.0),
+            relay_backends_percent: cpu.postgres_percent_of(&pids),
+            postgres_percent: cpu.postgres_percent(),
         })
     }
     .await;
@@ -313,32 +284,21 @@ async fn idle(ctx: &Ctx, duration: Duration) -> anyhow::Result<Idle> {
         relay.settle().await;
         let pids = relay_pids(ctx, &relay, &scratch).await;
         let before = query_starts(ctx, &pids).await;
-        let (own0, pg0, t0) = (own_ticks()?, ticks_of(&["postgres"]), Instant::now());
+        let window = CpuWindow::start()?;
         tokio::time::sleep(duration).await;
-        let (own1, pg1, seconds) = (
-            own_ticks()?,
-            ticks_of(&["postgres"]),
-            t0.elapsed().as_secs_f64(),
-        );
+        let cpu = window.end()?;
         let after = query_starts(ctx, &pids).await;
         // Sessions opened during the window ran a statement as they connected.
         let after_pids = relay_pids(ctx, &relay, &scratch).await;
         relay.stop().await;
         let moved = after.iter().filter(|a| !before.contains(a)).count()
             + after_pids.iter().filter(|p| !pids.contains(p)).count();
-        let percent = |ticks: u64| ticks as f64 / USER_HZ / seconds * 100.0;
-        let used = |pid: &u32| {
-            pg1.get(pid)
-                .copied()
-                .unwrap_or(0)
-                .saturating_sub(pg0.get(pid).copied().unwrap_or(0))
-        };
         Ok(Idle {
-            seconds,
+            seconds: cpu.seconds,
             sessions_that_ran_a_statement: moved,
             sessions: pids.len(),
-            process_percent: percent(own1.saturating_sub(own0)),
-            relay_backends_percent: percent(pids.iter().map(used).sum()),
+            process_percent: cpu.own_percent(),
+            relay_backends_percent: cpu.postgres_percent_of(&pids),
         })
     }
     .await;

@@ -83,6 +83,73 @@ impl CpuMeter {
     }
 }
 
+/// CPU over a stretch of wall time, as percentages of one core: this process, and PostgreSQL's
+/// processes (all, or some by pid).
+pub struct CpuWindow {
+    own: u64,
+    postgres: HashMap<u32, u64>,
+    started: std::time::Instant,
+}
+
+/// What a [`CpuWindow`] read at its end.
+pub struct CpuUsed {
+    /// Wall time of the window.
+    pub seconds: f64,
+    own: u64,
+    before: HashMap<u32, u64>,
+    after: HashMap<u32, u64>,
+}
+
+impl CpuWindow {
+    /// Starts the window now.
+    pub fn start() -> anyhow::Result<Self> {
+        Ok(Self {
+            own: own_ticks()?,
+            postgres: ticks_of(&["postgres"]),
+            started: std::time::Instant::now(),
+        })
+    }
+
+    /// Ends the window now.
+    pub fn end(self) -> anyhow::Result<CpuUsed> {
+        let own = own_ticks()?.saturating_sub(self.own);
+        Ok(CpuUsed {
+            after: ticks_of(&["postgres"]),
+            seconds: self.started.elapsed().as_secs_f64(),
+            own,
+            before: self.postgres,
+        })
+    }
+}
+
+impl CpuUsed {
+    fn percent(&self, ticks: u64) -> f64 {
+        ticks as f64 / USER_HZ / self.seconds * 100.0
+    }
+
+    /// This process, % of one core.
+    pub fn own_percent(&self) -> f64 {
+        self.percent(self.own)
+    }
+
+    /// Every PostgreSQL process, % of one core.
+    pub fn postgres_percent(&self) -> f64 {
+        self.percent(used(&self.before, &self.after))
+    }
+
+    /// The PostgreSQL processes `pids`, % of one core.
+    pub fn postgres_percent_of(&self, pids: &[u32]) -> f64 {
+        let ticks = pids
+            .iter()
+            .map(|pid| {
+                let after = self.after.get(pid).copied().unwrap_or(0);
+                after.saturating_sub(self.before.get(pid).copied().unwrap_or(0))
+            })
+            .sum();
+        self.percent(ticks)
+    }
+}
+
 /// Ticks used between two readings: a process that started in between counts from zero; one
 /// that exited in between is lost.
 fn used(before: &HashMap<u32, u64>, after: &HashMap<u32, u64>) -> u64 {
