@@ -107,6 +107,23 @@ impl ToPark {
     }
 }
 
+/// WAL the cluster writes before an idle CDC relay runs maintenance (segments ahead of the
+/// transaction ids), at most. Every transaction that takes an id writes a commit record, and
+/// the cheapest id, a subtransaction's, still costs 4 bytes of it: 64 MiB of WAL can use at
+/// most 16.8 million ids, less than one segment width (20 million by default) of the
+/// [`crate::LOOKAHEAD_SEGMENTS`] kept ahead. A schema with narrower segments gets a lower
+/// threshold (see [`maintain_after_wal`]).
+const MAINTAIN_AFTER_WAL: u64 = 64 << 20;
+
+/// The WAL threshold for segments `width` transaction ids wide: at most one width of the
+/// cheapest ids (4 bytes each), and never above [`MAINTAIN_AFTER_WAL`].
+fn maintain_after_wal(width: i64) -> u64 {
+    u64::try_from(width)
+        .unwrap_or(0)
+        .saturating_mul(4)
+        .clamp(1, MAINTAIN_AFTER_WAL)
+}
+
 #[derive(Default)]
 struct State {
     stream: Option<Stream>,
@@ -133,7 +150,7 @@ struct State {
     /// with none, maintenance sends no statement (an idle relay is silent).
     handled_since_mark: usize,
     handled_since_maintain: usize,
-    /// `confirmed` at the last maintenance round.
+    /// `confirmed` at the last maintenance round that ran a statement.
     confirmed_at_maintain: u64,
     /// Set while a claim or a complete awaits the database with memory already changed: found
     /// set by the next call, that call was dropped mid-way (the relay's store deadline), and
@@ -169,6 +186,8 @@ pub struct CdcStore {
     /// After the fallback: the positions' parked counts still to be set right (see
     /// cdc_recount_parked.sql), tried at once and at each maintenance round until done.
     recount_due: AtomicBool,
+    /// WAL bytes after which an idle relay runs maintenance (see [`MAINTAIN_AFTER_WAL`]).
+    maintain_after_wal: u64,
 }
 
 impl CdcStore {
@@ -197,8 +216,15 @@ impl CdcStore {
             );
         }
         stream::replication_config(url, &names)?;
+        let width: i64 = sqlx::query_scalar(&names.schema.render(
+            "SELECT value::bigint FROM {schema}.outbox_settings WHERE name = 'segment_xids'",
+        ))
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading the segment width", e))?;
         let inner = PgStore::new(pool.clone(), names.schema.clone());
         Ok(Self {
+            maintain_after_wal: maintain_after_wal(width),
             pool,
             url: url.to_string(),
             names,
@@ -1095,14 +1121,21 @@ impl Store for CdcStore {
             return self.inner.maintain(retention).await;
         }
         self.checkpoint().await?;
-        // Due after messages were handled, or once the WAL moved at all (the slot confirms the
-        // server's idle positions): other databases of the cluster use transaction ids too, and
-        // segments must stay ahead of them. A server that writes nothing gets no statement.
+        // Due after messages were handled, or once the cluster wrote MAINTAIN_AFTER_WAL bytes of
+        // WAL (the slot confirms the server's idle positions, so `confirmed` follows it): other
+        // databases use transaction ids too, and segments must stay ahead of them. Anything
+        // less leaves the segments ahead by far (see MAINTAIN_AFTER_WAL), so an idle outbox
+        // on a busy cluster gets no statement either.
         let due = {
             let mut s = self.state.lock().await;
-            let moved = s.confirmed != s.confirmed_at_maintain;
-            s.confirmed_at_maintain = s.confirmed;
-            std::mem::take(&mut s.handled_since_maintain) > 0 || moved
+            let handled = std::mem::take(&mut s.handled_since_maintain) > 0;
+            let moved = s.confirmed.saturating_sub(s.confirmed_at_maintain)
+                >= self.maintain_after_wal
+                || s.confirmed < s.confirmed_at_maintain;
+            if handled || moved {
+                s.confirmed_at_maintain = s.confirmed;
+            }
+            handled || moved
         };
         if due {
             self.inner.maintain(retention).await
@@ -1140,6 +1173,13 @@ fn parse_lsn(text: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn idle_maintenance_waits_for_less_wal_than_one_segment_of_ids() {
+        assert_eq!(super::maintain_after_wal(20_000_000), 64 << 20);
+        assert_eq!(super::maintain_after_wal(1_000), 4_000);
+        assert_eq!(super::maintain_after_wal(0), 1);
+    }
+
     #[test]
     fn lsns_parse_as_the_server_writes_them() {
         assert_eq!(super::parse_lsn("0/1E40350"), Some(0x1E4_0350));
