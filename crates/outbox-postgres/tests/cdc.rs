@@ -15,11 +15,59 @@ use outbox_postgres::cdc::{CdcNames, CdcStore};
 use outbox_postgres::{Emitter, Schema, Writer};
 use sqlx::PgPool;
 
-async fn cdc(tag: &str) -> (PgPool, Schema, CdcNames) {
+async fn cdc(tag: &str) -> (PgPool, Schema, CdcNames, SlotGuard) {
     let (pool, schema, _) = setup(tag).await;
     let names = CdcNames::new(&schema, "relay").unwrap();
     migrate_cdc(&pool, &names).await.unwrap();
-    (pool, schema, names)
+    let guard = SlotGuard(names.clone());
+    (pool, schema, names, guard)
+}
+
+/// Drops a test's slot, publication and schema when the test panics before its `cleanup`: a
+/// slot left behind keeps every WAL segment written after it, on the developer's disk, for
+/// good. On a thread and runtime of its own (the test's runtime is unwinding), and it ends the
+/// session still holding the slot instead of waiting for it.
+struct SlotGuard(CdcNames);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let names = self.0.clone();
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async {
+                let pool = PgPool::connect(&database_url()).await.ok()?;
+                for _ in 0..50 {
+                    let _ = sqlx::query(
+                        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                         WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                    )
+                    .bind(&names.slot)
+                    .execute(&pool)
+                    .await;
+                    if drop_cdc(&pool, &names).await.is_ok() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                teardown(&pool, &names.schema).await;
+                Some(())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(()))) {
+            eprintln!(
+                "could not drop the test slot `{}`; drop it by hand: SELECT \
+                 pg_drop_replication_slot('{}')",
+                self.0.slot, self.0.slot
+            );
+        }
+    }
 }
 
 async fn cleanup(pool: &PgPool, schema: &Schema, names: &CdcNames) {
@@ -141,7 +189,7 @@ async fn wait_confirmed(pool: &PgPool, s: &CdcStore, slot: &str) {
 
 #[tokio::test]
 async fn a_restarted_relay_gets_exactly_the_transactions_after_the_confirmed_position() {
-    let (pool, schema, names) = cdc("cdc_restart").await;
+    let (pool, schema, names, _guard) = cdc("cdc_restart").await;
     let url = database_url();
     let s = store(&pool, &names, &url).await;
     // Connect first: the stream starts at the slot's position.
@@ -172,7 +220,7 @@ async fn a_restarted_relay_gets_exactly_the_transactions_after_the_confirmed_pos
 
 #[tokio::test]
 async fn a_rolled_back_transaction_is_never_published_and_emit_writes_no_row() {
-    let (pool, schema, names) = cdc("cdc_rollback").await;
+    let (pool, schema, names, _guard) = cdc("cdc_rollback").await;
     let s = store(&pool, &names, &database_url()).await;
     assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
     write(&pool, &schema, "k", 0..1).await;
@@ -215,7 +263,7 @@ async fn a_rolled_back_transaction_is_never_published_and_emit_writes_no_row() {
 /// sent whole once it committed: every message, in order.
 #[tokio::test]
 async fn a_transaction_spilled_to_disk_is_published_whole_and_in_order() {
-    let (pool, schema, names) = cdc("cdc_spill").await;
+    let (pool, schema, names, _guard) = cdc("cdc_spill").await;
     let url = format!(
         "{}?options=-c%20logical_decoding_work_mem%3D64kB",
         database_url()
@@ -257,7 +305,7 @@ async fn a_transaction_spilled_to_disk_is_published_whole_and_in_order() {
 /// tables is not held back by a quiet outbox.
 #[tokio::test]
 async fn an_idle_outbox_does_not_hold_back_wal_written_by_other_tables() {
-    let (pool, schema, names) = cdc("cdc_idle").await;
+    let (pool, schema, names, _guard) = cdc("cdc_idle").await;
     let s = store(&pool, &names, &database_url()).await;
     assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
     sqlx::raw_sql(&schema.render(
@@ -290,7 +338,7 @@ async fn an_idle_outbox_does_not_hold_back_wal_written_by_other_tables() {
 
 #[tokio::test]
 async fn a_failed_message_parks_its_key_and_a_redrive_publishes_it_in_order() {
-    let (pool, schema, names) = cdc("cdc_park").await;
+    let (pool, schema, names, _guard) = cdc("cdc_park").await;
     let s = store(&pool, &names, &database_url()).await;
     assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
     write(&pool, &schema, "k", 0..2).await;
@@ -378,7 +426,7 @@ async fn a_failed_message_parks_its_key_and_a_redrive_publishes_it_in_order() {
 
 #[tokio::test]
 async fn a_second_reader_of_the_group_is_refused_while_the_first_holds_the_slot() {
-    let (pool, schema, names) = cdc("cdc_lease").await;
+    let (pool, schema, names, _guard) = cdc("cdc_lease").await;
     let first = store(&pool, &names, &database_url()).await;
     assert!(claim_n(&first, 1, Duration::from_millis(300))
         .await
@@ -500,7 +548,7 @@ async fn drain_polling(s: &CdcStore) -> Vec<Message> {
 /// nothing pending once it published everything.
 #[tokio::test]
 async fn checkpoints_move_the_polling_positions_behind_the_relay() {
-    let (pool, schema, names) = cdc("cdc_ckpt").await;
+    let (pool, schema, names, _guard) = cdc("cdc_ckpt").await;
     let s = store(&pool, &names, &database_url()).await;
     assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
     for k in 0..20 {
@@ -520,7 +568,7 @@ async fn checkpoints_move_the_polling_positions_behind_the_relay() {
 /// every message from the last checkpoint on: everything written is published at least once.
 #[tokio::test]
 async fn a_dropped_slot_falls_back_to_polling_without_loss() {
-    let (pool, schema, names) = cdc("cdc_fallback").await;
+    let (pool, schema, names, _guard) = cdc("cdc_fallback").await;
     let s = store(&pool, &names, &database_url()).await;
     assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
     // 50 messages published and checkpointed.
@@ -567,7 +615,7 @@ async fn a_dropped_slot_falls_back_to_polling_without_loss() {
 /// confirmed position, so the message is parked on the next try instead of being held for ever.
 #[tokio::test]
 async fn a_park_that_fails_reads_the_stream_again_instead_of_stalling() {
-    let (pool, schema, names) = cdc("cdc_parkfail").await;
+    let (pool, schema, names, _guard) = cdc("cdc_parkfail").await;
     let s = store(&pool, &names, &database_url()).await;
     assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
     write(&pool, &schema, "k", 0..2).await;
@@ -606,7 +654,7 @@ async fn a_park_that_fails_reads_the_stream_again_instead_of_stalling() {
 /// key's head fails: it is parked behind the failure, never published ahead of it.
 #[tokio::test]
 async fn what_the_relay_holds_of_a_key_is_parked_behind_its_failed_head() {
-    let (pool, schema, names) = cdc("cdc_holdpark").await;
+    let (pool, schema, names, _guard) = cdc("cdc_holdpark").await;
     let s = store(&pool, &names, &database_url()).await;
     assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
     write(&pool, &schema, "k", 0..2).await;
@@ -656,7 +704,7 @@ async fn what_the_relay_holds_of_a_key_is_parked_behind_its_failed_head() {
 /// in order, before anything new.
 #[tokio::test]
 async fn messages_handed_out_without_an_outcome_come_again_first() {
-    let (pool, schema, names) = cdc("cdc_leftover").await;
+    let (pool, schema, names, _guard) = cdc("cdc_leftover").await;
     let s = store(&pool, &names, &database_url()).await;
     assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
     write(&pool, &schema, "k", 0..2).await;
@@ -687,7 +735,7 @@ async fn messages_handed_out_without_an_outcome_come_again_first() {
 /// Under `--on-failed skip` a failed message does not hold its key, also after a restart.
 #[tokio::test]
 async fn under_skip_a_failed_message_does_not_hold_its_key_after_a_restart() {
-    let (pool, schema, names) = cdc("cdc_skip").await;
+    let (pool, schema, names, _guard) = cdc("cdc_skip").await;
     let m = member();
     async fn claim_skip(s: &CdcStore, m: &MemberId) -> Vec<Message> {
         let until = Instant::now() + Duration::from_secs(10);
@@ -738,7 +786,7 @@ async fn under_skip_a_failed_message_does_not_hold_its_key_after_a_restart() {
 
 #[tokio::test]
 async fn a_second_cdc_group_on_one_schema_is_refused() {
-    let (pool, schema, names) = cdc("cdc_groups").await;
+    let (pool, schema, names, _guard) = cdc("cdc_groups").await;
     let other = CdcNames::new(&schema, "eu").unwrap();
     let e = migrate_cdc(&pool, &other).await.unwrap_err();
     assert!(e.to_string().contains("one CDC group per schema"), "{e}");
@@ -749,7 +797,7 @@ async fn a_second_cdc_group_on_one_schema_is_refused() {
 /// to deliver: redriven, it is published, in order with its key.
 #[tokio::test]
 async fn after_the_fallback_a_message_parked_by_cdc_is_redriven_by_polling() {
-    let (pool, schema, names) = cdc("cdc_fbpark").await;
+    let (pool, schema, names, _guard) = cdc("cdc_fbpark").await;
     let s = store(&pool, &names, &database_url()).await;
     assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
     write(&pool, &schema, "warm", 0..5).await;
