@@ -87,6 +87,7 @@ impl CpuMeter {
 /// processes (all, or some by pid).
 pub struct CpuWindow {
     own: u64,
+    relay: u64,
     postgres: HashMap<u32, u64>,
     started: std::time::Instant,
 }
@@ -96,6 +97,7 @@ pub struct CpuUsed {
     /// Wall time of the window.
     pub seconds: f64,
     own: u64,
+    relay: u64,
     before: HashMap<u32, u64>,
     after: HashMap<u32, u64>,
 }
@@ -105,6 +107,7 @@ impl CpuWindow {
     pub fn start() -> anyhow::Result<Self> {
         Ok(Self {
             own: own_ticks()?,
+            relay: thread_ticks(crate::relay::THREAD_NAME),
             postgres: ticks_of(&["postgres"]),
             started: std::time::Instant::now(),
         })
@@ -113,10 +116,12 @@ impl CpuWindow {
     /// Ends the window now.
     pub fn end(self) -> anyhow::Result<CpuUsed> {
         let own = own_ticks()?.saturating_sub(self.own);
+        let relay = thread_ticks(crate::relay::THREAD_NAME).saturating_sub(self.relay);
         Ok(CpuUsed {
             after: ticks_of(&["postgres"]),
             seconds: self.started.elapsed().as_secs_f64(),
             own,
+            relay,
             before: self.postgres,
         })
     }
@@ -130,6 +135,11 @@ impl CpuUsed {
     /// This process, % of one core.
     pub fn own_percent(&self) -> f64 {
         self.percent(self.own)
+    }
+
+    /// The relay under test's own threads (its runtime), % of one core.
+    pub fn relay_percent(&self) -> f64 {
+        self.percent(self.relay)
     }
 
     /// Every PostgreSQL process, % of one core.
@@ -165,6 +175,29 @@ pub fn own_ticks() -> anyhow::Result<u64> {
     parse_stat(&stat)
         .map(|(_, ticks)| ticks)
         .ok_or_else(|| anyhow::anyhow!("/proc/self/stat has an unexpected format"))
+}
+
+/// utime + stime of this process's threads named `name` (`comm`), in clock ticks: the relay
+/// under test runs on a runtime of its own whose threads carry one name (see
+/// [`crate::relay::THREAD_NAME`]), so its CPU is told from the producers' and the read-back
+/// consumer's. A thread that exited is lost.
+pub fn thread_ticks(name: &str) -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| {
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let (comm, ticks) = parse_stat(&stat)?;
+            (comm == name).then_some(ticks)
+        })
+        .sum()
+}
+
+/// utime + stime of process `pid`, in clock ticks (`None` once it is gone).
+pub fn pid_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat).map(|(_, ticks)| ticks)
 }
 
 /// utime + stime of every process whose `comm` is one of `names`, by pid, in clock ticks.

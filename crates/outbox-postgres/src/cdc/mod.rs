@@ -11,4 +11,4 @@ mod stream;
 
 pub use setup::{CdcNames, CdcSetup, DEFAULT_GROUP, MESSAGE_PREFIX};
 pub use store::CdcStore;
-pub use stream::FEEDBACK_INTERVAL;
+pub use stream::{url_password, FEEDBACK_INTERVAL};

@@ -72,18 +72,7 @@ pub(crate) fn replication_config(url: &str, names: &CdcNames) -> Result<Replicat
     let options: PgConnectOptions = url
         .parse()
         .map_err(|e| Error::config(format!("parsing database URL {redacted}: {e}")))?;
-    let password = url::Url::parse(url)
-        .ok()
-        .and_then(|u| u.password().map(str::to_string))
-        .map(|p| {
-            percent_decode(&p).ok_or_else(|| {
-                Error::config(format!(
-                    "the password in {redacted} is not valid percent-encoded UTF-8"
-                ))
-            })
-        })
-        .transpose()?
-        .unwrap_or_default();
+    let password = url_password(url)?.unwrap_or_default();
     let tls = match options.get_ssl_mode() {
         PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => TlsConfig::disabled(),
         PgSslMode::Require => TlsConfig::require(),
@@ -112,6 +101,23 @@ pub(crate) fn replication_config(url: &str, names: &CdcNames) -> Result<Replicat
     .with_wakeup_interval(Duration::from_secs(10))
     .with_application_name(format!("outbox-cdc:{}", names.slot));
     Ok(config)
+}
+
+/// The password a database URL holds, percent-decoded (`None` when it has none): what a
+/// replication connection or a libpq tool started with `PGPASSWORD` needs.
+pub fn url_password(url: &str) -> Result<Option<String>> {
+    url::Url::parse(url)
+        .ok()
+        .and_then(|u| u.password().map(str::to_string))
+        .map(|p| {
+            percent_decode(&p).ok_or_else(|| {
+                Error::config(format!(
+                    "the password in {} is not valid percent-encoded UTF-8",
+                    outbox_core::redact::url(url)
+                ))
+            })
+        })
+        .transpose()
 }
 
 fn percent_decode(s: &str) -> Option<String> {
