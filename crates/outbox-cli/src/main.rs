@@ -38,9 +38,9 @@ fn main() -> ExitCode {
     init_tracing(&cli.log_format, default_filter);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     // A CDC relay is one stream read by one worker: a second runtime thread only adds wake-ups
-    // from one thread to the other, about three per message. Measured at a steady 1,000
-    // events/s: the relay's CPU 11.4–12.6% of a core on two threads, 9.6% on one, and the same
-    // backlog drain rate (docs/performance.md, CDC).
+    // from one thread to the other. Measured at a steady 1,000 events/s: the relay's CPU
+    // 10.0–12.6% of a core on two threads, 9.1–9.6% on one, and the same drain rate against
+    // the polling relay (docs/performance.md, CDC).
     if let cli::Command::Relay(args) = &cli.command {
         if args.mode == cli::RelayMode::Cdc {
             builder.worker_threads(1);
