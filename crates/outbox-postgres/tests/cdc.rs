@@ -846,3 +846,104 @@ async fn after_the_fallback_a_message_parked_by_cdc_is_redriven_by_polling() {
     drop(s);
     cleanup(&pool, &schema, &names).await;
 }
+
+/// A malformed logical message arrives while an earlier message of its key waits for a retry:
+/// it is parked behind that message, never ahead, so a redrive cannot publish it first. Key
+/// `a`'s head then fails for good (parked first, the malformed one and the message behind it
+/// after it); key `b`'s head is published (then the malformed one is parked, and the message
+/// behind it waits behind that).
+#[tokio::test]
+async fn a_malformed_message_is_parked_behind_its_keys_earlier_messages() {
+    let (pool, schema, names, _guard) = cdc("cdc_malformed").await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    write(&pool, &schema, "a", 0..1).await;
+    write(&pool, &schema, "b", 1..2).await;
+    let heads = claim_n(&s, 2, Duration::from_secs(10)).await;
+    assert_eq!(numbers(&heads), vec![0, 1]);
+    let retry = |m: &Message| Outcome::Retry {
+        seq: m.seq,
+        error: "broker said later".into(),
+        delay: Duration::from_millis(500),
+    };
+    s.complete(&member(), &[retry(&heads[0]), retry(&heads[1])])
+        .await
+        .unwrap();
+    for key in ["a", "b"] {
+        let mut tx = pool.begin().await.unwrap();
+        let content = format!(r#"{{"aggregate_type":"order","aggregate_id":"{key}"}}"#);
+        sqlx::query("SELECT pg_logical_emit_message(true, $1, $2)")
+            .bind(&names.prefix)
+            .bind(content)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    write(&pool, &schema, "a", 2..3).await;
+    write(&pool, &schema, "b", 3..4).await;
+    // The heads come again after their delay, alone: what follows them waits.
+    let again = claim_n(&s, 2, Duration::from_secs(10)).await;
+    assert_eq!(numbers(&again), vec![0, 1]);
+    let parked_now: i64 =
+        sqlx::query_scalar(&schema.render("SELECT count(*) FROM {schema}.outbox_parked"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    if parked_now != 0 {
+        let rows: Vec<(String, String, Option<String>, serde_json::Value)> = sqlx::query_as(
+            &schema.render("SELECT aggregate_id, state, last_error, payload FROM {schema}.outbox_parked ORDER BY seq"),
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        panic!("parked ahead of the heads: {rows:?}");
+    }
+    s.complete(
+        &member(),
+        &[
+            Outcome::Failed {
+                seq: again[0].seq,
+                error: "rejected for good".into(),
+            },
+            Outcome::Published { seq: again[1].seq },
+        ],
+    )
+    .await
+    .unwrap();
+    // `b`'s malformed message is parked at the next claim; nothing of either key is handed out.
+    assert!(claim_n(&s, 1, Duration::from_millis(1500)).await.is_empty());
+    let parked: Vec<(String, String, Option<String>, serde_json::Value)> =
+        sqlx::query_as(&schema.render(
+            "SELECT aggregate_id, state, last_error, payload FROM {schema}.outbox_parked \
+             ORDER BY seq",
+        ))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let got: Vec<(&str, &str, Option<u64>)> = parked
+        .iter()
+        .map(|(k, st, _, p)| (k.as_str(), st.as_str(), p["n"].as_u64()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("a", "failed", Some(0)),
+            ("a", "failed", None),
+            ("a", "waiting", Some(2)),
+            ("b", "failed", None),
+            ("b", "waiting", Some(3)),
+        ]
+    );
+    for (key, state, error, _) in &parked {
+        if state == "failed" && error.as_deref() != Some("rejected for good") {
+            assert!(
+                error.as_deref().is_some_and(|e| e.contains("lacks")),
+                "{key}: the malformed message keeps its reason, got {error:?}"
+            );
+        }
+    }
+    s.release(&member()).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}

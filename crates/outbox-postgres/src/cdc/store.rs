@@ -79,6 +79,9 @@ struct Held {
     due: Instant,
     /// Stream order (0 for parked rows): a key's messages are handed out and parked in it.
     order: u64,
+    /// Why it cannot be published as written: it is never handed out, and is parked as
+    /// `failed` when its turn comes (behind its key's earlier messages, never ahead of them).
+    malformed: Option<String>,
 }
 
 /// A transaction of the stream not yet confirmed.
@@ -102,8 +105,17 @@ struct ToPark {
 }
 
 impl ToPark {
-    fn new(held: Held, state: &'static str, error: Option<String>) -> Self {
-        Self { held, state, error }
+    /// A malformed message is parked `failed` with its reason, whatever `state` its key's
+    /// turn would give it: redriven as `waiting`, it would be published as written.
+    fn new(mut held: Held, state: &'static str, error: Option<String>) -> Self {
+        match held.malformed.take() {
+            Some(why) => Self {
+                held,
+                state: "failed",
+                error: Some(why),
+            },
+            None => Self { held, state, error },
+        }
     }
 }
 
@@ -526,6 +538,7 @@ impl CdcStore {
             origin: Origin::Stream(txn),
             due: now,
             order: s.next_order,
+            malformed: None,
         }
     }
 
@@ -553,6 +566,25 @@ impl CdcStore {
         held.message.seq = n;
         s.inflight.insert(n, held);
         out.push(m);
+    }
+
+    /// Parks `to_park` (nothing to do when empty) and resolves them. On an error `writing`
+    /// stays set: those messages are in the WAL only now, and the next call reads it again
+    /// from the confirmed position rather than wait for them.
+    async fn park_now(&self, s: &mut State, to_park: Vec<ToPark>) -> Result<()> {
+        if to_park.is_empty() {
+            return Ok(());
+        }
+        s.writing = true;
+        let origins = self.park(to_park).await?;
+        s.writing = false;
+        for o in origins {
+            Self::resolve(s, o);
+        }
+        s.next_parked_poll
+            .get_or_insert(Instant::now() + PARKED_POLL);
+        Self::advance(s);
+        Ok(())
     }
 
     /// Redriven parked rows of keys the store does not hold, in key order.
@@ -596,6 +628,7 @@ impl CdcStore {
                 },
                 due: now,
                 order: 0,
+                malformed: None,
             })
             .collect())
     }
@@ -731,22 +764,50 @@ impl Store for CdcStore {
             .collect();
         due.sort_unstable();
         let due: Vec<String> = due.into_iter().map(|(_, k)| k).collect();
+        let mut to_park = Vec::new();
         for key in due {
             // The key's due prefix, in order: the worker sends a key's messages one after the
             // other and leaves those behind a failure without an outcome.
-            while let Some(q) = s.held.get_mut(&key) {
-                let Some(h) = q.front() else { break };
-                if h.due > now || !fits(bytes, &h.message, out.len()) {
+            loop {
+                // A malformed head waits until nothing of its key is in flight (the message
+                // before it may still fail, and must be parked first).
+                let in_flight =
+                    |s: &State| s.inflight.values().any(|h| h.message.aggregate_id == key);
+                let Some(h) = s.held.get(&key).and_then(|q| q.front()) else {
+                    break;
+                };
+                let ready = if h.malformed.is_some() {
+                    !in_flight(&s)
+                } else {
+                    h.due <= now && fits(bytes, &h.message, out.len())
+                };
+                if !ready {
                     break;
                 }
+                let Some(q) = s.held.get_mut(&key) else { break };
                 let Some(h) = q.pop_front() else { break };
                 if q.is_empty() {
                     s.held.remove(&key);
+                }
+                if h.malformed.is_some() {
+                    // Its key's earlier messages are done: its turn to be parked as failed,
+                    // and under block, what the relay holds of the key behind it.
+                    to_park.push(ToPark::new(h, "failed", None));
+                    if on_failed == OnFailed::Block {
+                        s.parked_keys.insert(key.clone());
+                        for behind in s.held.remove(&key).into_iter().flatten() {
+                            to_park.push(ToPark::new(behind, "waiting", None));
+                        }
+                    }
+                    continue;
                 }
                 bytes += h.message.payload.len();
                 Self::hand_out(&mut s, h, &mut out);
             }
         }
+        // Written before the parked rows are read again below, which resets the parked keys
+        // from the table.
+        self.park_now(&mut s, std::mem::take(&mut to_park)).await?;
         // Redriven parked rows, only while `outbox_parked` has rows.
         if s.next_parked_poll.is_some_and(|t| t <= now) && out.len() < limits.rows {
             let room = limits.rows - out.len();
@@ -774,7 +835,6 @@ impl Store for CdcStore {
                 (n + 1, b.saturating_add(h.message.payload.len()))
             });
         let full = held_n >= MAX_HELD || held_bytes >= limits.bytes.saturating_mul(4);
-        let mut to_park = Vec::new();
         let mut ended = None;
         // Messages read from the stream by this claim, handed out or not: a claim never takes
         // more than a batch from the stream, so what waits in memory stays bounded.
@@ -839,28 +899,26 @@ impl Store for CdcStore {
                 }
                 Item::Malformed(m, why) => {
                     taken += 1;
-                    warn!(id = %m.id, key = %m.aggregate_id, error = %why, "a CDC message cannot be published as written; parked as failed");
-                    let held = Self::accept(&mut s, *m, now);
-                    if on_failed == OnFailed::Block {
-                        s.parked_keys.insert(held.message.aggregate_id.clone());
+                    warn!(id = %m.id, key = %m.aggregate_id, error = %why, "a CDC message cannot be published as written; parked as failed behind its key's earlier messages");
+                    let mut held = Self::accept(&mut s, *m, now);
+                    held.malformed = Some(why);
+                    let key = held.message.aggregate_id.clone();
+                    let earlier_held = s.held.contains_key(&key)
+                        || s.inflight.values().any(|h| h.message.aggregate_id == key);
+                    if earlier_held && !s.parked_keys.contains(&key) {
+                        // Earlier messages of its key are in flight or waiting for a retry:
+                        // parked now, it would be redriven ahead of them.
+                        s.held.entry(key).or_default().push_back(held);
+                    } else {
+                        if on_failed == OnFailed::Block {
+                            s.parked_keys.insert(key);
+                        }
+                        to_park.push(ToPark::new(held, "failed", None));
                     }
-                    to_park.push(ToPark::new(held, "failed", Some(why)));
                 }
             }
         }
-        if !to_park.is_empty() {
-            // On an error `writing` stays set: those messages are in the WAL only now, and the
-            // next call reads it again from the confirmed position rather than wait for them.
-            s.writing = true;
-            let origins = self.park(to_park).await?;
-            s.writing = false;
-            for o in origins {
-                Self::resolve(&mut s, o);
-            }
-            s.next_parked_poll
-                .get_or_insert(Instant::now() + PARKED_POLL);
-            Self::advance(&mut s);
-        }
+        self.park_now(&mut s, to_park).await?;
         if let Some(e) = ended {
             warn!(error = %e, "CDC stream ended; reconnecting from the confirmed position");
             s.stream = None;
