@@ -239,6 +239,13 @@ pub struct RelayArgs {
     /// OUTBOX_CDC_HEARTBEAT.
     #[arg(long, value_name = "DURATION", env = "OUTBOX_CDC_HEARTBEAT")]
     pub cdc_heartbeat: Option<crate::config::Dur>,
+    /// CDC mode: when the slot retains more WAL than this (e.g. 20GiB), the relay drops it and
+    /// falls back to the polling engine, saying so: the table's messages are all delivered,
+    /// logical messages (`emit`) not yet published are lost with the WAL. Checked every
+    /// maintenance round while the relay has messages in hand. Default: no limit of ours
+    /// (PostgreSQL's max_slot_wal_keep_size still applies). Env: OUTBOX_CDC_MAX_RETAINED_WAL.
+    #[arg(long, value_name = "SIZE", env = "OUTBOX_CDC_MAX_RETAINED_WAL")]
+    pub cdc_max_retained_wal: Option<crate::config::ByteSize>,
     /// Sink URL, e.g. nats://127.0.0.1:4222. Env: OUTBOX_SINK.
     #[arg(long, value_name = "URL")]
     pub sink: Option<String>,

@@ -947,3 +947,40 @@ async fn a_malformed_message_is_parked_behind_its_keys_earlier_messages() {
     drop(s);
     cleanup(&pool, &schema, &names).await;
 }
+
+/// The slot retains more WAL than the relay's limit while the relay is behind (messages in
+/// hand, unpublished): the maintenance round drops the slot and falls back to polling, and
+/// every message is delivered at least once.
+#[tokio::test]
+async fn a_slot_over_the_retained_limit_is_dropped_and_the_relay_falls_back() {
+    let (pool, schema, names, _guard) = cdc("cdc_overlimit").await;
+    let s = store(&pool, &names, &database_url())
+        .await
+        .with_max_retained(Some(1));
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    write(&pool, &schema, "k", 0..20).await;
+    let got = claim_n(&s, 20, Duration::from_secs(10)).await;
+    publish(&s, &got[..10]).await;
+    // Ten in hand: the relay is behind, so the round looks at the slot, and it is over 1 byte.
+    s.maintain(Duration::from_secs(3600)).await.unwrap();
+    assert!(s.fell_back(), "over its limit, the relay falls back");
+    assert!(
+        !outbox_postgres::cdc::setup::slot_exists(&pool, &names.slot)
+            .await
+            .unwrap(),
+        "the slot is dropped, and its WAL with it"
+    );
+    write(&pool, &schema, "k", 20..25).await;
+    let rest = drain_polling(&s).await;
+    let mut all = numbers(&got[..10]);
+    all.extend(numbers(&rest));
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(
+        all,
+        (0..25).collect::<Vec<_>>(),
+        "every message, at least once"
+    );
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}

@@ -109,11 +109,12 @@ pub async fn run(s: RelaySettings, args: &crate::cli::RelayArgs) -> anyhow::Resu
         crate::cli::RelayMode::Polling => database.store(),
         crate::cli::RelayMode::Cdc => {
             let heartbeat = args.cdc_heartbeat.map(|d| d.0);
+            let max_retained = args.cdc_max_retained_wal.map(|b| b.0 as u64);
             cdc_store(
                 &database,
                 &s.db.url,
                 &args.cdc_group,
-                heartbeat,
+                (heartbeat, max_retained),
                 &mut s.relay,
             )
             .await?
@@ -158,7 +159,7 @@ async fn cdc_store(
     database: &outbox_db::Database,
     url: &str,
     group: &str,
-    heartbeat: Option<std::time::Duration>,
+    (heartbeat, max_retained): (Option<std::time::Duration>, Option<u64>),
     relay: &mut outbox_relay::RelayConfig,
 ) -> anyhow::Result<Arc<dyn outbox_core::Store>> {
     let outbox_db::Database::Postgres(pg) = database else {
@@ -171,7 +172,8 @@ async fn cdc_store(
     let names = outbox_postgres::cdc::CdcNames::new(pg.schema(), group)?;
     let store = outbox_postgres::cdc::CdcStore::new(pg.pool().clone(), url, names)
         .await?
-        .with_heartbeat(heartbeat);
+        .with_heartbeat(heartbeat)
+        .with_max_retained(max_retained);
     if relay.workers != 1 {
         info!(
             workers = relay.workers,

@@ -119,6 +119,9 @@ impl ToPark {
     }
 }
 
+/// How long dropping a slot over its limit waits for this relay's own WAL sender to exit.
+const SLOT_RELEASE: Duration = Duration::from_secs(10);
+
 /// WAL the cluster writes before an idle CDC relay runs maintenance (segments ahead of the
 /// transaction ids), at most. Every transaction that takes an id writes a commit record, and
 /// the cheapest id, a subtransaction's, still costs 4 bytes of it: 64 MiB of WAL can use at
@@ -200,6 +203,9 @@ pub struct CdcStore {
     recount_due: AtomicBool,
     /// WAL bytes after which an idle relay runs maintenance (see [`MAINTAIN_AFTER_WAL`]).
     maintain_after_wal: u64,
+    /// Retained WAL past which the relay drops its slot and falls back to polling (`None`:
+    /// only PostgreSQL's `max_slot_wal_keep_size` bounds it).
+    max_retained: Option<u64>,
 }
 
 impl CdcStore {
@@ -246,6 +252,7 @@ impl CdcStore {
             more: AtomicBool::new(false),
             fallback: AtomicBool::new(false),
             heartbeat: None,
+            max_retained: None,
             recount_due: AtomicBool::new(false),
         })
     }
@@ -258,6 +265,18 @@ impl CdcStore {
     /// The position confirmed to the server so far (0 before the first).
     pub async fn confirmed(&self) -> u64 {
         self.state.lock().await.confirmed
+    }
+
+    /// Drops the slot once it retains more than `bytes` of WAL, checked at each maintenance
+    /// round while the relay has messages in hand or handled some (an idle relay sends no
+    /// statement), and falls back to the polling engine: the table's messages are delivered
+    /// from the last checkpoint on, none lost; logical messages (`emit`) not yet published go
+    /// with the WAL, as when PostgreSQL invalidates the slot at `max_slot_wal_keep_size`. A
+    /// bound of this slot's own, acted on before the cluster-wide one. `None` (the default):
+    /// no bound of ours.
+    pub fn with_max_retained(mut self, bytes: Option<u64>) -> Self {
+        self.max_retained = bytes;
+        self
     }
 
     /// Writes a heartbeat into the WAL every `every` the stream is silent: a non-transactional
@@ -308,7 +327,7 @@ impl CdcStore {
         tracing::error!(
             slot = %self.names.slot,
             error = %why,
-            "CDC SLOT LOST: the relay falls back to the polling engine, which delivers every \
+            "CDC SLOT LOST OR DROPPED: the relay falls back to the polling engine, which delivers every \
              message of the table from the last checkpoint on (some again, none lost). Logical \
              messages (emit) not yet published are gone with the slot's WAL. To return to CDC, \
              let the polling relay catch up, run `outbox migrate --cdc` and restart the relay"
@@ -316,6 +335,59 @@ impl CdcStore {
         *s = State::default();
         self.recount_due.store(true, Ordering::Relaxed);
         self.fallback.store(true, Ordering::Relaxed);
+    }
+
+    /// When the slot retains more than `limit` bytes of WAL: ends the stream, drops the slot
+    /// (its WAL is freed) and falls back to polling, saying so. Returns whether it fell back.
+    async fn over_limit_falls_back(&self, limit: u64) -> Result<bool> {
+        let retained: Option<i64> = sqlx::query_scalar(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint \
+             FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&self.names.slot)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading the CDC slot's retained WAL", e))?
+        .flatten();
+        let Some(retained) = retained.and_then(|r| u64::try_from(r).ok()) else {
+            return Ok(false); // gone already: the next claim finds out and falls back
+        };
+        if retained <= limit {
+            return Ok(false);
+        }
+        let mut s = self.state.lock().await;
+        // This session's stream ends first: a slot in use cannot be dropped.
+        s.stream = None;
+        let until = Instant::now() + SLOT_RELEASE;
+        loop {
+            let dropped = sqlx::query(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = $1",
+            )
+            .bind(&self.names.slot)
+            .execute(&self.pool)
+            .await;
+            match dropped {
+                Ok(_) => break,
+                Err(e) if Instant::now() >= until => {
+                    // Still held (our WAL sender has not exited yet): CDC goes on, and the
+                    // next round tries again.
+                    warn!(slot = %self.names.slot, error = %e, "the CDC slot is over its retained-WAL limit but could not be dropped yet; will try again");
+                    return Ok(false);
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        let why = Error::new(
+            ErrorKind::Config,
+            format!(
+                "the slot `{}` retained {retained} bytes of WAL, over the relay's limit of \
+                 {limit} (--cdc-max-retained-wal): the relay dropped it",
+                self.names.slot
+            ),
+        );
+        self.fall_back(&mut s, &why);
+        Ok(true)
     }
 
     /// Sets the positions' parked counts right after the fallback, once.
@@ -1184,7 +1256,7 @@ impl Store for CdcStore {
         // databases use transaction ids too, and segments must stay ahead of them. Anything
         // less leaves the segments ahead by far (see MAINTAIN_AFTER_WAL), so an idle outbox
         // on a busy cluster gets no statement either.
-        let due = {
+        let (due, behind) = {
             let mut s = self.state.lock().await;
             let handled = std::mem::take(&mut s.handled_since_maintain) > 0;
             let moved = s.confirmed.saturating_sub(s.confirmed_at_maintain)
@@ -1193,8 +1265,17 @@ impl Store for CdcStore {
             if handled || moved {
                 s.confirmed_at_maintain = s.confirmed;
             }
-            handled || moved
+            // Messages in hand that are not confirmed: a relay stuck on them (a broker down)
+            // handles nothing and confirms nothing, and that is when the slot's WAL grows.
+            let behind = !s.txns.is_empty() || !s.held.is_empty() || !s.inflight.is_empty();
+            (handled || moved, behind)
         };
+        if let Some(limit) = self.max_retained.filter(|_| due || behind) {
+            if self.over_limit_falls_back(limit).await? {
+                self.recount_parked().await;
+                return self.inner.maintain(retention).await;
+            }
+        }
         if due {
             self.inner.maintain(retention).await
         } else {
