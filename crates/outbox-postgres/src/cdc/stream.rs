@@ -445,9 +445,15 @@ fn row_message(r: &Relation, values: Vec<Option<Bytes>>) -> Item {
     }
 }
 
-/// PostgreSQL's ISO text of a `timestamptz` in UTC (`2026-12-05 02:50:01.123456+00`).
+/// PostgreSQL's ISO text of a `timestamptz` in UTC (`2026-12-05 02:50:01.123456+00`). Read as
+/// RFC 3339 once the separator and a short offset are mended: chrono's RFC 3339 reader is a
+/// fixed one, where a format string is interpreted afresh on every call (this runs per row).
 fn parse_timestamptz(s: &str) -> Option<DateTime<Utc>> {
-    DateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f%#z")
+    let (date, rest) = s.split_once(' ')?;
+    let sign = rest.rfind(['+', '-'])?;
+    let short_offset = rest.len() - sign == 3;
+    let text = format!("{date}T{rest}{}", if short_offset { ":00" } else { "" });
+    DateTime::parse_from_rfc3339(&text)
         .ok()
         .map(|t| t.with_timezone(&Utc))
 }
@@ -466,6 +472,25 @@ mod tests {
     use super::*;
     use crate::cdc::pgoutput::tests::{insert, relation};
     use crate::schema::Schema;
+
+    #[test]
+    fn timestamps_read_as_postgres_writes_them() {
+        let t = |s: &str| parse_timestamptz(s).map(|t| t.to_rfc3339());
+        assert_eq!(
+            t("2026-12-05 02:50:01.123456+00").as_deref(),
+            Some("2026-12-05T02:50:01.123456+00:00")
+        );
+        assert_eq!(
+            t("2026-12-05 02:50:01+00").as_deref(),
+            Some("2026-12-05T02:50:01+00:00")
+        );
+        assert_eq!(
+            t("2026-12-05 08:20:01.5+05:30").as_deref(),
+            Some("2026-12-05T02:50:01.500+00:00")
+        );
+        assert_eq!(t("yesterday"), None);
+        assert_eq!(t("2026-12-05 25:00:00+00"), None);
+    }
 
     fn decoder() -> Decoder {
         let s = Schema::new("shop").unwrap();
