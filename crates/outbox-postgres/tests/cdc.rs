@@ -498,6 +498,18 @@ async fn drop_slot_under_the_relay(pool: &PgPool, slot: &str) {
     }
 }
 
+/// Messages `0..n` were all published, some perhaps more than once, across `published`.
+fn assert_each_at_least_once(published: &[&[Message]], n: u64) {
+    let mut all: Vec<u64> = published.iter().flat_map(|p| numbers(p)).collect();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(
+        all,
+        (0..n).collect::<Vec<_>>(),
+        "every message, at least once"
+    );
+}
+
 /// Claims (finding the stream gone and the slot with it) until the store falls back to polling.
 async fn claim_until_it_falls_back(s: &CdcStore) {
     let mut tries = 0;
@@ -592,15 +604,7 @@ async fn a_dropped_slot_falls_back_to_polling_without_loss() {
     // The next claims find the stream gone and the slot with it: polling from here.
     claim_until_it_falls_back(&s).await;
     let rest = drain_polling(&s).await;
-    let mut all: Vec<u64> = numbers(&first);
-    all.extend(numbers(&rest));
-    all.sort_unstable();
-    all.dedup();
-    assert_eq!(
-        all,
-        (0..110).collect::<Vec<_>>(),
-        "every message, at least once"
-    );
+    assert_each_at_least_once(&[&first, &rest], 110);
     assert_eq!(
         rest.len(),
         60,
@@ -972,15 +976,7 @@ async fn a_slot_over_the_retained_limit_is_dropped_and_the_relay_falls_back() {
     );
     write(&pool, &schema, "k", 20..25).await;
     let rest = drain_polling(&s).await;
-    let mut all = numbers(&got[..10]);
-    all.extend(numbers(&rest));
-    all.sort_unstable();
-    all.dedup();
-    assert_eq!(
-        all,
-        (0..25).collect::<Vec<_>>(),
-        "every message, at least once"
-    );
+    assert_each_at_least_once(&[&got[..10], &rest], 25);
     drop(s);
     cleanup(&pool, &schema, &names).await;
 }

@@ -640,6 +640,12 @@ impl CdcStore {
         out.push(m);
     }
 
+    /// Whether a message of `key` is handed out and not completed. A scan of what is in flight
+    /// (a batch at most): only a malformed message asks, and those are rare.
+    fn in_flight(s: &State, key: &str) -> bool {
+        s.inflight.values().any(|h| h.message.aggregate_id == key)
+    }
+
     /// Parks `to_park` (nothing to do when empty) and resolves them. On an error `writing`
     /// stays set: those messages are in the WAL only now, and the next call reads it again
     /// from the confirmed position rather than wait for them.
@@ -840,16 +846,11 @@ impl Store for CdcStore {
         for key in due {
             // The key's due prefix, in order: the worker sends a key's messages one after the
             // other and leaves those behind a failure without an outcome.
-            loop {
-                // A malformed head waits until nothing of its key is in flight (the message
-                // before it may still fail, and must be parked first).
-                let in_flight =
-                    |s: &State| s.inflight.values().any(|h| h.message.aggregate_id == key);
-                let Some(h) = s.held.get(&key).and_then(|q| q.front()) else {
-                    break;
-                };
+            // A malformed head waits until nothing of its key is in flight (the message before
+            // it may still fail, and must be parked first).
+            while let Some(h) = s.held.get(&key).and_then(|q| q.front()) {
                 let ready = if h.malformed.is_some() {
-                    !in_flight(&s)
+                    !Self::in_flight(&s, &key)
                 } else {
                     h.due <= now && fits(bytes, &h.message, out.len())
                 };
@@ -975,8 +976,7 @@ impl Store for CdcStore {
                     let mut held = Self::accept(&mut s, *m, now);
                     held.malformed = Some(why);
                     let key = held.message.aggregate_id.clone();
-                    let earlier_held = s.held.contains_key(&key)
-                        || s.inflight.values().any(|h| h.message.aggregate_id == key);
+                    let earlier_held = s.held.contains_key(&key) || Self::in_flight(&s, &key);
                     if earlier_held && !s.parked_keys.contains(&key) {
                         // Earlier messages of its key are in flight or waiting for a retry:
                         // parked now, it would be redriven ahead of them.
