@@ -34,10 +34,15 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "UUIDv7 default in PL/pgSQL",
         include_str!("../migrations/0006_uuid_plpgsql.sql"),
     ),
+    (
+        7,
+        "seq drawn by a nextval default",
+        include_str!("../migrations/0007_seq_default.sql"),
+    ),
 ];
 
 /// The schema version this crate's relay and writer need: the last of [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// Creates `schema` if needed and applies the migrations it lacks, in one transaction per run.
 /// Safe to run concurrently and repeatedly. Returns the versions applied now (empty when the

@@ -305,6 +305,76 @@ async fn purge_never_drops_a_pending_row() {
     teardown(&pool, &schema).await;
 }
 
+/// Version 7 turns `seq` from an identity into a plain `nextval` default without moving the
+/// sequence: rows written at version 6 are delivered, new rows draw seqs above theirs (never a
+/// seq handed out before), and the sequence stays uncached, as the floor needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_to_version_7_keeps_the_sequence_where_it_was() {
+    let pool = connect_pool(&database_url(), 4).await.unwrap();
+    let schema = Schema::new(&outbox_testkit::unique_name("eng_v7")).unwrap();
+    sqlx::raw_sql(&schema.render(
+        "CREATE SCHEMA {schema};
+         CREATE TABLE {schema}.outbox_migrations (version integer PRIMARY KEY, name text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now());",
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v <= 6) {
+        sqlx::raw_sql(&schema.render(sql))
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            &schema
+                .render("INSERT INTO {schema}.outbox_migrations (version, name) VALUES ($1, $2)"),
+        )
+        .bind(version)
+        .bind(name)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let insert = schema.render(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
+         SELECT 'o', 'k', 'e', '{}' FROM generate_series(1, 40) RETURNING id, seq",
+    );
+    let old: Vec<(uuid::Uuid, i64)> = sqlx::query_as(&insert).fetch_all(&pool).await.unwrap();
+    // Drawn and rolled back at version 6: these seqs were handed out, so they must not return.
+    let mut tx = pool.begin().await.unwrap();
+    let lost: Vec<(uuid::Uuid, i64)> = sqlx::query_as(&insert).fetch_all(&mut *tx).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(migrate(&pool, &schema).await.unwrap(), vec![7]);
+    let identity: String = sqlx::query_scalar(&schema.render(
+        "SELECT attidentity::text FROM pg_attribute
+         WHERE attrelid = '{schema}.outbox'::regclass AND attname = 'seq'",
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(identity, "", "seq is no longer an identity");
+    let cache: i64 = sqlx::query_scalar(&schema.render(
+        "SELECT seqcache FROM pg_sequence WHERE seqrelid = '{schema}.outbox_seq_v2'::regclass",
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(cache, 1);
+    let new: Vec<(uuid::Uuid, i64)> = sqlx::query_as(&insert).fetch_all(&pool).await.unwrap();
+    let highest_before = old.iter().chain(&lost).map(|(_, s)| *s).max().unwrap();
+    assert!(
+        new.iter().all(|(_, s)| *s > highest_before),
+        "new seqs {new:?} start above every seq handed out before ({highest_before})"
+    );
+    assert_eq!(migrate(&pool, &schema).await.unwrap(), Vec::<i32>::new());
+    let store = Arc::new(PgStore::new(pool.clone(), schema.clone()));
+    let m = MemberId::random("m");
+    let parts = store.rebalance(&m, Duration::from_secs(30)).await.unwrap();
+    let want: Vec<uuid::Uuid> = old.iter().chain(&new).map(|(id, _)| *id).collect();
+    assert_eq!(drain(&store, &m, &parts).await, want, "every row, in order");
+    teardown(&pool, &schema).await;
+}
+
 /// `migrate` upgrades a version 1 outbox in place: pending rows keep their ids and order,
 /// retrying and failed heads keep their attempts and errors (parked), published history stays
 /// in `outbox_v1`, and new rows come after the old ones.
@@ -355,7 +425,7 @@ async fn migrate_upgrades_a_version_one_outbox_in_place() {
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(migrate(&pool, &schema).await.unwrap(), vec![3, 4, 5, 6]);
+    assert_eq!(migrate(&pool, &schema).await.unwrap(), vec![3, 4, 5, 6, 7]);
     let store = Arc::new(PgStore::new(pool.clone(), schema.clone()));
     let s = store.stats().await.unwrap();
     assert_eq!((s.failed, s.retrying), (1, 1));
