@@ -13,9 +13,10 @@
 --
 -- The sequence keeps its name, its last value and CACHE 1 (claims read its last value as a
 -- floor, see 0005): the identity's sequence is dropped with the identity, so a new one takes
--- over exactly where it stopped. `ALTER SEQUENCE` first takes a lock that waits for every
--- transaction that has drawn from it (writers, and CDC parking, which calls nextval directly)
--- and holds off new ones until this migration commits, so no value is handed out twice.
+-- over exactly where it stopped. The table's lock comes first (the order writers take them:
+-- the table, then the sequence), then `ALTER SEQUENCE` takes one that waits for every other
+-- transaction that has drawn from it (CDC parking calls nextval without touching the table) and
+-- holds off new ones until this migration commits, so no value is handed out twice.
 DO $$
 DECLARE
   last_value bigint;
@@ -24,6 +25,7 @@ BEGIN
   IF EXISTS (SELECT 1 FROM pg_attribute
              WHERE attrelid = '{schema}.outbox'::regclass AND attname = 'seq'
                AND attidentity <> '') THEN
+    LOCK TABLE {schema}.outbox IN ACCESS EXCLUSIVE MODE;
     ALTER SEQUENCE {schema}.outbox_seq_v2 CACHE 1;
     SELECT s.last_value, s.is_called INTO last_value, called FROM {schema}.outbox_seq_v2 AS s;
     ALTER TABLE {schema}.outbox ALTER COLUMN seq DROP IDENTITY;
