@@ -305,36 +305,87 @@ async fn purge_never_drops_a_pending_row() {
     teardown(&pool, &schema).await;
 }
 
-/// Version 7 turns `seq` from an identity into a plain `nextval` default without moving the
-/// sequence: rows written at version 6 are delivered, new rows draw seqs above theirs (never a
-/// seq handed out before), and the sequence stays uncached, as the floor needs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migrate_to_version_7_keeps_the_sequence_where_it_was() {
-    let pool = connect_pool(&database_url(), 4).await.unwrap();
-    let schema = Schema::new(&outbox_testkit::unique_name("eng_v7")).unwrap();
+/// A fresh schema migrated by hand up to `version` and no further, as an older `outbox migrate`
+/// left it.
+async fn schema_at_version(pool: &PgPool, prefix: &str, version: i32) -> Schema {
+    let schema = Schema::new(&outbox_testkit::unique_name(prefix)).unwrap();
     sqlx::raw_sql(&schema.render(
         "CREATE SCHEMA {schema};
          CREATE TABLE {schema}.outbox_migrations (version integer PRIMARY KEY, name text NOT NULL,
              applied_at timestamptz NOT NULL DEFAULT now());",
     ))
-    .execute(&pool)
+    .execute(pool)
     .await
     .unwrap();
-    for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v <= 6) {
+    for (v, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v <= version) {
         sqlx::raw_sql(&schema.render(sql))
-            .execute(&pool)
+            .execute(pool)
             .await
             .unwrap();
         sqlx::query(
             &schema
                 .render("INSERT INTO {schema}.outbox_migrations (version, name) VALUES ($1, $2)"),
         )
-        .bind(version)
+        .bind(v)
         .bind(name)
-        .execute(&pool)
+        .execute(pool)
         .await
         .unwrap();
     }
+    schema
+}
+
+/// Version 7 run while a writer is in the middle of its transaction, having read the outbox but
+/// not yet drawn a seq: the migration waits for it (the table's lock first; taking the
+/// sequence's first would deadlock with the writer's insert), and no seq is handed out twice
+/// across the change of sequence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_to_version_7_waits_for_a_writer_in_progress() {
+    let pool = connect_pool(&database_url(), 4).await.unwrap();
+    let schema = schema_at_version(&pool, "eng_v7w", 6).await;
+    let insert = schema.render(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('o', 'k', 'e', '{}') RETURNING seq",
+    );
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(&schema.render("SELECT count(*) FROM {schema}.outbox"))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // Polled for half a second and then left pending: its statement waits on the server.
+    let migrating = migrate(&pool, &schema);
+    tokio::pin!(migrating);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut migrating)
+            .await
+            .is_err(),
+        "the migration waits for the writer"
+    );
+    let mut drawn = Vec::new();
+    for _ in 0..2 {
+        let seq: i64 = sqlx::query_scalar(&insert)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        drawn.push(seq);
+    }
+    tx.commit().await.unwrap();
+    assert_eq!(migrating.await.unwrap(), vec![7]);
+    let after: i64 = sqlx::query_scalar(&insert).fetch_one(&pool).await.unwrap();
+    assert!(
+        drawn[0] < drawn[1] && drawn[1] < after,
+        "seqs {drawn:?}, then {after} after the migration"
+    );
+    teardown(&pool, &schema).await;
+}
+
+/// Version 7 turns `seq` from an identity into a plain `nextval` default without moving the
+/// sequence: rows written at version 6 are delivered, new rows draw seqs above theirs (never a
+/// seq handed out before), and the sequence stays uncached, as the floor needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_to_version_7_keeps_the_sequence_where_it_was() {
+    let pool = connect_pool(&database_url(), 4).await.unwrap();
+    let schema = schema_at_version(&pool, "eng_v7", 6).await;
     let insert = schema.render(
         "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
          SELECT 'o', 'k', 'e', '{}' FROM generate_series(1, 40) RETURNING id, seq",
@@ -381,31 +432,8 @@ async fn migrate_to_version_7_keeps_the_sequence_where_it_was() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_upgrades_a_version_one_outbox_in_place() {
     let pool = connect_pool(&database_url(), 4).await.unwrap();
-    let schema = Schema::new(&outbox_testkit::unique_name("eng_up")).unwrap();
-    // Build the version 2 schema (before the engine change) by hand.
-    sqlx::raw_sql(&schema.render(
-        "CREATE SCHEMA {schema};
-         CREATE TABLE {schema}.outbox_migrations (version integer PRIMARY KEY, name text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now());",
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    for (version, name, sql) in &MIGRATIONS[..2] {
-        sqlx::raw_sql(&schema.render(sql))
-            .execute(&pool)
-            .await
-            .unwrap();
-        sqlx::query(
-            &schema
-                .render("INSERT INTO {schema}.outbox_migrations (version, name) VALUES ($1, $2)"),
-        )
-        .bind(version)
-        .bind(name)
-        .execute(&pool)
-        .await
-        .unwrap();
-    }
+    // The version 2 schema, before the engine change.
+    let schema = schema_at_version(&pool, "eng_up", 2).await;
     sqlx::raw_sql(&schema.render(
         "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload, state,
                                       attempts, last_error, published_at)

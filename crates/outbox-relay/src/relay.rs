@@ -242,9 +242,9 @@ async fn maintain_loop(
         match store.maintain(retention).await {
             Ok(m) if m.rows_below_floor > 0 => warn!(
                 rows = m.rows_below_floor,
-                "rows lie below their window's seq floor, where claims pass over them: either a writer \
-                 set `seq` or `txid` by hand (never do; see docs/sql-contract.md) or an engine \
-                 defect; please report the latter (see docs/engine.md)"
+                "rows lie below their window's seq floor, where claims pass over them: either a \
+                 writer set `seq` or `txid` by hand (never do; see docs/sql-contract.md) or an \
+                 engine defect; please report the latter (see docs/engine.md)"
             ),
             Ok(m) if m.segments_created + m.segments_dropped > 0 => info!(
                 created = m.segments_created,
