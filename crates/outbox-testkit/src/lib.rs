@@ -34,6 +34,12 @@ pub fn init_test_log() {
 }
 
 /// A lower-case name `prefix_<16 hex>`, unique per call: per-test schemas, streams, subjects.
+///
+/// The process id is mixed in because fastrand seeds each thread from the clock and the
+/// thread's id only: two test processes started by nextest in the same instant drew the same
+/// names, and two SQS tests once shared one store (CI, 2026-12-05). Processes alive at the same
+/// time have different ids, so their names differ even when their seeds do not.
 pub fn unique_name(prefix: &str) -> String {
-    format!("{prefix}_{:016x}", fastrand::u64(..))
+    let pid = u64::from(std::process::id());
+    format!("{prefix}_{:016x}", fastrand::u64(..) ^ pid.rotate_left(40))
 }
