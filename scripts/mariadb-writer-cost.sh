@@ -21,6 +21,7 @@
 # 127.0.0.1 (root, no password). scripts/mariadb-binlog-cost.sh runs this against a private
 # server twice, with the binlog off and on. Works in a database of its own, dropped at the end.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
 per_client="${1:-1000}"
 rounds="${2:-3}"
 parts="${PARTS:-64}"
@@ -93,17 +94,7 @@ for r in $(seq 1 "$rounds"); do
     printf '  round %s  %-8s %8s tps\n' "$r" "$v" "$tps"
   done
 done
-python3 - "$results" <<'PY'
-import sys, statistics
-runs = {}
-for line in open(sys.argv[1]):
-    v, tps = line.split()
-    runs.setdefault(v, []).append(float(tps))
-naive = statistics.median(runs["naive"])
-for v, t in runs.items():
-    m = statistics.median(t)
-    print(f"  {v:<8} median {m:8.0f} tps  {m / naive:5.2f} of naive")
-PY
+python3 "$here/median_ratios.py" "$results"
 rm -f "$results"
 # Per-key order held: every key's counter values are 1..n with no gap or repeat.
 my "$db" -N -e "SELECT 'keys with a gap or a repeat in key_seq:', COUNT(*) FROM (SELECT aggregate_id FROM outbox_t GROUP BY aggregate_id HAVING COUNT(DISTINCT key_seq) <> COUNT(*) OR MAX(key_seq) <> COUNT(*)) g"

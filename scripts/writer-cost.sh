@@ -18,6 +18,7 @@
 # Needs pgbench (Debian's postgresql-contrib or postgresql client packages) and an `outbox`
 # binary (OUTBOX_BIN, default: the release build in CARGO_TARGET_DIR).
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
 cd "$(dirname "$0")/.."
 url="${1:-postgres://root@127.0.0.1:5432/test}"
 secs="${2:-10}"
@@ -95,15 +96,4 @@ for r in $(seq 1 "$rounds"); do
     printf '  round %s  %-12s %10.0f tps\n' "$r" "$v" "$tps"
   done
 done
-python3 - "$work/results" <<'PY'
-import sys, statistics
-runs = {}
-for line in open(sys.argv[1]):
-    v, tps = line.split()
-    runs.setdefault(v, []).append(float(tps))
-naive = statistics.median(runs["naive"])
-print("median tps, and over the naive table's median:")
-for v, t in runs.items():
-    m = statistics.median(t)
-    print(f"  {v:<12} {m:10.0f}  {m / naive:5.2f}")
-PY
+python3 "$here/median_ratios.py" "$work/results"
