@@ -4,8 +4,11 @@
 -- only what came after the mark, and loses nothing.
 --
 -- Appended, compare-and-append, for each partition whose latest position:
---   * has no open window (`cur IS NULL`): a polling relay in mid-window keeps its window;
 --   * is not owned under a live lease: a polling relay that owns it records its own positions;
+--   * has no open window, or one whose snapshot `cur` S contains: the window's rows are then all
+--     visible in S, so each was published by this relay or is one the check below refuses (a
+--     polling relay that stopped in mid-window no longer pins the partition; one that was only
+--     paused finds its record refused by compare-and-append and claims again from here);
 --   * is older than the mark (its `done` is contained in S), so a position never moves back;
 --   * has nothing the slot's stream lacks: every row written before the slot was created is
 --     behind it already, i.e. no row of the partition is visible in $4 (the snapshot taken just
@@ -23,8 +26,12 @@ WITH latest AS MATERIALIZED (
     SELECT l.partition, p.epoch, l.id, l.published
     FROM latest AS l
     JOIN {schema}.outbox_partitions AS p ON p.partition = l.partition
-    WHERE l.cur IS NULL
-      AND (p.owner IS NULL OR p.lease_until < now())
+    WHERE (p.owner IS NULL OR p.lease_until < now())
+      -- No open window, or S contains it.
+      AND (l.cur IS NULL
+           OR (pg_snapshot_xmax(l.cur) <= pg_snapshot_xmax($1::pg_snapshot)
+               AND NOT EXISTS (SELECT 1 FROM pg_snapshot_xip($1::pg_snapshot) AS s(xid)
+                               WHERE pg_visible_in_snapshot(s.xid, l.cur))))
       -- S contains `done`: every txid visible in `done` is visible in S.
       AND pg_snapshot_xmax(l.done) <= pg_snapshot_xmax($1::pg_snapshot)
       AND NOT EXISTS (SELECT 1 FROM pg_snapshot_xip($1::pg_snapshot) AS s(xid)

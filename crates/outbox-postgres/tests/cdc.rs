@@ -17,10 +17,16 @@ use sqlx::PgPool;
 
 async fn cdc(tag: &str) -> (PgPool, Schema, CdcNames, SlotGuard) {
     let (pool, schema, _) = setup(tag).await;
-    let names = CdcNames::new(&schema, "relay").unwrap();
-    migrate_cdc(&pool, &names).await.unwrap();
-    let guard = SlotGuard(names.clone());
+    let (names, guard) = make_slot(&pool, &schema).await;
     (pool, schema, names, guard)
+}
+
+/// What `outbox migrate --cdc` does for `schema` (group `relay`): the slot starts now.
+async fn make_slot(pool: &PgPool, schema: &Schema) -> (CdcNames, SlotGuard) {
+    let names = CdcNames::new(schema, "relay").unwrap();
+    migrate_cdc(pool, &names).await.unwrap();
+    let guard = SlotGuard(names.clone());
+    (names, guard)
 }
 
 /// Drops a test's slot, publication and schema when the test panics before its `cleanup`: a
@@ -977,6 +983,360 @@ async fn a_slot_over_the_retained_limit_is_dropped_and_the_relay_falls_back() {
     write(&pool, &schema, "k", 20..25).await;
     let rest = drain_polling(&s).await;
     assert_each_at_least_once(&[&got[..10], &rest], 25);
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// The worker's loop with one member, as `outbox relay` runs it: rebalance, claim (small
+/// batches, so windows are read in several claims), publish, complete; until `done` says so or
+/// `within` passed. Returns what was published, in order.
+async fn run_worker(
+    s: &CdcStore,
+    m: &MemberId,
+    within: Duration,
+    done: impl Fn(&CdcStore, &[Message]) -> bool,
+) -> Vec<Message> {
+    run_worker_failing(s, m, within, done, |_| false).await
+}
+
+/// [`run_worker`], where the broker rejects for good the messages `fails` names: returns what
+/// was published.
+async fn run_worker_failing(
+    s: &CdcStore,
+    m: &MemberId,
+    within: Duration,
+    done: impl Fn(&CdcStore, &[Message]) -> bool,
+    fails: impl Fn(u64) -> bool,
+) -> Vec<Message> {
+    let mut all = Vec::new();
+    let until = Instant::now() + within;
+    while !done(s, &all) {
+        assert!(
+            Instant::now() < until,
+            "the worker did not get there in time"
+        );
+        let parts = s.rebalance(m, Duration::from_secs(30)).await.unwrap();
+        let got = s
+            .claim(m, &parts, ClaimLimits::rows(7), OnFailed::Block)
+            .await
+            .unwrap();
+        if got.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        // As the relay's delivery does: after a key's failure, its later messages of the batch
+        // are not tried (no outcome; they come again).
+        let mut failed_keys = std::collections::HashSet::new();
+        let mut outcomes = Vec::new();
+        for (x, n) in got.iter().zip(numbers(&got)) {
+            if failed_keys.contains(&x.aggregate_id) {
+                continue;
+            }
+            if fails(n) {
+                failed_keys.insert(x.aggregate_id.clone());
+                outcomes.push(Outcome::Failed {
+                    seq: x.seq,
+                    error: "rejected for good".into(),
+                });
+            } else {
+                outcomes.push(Outcome::Published { seq: x.seq });
+                all.push(x.clone());
+            }
+        }
+        s.complete(m, &outcomes).await.unwrap();
+    }
+    all
+}
+
+/// A polling relay claims `n` messages, publishes them and stops (releasing its partitions):
+/// the window it read stays open past them. Returns what it published.
+async fn polling_relay_stops_in_mid_window(
+    polling: &outbox_postgres::PgStore,
+    n: usize,
+) -> Vec<Message> {
+    let pm = member();
+    let parts = polling
+        .rebalance(&pm, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let early = polling
+        .claim(&pm, &parts, ClaimLimits::rows(n), OnFailed::Block)
+        .await
+        .unwrap();
+    let outcomes: Vec<Outcome> = early
+        .iter()
+        .map(|x| Outcome::Published { seq: x.seq })
+        .collect();
+    polling.complete(&pm, &outcomes).await.unwrap();
+    polling.release(&pm).await.unwrap();
+    early
+}
+
+/// The numbers of `key`'s messages among `published`, in the order published.
+fn numbers_of(published: &[Message], key: &str) -> Vec<u64> {
+    published
+        .iter()
+        .zip(numbers(published))
+        .filter(|(x, _)| x.aggregate_id == key)
+        .map(|(_, n)| n)
+        .collect()
+}
+
+/// Each key's first deliveries, in the order published, are its messages in the order written.
+fn assert_first_deliveries_in_order(published: &[Message]) {
+    let mut seen = std::collections::HashSet::new();
+    let mut last: std::collections::HashMap<String, u64> = Default::default();
+    for (m, n) in published.iter().zip(numbers(published)) {
+        if !seen.insert(n) {
+            continue;
+        }
+        if let Some(prev) = last.insert(m.aggregate_id.clone(), n) {
+            assert!(
+                prev < n,
+                "key {}: {n} first published after {prev}",
+                m.aggregate_id
+            );
+        }
+    }
+}
+
+/// Messages written before the slot was created are not in its stream. A polling relay
+/// delivered a few of them and stopped in mid-window; the CDC relay then delivers the rest by
+/// polling (the catch-up), and only then reads the stream: every message at least once, each
+/// key's in order, and the positions follow the relay afterwards.
+#[tokio::test]
+async fn messages_written_before_the_slot_are_delivered_before_the_stream() {
+    let (pool, schema, polling) = common::setup("cdc_catchup").await;
+    for k in 0..3 {
+        write(&pool, &schema, &format!("k{k}"), k * 10..k * 10 + 10).await;
+    }
+    // A polling relay publishes the first 4 messages of one window and stops.
+    let early = polling_relay_stops_in_mid_window(&polling, 4).await;
+    assert_eq!(early.len(), 4);
+    let (names, _guard) = make_slot(&pool, &schema).await;
+    // Written after the slot: in its stream.
+    write(&pool, &schema, "k0", 30..40).await;
+
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(
+        s.catching_up(),
+        "26 messages written before the slot are pending"
+    );
+    let g = s.gauges().await.unwrap();
+    assert_eq!(
+        g.pending, 36,
+        "the table's backlog, counted as in polling mode"
+    );
+    assert!(
+        g.cdc_slot.is_some(),
+        "the slot stays watched during the catch-up"
+    );
+    let m = member();
+    let caught_up = run_worker(&s, &m, Duration::from_secs(60), |s, _| !s.catching_up()).await;
+    let delivered: std::collections::HashSet<u64> = numbers(&early)
+        .into_iter()
+        .chain(numbers(&caught_up))
+        .collect();
+    assert!(
+        (0..30).all(|n| delivered.contains(&n)),
+        "every message written before the slot, before the stream starts"
+    );
+
+    // Now the stream: a message only it can carry (emit), and more rows.
+    let mut tx = pool.begin().await.unwrap();
+    Emitter::new(&schema)
+        .emit(&mut tx, &msg("k1", 40))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    write(&pool, &schema, "k2", 41..45).await;
+    let streamed = run_worker(&s, &m, Duration::from_secs(30), |_, got| {
+        numbers(got).contains(&44)
+    })
+    .await;
+    assert!(
+        numbers(&streamed).contains(&40),
+        "the emitted message comes from the stream"
+    );
+    assert!(
+        numbers(&streamed).iter().all(|n| *n >= 30),
+        "the stream starts at the slot: nothing written before it"
+    );
+    assert_each_at_least_once(&[&early, &caught_up, &streamed], 45);
+    let all: Vec<Message> = early
+        .iter()
+        .chain(&caught_up)
+        .chain(&streamed)
+        .cloned()
+        .collect();
+    assert_first_deliveries_in_order(&all);
+    checkpointed(&s, &pool, &schema).await;
+    s.release(&m).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// A polling relay stopped in mid-window after the slot was created: the window holds only
+/// messages the stream carries, so the CDC relay's checkpoint closes it (it no longer pins the
+/// partition's position, and retention, until a polling relay comes back).
+#[tokio::test]
+async fn a_window_a_stopped_polling_relay_left_open_is_checkpointed() {
+    let (pool, schema, names, _guard) = cdc("cdc_openwin").await;
+    write(&pool, &schema, "k", 0..10).await;
+    let polling = outbox_postgres::PgStore::new(pool.clone(), schema.clone());
+    let early = polling_relay_stops_in_mid_window(&polling, 4).await;
+    assert_eq!(numbers(&early), vec![0, 1, 2, 3]);
+    let open_windows = || async {
+        sqlx::query_scalar::<_, i64>(&schema.render(
+            "SELECT count(*) FROM (SELECT DISTINCT ON (partition) cur FROM {schema}.outbox_positions \
+             ORDER BY partition, id DESC) l WHERE cur IS NOT NULL",
+        ))
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    assert!(
+        open_windows().await >= 1,
+        "the polling relay left its window open"
+    );
+
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(!s.catching_up(), "nothing was written before the slot");
+    let got = claim_n(&s, 10, Duration::from_secs(10)).await;
+    assert_eq!(numbers(&got), (0..10).collect::<Vec<_>>());
+    publish(&s, &got).await;
+    checkpointed(&s, &pool, &schema).await;
+    assert_eq!(open_windows().await, 0, "the checkpoint closed the window");
+    s.release(&member()).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// A message written before the slot fails for good during the catch-up (`--on-failed block`):
+/// the catch-up still ends, the stream's copies of the key's later messages wait behind the
+/// failure instead of passing it, and a redrive publishes the key in order.
+#[tokio::test]
+async fn a_failure_during_the_catch_up_keeps_its_key_behind_it_in_the_stream() {
+    let (pool, schema, _) = common::setup("cdc_catchup_fail").await;
+    write(&pool, &schema, "k", 0..5).await;
+    write(&pool, &schema, "other", 5..6).await;
+    let (names, _guard) = make_slot(&pool, &schema).await;
+    write(&pool, &schema, "k", 6..8).await;
+    write(&pool, &schema, "other", 8..9).await;
+
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(s.catching_up());
+    let m = member();
+    let mut published = run_worker_failing(
+        &s,
+        &m,
+        Duration::from_secs(60),
+        |s, _| !s.catching_up(),
+        |n| n == 2,
+    )
+    .await;
+    // The stream: `other` flows (its message written now can only come from the stream), `k`
+    // stays behind its failed message.
+    write(&pool, &schema, "other", 9..10).await;
+    published.extend(
+        run_worker(&s, &m, Duration::from_secs(30), |_, got| {
+            numbers(got).contains(&9)
+        })
+        .await,
+    );
+    assert!(
+        claim_n(&s, 1, Duration::from_millis(1500)).await.is_empty(),
+        "k's later messages wait behind the failure"
+    );
+    let of_k = numbers_of(&published, "k");
+    assert_eq!(of_k, vec![0, 1], "nothing of k passes its failed message");
+    assert_eq!(s.failed(10).await.unwrap().len(), 1);
+    assert_eq!(
+        s.redrive(&outbox_core::RedriveScope::All, "test")
+            .await
+            .unwrap(),
+        1
+    );
+    let again = run_worker(&s, &m, Duration::from_secs(30), |_, got| {
+        numbers(got).contains(&7)
+    })
+    .await;
+    let again_k = numbers_of(&again, "k");
+    assert_eq!(
+        again_k.first(),
+        Some(&2),
+        "the redrive starts with the failed message"
+    );
+    assert_first_deliveries_in_order(&again);
+    assert!(
+        [2, 3, 4, 6, 7].iter().all(|n| again_k.contains(n)),
+        "the rest of k: {again_k:?}"
+    );
+    s.release(&m).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// A slot over the relay's own retained-WAL limit during a catch-up (the slot waits unread
+/// meanwhile) is dropped as it would be while streaming: the relay polls for good, and every
+/// message still arrives.
+#[tokio::test]
+async fn a_slot_over_the_retained_limit_during_the_catch_up_is_dropped() {
+    let (pool, schema, polling) = common::setup("cdc_catchup_limit").await;
+    write(&pool, &schema, "k", 0..10).await;
+    let early = polling_relay_stops_in_mid_window(&polling, 4).await;
+    let (names, _guard) = make_slot(&pool, &schema).await;
+    write(&pool, &schema, "k", 10..20).await;
+    let s = store(&pool, &names, &database_url())
+        .await
+        .with_max_retained(Some(1));
+    assert!(s.catching_up());
+    s.maintain(Duration::from_secs(3600)).await.unwrap();
+    assert!(s.fell_back(), "over its limit, the relay falls back");
+    assert!(
+        !outbox_postgres::cdc::setup::slot_exists(&pool, &names.slot)
+            .await
+            .unwrap(),
+        "the slot is dropped, and its WAL with it"
+    );
+    let rest = drain_polling(&s).await;
+    assert_each_at_least_once(&[&early, &rest], 20);
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// A member the polling engine gives no partition never claims: its catch-up ends at a
+/// rebalance. Here another polling relay delivered everything written before the slot; the CDC
+/// store's next rebalance (past the check interval) finds nothing left and owns every partition
+/// through the slot.
+#[tokio::test]
+async fn a_catch_up_another_relay_finished_ends_at_the_next_rebalance() {
+    let (pool, schema, polling) = common::setup("cdc_catchup_rebalance").await;
+    write(&pool, &schema, "k", 0..10).await;
+    let (names, _guard) = make_slot(&pool, &schema).await;
+    write(&pool, &schema, "k", 10..15).await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(s.catching_up());
+    let pm = member();
+    let parts = polling
+        .rebalance(&pm, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(common::drain(&polling, &pm, &parts).await.len(), 15);
+    polling.release(&pm).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let m = member();
+    let owned = s.rebalance(&m, Duration::from_secs(30)).await.unwrap();
+    assert!(!s.catching_up(), "the rebalance ended the catch-up");
+    assert_eq!(owned.len(), 64, "the slot is the lease: every partition");
+    let streamed = claim_n(&s, 5, Duration::from_secs(10)).await;
+    assert_eq!(
+        numbers(&streamed),
+        (10..15).collect::<Vec<_>>(),
+        "the stream, from the slot's start"
+    );
+    publish(&s, &streamed).await;
+    s.release(&m).await.unwrap();
     drop(s);
     cleanup(&pool, &schema, &names).await;
 }

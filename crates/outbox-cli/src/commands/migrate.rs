@@ -54,9 +54,9 @@ async fn cdc(database: &outbox_db::Database, group: &str) -> anyhow::Result<()> 
     );
     if setup.slot_created {
         println!(
-            "CDC: the slot starts now: messages written before it are not in its stream; let \
-             the polling relay deliver them (`outbox status` shows 0 pending) before \
-             `outbox relay --mode cdc` takes over"
+            "CDC: the slot starts now: messages written before it are not in its stream; \
+             `outbox relay --mode cdc` delivers those a polling relay has not, first, then reads \
+             the stream (docs/cdc.md, \"Switching a running outbox\")"
         );
     }
     match setup.max_slot_wal_keep_mb {

@@ -148,8 +148,9 @@ pub async fn check_one_group(pool: &PgPool, names: &CdcNames) -> Result<()> {
 }
 
 /// Creates the publication and the slot when missing. Idempotent. The slot starts at the
-/// moment it is created: messages written before are not in its stream (the polling relay
-/// delivers them; see docs/cdc.md, "Switching a running outbox to CDC").
+/// moment it is created: messages written before are not in its stream (the CDC relay's
+/// catch-up delivers those no polling relay has passed; see docs/cdc.md, "Switching a running
+/// outbox").
 pub async fn migrate_cdc(pool: &PgPool, names: &CdcNames) -> Result<CdcSetup> {
     check_wal_level(pool).await?;
     check_one_group(pool, names).await?;

@@ -60,6 +60,10 @@ const GAUGES_SQL: &str = include_str!("../../queries/cdc_gauges.sql");
 const MARK_SQL: &str = include_str!("../../queries/cdc_mark.sql");
 const CHECKPOINT_SQL: &str = include_str!("../../queries/cdc_checkpoint.sql");
 const RECOUNT_SQL: &str = include_str!("../../queries/cdc_recount_parked.sql");
+const BEFORE_SLOT_SQL: &str = include_str!("../../queries/cdc_before_slot.sql");
+
+/// How often the catch-up asks whether every message written before the slot was passed.
+const CATCH_UP_CHECK: Duration = Duration::from_secs(1);
 
 /// Where a handed-out message came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +205,12 @@ pub struct CdcStore {
     /// After the fallback: the positions' parked counts still to be set right (see
     /// cdc_recount_parked.sql), tried at once and at each maintenance round until done.
     recount_due: AtomicBool,
+    /// Messages written before the slot was created are not in its stream: until the polling
+    /// positions have passed every one of them, the relay delivers by polling (the catch-up),
+    /// then reads the stream. See [`CdcStore::new`].
+    catching_up: AtomicBool,
+    /// When the catch-up next asks whether it is done (at most every [`CATCH_UP_CHECK`]).
+    next_catch_up_check: std::sync::Mutex<Instant>,
     /// WAL bytes after which an idle relay runs maintenance (see [`MAINTAIN_AFTER_WAL`]).
     maintain_after_wal: u64,
     /// Retained WAL past which the relay drops its slot and falls back to polling (`None`:
@@ -212,6 +222,15 @@ impl CdcStore {
     /// A CDC store reading `names.slot` of the database at `url` (its pool, `pool`, serves the
     /// parked table and the shared reads). Checks `wal_level` and the slot now, so a missing
     /// setup is reported at start with its fix; the stream itself starts at the first claim.
+    ///
+    /// **Catch-up.** A slot's stream starts where the slot was created. When the table still
+    /// holds messages written before that which the polling positions have not passed (a
+    /// polling relay stopped before it delivered them, or never ran), the store first works as
+    /// the polling engine does (partitions, leases, claims, parking) until every such message is
+    /// published or parked, then releases its partitions and reads the stream from the slot's
+    /// start. Messages written after the slot's creation and delivered by the catch-up come
+    /// again from the stream, with the same ids: at least once, never zero times, and each key's
+    /// messages of the table in order.
     pub async fn new(pool: PgPool, url: &str, names: CdcNames) -> Result<Self> {
         check_wal_level(&pool).await?;
         if !crate::cdc::setup::slot_exists(&pool, &names.slot).await? {
@@ -241,7 +260,7 @@ impl CdcStore {
         .await
         .map_err(|e| map_sqlx_error("reading the segment width", e))?;
         let inner = PgStore::new(pool.clone(), names.schema.clone());
-        Ok(Self {
+        let store = Self {
             maintain_after_wal: maintain_after_wal(width),
             pool,
             url: url.to_string(),
@@ -254,7 +273,92 @@ impl CdcStore {
             heartbeat: None,
             max_retained: None,
             recount_due: AtomicBool::new(false),
-        })
+            catching_up: AtomicBool::new(false),
+            next_catch_up_check: std::sync::Mutex::new(Instant::now() + CATCH_UP_CHECK),
+        };
+        if let Some(partitions) = store.before_slot().await?.filter(|n| *n > 0) {
+            warn!(
+                slot = %store.names.slot,
+                partitions,
+                "the table holds messages written before the CDC slot was created, which are \
+                 not in its stream, and no polling relay has passed them: this relay delivers \
+                 them first, as `outbox relay` does, then reads the stream (messages written \
+                 since the slot was created may go out twice, same ids)"
+            );
+            store.catching_up.store(true, Ordering::Relaxed);
+        }
+        Ok(store)
+    }
+
+    /// How many partitions hold a message written before the slot was created that the
+    /// polling positions have not passed (cdc_before_slot.sql); `None` where the slot's start
+    /// is not recorded (a setup older than the checkpoints: the catch-up cannot tell, and does
+    /// not run, as before).
+    async fn before_slot(&self) -> Result<Option<i64>> {
+        let Some(start) = self.slot_start().await? else {
+            return Ok(None);
+        };
+        sqlx::query_scalar(&self.names.schema.render(BEFORE_SLOT_SQL))
+            .bind(&start)
+            .fetch_one(&self.pool)
+            .await
+            .map(Some)
+            .map_err(|e| map_sqlx_error("looking for messages written before the CDC slot", e))
+    }
+
+    /// The snapshot taken just after the slot was created (recorded by `outbox migrate --cdc`).
+    async fn slot_start(&self) -> Result<Option<String>> {
+        sqlx::query_scalar(
+            &self
+                .names
+                .schema
+                .render("SELECT value FROM {schema}.outbox_settings WHERE name = $1"),
+        )
+        .bind(self.names.start_setting())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading where the CDC slot starts", e))
+    }
+
+    /// Whether the store still delivers messages written before the slot was created, by
+    /// polling, before it reads the stream (see [`CdcStore::new`]).
+    pub fn catching_up(&self) -> bool {
+        self.catching_up.load(Ordering::Relaxed)
+    }
+
+    /// Whether calls go to the polling engine: after the fallback, or during the catch-up.
+    fn polling(&self) -> bool {
+        self.fell_back() || self.catching_up.load(Ordering::Relaxed)
+    }
+
+    /// Ends the catch-up once every message written before the slot was created is passed
+    /// (asked at most every [`CATCH_UP_CHECK`]): hands back `member`'s partitions, so the
+    /// checkpoints may move their positions behind the stream, and lets the stream start.
+    /// Called only from a claim or a rebalance, which the worker makes between batches, so the
+    /// last batch of the catch-up was completed by the polling engine that handed it out.
+    async fn catch_up_done(&self, member: &MemberId) -> Result<bool> {
+        {
+            let mut next = self
+                .next_catch_up_check
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            if now < *next {
+                return Ok(false);
+            }
+            *next = now + CATCH_UP_CHECK;
+        }
+        if self.before_slot().await?.is_some_and(|n| n > 0) {
+            return Ok(false);
+        }
+        self.inner.release(member).await?;
+        self.catching_up.store(false, Ordering::Relaxed);
+        info!(
+            slot = %self.names.slot,
+            "caught up: every message written before the CDC slot was created is published or \
+             parked; reading the stream"
+        );
+        Ok(true)
     }
 
     /// The slot, publication and prefix this store reads.
@@ -269,7 +373,7 @@ impl CdcStore {
 
     /// Drops the slot once it retains more than `bytes` of WAL, checked at each maintenance
     /// round while the relay has messages in hand or handled some (an idle relay sends no
-    /// statement), and falls back to the polling engine: the table's messages are delivered
+    /// statement) and at every round of a catch-up, and falls back to the polling engine: the table's messages are delivered
     /// from the last checkpoint on, none lost; logical messages (`emit`) not yet published go
     /// with the WAL, as when PostgreSQL invalidates the slot at `max_slot_wal_keep_size`. A
     /// bound of this slot's own, acted on before the cluster-wide one. `None` (the default):
@@ -290,7 +394,7 @@ impl CdcStore {
     }
 
     async fn beat(&self) {
-        if self.fell_back() {
+        if self.polling() {
             return;
         }
         let r = sqlx::query("SELECT pg_logical_emit_message(false, $1, '')::text")
@@ -330,7 +434,8 @@ impl CdcStore {
             "CDC SLOT LOST OR DROPPED: the relay falls back to the polling engine, which delivers every \
              message of the table from the last checkpoint on (some again, none lost). Logical \
              messages (emit) not yet published are gone with the slot's WAL. To return to CDC, \
-             let the polling relay catch up, run `outbox migrate --cdc` and restart the relay"
+             run `outbox migrate --cdc` and restart the relay (it delivers what the new slot's \
+             stream lacks first)"
         );
         *s = State::default();
         self.recount_due.store(true, Ordering::Relaxed);
@@ -411,28 +516,14 @@ impl CdcStore {
     /// Moves the polling positions to the last mark once the slot passed it, then takes the
     /// next mark: only when messages were handled since, so an idle relay sends nothing.
     async fn checkpoint(&self) -> Result<()> {
-        let (apply, take, setting) = {
+        let (apply, take) = {
             let s = self.state.lock().await;
             let apply = s.mark.clone().filter(|m| s.confirmed >= m.lsn);
             let free = s.mark.is_none() || apply.is_some();
-            (
-                apply,
-                free && s.handled_since_mark > 0,
-                self.names.start_setting(),
-            )
+            (apply, free && s.handled_since_mark > 0)
         };
         if let Some(m) = apply {
-            let start: Option<String> = sqlx::query_scalar(
-                &self
-                    .names
-                    .schema
-                    .render("SELECT value FROM {schema}.outbox_settings WHERE name = $1"),
-            )
-            .bind(&setting)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| map_sqlx_error("reading where the CDC slot starts", e))?;
-            match start {
+            match self.slot_start().await? {
                 Some(start) => {
                     let moved: Vec<i16> =
                         sqlx::query_scalar(&self.names.schema.render(CHECKPOINT_SQL))
@@ -786,7 +877,9 @@ impl ParkColumns {
 #[async_trait]
 impl Store for CdcStore {
     async fn rebalance(&self, member: &MemberId, lease: Duration) -> Result<Vec<i32>> {
-        if self.fell_back() {
+        // The catch-up may end here too: a member the polling engine gives no partition never
+        // claims. Like a claim, a rebalance comes between batches.
+        if self.fell_back() || (self.catching_up() && !self.catch_up_done(member).await?) {
             return self.inner.rebalance(member, lease).await;
         }
         // The slot is the lease: whoever streams it owns every partition.
@@ -794,7 +887,7 @@ impl Store for CdcStore {
     }
 
     async fn renew(&self, member: &MemberId, lease: Duration) -> Result<usize> {
-        if self.fell_back() {
+        if self.polling() {
             return self.inner.renew(member, lease).await;
         }
         Ok(PARTITIONS)
@@ -807,7 +900,7 @@ impl Store for CdcStore {
         limits: ClaimLimits,
         on_failed: OnFailed,
     ) -> Result<Vec<Message>> {
-        if self.fell_back() {
+        if self.fell_back() || (self.catching_up() && !self.catch_up_done(_member).await?) {
             return self
                 .inner
                 .claim(_member, _partitions, limits, on_failed)
@@ -1004,14 +1097,14 @@ impl Store for CdcStore {
     }
 
     fn more_to_read(&self, member: &MemberId) -> bool {
-        if self.fell_back() {
+        if self.polling() {
             return self.inner.more_to_read(member);
         }
         self.more.load(Ordering::Relaxed)
     }
 
     async fn complete(&self, member: &MemberId, outcomes: &[Outcome]) -> Result<u64> {
-        if self.fell_back() {
+        if self.polling() {
             return self.inner.complete(member, outcomes).await;
         }
         let mut s = self.state.lock().await;
@@ -1141,7 +1234,7 @@ impl Store for CdcStore {
     }
 
     async fn release(&self, member: &MemberId) -> Result<()> {
-        if self.fell_back() {
+        if self.polling() {
             return self.inner.release(member).await;
         }
         // Dropping the stream ends the replication session: the slot is free for another
@@ -1194,6 +1287,27 @@ impl Store for CdcStore {
             .await
             .map_err(|e| map_sqlx_error("reading the CDC slot's figures", e))?;
         let err = |e| map_sqlx_error("reading the CDC slot's figures", e);
+        let slot = |lag_seconds| -> Result<outbox_core::SlotGauges> {
+            Ok(outbox_core::SlotGauges {
+                lag_bytes: r
+                    .try_get::<Option<i64>, _>("lag_bytes")
+                    .map_err(err)?
+                    .unwrap_or(0),
+                retained_bytes: r
+                    .try_get::<Option<i64>, _>("retained_bytes")
+                    .map_err(err)?
+                    .unwrap_or(0),
+                lag_seconds,
+                lost: r.try_get("lost").map_err(err)?,
+            })
+        };
+        if self.catching_up() {
+            // The backlog is in the table, as in polling mode, and the slot waits unread: its
+            // figures still go out, so its lag and retained WAL stay watched meanwhile.
+            let mut g = self.inner.gauges().await?;
+            g.cdc_slot = Some(slot(g.oldest_pending_age_seconds.unwrap_or(0.0))?);
+            return Ok(g);
+        }
         let parked: i64 = r.try_get("parked").map_err(err)?;
         let failed: i64 = r.try_get("failed").map_err(err)?;
         let s = self.state.lock().await;
@@ -1223,18 +1337,7 @@ impl Store for CdcStore {
             partitions_at_parking_cap: 0,
             segments: None,
             retention_pins: Vec::new(),
-            cdc_slot: Some(outbox_core::SlotGauges {
-                lag_bytes: r
-                    .try_get::<Option<i64>, _>("lag_bytes")
-                    .map_err(err)?
-                    .unwrap_or(0),
-                retained_bytes: r
-                    .try_get::<Option<i64>, _>("retained_bytes")
-                    .map_err(err)?
-                    .unwrap_or(0),
-                lag_seconds,
-                lost: r.try_get("lost").map_err(err)?,
-            }),
+            cdc_slot: Some(slot(lag_seconds)?),
         })
     }
 
@@ -1248,6 +1351,14 @@ impl Store for CdcStore {
     async fn maintain(&self, retention: Duration) -> Result<Maintenance> {
         if self.fell_back() {
             self.recount_parked().await;
+            return self.inner.maintain(retention).await;
+        }
+        if self.catching_up() {
+            // The slot waits unread meanwhile and keeps its WAL: the relay's own bound holds
+            // during a long catch-up too (the slot dropped, polling for good, as below).
+            if let Some(limit) = self.max_retained {
+                self.over_limit_falls_back(limit).await?;
+            }
             return self.inner.maintain(retention).await;
         }
         self.checkpoint().await?;
