@@ -108,7 +108,10 @@ pub struct Args {
     /// polling (default), or cdc: the relays run `outbox relay --mode cdc` on the slot
     /// `verify --mode cdc` makes first (PostgreSQL with wal_level=logical); the plain-INSERT
     /// producers' order becomes a guarantee (commit order), and emit producers write logical
-    /// messages beside them.
+    /// messages beside them. Or switch: polling relays first; a third of the way in, under load,
+    /// the slot is made (`outbox migrate --cdc`), every relay is killed (kill -9) and started
+    /// again in CDC mode, which delivers what the polling relays left before it reads the
+    /// stream (docs/cdc.md, "Switching a running outbox").
     #[arg(long, value_enum, default_value_t = VerifyMode::Polling)]
     pub mode: VerifyMode,
     /// CDC mode: producers writing with `emit` (no row), on keys of their own (default 2).
@@ -123,6 +126,8 @@ pub enum VerifyMode {
     Polling,
     /// The CDC relay (`outbox relay --mode cdc`).
     Cdc,
+    /// Polling relays switched to CDC mode under load, by kill -9.
+    Switch,
 }
 
 impl Args {
@@ -143,15 +148,22 @@ impl Args {
             raw_keys: (keys / 4).max(2),
             emit_producers: match self.mode {
                 VerifyMode::Cdc => self.emit_producers.unwrap_or(2),
-                VerifyMode::Polling => 0,
+                VerifyMode::Polling | VerifyMode::Switch => 0,
             },
         };
         if self.mode == VerifyMode::Polling && self.emit_producers.is_some_and(|e| e > 0) {
             anyhow::bail!("verify: --emit-producers writes logical messages only a CDC relay reads; add --mode cdc");
         }
-        if self.mode == VerifyMode::Cdc && self.through_inbox {
+        if self.mode == VerifyMode::Switch && self.emit_producers.is_some_and(|e| e > 0) {
             anyhow::bail!(
-                "verify: --mode cdc and --through-inbox are not combined yet; run them apart"
+                "verify: --mode switch has no emit producers: a logical message written before \
+                 the slot exists is in no stream and no table; use --mode cdc for them"
+            );
+        }
+        if self.mode != VerifyMode::Polling && self.through_inbox {
+            anyhow::bail!(
+                "verify: --mode cdc or switch and --through-inbox are not combined yet; run them \
+                 apart"
             );
         }
         let mut kinds: Vec<String> = Vec::new();
@@ -191,7 +203,8 @@ impl Args {
             program,
             announce: self.format == Format::Text,
             through_inbox: self.through_inbox,
-            cdc: self.mode == VerifyMode::Cdc,
+            cdc: self.mode != VerifyMode::Polling,
+            switch: self.mode == VerifyMode::Switch,
         })
     }
 }

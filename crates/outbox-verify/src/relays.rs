@@ -75,6 +75,14 @@ impl Relays {
         self
     }
 
+    /// Replaces argument `from` by `to` for every later start (`spawn_one`): how a run
+    /// switches its relays from `--mode polling` to `--mode cdc`.
+    pub fn replace_arg(&mut self, from: &str, to: &str) {
+        for a in self.args.iter_mut().filter(|a| a.as_str() == from) {
+            *a = to.to_string();
+        }
+    }
+
     /// What these processes are (`relay`, `inbox`, `handler`).
     pub fn role(&self) -> &str {
         &self.role

@@ -61,6 +61,9 @@ pub struct Settings {
     pub through_inbox: bool,
     /// Run the relays in CDC mode (`outbox relay --mode cdc`): see `Args::mode`.
     pub cdc: bool,
+    /// Start the relays in polling mode and switch them to CDC mode under load (with `cdc`):
+    /// see `Args::mode`.
+    pub switch: bool,
 }
 
 /// `outbox inbox` daemons of a `--through-inbox` run: one ingests, one stands by.
@@ -115,6 +118,73 @@ impl Received {
 }
 
 /// The server's WAL position now (CDC mode).
+/// The switch of a `--mode switch` run, under load: kills every relay (kill -9, whatever it is
+/// in the middle of), lets the producers write for [`SWITCH_GAP`] with no relay running, makes
+/// the slot (what `outbox migrate --cdc` does), then starts every relay again in CDC mode: it
+/// must deliver what the polling relays left, before the slot and after, then read the stream.
+/// Recorded among the faults, so the duplicates it causes are attributed.
+async fn switch_to_cdc(
+    db: &Database,
+    relays: &Mutex<Relays>,
+    started: Instant,
+) -> anyhow::Result<FaultEvent> {
+    let at = started.elapsed().as_secs_f64();
+    progress(
+        started,
+        "switching: every relay killed, the slot made under load, the relays started in CDC mode",
+    );
+    let Database::Postgres(pg) = db else {
+        anyhow::bail!("verify --mode switch reads PostgreSQL's WAL; use a postgres:// URL");
+    };
+    let names = outbox_postgres::cdc::CdcNames::new(pg.schema(), "relay")?;
+    let lock = || {
+        relays
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the relays' lock is poisoned"))
+    };
+    let kill_all = |r: &mut Relays| {
+        for i in 0..r.children.len() {
+            r.signal(i, "-CONT");
+            let _ = r.children[i].kill();
+            let _ = r.children[i].wait();
+        }
+    };
+    kill_all(&mut *lock()?);
+    tokio::time::sleep(SWITCH_GAP).await;
+    // The database may be restarting (the `db` fault): tried again for up to a minute.
+    let mut tries = 0;
+    while let Err(e) = bounded(outbox_postgres::cdc::setup::migrate_cdc(pg.pool(), &names)).await {
+        tries += 1;
+        if tries >= 60 {
+            return Err(e.context("creating the CDC publication and slot under load"));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let mut r = lock()?;
+    // A relay the fault schedule restarted meanwhile runs in polling mode: killed again.
+    kill_all(&mut r);
+    r.replace_arg("polling", "cdc");
+    for i in 0..r.children.len() {
+        let c = r.spawn_one(i)?;
+        r.children[i] = c;
+    }
+    Ok(FaultEvent {
+        kind: "switch".into(),
+        at_seconds: at,
+        ended_seconds: started.elapsed().as_secs_f64(),
+        detail: format!(
+            "{} polling relays killed (kill -9); {SWITCH_GAP:?} later slot {} made under load; \
+             the relays started in CDC mode",
+            r.children.len(),
+            names.slot,
+        ),
+    })
+}
+
+/// How long a switching run's producers write with no relay running, before the slot is made:
+/// a backlog the CDC relays' catch-up must deliver.
+const SWITCH_GAP: Duration = Duration::from_secs(2);
+
 async fn cdc_wal_now(db: &Database) -> outbox_core::Result<String> {
     let (lsn,): (String,) = db
         .fetch_one("SELECT pg_current_wal_lsn()::text", &[])
@@ -181,6 +251,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         announce,
         through_inbox,
         cdc,
+        switch,
     } = settings;
     let tmp = std::env::temp_dir().join(format!("outbox-verify-{:08x}", fastrand::u32(..)));
     std::fs::create_dir_all(&tmp)?;
@@ -192,7 +263,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     // A connection per producer, plus the consumer's status reads and the ledger.
     let pool_size = (shape.producers + shape.raw_producers + shape.emit_producers) as u32 + 4;
     let (db, relay_db_url) = open_database(&db_url, &tmp, pool_size).await?;
-    workload::prepare(&db, &shape, cdc).await?;
+    // A switching run makes its slot under load, later.
+    workload::prepare(&db, &shape, cdc && !switch).await?;
     let place = db.place();
     let db = Arc::new(db);
     let store = db.store();
@@ -228,7 +300,12 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             reader.describe(),
             tmp.display()
         );
-        if cdc {
+        if switch {
+            println!(
+                "  relays in polling mode, then, a third of the way in, `outbox migrate --cdc` \
+                 under load and every relay killed (kill -9) and started in CDC mode"
+            );
+        } else if cdc {
             println!(
                 "  relays in CDC mode (outbox relay --mode cdc, one slot reader at a time); {} \
                  emit producers on {} keys of their own; plain-INSERT order is a guarantee",
@@ -284,7 +361,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         .map_err(|why| outbox_core::Error::config(format!("verify: {why}")))?;
     }
     // Nothing secret on the command line: the database and sink URLs go in the environment.
-    let mode = if cdc { "cdc" } else { "polling" };
+    let mode = if cdc && !switch { "cdc" } else { "polling" };
     let relay_args: Vec<String> = [
         "relay",
         "--mode",
@@ -398,9 +475,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
 
     // The independent consumer, in this task.
     let mut got = Received::default();
+    let mut switch_at = switch.then_some(duration / 3);
     while started.elapsed() < duration {
         tokio::time::sleep(Duration::from_millis(200)).await;
         got.poll(reader.as_mut(), started).await;
+        if switch_at.is_some_and(|at| started.elapsed() >= at) {
+            switch_at = None;
+            let event = switch_to_cdc(&db, &relays, started).await?;
+            if let Ok(mut log) = fault_log.lock() {
+                log.push(event);
+            }
+        }
     }
     stop.cancel();
     let load_end = started.elapsed().as_secs_f64();
@@ -549,7 +634,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     // MySQL/MariaDB orders the plain insert too (docs/sql-contract.md, section 8): there the
     // raw writers' keys are a guarantee, not information.
     // So does CDC mode: the WAL is in commit order, whatever the writer did.
-    let raw_ordered = db.backend() == Backend::Mysql || cdc;
+    // Not in a switching run: the polling relays delivered part of them, in no such order.
+    let raw_ordered = db.backend() == Backend::Mysql || (cdc && !switch);
     if raw_ordered {
         verdict.count_raw_order();
     }
@@ -595,7 +681,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             .values()
             .filter(|c| c.writer == crate::checker::WriterKind::Emit)
             .count(),
-        mode: if cdc { "cdc" } else { "polling" },
+        mode: match (cdc, switch) {
+            (_, true) => "switch",
+            (true, false) => "cdc",
+            (false, false) => "polling",
+        },
         producer_errors: tally.errors.load(Ordering::Relaxed),
         inbox: inbox_effects,
         stuck,
