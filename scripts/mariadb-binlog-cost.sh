@@ -5,15 +5,19 @@
 # With the binlog on, a transaction keeps its row locks through the binlog's write and sync,
 # so the partition counter row (docs/engine-mysql.md) is held longer; this measures by how much.
 #
-# Usage: scripts/mariadb-binlog-cost.sh [TRANSACTIONS per client] [ROUNDS]
+# Usage: [COST=writer|trigger] [BINLOG="off on"] scripts/mariadb-binlog-cost.sh [TRANSACTIONS per client] [ROUNDS]
+# COST=trigger runs scripts/mariadb-trigger-cost.sh instead (its variants, `cond` among them:
+# the trigger that keeps positions only for rows the binlog will not carry).
 # Needs mariadb-install-db and mariadbd (Debian's mariadb-server) beside the writer-cost
-# script's needs. The server listens on 127.0.0.1:$PORT (default 3307) with its data in a
+# script's needs. The server listens on 127.0.0.1:$PORT (default 3308) with its data in a
 # temporary directory, and is stopped and removed at the end. The machine's own server on 3306
 # is not touched.
 set -euo pipefail
 per_client="${1:-1000}"
 rounds="${2:-3}"
-port="${PORT:-3307}"
+port="${PORT:-3308}"
+cost_script="mariadb-${COST:-writer}-cost.sh"
+read -r -a binlog_states <<<"${BINLOG:-off on}"
 here="$(cd "$(dirname "$0")" && pwd)"
 dir="$(mktemp -d /var/tmp/outbox-binlog-cost.XXXXXX)"
 pid=""
@@ -46,7 +50,7 @@ start() {
   exit 1
 }
 
-for binlog in off on; do
+for binlog in "${binlog_states[@]}"; do
   if [ "$binlog" = on ]; then
     start --log-bin="$dir/binlog" --binlog-format=ROW --sync-binlog=1 --server-id=1
   else
@@ -54,6 +58,6 @@ for binlog in off on; do
   fi
   echo "== binlog $binlog: $(mariadb -h 127.0.0.1 -P "$port" -u root -N -e \
     "SELECT CONCAT('log_bin=', @@log_bin, ' sync_binlog=', @@sync_binlog, ' binlog_format=', @@binlog_format)")"
-  PORT="$port" "$here/mariadb-writer-cost.sh" "$per_client" "$rounds"
+  PORT="$port" "$here/$cost_script" "$per_client" "$rounds"
   stop
 done

@@ -10,8 +10,16 @@
 #   lock    the same plus the partition's counter row locked (SELECT … FOR UPDATE), not changed
 #   upd     the same plus the counter incremented (UPDATE), its value not read back
 #   engine  the engine's trigger as migrated (UPDATE … LAST_INSERT_ID, ROW_COUNT check)
+#   cond    the engine's trigger behind a test: it keeps a position only for a row the binlog
+#           will not carry as a row event (binlog off, sql_log_bin = 0 or a format not ROW);
+#           on a server with the row binlog it only computes the partition. This is what
+#           writers would pay were the relay to read commit order from the binlog
+#           (docs/engine-mysql.md, "The binlog route"); run it with PORT set to a server with
+#           the binlog on (scripts/mariadb-binlog-cost.sh starts one)
+#   lean    the same test, with nothing else done when the binlog carries the row (the
+#           partition is left to the relay, which computes it from the key)
 #
-# Usage: [PARTS=64] [CLIENTS=16] [VARIANTS="naive bare set lock upd engine"] [PORT=3306]
+# Usage: [PARTS=64] [CLIENTS=16] [VARIANTS="naive bare set lock upd engine cond lean"] [PORT=3306]
 #        scripts/mariadb-trigger-cost.sh [TRANSACTIONS per client] [ROUNDS]
 # Keys: 1,000 (`order-N`); accounts: 100,000 rows. Needs mariadb and mariadb-slap (Debian's
 # mariadb-client) and a server on 127.0.0.1 (root, no password). Works in a database of its own,
@@ -23,7 +31,7 @@ rounds="${2:-5}"
 parts="${PARTS:-64}"
 clients="${CLIENTS:-16}"
 port="${PORT:-3306}"
-read -r -a variants <<<"${VARIANTS:-naive bare set lock upd engine}"
+read -r -a variants <<<"${VARIANTS:-naive bare set lock upd engine cond lean}"
 db="trigger_cost_$(head -c4 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 my() { mariadb -h 127.0.0.1 -P "$port" -u root "$@"; }
 trap 'my -e "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true' EXIT
@@ -66,9 +74,13 @@ $(message_table t_set -1 0)
 $(message_table t_lock -1 0)
 $(message_table t_upd -1 0)
 $(message_table t_engine -1 0)
+$(message_table t_cond -1 0)
+$(message_table t_lean 0 1)
 $(counters lock_n)
 $(counters upd_n)
 $(counters engine_n)
+$(counters cond_n)
+$(counters lean_n)
 DELIMITER //
 CREATE TRIGGER t_set_position BEFORE INSERT ON t_set FOR EACH ROW
 BEGIN
@@ -96,6 +108,30 @@ BEGIN
     END IF;
     SET NEW.part_seq = LAST_INSERT_ID();
 END//
+CREATE TRIGGER t_cond_position BEFORE INSERT ON t_cond FOR EACH ROW
+BEGIN
+    SET NEW.part = CRC32(NEW.aggregate_id) % $parts;
+    IF @@log_bin = 0 OR @@sql_log_bin = 0 OR @@binlog_format <> 'ROW' THEN
+        UPDATE cond_n SET n = LAST_INSERT_ID(n + 1) WHERE part = NEW.part;
+        IF ROW_COUNT() <> 1 THEN
+            SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'no position counter for this partition';
+        END IF;
+        SET NEW.part_seq = LAST_INSERT_ID();
+    ELSE
+        SET NEW.part_seq = 1;
+    END IF;
+END//
+CREATE TRIGGER t_lean_position BEFORE INSERT ON t_lean FOR EACH ROW
+BEGIN
+    IF @@log_bin = 0 OR @@sql_log_bin = 0 OR @@binlog_format <> 'ROW' THEN
+        SET NEW.part = CRC32(NEW.aggregate_id) % $parts;
+        UPDATE lean_n SET n = LAST_INSERT_ID(n + 1) WHERE part = NEW.part;
+        IF ROW_COUNT() <> 1 THEN
+            SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'no position counter for this partition';
+        END IF;
+        SET NEW.part_seq = LAST_INSERT_ID();
+    END IF;
+END//
 DELIMITER ;
 SQL
 
@@ -104,8 +140,10 @@ begin="SET @k = FLOOR(1 + RAND() * 100000);START TRANSACTION;UPDATE accounts SET
 transaction() {
   echo "$begin;INSERT INTO $1 (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', CONCAT('order-', @k % 1000), 'order.placed', $payload);COMMIT"
 }
-declare -A table=([naive]=naive [bare]=bare [set]=t_set [lock]=t_lock [upd]=t_upd [engine]=t_engine)
+declare -A table=([naive]=naive [bare]=bare [set]=t_set [lock]=t_lock [upd]=t_upd [engine]=t_engine
+                  [cond]=t_cond [lean]=t_lean)
 echo "MariaDB trigger cost: $clients clients, $per_client transactions each per run, $rounds rounds, $parts partitions; database $db"
+my -N -e "SELECT CONCAT('server: log_bin=', @@log_bin, ' binlog_format=', @@binlog_format, ' sync_binlog=', @@sync_binlog)"
 results=$(mktemp)
 for r in $(seq 1 "$rounds"); do
   for v in "${variants[@]}"; do
