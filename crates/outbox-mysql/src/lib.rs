@@ -8,6 +8,7 @@
 //! SQL lives in `migrations/*.sql`; the database name is the only thing spliced into it, and
 //! only after [`Schema::new`] validated it.
 
+pub mod binlog;
 mod error;
 mod migrate;
 mod queries;

@@ -1,0 +1,22 @@
+//! Reading the outbox's rows from the binlog, in commit order: the first part of the binlog
+//! route (docs/engine-mysql.md, "The binlog route"), in which writers keep no counter and the
+//! relay learns commit order from the server's row binlog instead.
+//!
+//! - [`server`] says whether a server's binlog can be read this way (row format, full row
+//!   images) and where it ends, in words an operator can act on.
+//! - [`BinlogReader`] follows the binlog from a position and hands back each committed
+//!   transaction's outbox rows, whole, in commit order; rolled-back transactions never reach
+//!   the binlog, so they never appear. A position the server no longer holds (the binlog was
+//!   purged) is its own error, [`ReadError::Purged`], since the caller must then find the
+//!   rows another way.
+//!
+//! Nothing here publishes or records anything yet: the relay's store over this reader is the
+//! next part of the route.
+
+mod decode;
+mod position;
+mod reader;
+pub mod server;
+
+pub use position::BinlogPosition;
+pub use reader::{BinlogReader, BinlogRow, Committed, Item, ReadError, ReadOptions};

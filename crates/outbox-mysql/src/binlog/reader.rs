@@ -1,0 +1,370 @@
+//! [`BinlogReader`]: one replication session that follows the binlog from a position and hands
+//! back each committed transaction's outbox rows, whole and in commit order.
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use mysql_async::binlog::events::{EventData, RowsEventData};
+use mysql_async::prelude::Queryable;
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts};
+use outbox_core::{Error, ErrorKind};
+
+use super::decode::{Layout, COLUMNS};
+use super::BinlogPosition;
+use crate::Schema;
+
+/// An outbox row as the binlog carries it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BinlogRow {
+    /// Drawn at insert (`AUTO_INCREMENT`): not commit order.
+    pub seq: i64,
+    /// The message id (a UUID's text).
+    pub id: String,
+    /// What the message is about (`order`).
+    pub aggregate_type: String,
+    /// The key: one key's messages keep their commit order.
+    pub aggregate_id: String,
+    /// What happened (`placed`).
+    pub event_type: String,
+    /// The JSON payload's text.
+    pub payload: Vec<u8>,
+    /// The JSON headers' text.
+    pub headers: Vec<u8>,
+    /// The destination the writer named, if any.
+    pub topic: Option<String>,
+    /// When the writer inserted it (UTC).
+    pub created_at: DateTime<Utc>,
+    /// The row's position, if the trigger gave it one (the polling engine relays such rows).
+    pub part_seq: Option<i64>,
+}
+
+/// A committed transaction's outbox rows, in the order its statements wrote them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Committed {
+    /// Where the binlog goes on after this transaction: reading again from here starts at
+    /// the next one.
+    pub end: BinlogPosition,
+    /// When the server wrote the commit (to the second, as the binlog keeps it).
+    pub committed_at: DateTime<Utc>,
+    /// Its outbox rows; never empty.
+    pub rows: Vec<BinlogRow>,
+}
+
+/// What [`BinlogReader::next`] hands back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    /// A transaction that wrote outbox rows committed.
+    Committed(Committed),
+    /// No outbox row committed before this position that was not handed back already: the
+    /// server is idle (a heartbeat), or only other tables were written for a while.
+    Idle(BinlogPosition),
+}
+
+/// Why reading stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The server no longer holds the binlog at `position` (it was purged, by age or by
+    /// hand): what was committed there can only be found in the table now.
+    #[error("the binlog at {position} is no longer on the server (purged, by `binlog_expire_logs_seconds` / `expire_logs_days` or by hand): {message}")]
+    Purged {
+        /// The position asked for.
+        position: BinlogPosition,
+        /// What the server said.
+        message: String,
+    },
+    /// Anything else: a lost connection (retry), a refused login, a row that cannot be
+    /// decoded.
+    #[error(transparent)]
+    Other(#[from] Error),
+}
+
+/// How a [`BinlogReader`] presents itself to the server.
+#[derive(Debug, Clone)]
+pub struct ReadOptions {
+    /// The replica id this session registers with. It must differ from every other replica
+    /// of the server and from the server's own `server_id`; a second session with the same
+    /// id makes the server end the first.
+    pub server_id: u32,
+    /// How often an idle server sends a heartbeat (so a dead connection is noticed, and the
+    /// reader reports [`Item::Idle`]).
+    pub heartbeat: Duration,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        Self {
+            server_id: 0x4f42_0000 | fastrand::u32(..0xffff),
+            heartbeat: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How long a run of other tables' transactions goes before [`Item::Idle`] reports the
+/// position past them.
+const IDLE_REPORT: Duration = Duration::from_secs(1);
+
+/// Follows one server's binlog for one outbox table. Each call to [`next`](Self::next) waits
+/// for the next committed transaction that wrote outbox rows (or an idle report).
+///
+/// Guarantees: transactions come in the order the server committed them; a transaction's rows
+/// come together, in the order its statements wrote them; a rolled-back transaction never
+/// comes (the server writes a transaction to the binlog only at its commit). Rows of other
+/// tables and other databases are skipped, and so are updates and deletes of outbox rows
+/// (nothing of ours makes them).
+pub struct BinlogReader {
+    stream: BinlogStream,
+    schema: String,
+    layout: Layout,
+    /// The file being read and the end of the last event read in it.
+    at: BinlogPosition,
+    /// The end of the last transaction read whole.
+    committed_through: BinlogPosition,
+    /// The outbox rows of the transaction being read.
+    rows: Vec<BinlogRow>,
+    last_report: Instant,
+    /// The server puts a checksum at the end of every event (`binlog_checksum`).
+    checksums: bool,
+    /// A format description event was read (the stream's events are understood from then).
+    seen_format: bool,
+}
+
+impl BinlogReader {
+    /// Opens a replication session to `url` and starts reading at `from` (a position a
+    /// previous [`Committed::end`] or [`Item::Idle`] gave, or the server's end).
+    pub async fn open(
+        url: &str,
+        schema: &Schema,
+        from: &BinlogPosition,
+        options: &ReadOptions,
+    ) -> Result<Self, ReadError> {
+        let shown = outbox_core::redact::url(url);
+        let rest = url
+            .split_once("://")
+            .map(|(_, rest)| rest)
+            .ok_or_else(|| Error::config(format!("database URL `{shown}` is not a MySQL URL")))?;
+        let opts = Opts::from_url(&format!("mysql://{rest}"))
+            .map_err(|e| Error::config(format!("database URL `{shown}`: {e}")))?;
+        let mut conn = Conn::new(opts).await.map_err(|e| {
+            error(
+                &format!("connecting to MySQL at {shown} to read the binlog"),
+                e,
+            )
+        })?;
+        let columns: Vec<(String, u64)> = conn
+            .exec(
+                "SELECT CAST(COLUMN_NAME AS CHAR), ORDINAL_POSITION FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox'",
+                (schema.as_str(),),
+            )
+            .await
+            .map_err(|e| error("reading the outbox table's columns", e))?;
+        let layout = Layout::from_columns(&columns)?;
+        let checksum: Option<String> = conn
+            .query_first("SELECT CAST(@@GLOBAL.binlog_checksum AS CHAR)")
+            .await
+            .map_err(|e| error("reading the binlog's checksum setting", e))?;
+        let checksums = checksum.is_some_and(|c| !c.eq_ignore_ascii_case("NONE"));
+        // In nanoseconds; the server sends a heartbeat after this long with nothing to send.
+        let heartbeat = options
+            .heartbeat
+            .as_nanos()
+            .clamp(1_000_000, 4_294_967_000_000);
+        conn.query_drop(format!("SET @master_heartbeat_period = {heartbeat}"))
+            .await
+            .map_err(|e| error("setting the binlog heartbeat", e))?;
+        let request = BinlogStreamRequest::new(options.server_id)
+            .with_filename(from.file.as_bytes())
+            .with_pos(from.offset);
+        let stream = conn
+            .get_binlog_stream(request)
+            .await
+            .map_err(|e| read_error(from, "asking for the binlog", e))?;
+        Ok(Self {
+            stream,
+            schema: schema.as_str().to_string(),
+            layout,
+            at: from.clone(),
+            committed_through: from.clone(),
+            rows: Vec::new(),
+            last_report: Instant::now(),
+            checksums,
+            seen_format: false,
+        })
+    }
+
+    /// The end of the last transaction read whole: reading again from here misses nothing
+    /// and repeats nothing already handed back.
+    pub fn position(&self) -> &BinlogPosition {
+        &self.committed_through
+    }
+
+    /// Waits for the next committed transaction with outbox rows, or an idle report.
+    pub async fn next(&mut self) -> Result<Item, ReadError> {
+        loop {
+            let event = match self.stream.next().await {
+                Some(Ok(event)) => event,
+                Some(Err(e)) => return Err(read_error(&self.at, "reading the binlog", e)),
+                None => {
+                    return Err(Error::new(
+                        ErrorKind::Connection,
+                        format!(
+                            "the server ended the binlog stream at {}; will retry",
+                            self.at
+                        ),
+                    )
+                    .into())
+                }
+            };
+            let header = event.header();
+            // A fake rotate (timestamp 0) or a heartbeat carries no place in the file.
+            let log_pos = u64::from(header.log_pos());
+            let data = event
+                .read_data()
+                .map_err(|e| decode_error(&self.at, &format!("an event: {e}")))?;
+            match data {
+                Some(EventData::RotateEvent(rotate)) => {
+                    let mut name = rotate.name_raw();
+                    // The rotate that opens the stream comes before the format description
+                    // that says events carry a checksum, so its name still ends in one.
+                    if !self.seen_format && self.checksums && name.len() > 4 {
+                        name = &name[..name.len() - 4];
+                    }
+                    let name = String::from_utf8_lossy(name).into_owned();
+                    self.at = BinlogPosition::new(name, rotate.position());
+                    if self.rows.is_empty() {
+                        self.committed_through = self.at.clone();
+                    }
+                    continue;
+                }
+                Some(EventData::FormatDescriptionEvent(_)) => {
+                    self.seen_format = true;
+                    continue;
+                }
+                Some(EventData::HeartbeatEvent) => {
+                    if self.rows.is_empty() {
+                        self.last_report = Instant::now();
+                        return Ok(Item::Idle(self.committed_through.clone()));
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            if log_pos > 0 {
+                self.at.offset = log_pos;
+            }
+            let commit = match data {
+                Some(EventData::RowsEvent(rows)) => {
+                    self.take_rows(&rows)?;
+                    false
+                }
+                Some(EventData::XidEvent(_)) => true,
+                // A transaction of a non-transactional engine ends with a COMMIT statement.
+                Some(EventData::QueryEvent(query)) => {
+                    query.query_raw().eq_ignore_ascii_case(b"COMMIT")
+                }
+                _ => false,
+            };
+            if !commit {
+                continue;
+            }
+            self.committed_through = self.at.clone();
+            if !self.rows.is_empty() {
+                self.last_report = Instant::now();
+                return Ok(Item::Committed(Committed {
+                    end: self.committed_through.clone(),
+                    committed_at: DateTime::from_timestamp(header.timestamp().into(), 0)
+                        .unwrap_or_else(Utc::now),
+                    rows: std::mem::take(&mut self.rows),
+                }));
+            }
+            if self.last_report.elapsed() >= IDLE_REPORT {
+                self.last_report = Instant::now();
+                return Ok(Item::Idle(self.committed_through.clone()));
+            }
+        }
+    }
+
+    /// Keeps the inserted rows of a rows event, if it is the outbox table's.
+    fn take_rows(&mut self, event: &RowsEventData<'_>) -> Result<(), ReadError> {
+        let (RowsEventData::WriteRowsEventV1(_) | RowsEventData::WriteRowsEvent(_)) = event else {
+            return Ok(());
+        };
+        let Some(table) = self.stream.get_tme(event.table_id()) else {
+            return Err(decode_error(
+                &self.at,
+                "a rows event with no table map before it",
+            ));
+        };
+        if table.table_name() != "outbox" || table.database_name() != self.schema.as_str() {
+            return Ok(());
+        }
+        let width = usize::try_from(table.columns_count()).unwrap_or(usize::MAX);
+        if width < self.layout.width() {
+            return Err(decode_error(
+                &self.at,
+                &format!(
+                    "the outbox table had {width} columns when this row was written, fewer \
+                     than the {} the columns {COLUMNS:?} need",
+                    self.layout.width()
+                ),
+            ));
+        }
+        for row in event.rows(table) {
+            let (_, after) = row.map_err(|e| decode_error(&self.at, &format!("a row: {e}")))?;
+            if let Some(after) = after {
+                self.rows.push(self.layout.row(after)?);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The server's error numbers for a binlog position it cannot serve from its files:
+/// ER_MASTER_FATAL_ERROR_READING_BINLOG ("Could not find first log file name in binary log
+/// index file", "log event entry exceeded max_allowed_packet", ...). Only the first kind is a
+/// purge; the message tells them apart.
+const ER_MASTER_FATAL_ERROR_READING_BINLOG: u16 = 1236;
+
+fn read_error(position: &BinlogPosition, doing: &str, err: mysql_async::Error) -> ReadError {
+    if let mysql_async::Error::Server(server) = &err {
+        let purged = server.code == ER_MASTER_FATAL_ERROR_READING_BINLOG
+            && (server.message.contains("first log file name")
+                || server.message.contains("binary log index file")
+                || server.message.contains("purged"));
+        if purged {
+            return ReadError::Purged {
+                position: position.clone(),
+                message: server.message.clone(),
+            };
+        }
+    }
+    ReadError::Other(error(doing, err))
+}
+
+fn decode_error(position: &BinlogPosition, what: &str) -> ReadError {
+    ReadError::Other(Error::new(
+        ErrorKind::Malformed,
+        format!("decoding the binlog at {position}: {what}"),
+    ))
+}
+
+/// A `mysql_async` error as an outbox error whose kind tells retry from fix.
+fn error(doing: &str, err: mysql_async::Error) -> Error {
+    let (kind, hint) = match &err {
+        mysql_async::Error::Io(_) => (ErrorKind::Connection, "; will retry"),
+        mysql_async::Error::Url(_) => (ErrorKind::Config, ""),
+        mysql_async::Error::Server(server) => match server.code {
+            // ER_ACCESS_DENIED_ERROR, ER_DBACCESS_DENIED_ERROR, ER_SPECIFIC_ACCESS_DENIED_ERROR
+            1045 | 1044 | 1227 => (
+                ErrorKind::Config,
+                "; reading the binlog needs the REPLICATION SLAVE privilege",
+            ),
+            // ER_CON_COUNT_ERROR, ER_SERVER_SHUTDOWN, ER_CONNECTION_KILLED
+            1040 | 1053 | 1927 => (ErrorKind::Connection, "; will retry"),
+            _ => (ErrorKind::Database, ""),
+        },
+        _ => (ErrorKind::Other, ""),
+    };
+    Error::new(kind, format!("{doing}: {err}{hint}"))
+}

@@ -1,0 +1,160 @@
+//! What a server's binlog is set to, whether the outbox can be read from it, and where it
+//! starts and ends.
+
+use outbox_core::{Error, ErrorKind, Result};
+use sqlx::{MySqlPool, Row};
+
+use super::BinlogPosition;
+use crate::error::map_sqlx_error;
+
+/// The server-wide settings that decide whether the binlog carries outbox rows as row events.
+/// A session may change `binlog_format` and `binlog_row_image` for itself; these are the
+/// defaults every new session starts with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BinlogSettings {
+    /// `log_bin`: the server writes a binlog at all (a startup option).
+    pub log_bin: bool,
+    /// `binlog_format`: `ROW`, `STATEMENT` or `MIXED`.
+    pub format: String,
+    /// `binlog_row_image`: `FULL`, `NOBLOB` or `MINIMAL` (MariaDB also `FULL_NODUP`).
+    pub row_image: String,
+}
+
+impl BinlogSettings {
+    /// Whether every column of an inserted row reaches the binlog as a row event; if not,
+    /// the cause and what to set, once.
+    ///
+    /// `MIXED` is refused: it logs most inserts as statements, which carry no row values
+    /// (defaults such as the message id are computed again by whoever replays them). A
+    /// row image other than `FULL` leaves out columns the insert did not name, and the outbox
+    /// fills several from defaults.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if !self.log_bin {
+            return Err(
+                "the server writes no binlog (log_bin is OFF); start it with \
+                        --log-bin --binlog-format=ROW, or relay by polling"
+                    .into(),
+            );
+        }
+        if !self.format.eq_ignore_ascii_case("ROW") {
+            return Err(format!(
+                "binlog_format is {}, so inserts are logged as statements without their \
+                 values; set binlog_format=ROW on the server (SET GLOBAL and in its \
+                 configuration), or relay by polling",
+                self.format
+            ));
+        }
+        if !self.row_image.eq_ignore_ascii_case("FULL") {
+            return Err(format!(
+                "binlog_row_image is {}, which leaves out columns an insert fills from \
+                 defaults; set binlog_row_image=FULL on the server, or relay by polling",
+                self.row_image
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The server's binlog settings.
+pub async fn settings(pool: &MySqlPool) -> Result<BinlogSettings> {
+    let row = sqlx::query(
+        "SELECT CAST(@@GLOBAL.log_bin AS SIGNED), CAST(@@GLOBAL.binlog_format AS CHAR), \
+                CAST(@@GLOBAL.binlog_row_image AS CHAR)",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(|e| map_sqlx_error("reading the server's binlog settings", e))?;
+    Ok(BinlogSettings {
+        log_bin: row.try_get::<i64, _>(0).unwrap_or(0) != 0,
+        format: row.try_get(1).unwrap_or_default(),
+        row_image: row.try_get(2).unwrap_or_default(),
+    })
+}
+
+/// Where the binlog ends now: the position the next transaction will be written at.
+/// `SHOW MASTER STATUS` (MariaDB, MySQL before 8.4), or `SHOW BINARY LOG STATUS` (MySQL 8.2+).
+pub async fn end_position(pool: &MySqlPool) -> Result<BinlogPosition> {
+    let rows = match sqlx::raw_sql("SHOW BINARY LOG STATUS")
+        .fetch_all(pool)
+        .await
+    {
+        Ok(rows) => rows,
+        Err(_) => sqlx::raw_sql("SHOW MASTER STATUS")
+            .fetch_all(pool)
+            .await
+            .map_err(|e| map_sqlx_error("reading where the binlog ends", e))?,
+    };
+    let row = rows.first().ok_or_else(|| {
+        Error::config(
+            "the server reports no binlog position (log_bin is OFF, or this user lacks the \
+             BINLOG MONITOR / REPLICATION CLIENT privilege)",
+        )
+    })?;
+    position_of(row, "reading where the binlog ends")
+}
+
+/// The binlog files the server still holds, oldest first (`SHOW BINARY LOGS`).
+pub async fn files(pool: &MySqlPool) -> Result<Vec<String>> {
+    let rows = sqlx::raw_sql("SHOW BINARY LOGS")
+        .fetch_all(pool)
+        .await
+        .map_err(|e| map_sqlx_error("listing the binlog files", e))?;
+    rows.iter()
+        .map(|row| text(row, 0, "listing the binlog files"))
+        .collect()
+}
+
+/// The file and position of a status row. Both come back as text or number depending on the
+/// server, and sqlx reports MariaDB's text columns as binary.
+fn position_of(row: &sqlx::mysql::MySqlRow, doing: &str) -> Result<BinlogPosition> {
+    let file = text(row, 0, doing)?;
+    let offset = row
+        .try_get::<u64, _>(1)
+        .or_else(|_| row.try_get::<i64, _>(1).map(|v| v.max(0) as u64))
+        .or_else(|_| {
+            text(row, 1, doing)?.parse::<u64>().map_err(|e| {
+                Error::new(
+                    ErrorKind::Other,
+                    format!("{doing}: a position that is not a number: {e}"),
+                )
+            })
+        })
+        .map_err(|e| Error::new(ErrorKind::Other, format!("{doing}: {e}")))?;
+    Ok(BinlogPosition::new(file, offset))
+}
+
+fn text(row: &sqlx::mysql::MySqlRow, index: usize, doing: &str) -> Result<String> {
+    row.try_get::<String, _>(index)
+        .or_else(|_| {
+            row.try_get::<Vec<u8>, _>(index)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+        })
+        .map_err(|e| Error::new(ErrorKind::Other, format!("{doing}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(log_bin: bool, format: &str, row_image: &str) -> BinlogSettings {
+        BinlogSettings {
+            log_bin,
+            format: format.into(),
+            row_image: row_image.into(),
+        }
+    }
+
+    #[test]
+    fn only_a_full_row_binlog_is_accepted_and_each_refusal_says_what_to_set() {
+        assert_eq!(settings(true, "ROW", "FULL").check(), Ok(()));
+        let off = settings(false, "ROW", "FULL").check().unwrap_err();
+        assert!(
+            off.contains("log_bin is OFF") && off.contains("--log-bin"),
+            "{off}"
+        );
+        let mixed = settings(true, "MIXED", "FULL").check().unwrap_err();
+        assert!(mixed.contains("binlog_format is MIXED") && mixed.contains("binlog_format=ROW"));
+        let minimal = settings(true, "ROW", "MINIMAL").check().unwrap_err();
+        assert!(minimal.contains("binlog_row_image=FULL"), "{minimal}");
+    }
+}

@@ -1,0 +1,337 @@
+//! The binlog reader against a real MariaDB with the row binlog on (scripts/services.sh starts
+//! one on 127.0.0.1:3307; `OUTBOX_TEST_MYSQL_BINLOG_URL` names another), each test in a
+//! database of its own, and against this machine's server without a binlog.
+
+#![allow(clippy::unwrap_used)] // tests
+
+use std::time::Duration;
+
+use outbox_mysql::binlog::{
+    server, BinlogPosition, BinlogReader, Committed, Item, ReadError, ReadOptions,
+};
+use outbox_mysql::{migrate, Schema};
+use sqlx::mysql::MySqlPoolOptions;
+use sqlx::MySqlPool;
+
+mod common;
+
+fn binlog_url() -> String {
+    std::env::var("OUTBOX_TEST_MYSQL_BINLOG_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3307/test".into())
+}
+
+/// A migrated outbox in a database of its own on the binlog server, and where the binlog
+/// ended once it was made.
+struct Db {
+    pool: MySqlPool,
+    schema: Schema,
+    start: BinlogPosition,
+}
+
+impl Db {
+    async fn start() -> Self {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(8)
+            .connect(&binlog_url())
+            .await
+            .expect("the MariaDB with the binlog must be running (scripts/services.sh starts it)");
+        let schema = Schema::new(&outbox_testkit::unique_name("outbox")).unwrap();
+        migrate(&pool, &schema).await.unwrap();
+        sqlx::raw_sql(&schema.render(
+            "CREATE TABLE {schema}.accounts (id INT PRIMARY KEY, balance BIGINT NOT NULL)",
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+        let start = server::end_position(&pool).await.unwrap();
+        Self {
+            pool,
+            schema,
+            start,
+        }
+    }
+
+    fn sql(&self, sql: &str) -> String {
+        self.schema.render(sql)
+    }
+
+    /// The plain four-column insert of `key`, with `n` in its payload, on `conn`.
+    async fn insert(&self, conn: &mut sqlx::MySqlConnection, key: &str, n: u64) {
+        sqlx::query(&self.sql(
+            "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', ?, 'placed', JSON_OBJECT('n', ?))",
+        ))
+        .bind(key)
+        .bind(n)
+        .execute(conn)
+        .await
+        .unwrap();
+    }
+
+    async fn reader(&self, from: &BinlogPosition) -> BinlogReader {
+        BinlogReader::open(&binlog_url(), &self.schema, from, &ReadOptions::default())
+            .await
+            .unwrap()
+    }
+
+    async fn drop(self) {
+        sqlx::raw_sql(&self.sql("DROP DATABASE {schema}"))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+}
+
+/// The next committed transaction, skipping idle reports; fails after 10 s.
+async fn committed(reader: &mut BinlogReader) -> Committed {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match reader.next().await.unwrap() {
+                Item::Committed(c) => return c,
+                Item::Idle(_) => continue,
+            }
+        }
+    })
+    .await
+    .expect("a committed transaction within 10 s")
+}
+
+/// The `n` of each row.
+fn numbers(c: &Committed) -> Vec<u64> {
+    c.rows
+        .iter()
+        .map(|r| {
+            serde_json::from_slice::<serde_json::Value>(&r.payload).unwrap()["n"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn transactions_come_in_commit_order_not_seq_order() {
+    let db = Db::start().await;
+    let mut a = db.pool.acquire().await.unwrap();
+    let mut b = db.pool.acquire().await.unwrap();
+    // Two keys of different partitions: the trigger's counter would make the second writer
+    // of one partition wait for the first one's commit.
+    let mut other_key = String::new();
+    for i in 2.. {
+        other_key = format!("order-{i}");
+        let same: i64 = sqlx::query_scalar("SELECT CAST(CRC32(?) % 64 = CRC32(?) % 64 AS SIGNED)")
+            .bind("order-1")
+            .bind(&other_key)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if same == 0 {
+            break;
+        }
+    }
+    sqlx::raw_sql("BEGIN").execute(&mut *a).await.unwrap();
+    db.insert(&mut a, "order-1", 1).await;
+    sqlx::raw_sql("BEGIN").execute(&mut *b).await.unwrap();
+    db.insert(&mut b, &other_key, 2).await;
+    sqlx::raw_sql("COMMIT").execute(&mut *b).await.unwrap();
+    sqlx::raw_sql("COMMIT").execute(&mut *a).await.unwrap();
+
+    let mut reader = db.reader(&db.start).await;
+    let first = committed(&mut reader).await;
+    let second = committed(&mut reader).await;
+    assert_eq!((numbers(&first), numbers(&second)), (vec![2], vec![1]));
+    // seq was drawn at insert: the first to commit holds the higher one.
+    assert!(first.rows[0].seq > second.rows[0].seq);
+    assert!(db.start < first.end && first.end < second.end);
+    let files = server::files(&db.pool).await.unwrap();
+    assert!(
+        files.contains(&first.end.file),
+        "{} not in {files:?}",
+        first.end
+    );
+    assert_eq!(reader.position(), &second.end);
+
+    // Every column as written; the trigger gave this row a position (the binlog route's
+    // writers will not), and the reader reports it as it is.
+    let row = &first.rows[0];
+    assert_eq!(
+        (
+            row.aggregate_type.as_str(),
+            row.aggregate_id.as_str(),
+            row.event_type.as_str()
+        ),
+        ("order", other_key.as_str(), "placed")
+    );
+    assert_eq!(row.headers, b"{}");
+    assert_eq!(row.topic, None);
+    assert_eq!(row.id.len(), 36);
+    assert!(row.part_seq.is_some());
+    assert!((chrono::Utc::now() - row.created_at).num_seconds().abs() < 60);
+    let stored: (String, i64) = sqlx::query_as(
+        &db.sql("SELECT CAST(id AS CHAR), part_seq FROM {schema}.outbox WHERE seq = ?"),
+    )
+    .bind(row.seq)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (stored.0.as_str(), Some(stored.1)),
+        (row.id.as_str(), row.part_seq)
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_rolled_back_transaction_never_appears_and_a_transaction_comes_whole() {
+    let db = Db::start().await;
+    let other = Db::start().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
+    db.insert(&mut conn, "order-1", 1).await;
+    sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.unwrap();
+    // One transaction: a business row, three outbox rows of two keys, and a row of another
+    // database's outbox, which this reader must leave out.
+    sqlx::raw_sql("BEGIN").execute(&mut *conn).await.unwrap();
+    sqlx::raw_sql(&db.sql("INSERT INTO {schema}.accounts VALUES (1, 100)"))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    db.insert(&mut conn, "order-2", 2).await;
+    other.insert(&mut conn, "order-9", 9).await;
+    db.insert(&mut conn, "order-3", 3).await;
+    db.insert(&mut conn, "order-2", 4).await;
+    sqlx::raw_sql("COMMIT").execute(&mut *conn).await.unwrap();
+    drop(conn);
+
+    let mut reader = db.reader(&db.start).await;
+    let c = committed(&mut reader).await;
+    assert_eq!(numbers(&c), vec![2, 3, 4]);
+    // Nothing else: the rolled-back row never reached the binlog.
+    let next = tokio::time::timeout(Duration::from_secs(3), reader.next()).await;
+    assert!(
+        matches!(next, Err(_) | Ok(Ok(Item::Idle(_)))),
+        "only idle reports after the one transaction, got {next:?}"
+    );
+    other.drop().await;
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn reading_again_from_a_transaction_end_starts_at_the_next_transaction() {
+    let db = Db::start().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    for n in 1..=3 {
+        db.insert(&mut conn, "order-1", n).await;
+    }
+    let mut reader = db.reader(&db.start).await;
+    let first = committed(&mut reader).await;
+    assert_eq!(numbers(&first), vec![1]);
+    drop(reader);
+
+    let mut again = db.reader(&first.end).await;
+    assert_eq!(numbers(&committed(&mut again).await), vec![2]);
+    assert_eq!(numbers(&committed(&mut again).await), vec![3]);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn an_idle_server_is_reported_idle_at_the_end_of_what_was_read() {
+    let db = Db::start().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    db.insert(&mut conn, "order-1", 1).await;
+    let mut reader = db.reader(&db.start).await;
+    let c = committed(&mut reader).await;
+    // Other databases' writers may be busy on this shared server; whatever it reports, an
+    // idle position never goes back before what was handed out.
+    let item = tokio::time::timeout(Duration::from_secs(10), reader.next())
+        .await
+        .expect("a heartbeat or idle report within 10 s")
+        .unwrap();
+    match item {
+        Item::Idle(at) => assert!(at >= c.end, "{at} before {}", c.end),
+        Item::Committed(other) => panic!("nothing else was written here: {other:?}"),
+    }
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn large_payloads_and_every_column_come_through() {
+    let db = Db::start().await;
+    let big = "x".repeat(2 * 1024 * 1024);
+    sqlx::query(&db.sql(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload, headers, topic) \
+         VALUES ('order', 'clé-ü', 'placed', JSON_OBJECT('big', ?), JSON_OBJECT('trace', 't-1'), 'orders.eu')",
+    ))
+    .bind(&big)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut reader = db.reader(&db.start).await;
+    let c = committed(&mut reader).await;
+    let row = &c.rows[0];
+    let payload: serde_json::Value = serde_json::from_slice(&row.payload).unwrap();
+    assert_eq!(payload["big"].as_str().unwrap().len(), big.len());
+    let headers: serde_json::Value = serde_json::from_slice(&row.headers).unwrap();
+    assert_eq!(headers["trace"], "t-1");
+    assert_eq!(row.topic.as_deref(), Some("orders.eu"));
+    assert_eq!(row.aggregate_id, "clé-ü");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_position_the_server_no_longer_holds_is_reported_as_purged() {
+    let db = Db::start().await;
+    // A file numbered before the oldest one the server holds: what a purge leaves a relay
+    // that was stopped for longer than the binlog is kept. (Purging for real would take files
+    // from under the other tests reading this server.)
+    let oldest = server::files(&db.pool).await.unwrap().remove(0);
+    let oldest = BinlogPosition::new(oldest, 4);
+    let (base, _) = oldest.file.rsplit_once('.').unwrap();
+    let gone = BinlogPosition::new(
+        format!("{base}.{:06}", oldest.file_number().unwrap() - 1),
+        4,
+    );
+    let result = async {
+        let mut reader =
+            BinlogReader::open(&binlog_url(), &db.schema, &gone, &ReadOptions::default()).await?;
+        reader.next().await
+    }
+    .await;
+    match result {
+        Err(ReadError::Purged { position, message }) => {
+            assert_eq!(position, gone);
+            assert!(!message.is_empty());
+        }
+        other => panic!("expected a purged position, got {other:?}"),
+    }
+    let shown = ReadError::Purged {
+        position: gone.clone(),
+        message: "m".into(),
+    }
+    .to_string();
+    assert!(
+        shown.contains(&gone.to_string()) && shown.contains("purged"),
+        "{shown}"
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn the_settings_say_which_server_can_be_read() {
+    let with = MySqlPoolOptions::new()
+        .connect(&binlog_url())
+        .await
+        .unwrap();
+    let settings = server::settings(&with).await.unwrap();
+    assert_eq!(settings.check(), Ok(()), "{settings:?}");
+    // This machine's own server runs without a binlog, as MariaDB ships.
+    let without = MySqlPoolOptions::new()
+        .connect(&common::server_url())
+        .await
+        .unwrap();
+    let settings = server::settings(&without).await.unwrap();
+    if !settings.log_bin {
+        let why = settings.check().unwrap_err();
+        assert!(why.contains("log_bin is OFF"), "{why}");
+        assert!(server::end_position(&without).await.is_err());
+    }
+}
