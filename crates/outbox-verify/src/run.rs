@@ -691,7 +691,19 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         stuck,
     };
     progress(started, "checked; cleaning up");
-    if !keep {
+    // A failed run keeps its evidence: what the relays logged and what the database holds
+    // are what explains a lost message, and nothing else would.
+    let failed = !report.ok;
+    if failed {
+        eprintln!(
+            "verify: the run failed; the {} and the relay logs in {} are kept for inspection \
+             (remove them by hand)",
+            report.database,
+            tmp.display()
+        );
+        print_log_tails(&tmp);
+    }
+    if !keep && !failed {
         if let Some((inbox, _)) = inbox_setup {
             let _ = bounded(inbox.destroy_queue()).await;
         }
@@ -722,6 +734,32 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         all_faults_injected: all_kinds,
     })
 }
+
+/// Prints the last lines of every log in `dir` to stderr, so that CI's output shows what the
+/// processes said before a failed check.
+fn print_log_tails(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut logs: Vec<_> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    logs.sort();
+    for path in logs {
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        eprintln!("verify: the last lines of {}:", path.display());
+        for line in &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..] {
+            eprintln!("  {line}");
+        }
+    }
+}
+
+/// How many lines of each process's log a failed run prints.
+const LOG_TAIL_LINES: usize = 30;
 
 /// The longest any one step after the load may take (a query, the producers' stop, the
 /// clean-up) before the run gives up on it.
