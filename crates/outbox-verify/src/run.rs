@@ -702,6 +702,33 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             tmp.display()
         );
         print_log_tails(&tmp);
+        // Whether the store recorded a lost message as acknowledged tells a broker (or reader)
+        // that dropped it from a relay that never published it.
+        for id in report.lost_sample.iter().take(LOST_EXPLAINED) {
+            let Ok(uuid) = id.parse::<uuid::Uuid>() else {
+                continue;
+            };
+            match bounded(store.journey(&outbox_core::JourneyQuery::Id(uuid), 1)).await {
+                Ok(journeys) => match journeys.first() {
+                    Some(j) => {
+                        let steps: Vec<String> = j
+                            .steps
+                            .iter()
+                            .map(|s| format!("{} ({})", s.what, s.detail))
+                            .collect();
+                        eprintln!(
+                            "verify: lost message {id} (key {}, seq {}): the store says {}: {}",
+                            j.aggregate_id,
+                            j.seq,
+                            j.state.as_str(),
+                            steps.join("; ")
+                        );
+                    }
+                    None => eprintln!("verify: lost message {id}: the store does not hold it"),
+                },
+                Err(e) => eprintln!("verify: lost message {id}: its journey is unknown: {e}"),
+            }
+        }
     }
     if !keep && !failed {
         if let Some((inbox, _)) = inbox_setup {
@@ -757,6 +784,9 @@ fn print_log_tails(dir: &std::path::Path) {
         }
     }
 }
+
+/// How many lost messages a failed run looks up in the store.
+const LOST_EXPLAINED: usize = 5;
 
 /// How many lines of each process's log a failed run prints.
 const LOG_TAIL_LINES: usize = 30;
