@@ -88,6 +88,14 @@ pub trait Reader: Send {
 
     /// Deletes the scratch destination (best effort: a failure leaves a named leftover).
     async fn cleanup(&mut self);
+
+    /// A second reader of the same destination, from its start, where the broker keeps what
+    /// was read (a Kafka topic's log): when a message is missing, it tells one the broker holds
+    /// but the first reader skipped from one the broker does not have. `None` where reading
+    /// takes messages away (queues) or the broker keeps no history to read again.
+    async fn fresh_reader(&mut self) -> Option<Box<dyn Reader>> {
+        None
+    }
 }
 
 /// What a scratch destination is for; sinks size or name it accordingly.

@@ -81,6 +81,11 @@ pub struct Report {
     pub drain_seconds_after_load: f64,
     /// A few lost message ids, to look up.
     pub lost_sample: Vec<String>,
+    /// Messages the reader tailing the destination never received but a second reader, from
+    /// the destination's start, found there (brokers that keep a log: Kafka): the broker holds
+    /// them, and served them to the tailing reader after it had read past their place. Counted
+    /// as delivered, not lost; a broker defect worth knowing of, since a consumer may skip them.
+    pub skipped_by_reader: usize,
     /// Writer-API keys that two or more producers committed to.
     pub keys_written_by_several_producers: usize,
     /// Producers writing the plain `INSERT` without the per-key lock.
@@ -154,6 +159,14 @@ impl Report {
                 "  emit (CDC, a logical message and no row; order counted): {} producers, {} \
                  messages committed",
                 self.emit_producers, self.emit_committed
+            );
+        }
+        if self.skipped_by_reader > 0 {
+            println!(
+                "  {} messages the tailing reader never got were found by a fresh read of the \
+                 destination from its start: the broker holds them but served them past the \
+                 reader's place",
+                self.skipped_by_reader
             );
         }
         if self.unreadable > 0 || self.pending_after_drain != 0 || self.producer_errors > 0 {

@@ -234,6 +234,12 @@ impl Reader for KafkaReader {
         format!("Kafka topic {}", self.topic)
     }
 
+    async fn fresh_reader(&mut self) -> Option<Box<dyn Reader>> {
+        self.consumer.as_ref()?;
+        let reader = KafkaReader::open(&self.brokers, &self.topic).await.ok()?;
+        Some(Box::new(reader))
+    }
+
     async fn cleanup(&mut self) {
         // Close the consumer before the topic goes: a client that knows a deleted topic asks
         // tansu about it, and tansu 0.6 answers with a topic entry without a name, which
