@@ -9,7 +9,7 @@ use std::time::Duration;
 use outbox_mysql::binlog::{
     server, BinlogPosition, BinlogReader, Committed, Item, ReadError, ReadOptions,
 };
-use outbox_mysql::{migrate, Schema};
+use outbox_mysql::Schema;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::MySqlPool;
 
@@ -30,13 +30,7 @@ struct Db {
 
 impl Db {
     async fn start() -> Self {
-        let pool = MySqlPoolOptions::new()
-            .max_connections(8)
-            .connect(&binlog_url())
-            .await
-            .expect("the MariaDB with the binlog must be running (scripts/services.sh starts it)");
-        let schema = Schema::new(&outbox_testkit::unique_name("outbox")).unwrap();
-        migrate(&pool, &schema).await.unwrap();
+        let (pool, schema) = common::migrated_outbox(&binlog_url(), 8).await;
         sqlx::raw_sql(&schema.render(
             "CREATE TABLE {schema}.accounts (id INT PRIMARY KEY, balance BIGINT NOT NULL)",
         ))

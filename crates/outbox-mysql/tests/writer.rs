@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use outbox_core::NewMessage;
 use outbox_mysql::{enqueue, enqueue_many, migrate, Schema};
-use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{MySql, MySqlPool};
 
 mod common;
@@ -21,13 +20,7 @@ struct Db {
 
 impl Db {
     async fn start() -> Self {
-        let pool = MySqlPoolOptions::new()
-            .max_connections(24)
-            .connect(&server_url())
-            .await
-            .expect("MariaDB must be running (scripts/services.sh checks it)");
-        let schema = Schema::new(&outbox_testkit::unique_name("outbox")).unwrap();
-        assert_eq!(migrate(&pool, &schema).await.unwrap(), vec![1, 2, 3]);
+        let (pool, schema) = common::migrated_outbox(&server_url(), 24).await;
         Self { pool, schema }
     }
 

@@ -644,9 +644,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     // Found at the broker by a second reader: delivered, and reported apart.
     verdict.lost -= skipped_by_reader.len().min(verdict.lost);
     verdict.delivered += skipped_by_reader.len();
-    verdict
-        .lost_sample
-        .retain(|id| !skipped_by_reader.iter().any(|s| s.to_string() == *id));
+    verdict.lost_sample.retain(|id| {
+        id.parse()
+            .map_or(true, |id| !skipped_by_reader.contains(&id))
+    });
     // MySQL/MariaDB orders the plain insert too (docs/sql-contract.md, section 8): there the
     // raw writers' keys are a guarantee, not information.
     // So does CDC mode: the WAL is in commit order, whatever the writer did.

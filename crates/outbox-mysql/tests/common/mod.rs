@@ -3,6 +3,9 @@
 #![allow(dead_code, clippy::unwrap_used)] // each test file uses its part
 
 use outbox_core::{Message, NewMessage};
+use outbox_mysql::{migrate, Schema};
+use sqlx::mysql::MySqlPoolOptions;
+use sqlx::MySqlPool;
 
 /// The test server (`OUTBOX_TEST_MYSQL_URL`, default this machine's MariaDB).
 pub fn server_url() -> String {
@@ -20,4 +23,19 @@ pub fn n_of(m: &Message) -> u64 {
     serde_json::from_slice::<serde_json::Value>(&m.payload).unwrap()["n"]
         .as_u64()
         .unwrap()
+}
+
+/// A pool of at most `max_connections` to `url` and an outbox migrated in a database of its own
+/// (a random name), so tests run in parallel.
+pub async fn migrated_outbox(url: &str, max_connections: u32) -> (MySqlPool, Schema) {
+    let pool = MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .connect(url)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("MariaDB at {url} must be running (scripts/services.sh starts it): {e}")
+        });
+    let schema = Schema::new(&outbox_testkit::unique_name("outbox")).unwrap();
+    assert_eq!(migrate(&pool, &schema).await.unwrap(), vec![1, 2, 3]);
+    (pool, schema)
 }
