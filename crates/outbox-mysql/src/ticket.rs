@@ -385,9 +385,28 @@ pub(crate) fn assemble(
     ranked.sort_by_key(|(level, (m, _, _))| (*level, m.seq));
     let n = limits.fit(ranked.iter().map(|(_, (m, _, _))| m.payload.len()));
     ranked.truncate(n);
-    // What goes out, in seq order (insert order), which keeps every list's own order.
+    // What goes out, in seq order (insert order), each partition's rows in its slots in
+    // position order. On the trigger's route the two agree within a partition (a writer draws
+    // its seq while it holds the partition's counter); on the binlog route positions follow
+    // commit order, which seq order does not.
     let mut merged: Vec<Item> = ranked.into_iter().map(|(_, item)| item).collect();
     merged.sort_by_key(|(m, _, _)| m.seq);
+    let part_of = |item: &Item| match item.2 {
+        Source::Parked { part, .. } | Source::Window { part } => part,
+    };
+    let mut slots: BTreeMap<i16, Vec<usize>> = BTreeMap::new();
+    for (i, item) in merged.iter().enumerate() {
+        slots.entry(part_of(item)).or_default().push(i);
+    }
+    let mut placed: Vec<Option<Item>> = merged.into_iter().map(Some).collect();
+    for slots in slots.values() {
+        let mut items: Vec<Item> = slots.iter().filter_map(|&i| placed[i].take()).collect();
+        items.sort_by_key(|(_, part_seq, _)| *part_seq);
+        for (&i, item) in slots.iter().zip(items) {
+            placed[i] = Some(item);
+        }
+    }
+    let merged: Vec<Item> = placed.into_iter().flatten().collect();
 
     let mut handed: HashSet<i64> = HashSet::new();
     let mut order = Vec::with_capacity(n);
