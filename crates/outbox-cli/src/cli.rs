@@ -171,6 +171,12 @@ pub struct MigrateArgs {
         env = "OUTBOX_CDC_GROUP"
     )]
     pub cdc_group: String,
+    /// Also turn the binlog route on (MySQL/MariaDB with the row binlog): writers' inserts run
+    /// no trigger, and the relay gives each committed row its position from the binlog, in
+    /// commit order (docs/engine-mysql.md, "The binlog route"). Stop the relays first, run
+    /// this, start them again. Idempotent.
+    #[arg(long, conflicts_with_all = ["inbox", "cdc"])]
+    pub binlog: bool,
 }
 
 /// Where `outbox relay` reads messages from.

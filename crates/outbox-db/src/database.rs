@@ -64,7 +64,14 @@ pub async fn open_with_deadline(
         Backend::Mysql => {
             let schema = mysql_database(url, schema)?;
             let pool = outbox_mysql::connect_pool(url, pool_size).await?;
-            Ok(Database::Mysql(Arc::new(MysqlStore::new(pool, schema))))
+            // The binlog route (`outbox migrate --binlog`) reads positions the relay's
+            // sequencer gives; it starts only when the store relays or inserts.
+            let store = if outbox_mysql::binlog::route::is_on(&pool, &schema).await? {
+                MysqlStore::binlog(pool, schema, url)?
+            } else {
+                MysqlStore::new(pool, schema)
+            };
+            Ok(Database::Mysql(Arc::new(store)))
         }
     }
 }
@@ -138,6 +145,19 @@ impl Database {
             Self::Postgres(s) => outbox_postgres::set_notify(s.pool(), s.schema(), on).await,
             Self::Sqlite(_) | Self::Mysql(_) => Err(outbox_core::Error::config(format!(
                 "--notify and --no-notify apply to PostgreSQL only: {} relays poll",
+                self.backend().name()
+            ))),
+        }
+    }
+
+    /// Turns the binlog route on (MySQL/MariaDB with a row binlog only; see
+    /// `outbox migrate --binlog`).
+    pub async fn enable_binlog_route(&self) -> Result<()> {
+        match self {
+            Self::Mysql(s) => outbox_mysql::binlog::route::enable(s.pool(), s.schema()).await,
+            Self::Postgres(_) | Self::Sqlite(_) => Err(outbox_core::Error::config(format!(
+                "--binlog reads the binlog of MySQL or MariaDB; {} is {} (PostgreSQL has --cdc)",
+                self.place(),
                 self.backend().name()
             ))),
         }

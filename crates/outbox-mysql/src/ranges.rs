@@ -48,13 +48,23 @@ pub struct Range {
 /// The ranges of `schema`'s message table, lowest first. Fails with the advice to migrate when
 /// the table is not split into ranges (an outbox below version 3).
 pub async fn ranges(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<Vec<Range>> {
+    ranges_of(conn, schema, "outbox").await
+}
+
+/// The ranges of `table` (`outbox`, or `outbox_sequence` on the binlog route), lowest first.
+async fn ranges_of(
+    conn: &mut sqlx::MySqlConnection,
+    schema: &Schema,
+    table: &str,
+) -> Result<Vec<Range>> {
     let rows = sqlx::query(
         "SELECT CAST(PARTITION_NAME AS CHAR) AS name, \
          CAST(PARTITION_DESCRIPTION AS CHAR) AS below \
          FROM information_schema.PARTITIONS \
-         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox' ORDER BY PARTITION_ORDINAL_POSITION",
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY PARTITION_ORDINAL_POSITION",
     )
     .bind(schema.as_str())
+    .bind(table)
     .fetch_all(&mut *conn)
     .await
     .map_err(|e| map_sqlx_error("reading the outbox's ranges", e))?;
@@ -67,7 +77,7 @@ pub async fn ranges(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result
             return Err(Error::new(
                 ErrorKind::Schema,
                 format!(
-                    "database `{}`: the outbox table is not split into ranges; run `outbox \
+                    "database `{}`: the table `{table}` is not split into ranges; run `outbox \
                      migrate` for this database",
                     schema.as_str()
                 ),
@@ -124,7 +134,14 @@ pub async fn lay_ahead(pool: &MySqlPool, schema: &Schema) -> Result<u64> {
     let Some(mut conn) = maintainer(pool, schema).await? else {
         return Ok(0);
     };
-    let made = ensure_ahead(&mut conn, schema).await.map(|a| a.made);
+    let made = async {
+        let made = ensure_ahead(&mut conn, schema).await?.made;
+        if binlog_route(&mut conn, schema).await? {
+            mirror_ranges(&mut conn, schema).await?;
+        }
+        Ok(made)
+    }
+    .await;
     release(&mut conn, schema).await;
     made
 }
@@ -175,11 +192,64 @@ async fn lay_out(conn: &mut sqlx::MySqlConnection, schema: &Schema, empty: bool)
         .await
         .map_err(err)?;
     }
-    ensure_ahead(conn, schema).await.map(|a| a.made)
+    let made = ensure_ahead(conn, schema).await?.made;
+    if binlog_route(conn, schema).await? {
+        if empty {
+            // Laid out again from the start: the sequence table (as empty) follows.
+            let layout = ranges(conn, schema).await?;
+            sqlx::query(&schema.render(&format!(
+                "ALTER TABLE {{schema}}.outbox_sequence {}",
+                crate::binlog::route::partition_clause(&layout)
+            )))
+            .execute(&mut *conn)
+            .await
+            .map_err(err)?;
+        }
+        mirror_ranges(conn, schema).await?;
+    }
+    Ok(made)
+}
+
+/// Whether the outbox runs the binlog route (`outbox_settings.binlog_route`): its positions
+/// live in `outbox_sequence`, whose ranges follow the outbox's.
+async fn binlog_route(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<bool> {
+    let on: Option<i64> = sqlx::query_scalar(
+        &schema.render("SELECT value FROM {schema}.outbox_settings WHERE name = 'binlog_route'"),
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error("reading whether the binlog route is on", e))?;
+    Ok(on == Some(1))
+}
+
+/// Gives `outbox_sequence` the outbox's ranges above its own last one, cut out of its (empty)
+/// catch-all: both tables keep the same bounds and names, so a range is dropped from both at
+/// once. Run after every change of the outbox's ranges; one interrupted is made good here.
+async fn mirror_ranges(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<()> {
+    let outbox = ranges(conn, schema).await?;
+    let own = ranges_of(conn, schema, "outbox_sequence").await?;
+    let last = own.iter().filter_map(|r| r.below).max().unwrap_or(i64::MIN);
+    let mut parts: Vec<String> = outbox
+        .iter()
+        .filter_map(|r| r.below.filter(|b| *b > last).map(|b| (r, b)))
+        .map(|(r, b)| format!("PARTITION {} VALUES LESS THAN ({b})", r.name))
+        .collect();
+    if parts.is_empty() {
+        return Ok(());
+    }
+    parts.push(format!("PARTITION {CATCH_ALL} VALUES LESS THAN MAXVALUE"));
+    sqlx::query(&schema.render(&format!(
+        "ALTER TABLE {{schema}}.outbox_sequence REORGANIZE PARTITION {CATCH_ALL} INTO ({})",
+        parts.join(", ")
+    )))
+    .execute(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error("giving outbox_sequence the outbox's ranges", e))?;
+    Ok(())
 }
 
 /// Lets the next maintainer in now (closing the connection would too, but a moment later).
-async fn release(conn: &mut sqlx::MySqlConnection, schema: &Schema) {
+pub(crate) async fn release(conn: &mut sqlx::MySqlConnection, schema: &Schema) {
     let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('outbox-maintain:', SHA1(?)))")
         .bind(schema.as_str())
         .execute(&mut *conn)
@@ -189,7 +259,10 @@ async fn release(conn: &mut sqlx::MySqlConnection, schema: &Schema) {
 /// A connection of its own holding the maintenance lock, with short lock waits, or `None` if
 /// another maintainer holds the lock. Closing the connection releases the lock and the
 /// settings.
-async fn maintainer(pool: &MySqlPool, schema: &Schema) -> Result<Option<PoolConnection<MySql>>> {
+pub(crate) async fn maintainer(
+    pool: &MySqlPool,
+    schema: &Schema,
+) -> Result<Option<PoolConnection<MySql>>> {
     let err = |e| map_sqlx_error("maintaining the outbox's ranges", e);
     let mut conn = pool.acquire().await.map_err(err)?;
     conn.close_on_drop();
@@ -227,6 +300,10 @@ async fn run(
         mut sealed_below,
     } = ensure_ahead(conn, schema).await?;
     report.segments_created = made;
+    let binlog = binlog_route(conn, schema).await?;
+    if binlog {
+        mirror_ranges(conn, schema).await?;
+    }
     let ctx = |what: &str| format!("outbox retention in `{}`: {what}", schema.as_str());
     // A seal, once taken, holds for ever (no row can appear below it), and taking one holds
     // writers for a moment: take a new one only when a range not yet sealed lies wholly below
@@ -235,7 +312,12 @@ async fn run(
         .iter()
         .any(|r| r.below.is_some_and(|b| b > sealed_below && b <= top + 1))
     {
-        sealed_below = sealed_below.max(seal(conn, schema).await?);
+        let seal = if binlog {
+            sequenced_below(conn, schema).await?
+        } else {
+            seal(conn, schema).await?
+        };
+        sealed_below = sealed_below.max(seal);
         sqlx::query(&schema.render(
             "UPDATE {schema}.outbox_settings SET value = GREATEST(value, ?) \
              WHERE name = 'sealed_below'",
@@ -260,7 +342,7 @@ async fn run(
         let Some(below) = range.below.filter(|b| *b <= sealed_below) else {
             break;
         };
-        if !range_passed(conn, schema, &range, &passed).await? {
+        if !range_passed(conn, schema, &range, &passed, binlog).await? {
             passed_prefix = false;
             continue;
         }
@@ -298,6 +380,21 @@ async fn run(
         .execute(&mut *conn)
         .await
         .map_err(|e| map_sqlx_error(&ctx(&format!("dropping range `{}`", range.name)), e))?;
+        if binlog {
+            // Its positions go with it (the same bounds, the same name).
+            sqlx::query(&schema.render(&format!(
+                "ALTER TABLE {{schema}}.outbox_sequence DROP PARTITION {}",
+                range.name
+            )))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| {
+                map_sqlx_error(
+                    &ctx(&format!("dropping range `{}`'s positions", range.name)),
+                    e,
+                )
+            })?;
+        }
         report.segments_dropped += 1;
     }
     if let Some(below) = passed_below {
@@ -434,16 +531,30 @@ async fn seal(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<i64> 
     Ok(top + 1)
 }
 
+/// On the binlog route, the seal is the sequencer's: every row below `sequenced_below` has its
+/// position or was rolled back, and no row can appear below it any more.
+async fn sequenced_below(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<i64> {
+    sqlx::query_scalar(
+        &schema.render("SELECT sequenced_below FROM {schema}.outbox_sequencer WHERE id = 1"),
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error("outbox retention: reading how far the sequencer sealed", e))
+}
+
 /// Whether every row of `range` is at or below its partition's position: per partition, the
-/// range's highest position (one index dive per partition, "using index for group-by").
+/// range's highest position (one index dive per partition, "using index for group-by"), read
+/// from `outbox_sequence` on the binlog route.
 async fn range_passed(
     conn: &mut sqlx::MySqlConnection,
     schema: &Schema,
     range: &Range,
     passed: &HashMap<i16, i64>,
+    binlog: bool,
 ) -> Result<bool> {
+    let table = if binlog { "outbox_sequence" } else { "outbox" };
     let highest: Vec<(i16, i64)> = sqlx::query_as(&schema.render(&format!(
-        "SELECT part, MAX(part_seq) FROM {{schema}}.outbox PARTITION ({}) GROUP BY part",
+        "SELECT part, MAX(part_seq) FROM {{schema}}.{table} PARTITION ({}) GROUP BY part",
         range.name
     )))
     .fetch_all(&mut *conn)

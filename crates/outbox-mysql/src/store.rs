@@ -24,7 +24,7 @@ use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
 use tokio::sync::watch;
 
 use crate::error::map_sqlx_error;
-use crate::queries::{Queries, MESSAGE_COLUMNS};
+use crate::queries::{Positions, Queries, MESSAGE_COLUMNS};
 use crate::schema::Schema;
 use crate::ticket::{assemble, Fence, ParkedKey, PartPlan, Ticket, WindowRead};
 
@@ -38,6 +38,9 @@ const LOCK_WAIT_SECS: u32 = 5;
 
 /// How often parked messages are looked at while nothing says a head came due (a redrive or a
 /// hand-made change in another process is noticed within this).
+/// How long an insert on the binlog route waits for its rows to be sequenced.
+const INSERT_SEQUENCED: Duration = Duration::from_secs(30);
+
 const PARKED_RECHECK: Duration = Duration::from_secs(1);
 
 /// Connection options for a `mysql://` or `mariadb://` URL.
@@ -130,6 +133,10 @@ pub struct MysqlStore {
     pool: MySqlPool,
     schema: Schema,
     q: Queries,
+    /// `outbox`, or on the binlog route the view of sequenced messages.
+    messages: String,
+    /// On the binlog route: the sequencer this store runs while it relays.
+    sequencer: Option<crate::binlog::sequencer::Sequencer>,
     members: Mutex<HashMap<MemberId, MemberState>>,
 }
 
@@ -216,11 +223,35 @@ impl MysqlStore {
     /// A store over `pool` (see [`connect_pool`]) for the outbox in database `schema`.
     pub fn new(pool: MySqlPool, schema: Schema) -> Self {
         Self {
-            q: Queries::new(&schema),
+            q: Queries::new(&schema, Positions::Trigger),
+            messages: Positions::Trigger.messages(&schema),
+            sequencer: None,
             pool,
             schema,
             members: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The store on the binlog route (`outbox migrate --binlog`): messages are read with the
+    /// positions the sequencer gives them, and the store runs the sequencer, reading the
+    /// binlog through `url`, while it relays (from its first rebalance, claim or insert; one
+    /// sequencer per outbox holds the lease at a time). See docs/engine-mysql.md.
+    pub fn binlog(pool: MySqlPool, schema: Schema, url: &str) -> Result<Self> {
+        let sequencer =
+            crate::binlog::sequencer::Sequencer::new(pool.clone(), schema.clone(), url)?;
+        Ok(Self {
+            q: Queries::new(&schema, Positions::Binlog),
+            messages: Positions::Binlog.messages(&schema),
+            sequencer: Some(sequencer),
+            pool,
+            schema,
+            members: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// On the binlog route, the sequencer (`None` on the trigger's).
+    pub fn sequencer(&self) -> Option<&crate::binlog::sequencer::Sequencer> {
+        self.sequencer.as_ref()
     }
 
     /// The pool.
@@ -327,8 +358,8 @@ impl MysqlStore {
             select.push(" AND state <> 'failed'");
         }
         select.push(format!(
-            ") AS x JOIN {}.outbox AS o ON o.seq = x.seq WHERE x.rn <= ",
-            self.schema.as_str()
+            ") AS x JOIN {} AS o ON o.seq = x.seq WHERE x.rn <= ",
+            self.messages
         ));
         select.push_bind(per_key);
         select.push(" ORDER BY x.part, x.aggregate_id, x.part_seq");
@@ -372,7 +403,7 @@ impl MysqlStore {
         bytes: Option<usize>,
     ) -> Result<Vec<WindowRead>> {
         let err = |e| map_sqlx_error("reading the partitions' next messages", e);
-        let s = self.schema.as_str();
+        let m = self.messages.as_str();
         let held = if probe_parked {
             format!(
                 "CAST(EXISTS (SELECT 1 FROM {}.outbox_parked AS q WHERE q.part = o.part \
@@ -399,7 +430,7 @@ impl MysqlStore {
         let alias = if bytes.is_some() { "i" } else { "o" };
         let mut select = match bytes {
             None => QueryBuilder::<MySql>::new(format!(
-                "SELECT {MESSAGE_COLUMNS}, {held} AS held FROM {s}.outbox AS o WHERE "
+                "SELECT {MESSAGE_COLUMNS}, {held} AS held FROM {m} AS o WHERE "
             )),
             Some(_) => {
                 let mut q = QueryBuilder::<MySql>::new(format!(
@@ -413,7 +444,7 @@ impl MysqlStore {
                         .push_bind(p.passed);
                 }
                 q.push(format!(
-                    " END, i.seq) - LENGTH(i.payload) AS bytes_before FROM {s}.outbox AS i WHERE "
+                    " END, i.seq) - LENGTH(i.payload) AS bytes_before FROM {m} AS i WHERE "
                 ));
                 q
             }
@@ -439,7 +470,7 @@ impl MysqlStore {
         select.push(")");
         if let Some(bytes) = bytes {
             select.push(format!(
-                ") AS g JOIN {s}.outbox AS o ON o.seq = g.seq WHERE g.bytes_before < "
+                ") AS g JOIN {m} AS o ON o.seq = g.seq WHERE g.bytes_before < "
             ));
             select.push_bind(i64::try_from(bytes).unwrap_or(i64::MAX));
         }
@@ -463,12 +494,22 @@ impl MysqlStore {
                 .take_while(|((_, part_seq, _), want)| part_seq == want)
                 .count();
             if run < rows.len() {
-                tracing::warn!(
-                    partition = p.part,
-                    after = p.passed + run as i64,
-                    "a gap in a partition's positions: rows past it wait; was the outbox trigger \
-                     bypassed or the counter table changed by hand?"
-                );
+                if self.sequencer.is_some() {
+                    // The sequencer read the row from the binlog, which the server writes
+                    // just before the row becomes visible: it comes in the next claim.
+                    tracing::debug!(
+                        partition = p.part,
+                        after = p.passed + run as i64,
+                        "a sequenced row is not visible yet; rows past it wait a moment"
+                    );
+                } else {
+                    tracing::warn!(
+                        partition = p.part,
+                        after = p.passed + run as i64,
+                        "a gap in a partition's positions: rows past it wait; was the outbox \
+                         trigger bypassed or the counter table changed by hand?"
+                    );
+                }
                 rows.truncate(run);
             }
             out.push(WindowRead {
@@ -709,6 +750,9 @@ impl Store for MysqlStore {
     }
 
     async fn rebalance(&self, member: &MemberId, lease: Duration) -> Result<Vec<i32>> {
+        if let Some(sequencer) = &self.sequencer {
+            sequencer.start();
+        }
         let err = |what: &'static str| {
             move |e| map_sqlx_error(&format!("rebalancing partitions: {what}"), e)
         };
@@ -796,6 +840,9 @@ impl Store for MysqlStore {
         limits: ClaimLimits,
         on_failed: OnFailed,
     ) -> Result<Vec<Message>> {
+        if let Some(sequencer) = &self.sequencer {
+            sequencer.start();
+        }
         let (messages, ticket) = self
             .read_claim(member, partitions, limits, on_failed)
             .await?;
@@ -868,10 +915,18 @@ impl Store for MysqlStore {
             .execute(&self.pool)
             .await
             .map_err(err)?;
-        self.members
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(member);
+        let none_left = {
+            let mut members = self
+                .members
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            members.remove(member);
+            members.is_empty()
+        };
+        if let Some(sequencer) = self.sequencer.as_ref().filter(|_| none_left) {
+            // Its lease goes too: another relay's sequencer takes over at once.
+            sequencer.stop().await;
+        }
         Ok(())
     }
 
@@ -881,8 +936,21 @@ impl Store for MysqlStore {
         crate::ranges::maintain(&self.pool, &self.schema, retention).await
     }
 
-    async fn listen(&self, _wake: watch::Sender<u64>) -> Result<()> {
-        // MySQL has no notifications: the relay polls.
+    /// MySQL has no notifications: the relay polls. On the binlog route the sequencer rings
+    /// the relay after each batch it sequenced.
+    async fn listen(&self, wake: watch::Sender<u64>) -> Result<()> {
+        let Some(sequencer) = &self.sequencer else {
+            return Ok(());
+        };
+        let mut progress = sequencer.progress();
+        let mut seen = 0;
+        while progress.changed().await.is_ok() {
+            let n = progress.borrow_and_update().sequenced;
+            if n != seen {
+                seen = n;
+                wake.send_modify(|w| *w = w.wrapping_add(1));
+            }
+        }
         Ok(())
     }
 
@@ -1014,6 +1082,11 @@ impl Store for MysqlStore {
         let mut tx = self.pool.begin().await.map_err(err)?;
         crate::writer::enqueue_many(&mut tx, &self.schema, messages).await?;
         tx.commit().await.map_err(err)?;
+        if let Some(sequencer) = &self.sequencer {
+            // Claimable once it returns, as on the trigger's route.
+            sequencer.start();
+            sequencer.wait_until_sequenced(INSERT_SEQUENCED).await?;
+        }
         Ok(())
     }
 }

@@ -763,7 +763,9 @@ pub async fn parked_key_is_released_in_order_behind_its_head(store: Arc<dyn Stor
     assert_eq!(got.len(), 4);
     let head = got.iter().find(|r| r.id == first[0].id).unwrap().seq;
     let b = got.iter().find(|r| r.aggregate_id == "b").unwrap().seq;
-    let delay = Duration::from_millis(700);
+    // Long enough for the inserts below on a busy machine (on MySQL's binlog route an insert
+    // returns once the sequencer has positioned it): the head must still be waiting then.
+    let delay = Duration::from_millis(2_000);
     store
         .complete(
             &m,

@@ -5,11 +5,12 @@ use std::process::ExitCode;
 use crate::config::DbSettings;
 
 /// Applies the migrations, then installs or removes the NOTIFY doorbell when asked, then sets
-/// up CDC mode for `cdc_group` when asked.
+/// up CDC mode for `cdc_group` when asked, or the binlog route (MySQL/MariaDB).
 pub async fn run(
     db: DbSettings,
     notify: Option<bool>,
     cdc_group: Option<&str>,
+    binlog: bool,
 ) -> anyhow::Result<ExitCode> {
     let database = outbox_db::open(&db.url, &db.schema, 2).await?;
     let applied = database.migrate().await?;
@@ -30,6 +31,14 @@ pub async fn run(
     }
     if let Some(group) = cdc_group {
         cdc(&database, group).await?;
+    }
+    if binlog {
+        database.enable_binlog_route().await?;
+        println!(
+            "{place}: binlog route on: writers' inserts run no trigger; relays give each \
+             committed row its position from the binlog (`outbox_sequence`), taking from the \
+             table first what was written before (docs/engine-mysql.md, \"The binlog route\")"
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

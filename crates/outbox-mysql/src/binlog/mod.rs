@@ -10,12 +10,16 @@
 //!   purged) is its own error, [`ReadError::Purged`], since the caller must then find the
 //!   rows another way.
 //!
-//! Nothing here publishes or records anything yet: the relay's store over this reader is the
-//! next part of the route.
+//! - [`route`] turns the route on for an outbox (`outbox migrate --binlog`): the writers'
+//!   trigger goes, and positions move to `outbox_sequence`.
+//! - [`sequencer`] gives each committed row its partition and position there, in commit order,
+//!   from this reader; the polling engine relays by them (`MysqlStore::binlog`).
 
 mod decode;
 mod position;
 mod reader;
+pub mod route;
+pub mod sequencer;
 pub mod server;
 
 pub use position::BinlogPosition;

@@ -1,0 +1,200 @@
+//! Turning the binlog route on for an outbox (`outbox migrate --binlog`), and telling whether it
+//! is on.
+//!
+//! On the binlog route writers run no trigger: their rows keep `part = -1`, `part_seq = 0`, and
+//! the relay's sequencer ([`super::sequencer`]) gives each committed row its partition and
+//! position, in commit order, from the binlog, into `outbox_sequence`. The polling engine then
+//! reads `outbox_sequenced` (the messages joined to their positions) where it read `outbox`.
+//! What this adds, idempotently:
+//!
+//! | object | what it is |
+//! | --- | --- |
+//! | `outbox_sequence` | `(seq, part, part_seq)` per sequenced message; in the same ranges of `seq` as `outbox`, dropped with them |
+//! | `outbox_sequenced` | a view: each sequenced message with its position, as the polling engine reads it |
+//! | `outbox_sequencer` | one row: the sequencer's lease and epoch, the binlog position it has sequenced through, and `sequenced_below` |
+//! | `outbox_settings.binlog_route` | 1 once the route is on |
+//!
+//! and it takes the trigger (`outbox_position`) and the check that refused a row without a
+//! position away, last, once everything the sequencer needs is in place.
+
+use outbox_core::{Error, ErrorKind, Result};
+use sqlx::MySqlPool;
+
+use crate::error::map_sqlx_error;
+use crate::ranges::{self, Range};
+use crate::schema::Schema;
+
+/// Whether `schema`'s outbox runs the binlog route. False when the outbox tables are not there
+/// yet (before `outbox migrate`).
+pub async fn is_on(pool: &MySqlPool, schema: &Schema) -> Result<bool> {
+    let err = |e| map_sqlx_error("reading whether the binlog route is on", e);
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.TABLES \
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME IN ('outbox_settings', 'outbox_sequencer')",
+    )
+    .bind(schema.as_str())
+    .fetch_one(pool)
+    .await
+    .map_err(err)?;
+    if tables < 2 {
+        return Ok(false);
+    }
+    let on: Option<i64> = sqlx::query_scalar(
+        &schema.render("SELECT value FROM {schema}.outbox_settings WHERE name = 'binlog_route'"),
+    )
+    .fetch_optional(pool)
+    .await
+    .map_err(err)?;
+    Ok(on == Some(1))
+}
+
+/// Turns the binlog route on for `schema`'s outbox (already migrated), on a server whose row
+/// binlog the relay can read ([`super::server::BinlogSettings::check`], refused with what to
+/// set otherwise). Safe to run again.
+///
+/// Messages written before (positioned by the trigger) are not lost: the sequencer's first run
+/// takes every row above `passed_below` that has no entry in `outbox_sequence` from the table,
+/// keeping the positions the trigger gave (see [`super::sequencer`]). Relays of the polling
+/// route still running meanwhile see no message written after the switch (they wait at the
+/// positions they cannot read); stop them, run this, start relays again.
+pub async fn enable(pool: &MySqlPool, schema: &Schema) -> Result<()> {
+    super::server::settings(pool)
+        .await?
+        .check()
+        .map_err(|why| Error::config(format!("the binlog route cannot read this server: {why}")))?;
+    let ctx = |what: &str| {
+        format!(
+            "turning the binlog route on in `{}`: {what}",
+            schema.as_str()
+        )
+    };
+    // The maintainer's lock: the ranges of `outbox_sequence` are laid out from `outbox`'s, which
+    // a maintenance round must not change meanwhile.
+    let Some(mut conn) = ranges::maintainer(pool, schema).await? else {
+        return Err(Error::new(
+            ErrorKind::Timeout,
+            ctx("the outbox's maintenance is running; run this again in a moment"),
+        ));
+    };
+    let done = set_up(&mut conn, schema).await;
+    ranges::release(&mut conn, schema).await;
+    done
+}
+
+/// What [`enable`] does under the maintainer's lock, on its connection.
+async fn set_up(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<()> {
+    let ctx = |what: &str| {
+        format!(
+            "turning the binlog route on in `{}`: {what}",
+            schema.as_str()
+        )
+    };
+    sqlx::raw_sql(&schema.render(SEQUENCER_SQL))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("making the sequencer's table"), e))?;
+    let layout = ranges::ranges(&mut *conn, schema).await?;
+    sqlx::query(&schema.render(&format!(
+        "CREATE TABLE IF NOT EXISTS {{schema}}.outbox_sequence ( \
+             seq      BIGINT   NOT NULL PRIMARY KEY, \
+             part     SMALLINT NOT NULL, \
+             part_seq BIGINT   NOT NULL, \
+             KEY outbox_sequence_position (part, part_seq) \
+         ) ENGINE = InnoDB {}",
+        partition_clause(&layout)
+    )))
+    .execute(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx("making outbox_sequence"), e))?;
+    sqlx::raw_sql(&schema.render(VIEW_SQL))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("making the outbox_sequenced view"), e))?;
+    // Last: from here writers' rows carry no position, and only the sequencer gives them
+    // one. The check goes first, so no insert is refused in between.
+    sqlx::raw_sql(&schema.render(
+        "ALTER TABLE {schema}.outbox DROP CONSTRAINT IF EXISTS outbox_positioned;
+         DROP TRIGGER IF EXISTS {schema}.outbox_position;
+         INSERT INTO {schema}.outbox_settings (name, value) VALUES ('binlog_route', 1)
+             ON DUPLICATE KEY UPDATE value = 1;",
+    ))
+    .execute(&mut *conn)
+    .await
+    .map_err(|e| {
+        map_sqlx_error(
+            &ctx(
+                "taking the trigger away (a transaction holding the outbox table open blocks \
+                 it; run this again once it ended)",
+            ),
+            e,
+        )
+    })?;
+    Ok(())
+}
+
+/// The sequencer's row: who holds the lease (and under which epoch, bumped at each new owner,
+/// so a sequencer that lost it writes nothing more), how far in the binlog every outbox row is
+/// sequenced, and `sequenced_below`: every row with a lower `seq` is sequenced or was rolled
+/// back (raised by the seal, see the sequencer).
+const SEQUENCER_SQL: &str = "CREATE TABLE IF NOT EXISTS {schema}.outbox_sequencer (
+    id              TINYINT      NOT NULL PRIMARY KEY,
+    owner           VARCHAR(255) NULL,
+    lease_until     DATETIME(6)  NOT NULL DEFAULT '1970-01-01 00:00:00',
+    epoch           BIGINT       NOT NULL DEFAULT 0,
+    beats           BIGINT       NOT NULL DEFAULT 0,
+    binlog_file     VARCHAR(255) NULL,
+    binlog_offset   BIGINT       NULL,
+    sequenced_below BIGINT       NOT NULL DEFAULT 0,
+    from_table      BIGINT       NOT NULL DEFAULT 0,
+    updated_at      DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+INSERT IGNORE INTO {schema}.outbox_sequencer (id) VALUES (1);";
+
+/// The messages with their positions, as the polling engine reads them on this route. A
+/// merged view: a read by `(part, part_seq)` runs on `outbox_sequence`'s index, then finds each
+/// row by `seq`.
+const VIEW_SQL: &str = "CREATE OR REPLACE ALGORITHM = MERGE VIEW {schema}.outbox_sequenced AS
+SELECT o.seq, s.part, s.part_seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
+       o.payload, o.headers, o.topic, o.created_at
+FROM {schema}.outbox_sequence AS s JOIN {schema}.outbox AS o ON o.seq = s.seq;";
+
+/// `PARTITION BY RANGE (seq) (…)` with the bounds of `layout` (the outbox's ranges).
+pub(crate) fn partition_clause(layout: &[Range]) -> String {
+    let parts: Vec<String> = layout
+        .iter()
+        .map(|r| match r.below {
+            Some(b) => format!("PARTITION {} VALUES LESS THAN ({b})", r.name),
+            None => format!("PARTITION {} VALUES LESS THAN MAXVALUE", r.name),
+        })
+        .collect();
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!("PARTITION BY RANGE (seq) ({})", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sequence_table_takes_the_outboxs_ranges() {
+        let layout = vec![
+            Range {
+                name: "s10".into(),
+                from: 0,
+                below: Some(10),
+            },
+            Range {
+                name: "s_max".into(),
+                from: 10,
+                below: None,
+            },
+        ];
+        assert_eq!(
+            partition_clause(&layout),
+            "PARTITION BY RANGE (seq) (PARTITION s10 VALUES LESS THAN (10), \
+             PARTITION s_max VALUES LESS THAN MAXVALUE)"
+        );
+    }
+}

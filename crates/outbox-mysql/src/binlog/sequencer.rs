@@ -1,0 +1,990 @@
+//! The binlog route's sequencer: it reads committed outbox rows from the binlog, in commit
+//! order, and gives each its partition (the key's hash, as the trigger computed it) and the
+//! next position there, into `outbox_sequence`. The polling engine then relays by those
+//! positions exactly as it does by the trigger's, while writers run no trigger and lock nothing.
+//!
+//! Guarantees (docs/engine-mysql.md, "The binlog route"):
+//!
+//! - **Commit order, gapless.** Positions are handed out in binlog order, which is commit order,
+//!   by one sequencer at a time; each batch's positions and the binlog position it read through
+//!   are written in one transaction, so after a crash the sequencer resumes exactly where its
+//!   last batch ended: no row gets two positions, none is skipped.
+//! - **One sequencer.** The lease row (`outbox_sequencer`) names the owner and an epoch bumped at
+//!   each new owner; every write checks both, so a sequencer that lost its lease (frozen, cut
+//!   off) writes nothing more.
+//! - **Nothing the binlog lacks is lost.** A seal raises `sequenced_below`: it reads
+//!   `AUTO_INCREMENT` (S), waits for the transactions that were writing then to end, reads where
+//!   the binlog ends (P), and once the sequencer passed P counts the rows below S in the table
+//!   and in `outbox_sequence`. A row the binlog did not carry (written with `sql_log_bin = 0`,
+//!   or logged as a statement) is sequenced from the table then, late but not lost.
+//! - **A purged binlog, or the first start** (the switch from the trigger): the rows from
+//!   `sequenced_below` up are taken from the table (P read first, then S, then the writers of
+//!   that moment waited for), positions the trigger gave kept; the stream then starts at P, and
+//!   rows it carries that the table gave already are skipped.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt as _;
+use outbox_core::{Error, ErrorKind, Result};
+use sqlx::{MySql, MySqlPool, QueryBuilder, Row as _};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::reader::{BinlogReader, Item, ReadError, ReadOptions};
+use super::{server, BinlogPosition};
+use crate::error::map_sqlx_error;
+use crate::schema::Schema;
+
+/// How long a sequencer's lease lasts without a write; renewed every [`TICK`] × 10.
+const LEASE: Duration = Duration::from_secs(10);
+
+/// How often the sequencer looks at its lease and its seal between binlog events.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Rows sequenced in one transaction at most.
+const BATCH: usize = 5_000;
+
+/// Rows per `INSERT` statement (three values each, under the protocol's 65,535).
+const ROWS_PER_STATEMENT: usize = 4_000;
+
+/// `information_schema.INNODB_TRX` is a cache refreshed at most every 0.1 s: the writers open
+/// when `AUTO_INCREMENT` was read are looked for this long after it.
+const TRX_CACHE: Duration = Duration::from_millis(250);
+
+/// How often a seal is taken while rows are sequenced; with none, every [`SEAL_IDLE`].
+const SEAL_EVERY: Duration = Duration::from_secs(1);
+const SEAL_IDLE: Duration = Duration::from_secs(10);
+
+/// How long [`Sequencer::stop`] waits for the task to reach a safe point.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// How long an idle sequencer leaves its binlog position unwritten.
+const SAVE_IDLE: Duration = Duration::from_secs(5);
+
+/// A writer still open this long after a seal began is named in a warning (once per seal).
+const LONG_WRITER: Duration = Duration::from_secs(30);
+
+/// The partition of a key: `CRC32(key) % 64`, as the trigger and the writer compute it.
+pub fn partition(key: &str) -> i16 {
+    (crc32fast::hash(key.as_bytes()) % crate::PARTITIONS as u32) as i16
+}
+
+/// What the sequencer has done, as its store sees it.
+#[derive(Debug, Clone, Default)]
+pub struct Progress {
+    /// Every outbox row the binlog carried before this position has its position.
+    pub through: Option<BinlogPosition>,
+    /// Every row with a lower `seq` has its position or was rolled back.
+    pub sequenced_below: i64,
+    /// Rows this process sequenced from the binlog.
+    pub sequenced: u64,
+    /// Rows this process sequenced from the table: after a purge, at the switch, or because
+    /// the binlog did not carry them.
+    pub from_table: u64,
+    /// Whether this process holds the lease.
+    pub leading: bool,
+    /// The last error, until the next batch goes through.
+    pub error: Option<String>,
+}
+
+struct Inner {
+    pool: MySqlPool,
+    schema: Schema,
+    url: String,
+    owner: String,
+    progress: watch::Sender<Progress>,
+    /// Set to stop: the task ends at its next safe point (never inside a transaction).
+    stop: watch::Sender<bool>,
+}
+
+impl Inner {
+    fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    fn stopped(&self) -> Error {
+        Error::new(ErrorKind::Other, "the binlog sequencer was stopped")
+    }
+}
+
+/// A sequencer for one outbox, started by its store when it relays (see the module docs).
+pub struct Sequencer {
+    inner: Arc<Inner>,
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Sequencer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sequencer")
+            .field("schema", &self.inner.schema)
+            .field("owner", &self.inner.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sequencer {
+    /// A sequencer (not started) for `schema`'s outbox, reading the binlog through `url`.
+    pub fn new(pool: MySqlPool, schema: Schema, url: &str) -> Result<Self> {
+        if !url.contains("://") {
+            return Err(Error::config(format!(
+                "database URL `{}` is not a MySQL URL",
+                outbox_core::redact::url(url)
+            )));
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                schema,
+                url: url.to_string(),
+                owner: format!("sequencer-{:016x}", fastrand::u64(..)),
+                progress: watch::channel(Progress::default()).0,
+                stop: watch::channel(false).0,
+            }),
+            task: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Starts it, unless it runs already. It takes the lease as soon as no other holds it.
+    pub fn start(&self) {
+        let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        self.inner.stop.send_replace(false);
+        let inner = self.inner.clone();
+        *task = Some(tokio::spawn(async move { run(inner).await }));
+    }
+
+    /// Stops it (between transactions: a batch in hand is saved or not, never half) and gives
+    /// its lease up, so another relay's sequencer takes over at once.
+    pub async fn stop(&self) {
+        self.inner.stop.send_replace(true);
+        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(mut task) = task {
+            if tokio::time::timeout(STOP_WAIT, &mut task).await.is_err() {
+                // Stuck on the database: its transaction, if any, ends with its connection.
+                task.abort();
+                let _ = task.await;
+            }
+        }
+        let _ = sqlx::query(&self.inner.schema.render(
+            "UPDATE {schema}.outbox_sequencer SET owner = NULL, \
+             lease_until = '1970-01-01 00:00:00' WHERE id = 1 AND owner = ?",
+        ))
+        .bind(&self.inner.owner)
+        .execute(&self.inner.pool)
+        .await;
+        self.inner.progress.send_modify(|p| p.leading = false);
+    }
+
+    /// What it has done; changes after every batch.
+    pub fn progress(&self) -> watch::Receiver<Progress> {
+        self.inner.progress.subscribe()
+    }
+
+    /// Waits until every outbox row committed before now has its position: the binlog's end now
+    /// is passed by this sequencer, or by whichever holds the lease (read from its row), within
+    /// `limit`.
+    pub async fn wait_until_sequenced(&self, limit: Duration) -> Result<()> {
+        let end = server::end_position(&self.inner.pool).await?;
+        let until = Instant::now() + limit;
+        let mut progress = self.progress();
+        loop {
+            if progress
+                .borrow()
+                .through
+                .as_ref()
+                .is_some_and(|t| *t >= end)
+            {
+                return Ok(());
+            }
+            if let Some(saved) = saved_position(&self.inner).await? {
+                if saved >= end {
+                    return Ok(());
+                }
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let error = progress.borrow().error.clone();
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the outbox's binlog sequencer did not pass {end} within {limit:?}{}; is \
+                         a relay running on this outbox?",
+                        error
+                            .map(|e| format!(" (its last error: {e})"))
+                            .unwrap_or_default()
+                    ),
+                ));
+            }
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(200)), progress.changed())
+                .await;
+        }
+    }
+}
+
+impl Drop for Sequencer {
+    /// The task ends at its next safe point; its lease runs out (another takes over then).
+    fn drop(&mut self) {
+        self.inner.stop.send_replace(true);
+    }
+}
+
+async fn saved_position(inner: &Inner) -> Result<Option<BinlogPosition>> {
+    let row: Option<(Option<String>, Option<i64>)> = sqlx::query_as(&inner.schema.render(
+        "SELECT CAST(binlog_file AS CHAR), binlog_offset FROM {schema}.outbox_sequencer \
+         WHERE id = 1",
+    ))
+    .fetch_optional(&inner.pool)
+    .await
+    .map_err(|e| map_sqlx_error("reading the sequencer's position", e))?;
+    Ok(match row {
+        Some((Some(file), Some(offset))) => Some(BinlogPosition::new(
+            file,
+            u64::try_from(offset).unwrap_or(0),
+        )),
+        _ => None,
+    })
+}
+
+/// Leads whenever it can, until stopped: an error is reported, waited out and retried.
+async fn run(inner: Arc<Inner>) {
+    let mut backoff = Duration::from_millis(200);
+    let mut stop = inner.stop.subscribe();
+    loop {
+        let error = match lead(&inner).await {
+            Ok(()) => return,
+            Err(_) if inner.stopping() => return,
+            Err(e) => e,
+        };
+        inner.progress.send_modify(|p| {
+            p.leading = false;
+            p.error = Some(error.to_string());
+        });
+        warn!(error = %error, "the outbox's binlog sequencer stopped; it takes its lease again (once free) and goes on from its last saved position");
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop_asked(&mut stop) => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Returns once a stop is asked for (or the sequencer is gone).
+async fn stop_asked(stop: &mut watch::Receiver<bool>) {
+    loop {
+        let asked = *stop.borrow_and_update();
+        if asked || stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Takes the lease (waiting while another sequencer holds it), then sequences until an error.
+async fn lead(inner: &Arc<Inner>) -> Result<()> {
+    let epoch = acquire(inner).await?;
+    let mut s = Session::start(inner, epoch).await?;
+    let from = match s.position.clone() {
+        Some(p) => p,
+        None => s.take_from_table("its first start").await?,
+    };
+    let options = ReadOptions::default();
+    let mut reader = open_or_recover(inner, &mut s, &from, &options).await?;
+    info!(schema = inner.schema.as_str(), from = %reader.position(), epoch, "the outbox's binlog sequencer is reading");
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stop = inner.stop.subscribe();
+    loop {
+        tokio::select! {
+            _ = stop_asked(&mut stop) => return Ok(()),
+            item = reader.next() => {
+                let mut rows = Vec::new();
+                let mut end = None;
+                let mut failed = None;
+                match item {
+                    Ok(item) => take(item, &mut rows, &mut end),
+                    // The server says so at the first read: nothing was taken from it yet.
+                    Err(ReadError::Purged { position, message }) => {
+                        let from = recover(&mut s, &position, &message).await?;
+                        reader = open_or_recover(inner, &mut s, &from, &options).await?;
+                        continue;
+                    }
+                    Err(e) => return Err(read_error(e)),
+                }
+                // What else is ready, up to a batch: one transaction for all of it.
+                while rows.len() < BATCH {
+                    match reader.next().now_or_never() {
+                        Some(Ok(item)) => take(item, &mut rows, &mut end),
+                        Some(Err(e)) => {
+                            failed = Some(e);
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                if let Some(end) = end {
+                    s.save(rows, end).await?;
+                }
+                if let Some(e) = failed {
+                    return Err(read_error(e));
+                }
+            }
+            _ = tick.tick() => s.tick().await?,
+        }
+    }
+}
+
+/// A reader from `from`, or, if the server no longer holds it, from the binlog's end once the
+/// rows since the last seal were taken from the table.
+async fn open_or_recover(
+    inner: &Inner,
+    s: &mut Session,
+    from: &BinlogPosition,
+    options: &ReadOptions,
+) -> Result<BinlogReader> {
+    match BinlogReader::open(&inner.url, &inner.schema, from, options).await {
+        Ok(r) => Ok(r),
+        Err(ReadError::Purged { position, message }) => {
+            let from = recover(s, &position, &message).await?;
+            BinlogReader::open(&inner.url, &inner.schema, &from, options)
+                .await
+                .map_err(read_error)
+        }
+        Err(ReadError::Other(e)) => Err(e),
+    }
+}
+
+async fn recover(
+    s: &mut Session,
+    position: &BinlogPosition,
+    message: &str,
+) -> Result<BinlogPosition> {
+    warn!(%position, %message, "the binlog the outbox's sequencer stopped at was purged: the rows since its last seal are taken from the table (in seq order, not commit order), then the binlog is read from its end");
+    s.take_from_table("a purged binlog").await
+}
+
+fn take(item: Item, rows: &mut Vec<(i64, String)>, end: &mut Option<BinlogPosition>) {
+    match item {
+        Item::Committed(c) => {
+            rows.extend(c.rows.into_iter().map(|r| (r.seq, r.aggregate_id)));
+            *end = Some(c.end);
+        }
+        Item::Idle(p) => *end = Some(p),
+    }
+}
+
+fn read_error(e: ReadError) -> Error {
+    match e {
+        ReadError::Other(e) => e,
+        purged @ ReadError::Purged { .. } => Error::new(ErrorKind::Connection, purged.to_string()),
+    }
+}
+
+/// Takes the lease when it is free or expired, bumping the epoch; waits while another holds it.
+async fn acquire(inner: &Inner) -> Result<i64> {
+    let err = |e| map_sqlx_error("taking the binlog sequencer's lease", e);
+    loop {
+        let mut tx = inner.pool.begin().await.map_err(err)?;
+        let took = sqlx::query(&inner.schema.render(
+            "UPDATE {schema}.outbox_sequencer SET owner = ?, epoch = epoch + 1, \
+             beats = beats + 1, lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE id = 1 AND (owner IS NULL OR owner = ? OR lease_until < UTC_TIMESTAMP(6))",
+        ))
+        .bind(&inner.owner)
+        .bind(micros(LEASE))
+        .bind(&inner.owner)
+        .execute(&mut *tx)
+        .await
+        .map_err(err)?;
+        if took.rows_affected() == 1 {
+            let epoch: i64 = sqlx::query_scalar(
+                &inner
+                    .schema
+                    .render("SELECT epoch FROM {schema}.outbox_sequencer WHERE id = 1"),
+            )
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(err)?;
+            tx.commit().await.map_err(err)?;
+            inner.progress.send_modify(|p| {
+                p.leading = true;
+                p.error = None;
+            });
+            return Ok(epoch);
+        }
+        drop(tx);
+        if inner.stopping() {
+            return Err(inner.stopped());
+        }
+        tokio::time::sleep(LEASE / 4).await;
+    }
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// Where a seal stands (see the module docs).
+#[derive(Debug)]
+enum Seal {
+    /// None running; the next is taken at `at`.
+    Idle { at: Instant },
+    /// `AUTO_INCREMENT` read at `at`: the writers of that moment are looked for once the
+    /// transaction cache has been refreshed since.
+    Drawn { below: i64, at: Instant },
+    /// Waiting for `writers` to end.
+    Waiting {
+        below: i64,
+        writers: Vec<String>,
+        since: Instant,
+        warned: bool,
+    },
+    /// Every row below `below` is committed or rolled back, and in the binlog before `end`
+    /// if it is there at all: done once the sequencer passed `end`.
+    Reading { below: i64, end: BinlogPosition },
+}
+
+/// One lease's work: the counters, what was saved, the seal.
+struct Session {
+    inner: Arc<Inner>,
+    epoch: i64,
+    /// The last position handed out, per partition.
+    counters: Vec<i64>,
+    /// The binlog position saved (or to be saved) with the last batch.
+    position: Option<BinlogPosition>,
+    position_saved: bool,
+    last_save: Instant,
+    sequenced_below: i64,
+    /// Rows below this seq may have been sequenced from the table: the stream checks them.
+    table_high: i64,
+    seal: Seal,
+    /// Rows sequenced since the last seal began.
+    since_seal: u64,
+}
+
+impl Session {
+    async fn start(inner: &Arc<Inner>, epoch: i64) -> Result<Self> {
+        let err = |e| map_sqlx_error("reading the binlog sequencer's state", e);
+        let row = sqlx::query(&inner.schema.render(
+            "SELECT CAST(binlog_file AS CHAR) AS file, binlog_offset, sequenced_below \
+             FROM {schema}.outbox_sequencer WHERE id = 1",
+        ))
+        .fetch_one(&inner.pool)
+        .await
+        .map_err(err)?;
+        let file: Option<String> = row.try_get("file").map_err(err)?;
+        let offset: Option<i64> = row.try_get("binlog_offset").map_err(err)?;
+        let sequenced_below: i64 = row.try_get("sequenced_below").map_err(err)?;
+        let mut s = Self {
+            inner: inner.clone(),
+            epoch,
+            counters: vec![0; crate::PARTITIONS as usize],
+            position: file
+                .zip(offset)
+                .map(|(f, o)| BinlogPosition::new(f, u64::try_from(o).unwrap_or(4))),
+            position_saved: true,
+            last_save: Instant::now(),
+            sequenced_below,
+            table_high: sequenced_below,
+            seal: Seal::Idle {
+                at: Instant::now() + SEAL_EVERY,
+            },
+            since_seal: 0,
+        };
+        s.read_counters().await?;
+        inner.progress.send_modify(|p| {
+            p.through = s.position.clone();
+            p.sequenced_below = sequenced_below;
+        });
+        Ok(s)
+    }
+
+    /// The last position of each partition: the highest sequenced, or the trigger's last one.
+    async fn read_counters(&mut self) -> Result<()> {
+        let rows: Vec<(i16, i64)> = sqlx::query_as(&self.inner.schema.render(
+            "SELECT p.part, GREATEST(p.n, COALESCE((SELECT q.part_seq \
+             FROM {schema}.outbox_sequence AS q WHERE q.part = p.part \
+             ORDER BY q.part_seq DESC LIMIT 1), 0)) \
+             FROM {schema}.outbox_part_seq AS p",
+        ))
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading the partitions' last positions", e))?;
+        for (part, n) in rows {
+            if let Some(c) = usize::try_from(part)
+                .ok()
+                .and_then(|p| self.counters.get_mut(p))
+            {
+                *c = n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives `rows` (`seq`, key; in commit order) their positions and saves them with `end`,
+    /// the binlog position read through, in one transaction under the lease.
+    async fn save(&mut self, mut rows: Vec<(i64, String)>, end: BinlogPosition) -> Result<()> {
+        if rows.is_empty() && !self.due_to_save() {
+            self.position = Some(end.clone());
+            self.position_saved = false;
+            self.inner
+                .progress
+                .send_modify(|p| p.through = Some(end.clone()));
+            return Ok(());
+        }
+        let err = |e| map_sqlx_error("saving sequenced positions", e);
+        let mut tx = self.inner.pool.begin().await.map_err(err)?;
+        if rows.iter().any(|(seq, _)| *seq < self.table_high) {
+            // Taken from the table already (a purge, the switch, a seal's net).
+            let have = sequenced(&mut tx, &self.inner.schema, &rows).await?;
+            rows.retain(|(seq, _)| !have.contains(seq));
+        }
+        let mut counters = self.counters.clone();
+        let placed = place(&mut counters, rows);
+        insert_positions(&mut tx, &self.inner.schema, &placed).await?;
+        self.fenced_update(
+            &mut tx,
+            "binlog_file = ?, binlog_offset = ?",
+            &[Bind::Text(end.file.clone()), Bind::Int(end.offset as i64)],
+        )
+        .await?;
+        tx.commit().await.map_err(err)?;
+        self.counters = counters;
+        self.position = Some(end.clone());
+        self.position_saved = true;
+        self.last_save = Instant::now();
+        self.since_seal += placed.len() as u64;
+        let n = placed.len() as u64;
+        self.inner.progress.send_modify(|p| {
+            p.through = Some(end);
+            p.sequenced += n;
+            p.error = None;
+        });
+        Ok(())
+    }
+
+    fn due_to_save(&self) -> bool {
+        !self.position_saved && self.last_save.elapsed() >= SAVE_IDLE
+    }
+
+    /// Runs `UPDATE outbox_sequencer SET <set>, <lease renewed> WHERE <ours>` in `tx`; fails
+    /// as fenced when the lease is no longer this sequencer's.
+    async fn fenced_update(
+        &self,
+        tx: &mut sqlx::Transaction<'_, MySql>,
+        set: &str,
+        binds: &[Bind],
+    ) -> Result<()> {
+        let sql = self.inner.schema.render(&format!(
+            "UPDATE {{schema}}.outbox_sequencer SET {set}, beats = beats + 1, \
+             lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
+             updated_at = UTC_TIMESTAMP(6) WHERE id = 1 AND owner = ? AND epoch = ?"
+        ));
+        let mut q = sqlx::query(&sql);
+        for b in binds {
+            q = match b {
+                Bind::Int(v) => q.bind(*v),
+                Bind::Text(v) => q.bind(v.clone()),
+            };
+        }
+        let done = q
+            .bind(micros(LEASE))
+            .bind(&self.inner.owner)
+            .bind(self.epoch)
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| map_sqlx_error("renewing the binlog sequencer's lease", e))?;
+        if done.rows_affected() != 1 {
+            return Err(Error::new(
+                ErrorKind::Other,
+                "another sequencer took this outbox's lease; this one wrote nothing of its last batch",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Between events: keeps the lease, saves an idle position now and then, moves the seal on.
+    async fn tick(&mut self) -> Result<()> {
+        if self.last_save.elapsed() >= LEASE / 4 || self.due_to_save() {
+            let err = |e| map_sqlx_error("renewing the binlog sequencer's lease", e);
+            let mut tx = self.inner.pool.begin().await.map_err(err)?;
+            match self.position.clone() {
+                Some(p) => {
+                    self.fenced_update(
+                        &mut tx,
+                        "binlog_file = ?, binlog_offset = ?",
+                        &[Bind::Text(p.file), Bind::Int(p.offset as i64)],
+                    )
+                    .await?
+                }
+                None => self.fenced_update(&mut tx, "id = id", &[]).await?,
+            }
+            tx.commit().await.map_err(err)?;
+            self.position_saved = true;
+            self.last_save = Instant::now();
+        }
+        self.step_seal().await
+    }
+
+    async fn step_seal(&mut self) -> Result<()> {
+        let now = Instant::now();
+        let pool = &self.inner.pool;
+        let schema = &self.inner.schema;
+        self.seal = match std::mem::replace(&mut self.seal, Seal::Idle { at: now }) {
+            Seal::Idle { at } if now < at => Seal::Idle { at },
+            Seal::Idle { .. } => {
+                self.since_seal = 0;
+                Seal::Drawn {
+                    below: next_seq(pool, schema).await?,
+                    at: now,
+                }
+            }
+            Seal::Drawn { below, at } if now < at + TRX_CACHE => Seal::Drawn { below, at },
+            Seal::Drawn { below, .. } => Seal::Waiting {
+                below,
+                writers: open_writers(pool).await?,
+                since: now,
+                warned: false,
+            },
+            Seal::Waiting {
+                below,
+                writers,
+                since,
+                mut warned,
+            } => {
+                let open = if writers.is_empty() {
+                    Vec::new()
+                } else {
+                    let now_open = open_writers(pool).await?;
+                    writers
+                        .into_iter()
+                        .filter(|w| now_open.contains(w))
+                        .collect::<Vec<_>>()
+                };
+                if open.is_empty() {
+                    Seal::Reading {
+                        below,
+                        end: server::end_position(pool).await?,
+                    }
+                } else {
+                    if !warned && since.elapsed() >= LONG_WRITER {
+                        warned = true;
+                        warn!(transactions = ?open, "a transaction that was writing when the sequencer's seal began is still open after {LONG_WRITER:?}: retention and the check for rows the binlog did not carry wait for it (messages still flow)");
+                    }
+                    Seal::Waiting {
+                        below,
+                        writers: open,
+                        since,
+                        warned,
+                    }
+                }
+            }
+            Seal::Reading { below, end } if self.position.as_ref().is_none_or(|p| *p < end) => {
+                Seal::Reading { below, end }
+            }
+            Seal::Reading { below, .. } => {
+                self.close_seal(below).await?;
+                let wait = if self.since_seal > 0 {
+                    SEAL_EVERY
+                } else {
+                    SEAL_IDLE
+                };
+                Seal::Idle { at: now + wait }
+            }
+        };
+        Ok(())
+    }
+
+    /// Every row below `below` that the binlog carried is sequenced: the table's count over the
+    /// window says whether it holds more, and those are sequenced from it; then
+    /// `sequenced_below` is raised.
+    async fn close_seal(&mut self, below: i64) -> Result<()> {
+        if below <= self.sequenced_below {
+            return Ok(());
+        }
+        let (lo, pool, schema) = (self.sequenced_below, &self.inner.pool, &self.inner.schema);
+        let count = |table: &str| {
+            let sql = schema.render(&format!(
+                "SELECT COUNT(*) FROM {{schema}}.{table} WHERE seq >= ? AND seq < ?"
+            ));
+            async move {
+                sqlx::query_scalar::<_, i64>(&sql)
+                    .bind(lo)
+                    .bind(below)
+                    .fetch_one(pool)
+                    .await
+                    .map_err(|e| map_sqlx_error("counting the rows of a sealed window", e))
+            }
+        };
+        let in_table = count("outbox").await?;
+        let in_sequence = count("outbox_sequence").await?;
+        if in_table > in_sequence {
+            let n = self.sequence_table(lo, below, false).await?;
+            warn!(rows = n, from = lo, below, "rows the binlog did not carry (written with sql_log_bin = 0, or logged as statements) were taken from the table; they are relayed now, in seq order, after their keys' later messages that the binlog carried");
+        }
+        self.raise_sequenced_below(below).await
+    }
+
+    async fn raise_sequenced_below(&mut self, below: i64) -> Result<()> {
+        let err = |e| map_sqlx_error("raising sequenced_below", e);
+        let mut tx = self.inner.pool.begin().await.map_err(err)?;
+        self.fenced_update(
+            &mut tx,
+            "sequenced_below = GREATEST(sequenced_below, ?)",
+            &[Bind::Int(below)],
+        )
+        .await?;
+        tx.commit().await.map_err(err)?;
+        self.sequenced_below = self.sequenced_below.max(below);
+        self.inner
+            .progress
+            .send_modify(|p| p.sequenced_below = p.sequenced_below.max(below));
+        Ok(())
+    }
+
+    /// The first start, or a purged binlog: the binlog's end now (P), then `AUTO_INCREMENT`
+    /// (S), then the writers of that moment waited for. Every row committed before P has a
+    /// `seq` below S and is in the table by then; those from `sequenced_below` (or
+    /// `passed_below`, if higher) up to S with no position get one from the table, the
+    /// trigger's kept. Returns P, where the stream starts.
+    async fn take_from_table(&mut self, why: &str) -> Result<BinlogPosition> {
+        let pool = self.inner.pool.clone();
+        let schema = self.inner.schema.clone();
+        let end = server::end_position(&pool).await?;
+        let below = next_seq(&pool, &schema).await?;
+        let drawn = Instant::now();
+        tokio::time::sleep(TRX_CACHE).await;
+        let mut writers = open_writers(&pool).await?;
+        while !writers.is_empty() {
+            if self.inner.stopping() {
+                return Err(self.inner.stopped());
+            }
+            if drawn.elapsed() >= LONG_WRITER {
+                warn!(transactions = ?writers, "the binlog sequencer waits for transactions that were writing when it began ({why})");
+            }
+            tokio::time::sleep(TRX_CACHE).await;
+            let open = open_writers(&pool).await?;
+            writers.retain(|w| open.contains(w));
+        }
+        let passed_below: i64 = sqlx::query_scalar(
+            &schema
+                .render("SELECT value FROM {schema}.outbox_settings WHERE name = 'passed_below'"),
+        )
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading passed_below", e))?;
+        let lo = self.sequenced_below.max(passed_below);
+        // Counters now: every writer the trigger positioned has ended.
+        self.read_counters().await?;
+        let n = self.sequence_table(lo, below, true).await?;
+        // The stream starts at `end`; saved with the seal, so a restart begins there too.
+        let err = |e| map_sqlx_error("saving where the binlog sequencer starts", e);
+        let mut tx = pool.begin().await.map_err(err)?;
+        self.fenced_update(
+            &mut tx,
+            "binlog_file = ?, binlog_offset = ?, sequenced_below = GREATEST(sequenced_below, ?)",
+            &[
+                Bind::Text(end.file.clone()),
+                Bind::Int(end.offset as i64),
+                Bind::Int(below),
+            ],
+        )
+        .await?;
+        tx.commit().await.map_err(err)?;
+        self.position = Some(end.clone());
+        self.position_saved = true;
+        self.sequenced_below = self.sequenced_below.max(below);
+        self.inner.progress.send_modify(|p| {
+            p.through = Some(end.clone());
+            p.sequenced_below = p.sequenced_below.max(below);
+        });
+        info!(rows = n, from = lo, below, start = %end, "the binlog sequencer took the rows it had no binlog for from the table ({why})");
+        Ok(end)
+    }
+
+    /// Gives every row of `[lo, below)` without a position one, in `seq` order, in batches;
+    /// with `keep_trigger`, a row the trigger positioned keeps its position. Returns how many.
+    async fn sequence_table(&mut self, lo: i64, below: i64, keep_trigger: bool) -> Result<u64> {
+        let pool = self.inner.pool.clone();
+        let schema = self.inner.schema.clone();
+        let err = |e| map_sqlx_error("sequencing rows from the table", e);
+        let mut total = 0u64;
+        if keep_trigger {
+            let mut tx = pool.begin().await.map_err(err)?;
+            let kept = sqlx::query(&schema.render(
+                "INSERT INTO {schema}.outbox_sequence (seq, part, part_seq) \
+                 SELECT o.seq, o.part, o.part_seq FROM {schema}.outbox AS o \
+                 WHERE o.seq >= ? AND o.seq < ? AND o.part >= 0 AND o.part_seq > 0 \
+                 AND NOT EXISTS (SELECT 1 FROM {schema}.outbox_sequence AS q WHERE q.seq = o.seq)",
+            ))
+            .bind(lo)
+            .bind(below)
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+            self.fenced_update(&mut tx, "id = id", &[]).await?;
+            tx.commit().await.map_err(err)?;
+            total += kept.rows_affected();
+            self.read_counters().await?;
+        }
+        self.table_high = self.table_high.max(below);
+        let mut from = lo;
+        loop {
+            let rows: Vec<(i64, String)> = sqlx::query_as(&schema.render(
+                "SELECT o.seq, CAST(o.aggregate_id AS CHAR) FROM {schema}.outbox AS o \
+                 WHERE o.seq >= ? AND o.seq < ? \
+                 AND NOT EXISTS (SELECT 1 FROM {schema}.outbox_sequence AS q WHERE q.seq = o.seq) \
+                 ORDER BY o.seq LIMIT ?",
+            ))
+            .bind(from)
+            .bind(below)
+            .bind(BATCH as i64)
+            .fetch_all(&pool)
+            .await
+            .map_err(err)?;
+            let Some(last) = rows.last().map(|(seq, _)| *seq) else {
+                break;
+            };
+            let mut tx = pool.begin().await.map_err(err)?;
+            let mut counters = self.counters.clone();
+            let placed = place(&mut counters, rows);
+            insert_positions(&mut tx, &schema, &placed).await?;
+            self.fenced_update(
+                &mut tx,
+                "from_table = from_table + ?",
+                &[Bind::Int(placed.len() as i64)],
+            )
+            .await?;
+            tx.commit().await.map_err(err)?;
+            self.counters = counters;
+            total += placed.len() as u64;
+            let n = placed.len() as u64;
+            self.inner.progress.send_modify(|p| p.from_table += n);
+            from = last + 1;
+        }
+        Ok(total)
+    }
+}
+
+enum Bind {
+    Int(i64),
+    Text(String),
+}
+
+/// `(seq, part, part_seq)` for `rows` in order, drawing from `counters`.
+fn place(counters: &mut [i64], rows: Vec<(i64, String)>) -> Vec<(i64, i16, i64)> {
+    rows.into_iter()
+        .map(|(seq, key)| {
+            let part = partition(&key);
+            let c = &mut counters[part as usize];
+            *c += 1;
+            (seq, part, *c)
+        })
+        .collect()
+}
+
+async fn insert_positions(
+    tx: &mut sqlx::Transaction<'_, MySql>,
+    schema: &Schema,
+    placed: &[(i64, i16, i64)],
+) -> Result<()> {
+    let head = schema.render("INSERT INTO {schema}.outbox_sequence (seq, part, part_seq) ");
+    for chunk in placed.chunks(ROWS_PER_STATEMENT) {
+        let mut insert = QueryBuilder::<MySql>::new(&head);
+        insert.push_values(chunk, |mut row, (seq, part, part_seq)| {
+            row.push_bind(*seq).push_bind(*part).push_bind(*part_seq);
+        });
+        insert
+            .build()
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| map_sqlx_error("saving sequenced positions", e))?;
+    }
+    Ok(())
+}
+
+/// Which of `rows` have a position already.
+async fn sequenced(
+    tx: &mut sqlx::Transaction<'_, MySql>,
+    schema: &Schema,
+    rows: &[(i64, String)],
+) -> Result<HashSet<i64>> {
+    let mut q = QueryBuilder::<MySql>::new(
+        schema.render("SELECT seq FROM {schema}.outbox_sequence WHERE seq IN ("),
+    );
+    let mut each = q.separated(", ");
+    for (seq, _) in rows {
+        each.push_bind(*seq);
+    }
+    q.push(")");
+    let have: Vec<i64> = q
+        .build_query_scalar()
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(|e| map_sqlx_error("looking for rows sequenced already", e))?;
+    Ok(have.into_iter().collect())
+}
+
+/// The `seq` the next outbox row will draw: no row below it can be drawn any more.
+async fn next_seq(pool: &MySqlPool, schema: &Schema) -> Result<i64> {
+    let next: Option<i64> = sqlx::query_scalar(
+        "SELECT CAST(AUTO_INCREMENT AS SIGNED) FROM information_schema.TABLES \
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox'",
+    )
+    .bind(schema.as_str())
+    .fetch_one(pool)
+    .await
+    .map_err(|e| map_sqlx_error("reading the outbox's next seq", e))?;
+    next.ok_or_else(|| {
+        Error::new(
+            ErrorKind::Schema,
+            format!("database `{}` has no outbox table", schema.as_str()),
+        )
+    })
+}
+
+/// The transactions (other than this session's) that are writing or running a statement now:
+/// any that drew an outbox `seq` and has not ended is among them. A session that only holds a
+/// snapshot open is not.
+async fn open_writers(pool: &MySqlPool) -> Result<Vec<String>> {
+    sqlx::query_scalar(
+        "SELECT CAST(trx_id AS CHAR) FROM information_schema.INNODB_TRX \
+         WHERE trx_mysql_thread_id <> CONNECTION_ID() \
+         AND (trx_rows_modified > 0 OR trx_query IS NOT NULL OR trx_state <> 'RUNNING')",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(|e| map_sqlx_error("reading the transactions in progress", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_are_the_triggers_crc32_modulo_64() {
+        // SELECT CRC32('order-1') % 64, CRC32('') % 64, CRC32('é') % 64 on MariaDB 10.11.
+        assert_eq!(partition(""), 0);
+        assert_eq!(
+            partition("order-1"),
+            (crc32fast::hash(b"order-1") % 64) as i16
+        );
+    }
+
+    #[test]
+    fn rows_take_the_next_positions_of_their_partitions_in_order() {
+        let mut counters = vec![0i64; 64];
+        let a = partition("a") as usize;
+        counters[a] = 7;
+        let placed = place(
+            &mut counters,
+            vec![(30, "a".into()), (10, "a".into()), (20, "b".into())],
+        );
+        assert_eq!(placed[0], (30, a as i16, 8));
+        assert_eq!(placed[1], (10, a as i16, 9));
+        assert_eq!(placed[2].0, 20);
+        assert_eq!(counters[a], 9);
+    }
+}

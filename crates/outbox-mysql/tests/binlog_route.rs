@@ -1,0 +1,385 @@
+//! The binlog route (`outbox migrate --binlog`) against a real MariaDB with the row binlog on
+//! (scripts/services.sh starts one on 127.0.0.1:3307; `OUTBOX_TEST_MYSQL_BINLOG_URL` names
+//! another): the whole store conformance suite over the sequencer's positions, and what is
+//! particular to them (commit order without a trigger, rows the binlog did not carry, the switch
+//! from the trigger, a purged binlog, one sequencer at a time). Each test in a database of its
+//! own.
+
+#![allow(clippy::unwrap_used)] // tests
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_core::{ClaimLimits, MemberId, Message, OnFailed, Outcome, Store};
+use outbox_mysql::binlog::{route, server, BinlogPosition};
+use outbox_mysql::{MysqlStore, Schema};
+use outbox_testkit::conformance::Fixture;
+use sqlx::MySqlPool;
+
+mod common;
+
+fn binlog_url() -> String {
+    std::env::var("OUTBOX_TEST_MYSQL_BINLOG_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3307/test".into())
+}
+
+/// An outbox in a database of its own on the binlog server, migrated, the route on.
+async fn routed_outbox() -> (MySqlPool, Schema) {
+    outbox_testkit::init_test_log();
+    let (pool, schema) = common::migrated_outbox(&binlog_url(), 8).await;
+    route::enable(&pool, &schema).await.unwrap();
+    (pool, schema)
+}
+
+fn store(pool: &MySqlPool, schema: &Schema) -> Arc<MysqlStore> {
+    Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap())
+}
+
+async fn drop_db(pool: &MySqlPool, schema: &Schema) {
+    let _ = sqlx::raw_sql(&schema.render("DROP DATABASE {schema}"))
+        .execute(pool)
+        .await;
+}
+
+async fn fresh_store() -> Fixture {
+    let (pool, schema) = routed_outbox().await;
+    let routed = store(&pool, &schema);
+    let store: Arc<dyn Store> = routed.clone();
+    Fixture {
+        store,
+        teardown: Box::pin(async move {
+            // Its sessions end before the database goes.
+            routed.sequencer().unwrap().stop().await;
+            drop_db(&pool, &schema).await
+        }),
+    }
+}
+
+outbox_testkit::store_conformance_suite!(fresh_store);
+
+/// Starts `store`'s sequencer and waits until it reads the binlog: what is written from then on
+/// is sequenced from the stream, in commit order (what was written before comes from the table,
+/// in seq order).
+async fn started(store: &MysqlStore) {
+    let sequencer = store.sequencer().unwrap();
+    sequencer.start();
+    sequencer
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+}
+
+/// The plain four-column insert of `key` carrying `n`, on `conn`.
+async fn raw_insert(conn: &mut sqlx::MySqlConnection, schema: &Schema, key: &str, n: u64) -> i64 {
+    sqlx::query(&schema.render(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('order', ?, 'placed', JSON_OBJECT('n', ?))",
+    ))
+    .bind(key)
+    .bind(n)
+    .execute(&mut *conn)
+    .await
+    .unwrap()
+    .last_insert_id() as i64
+}
+
+/// Everything the store hands out until it has `want` messages (published as they come), or
+/// panics after 30 s.
+async fn drain(store: &MysqlStore, want: usize) -> Vec<Message> {
+    let member = MemberId::random("drain");
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut got = Vec::new();
+    while got.len() < want {
+        assert!(
+            Instant::now() < until,
+            "only {} of {want} messages came",
+            got.len()
+        );
+        let parts = store
+            .rebalance(&member, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let batch = store
+            .claim(&member, &parts, ClaimLimits::rows(1_000), OnFailed::Block)
+            .await
+            .unwrap();
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        let outcomes: Vec<Outcome> = batch
+            .iter()
+            .map(|m| Outcome::Published { seq: m.seq })
+            .collect();
+        store.complete(&member, &outcomes).await.unwrap();
+        got.extend(batch);
+    }
+    store.release(&member).await.unwrap();
+    got
+}
+
+/// `(seq, part_seq)` of every sequenced row of `key`'s partition, by position.
+async fn positions(pool: &MySqlPool, schema: &Schema, key: &str) -> Vec<(i64, i64)> {
+    sqlx::query_as(&schema.render(
+        "SELECT seq, part_seq FROM {schema}.outbox_sequence WHERE part = CRC32(?) % 64 \
+         ORDER BY part_seq",
+    ))
+    .bind(key)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_route_takes_the_trigger_away_and_a_server_without_a_row_binlog_is_refused() {
+    let (pool, schema) = routed_outbox().await;
+    let trigger: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = ?",
+    )
+    .bind(schema.as_str())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(trigger, 0);
+    assert!(route::is_on(&pool, &schema).await.unwrap());
+    // Again: nothing changes, nothing fails.
+    route::enable(&pool, &schema).await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let seq = raw_insert(&mut conn, &schema, "k", 1).await;
+    let (part, part_seq): (i16, i64) =
+        sqlx::query_as(&schema.render("SELECT part, part_seq FROM {schema}.outbox WHERE seq = ?"))
+            .bind(seq)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (part, part_seq),
+        (-1, 0),
+        "the writer's row carries no position"
+    );
+    drop_db(&pool, &schema).await;
+
+    // This machine's own server writes no binlog: the route is refused with what to set.
+    let (pool, schema) = common::migrated_outbox(&common::server_url(), 2).await;
+    let e = route::enable(&pool, &schema).await.unwrap_err();
+    assert!(e.to_string().contains("log_bin"), "{e}");
+    assert!(!route::is_on(&pool, &schema).await.unwrap());
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn positions_follow_commit_order_not_seq_order() {
+    let (pool, schema) = routed_outbox().await;
+    let store = store(&pool, &schema);
+    started(&store).await;
+    let mut first = pool.begin().await.unwrap();
+    let mut second = pool.begin().await.unwrap();
+    // `first` draws the lower seq, `second` commits first.
+    let low = raw_insert(&mut first, &schema, "acct-1", 1).await;
+    let high = raw_insert(&mut second, &schema, "acct-1", 2).await;
+    assert!(low < high);
+    second.commit().await.unwrap();
+    first.commit().await.unwrap();
+    // A rolled-back row never gets a position.
+    let mut rolled = pool.begin().await.unwrap();
+    raw_insert(&mut rolled, &schema, "acct-1", 3).await;
+    rolled.rollback().await.unwrap();
+    store
+        .sequencer()
+        .unwrap()
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(
+        positions(&pool, &schema, "acct-1").await,
+        vec![(high, 1), (low, 2)]
+    );
+    let got = drain(&store, 2).await;
+    let ns: Vec<u64> = got.iter().map(common::n_of).collect();
+    assert_eq!(ns, vec![2, 1], "relayed in commit order");
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn a_row_the_binlog_did_not_carry_is_sequenced_by_the_seal() {
+    let (pool, schema) = routed_outbox().await;
+    let store = store(&pool, &schema);
+    let sequencer = store.sequencer().unwrap();
+    started(&store).await;
+    let mut conn = pool.acquire().await.unwrap();
+    raw_insert(&mut conn, &schema, "k", 1).await;
+    // A session that keeps its writes out of the binlog (a maintenance script, say).
+    let mut hidden = pool.acquire().await.unwrap();
+    sqlx::query("SET SESSION sql_log_bin = 0")
+        .execute(&mut *hidden)
+        .await
+        .unwrap();
+    let unseen = raw_insert(&mut hidden, &schema, "k", 2).await;
+    sqlx::query("SET SESSION sql_log_bin = 1")
+        .execute(&mut *hidden)
+        .await
+        .unwrap();
+    drop(hidden);
+    raw_insert(&mut conn, &schema, "k", 3).await;
+    let got = drain(&store, 3).await;
+    let mut ns: Vec<u64> = got.iter().map(common::n_of).collect();
+    ns.sort_unstable();
+    assert_eq!(ns, vec![1, 2, 3], "nothing lost");
+    assert!(sequencer.progress().borrow().from_table >= 1);
+    let from_table: i64 = sqlx::query_scalar(
+        &schema.render("SELECT from_table FROM {schema}.outbox_sequencer WHERE id = 1"),
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(from_table, 1);
+    // The seal is raised past it right after (the same round).
+    let mut below = sequencer.progress();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        below.wait_for(|p| p.sequenced_below > unseen),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn the_switch_keeps_the_triggers_positions_and_loses_nothing() {
+    let (pool, schema) = common::migrated_outbox(&binlog_url(), 8).await;
+    // Written under the trigger; the first two relayed by the polling route.
+    let trigger_store = MysqlStore::new(pool.clone(), schema.clone());
+    for n in 1..=4 {
+        trigger_store.insert(&[common::msg("k", n)]).await.unwrap();
+    }
+    let member = MemberId::random("before");
+    let parts = trigger_store
+        .rebalance(&member, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let first = trigger_store
+        .claim(&member, &parts, ClaimLimits::rows(2), OnFailed::Block)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 2);
+    let done: Vec<Outcome> = first
+        .iter()
+        .map(|m| Outcome::Published { seq: m.seq })
+        .collect();
+    trigger_store.complete(&member, &done).await.unwrap();
+    trigger_store.release(&member).await.unwrap();
+    // A writer positioned by the trigger still open while the route is turned on.
+    let mut open = pool.begin().await.unwrap();
+    raw_insert(&mut open, &schema, "k", 5).await;
+    let (switched, ()) = tokio::join!(route::enable(&pool, &schema), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        open.commit().await.unwrap();
+    });
+    switched.unwrap();
+    // Written after the switch: no trigger.
+    let mut conn = pool.acquire().await.unwrap();
+    for n in 6..=8 {
+        raw_insert(&mut conn, &schema, "k", n).await;
+    }
+    let store = store(&pool, &schema);
+    let got = drain(&store, 6).await;
+    let ns: Vec<u64> = got.iter().map(common::n_of).collect();
+    assert_eq!(ns, vec![3, 4, 5, 6, 7, 8], "the rest, in order, once");
+    let pos = positions(&pool, &schema, "k").await;
+    let ps: Vec<i64> = pos.iter().map(|(_, p)| *p).collect();
+    assert_eq!(
+        ps,
+        (1..=8).collect::<Vec<i64>>(),
+        "the trigger's kept, the next ones after"
+    );
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn a_purged_binlog_is_made_good_from_the_table() {
+    let (pool, schema) = routed_outbox().await;
+    let mut conn = pool.acquire().await.unwrap();
+    {
+        let store = store(&pool, &schema);
+        raw_insert(&mut conn, &schema, "k", 1).await;
+        assert_eq!(drain(&store, 1).await.len(), 1);
+        store.sequencer().unwrap().stop().await;
+    }
+    // Written while no sequencer runs; then its binlog is "purged": its saved position names a
+    // file numbered before the oldest the server holds (a real purge would take files from
+    // under the other tests).
+    for n in 2..=4 {
+        raw_insert(&mut conn, &schema, if n % 2 == 0 { "k" } else { "j" }, n).await;
+    }
+    let oldest = server::files(&pool).await.unwrap().remove(0);
+    let oldest = BinlogPosition::new(oldest, 4);
+    let (base, _) = oldest.file.rsplit_once('.').unwrap();
+    let gone = format!("{base}.{:06}", oldest.file_number().unwrap() - 1);
+    sqlx::query(&schema.render(
+        "UPDATE {schema}.outbox_sequencer SET binlog_file = ?, binlog_offset = 4 WHERE id = 1",
+    ))
+    .bind(&gone)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let store = store(&pool, &schema);
+    let got = drain(&store, 3).await;
+    let mut ns: Vec<u64> = got.iter().map(common::n_of).collect();
+    ns.sort_unstable();
+    assert_eq!(ns, vec![2, 3, 4]);
+    // And the stream goes on from the binlog's end.
+    raw_insert(&mut conn, &schema, "k", 5).await;
+    let got = drain(&store, 1).await;
+    assert_eq!(common::n_of(&got[0]), 5);
+    let saved: String = sqlx::query_scalar(
+        &schema
+            .render("SELECT CAST(binlog_file AS CHAR) FROM {schema}.outbox_sequencer WHERE id = 1"),
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_ne!(saved, gone);
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn one_sequencer_at_a_time_and_the_next_goes_on_without_a_gap() {
+    let (pool, schema) = routed_outbox().await;
+    let a = store(&pool, &schema);
+    let b = store(&pool, &schema);
+    a.sequencer().unwrap().start();
+    let mut conn = pool.acquire().await.unwrap();
+    raw_insert(&mut conn, &schema, "k", 1).await;
+    a.sequencer()
+        .unwrap()
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    b.sequencer().unwrap().start();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(a.sequencer().unwrap().progress().borrow().leading);
+    assert!(!b.sequencer().unwrap().progress().borrow().leading);
+    raw_insert(&mut conn, &schema, "k", 2).await;
+    // `b` waits for the leader's saved position.
+    b.sequencer()
+        .unwrap()
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    a.sequencer().unwrap().stop().await;
+    raw_insert(&mut conn, &schema, "k", 3).await;
+    b.sequencer()
+        .unwrap()
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert!(b.sequencer().unwrap().progress().borrow().leading);
+    let ps: Vec<i64> = positions(&pool, &schema, "k")
+        .await
+        .iter()
+        .map(|(_, p)| *p)
+        .collect();
+    assert_eq!(ps, vec![1, 2, 3]);
+    drop_db(&pool, &schema).await;
+}
