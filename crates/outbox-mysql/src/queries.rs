@@ -128,8 +128,9 @@ impl Positions {
     }
 
     /// A table of `(part, n)`: every position up to `n` of each partition is handed out and
-    /// its row committed. On the binlog route the highest sequenced position, or the trigger's
-    /// last one from before the switch, whichever is higher: one index entry read per
+    /// its row committed. On the binlog route the highest sequenced position, the trigger's
+    /// last one from before the switch, or the partition's `passed` (retention may have dropped
+    /// every position it passed), whichever is highest: one index entry read per
     /// partition (`ORDER BY … DESC LIMIT 1`; MariaDB reads a dependent `MAX` by scanning the
     /// partition's whole run of the index, 15 ms per claim at 100,000 rows, against 0.3).
     pub fn counters(self, schema: &Schema) -> String {
@@ -138,7 +139,8 @@ impl Positions {
             Self::Binlog => schema.render(
                 "(SELECT p.part, GREATEST(p.n, COALESCE((SELECT q.part_seq \
                  FROM {schema}.outbox_sequence AS q WHERE q.part = p.part \
-                 ORDER BY q.part_seq DESC LIMIT 1), 0)) AS n \
+                 ORDER BY q.part_seq DESC LIMIT 1), 0), COALESCE((SELECT r.passed \
+                 FROM {schema}.outbox_positions AS r WHERE r.part = p.part), 0)) AS n \
                  FROM {schema}.outbox_part_seq AS p)",
             ),
         }

@@ -305,19 +305,19 @@ async fn run(
         mirror_ranges(conn, schema).await?;
     }
     let ctx = |what: &str| format!("outbox retention in `{}`: {what}", schema.as_str());
-    // A seal, once taken, holds for ever (no row can appear below it), and taking one holds
-    // writers for a moment: take a new one only when a range not yet sealed lies wholly below
-    // the last seq, so that it could seal it (once every `range_seqs` seqs).
-    if all
+    if binlog {
+        // The sequencer's seal alone: the trigger's (stored) one says nothing of what has a
+        // position in `outbox_sequence`, and until the sequencer's first start took the rows the
+        // trigger positioned, a range's positions there would look passed.
+        sealed_below = sequenced_below(conn, schema).await?;
+    } else if all
         .iter()
         .any(|r| r.below.is_some_and(|b| b > sealed_below && b <= top + 1))
     {
-        let seal = if binlog {
-            sequenced_below(conn, schema).await?
-        } else {
-            seal(conn, schema).await?
-        };
-        sealed_below = sealed_below.max(seal);
+        // A seal, once taken, holds for ever (no row can appear below it), and taking one holds
+        // writers for a moment: take a new one only when a range not yet sealed lies wholly
+        // below the last seq, so that it could seal it (once every `range_seqs` seqs).
+        sealed_below = sealed_below.max(seal(conn, schema).await?);
         sqlx::query(&schema.render(
             "UPDATE {schema}.outbox_settings SET value = GREATEST(value, ?) \
              WHERE name = 'sealed_below'",

@@ -1082,10 +1082,22 @@ impl Store for MysqlStore {
         let mut tx = self.pool.begin().await.map_err(err)?;
         crate::writer::enqueue_many(&mut tx, &self.schema, messages).await?;
         tx.commit().await.map_err(err)?;
-        if let Some(sequencer) = &self.sequencer {
-            // Claimable once it returns, as on the trigger's route.
+        if let (Some(sequencer), Some(last)) = (&self.sequencer, messages.last()) {
+            // Claimable once it returns, as on the trigger's route: the sequencer positions a
+            // transaction's rows together, so once one of them has its position all have.
             sequencer.start();
-            sequencer.wait_until_sequenced(INSERT_SEQUENCED).await?;
+            let seq: i64 = sqlx::query_scalar(
+                &self
+                    .schema
+                    .render("SELECT MAX(seq) FROM {schema}.outbox WHERE id = ?"),
+            )
+            .bind(last.id.to_string())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(err)?;
+            sequencer
+                .wait_until_positioned(seq, INSERT_SEQUENCED)
+                .await?;
         }
         Ok(())
     }

@@ -383,3 +383,63 @@ async fn one_sequencer_at_a_time_and_the_next_goes_on_without_a_gap() {
     assert_eq!(ps, vec![1, 2, 3]);
     drop_db(&pool, &schema).await;
 }
+
+#[tokio::test]
+async fn retention_drops_a_range_from_both_tables_once_sealed_and_passed() {
+    let (pool, schema) = routed_outbox().await;
+    // Ranges of 10 seqs, laid out again on the empty outbox: the sequence table follows.
+    outbox_mysql::ranges::set_width(&pool, &schema, 10)
+        .await
+        .unwrap();
+    let store = store(&pool, &schema);
+    started(&store).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let mut last = 0;
+    for n in 1..=25 {
+        last = raw_insert(&mut conn, &schema, &format!("k{}", n % 3), n).await;
+    }
+    assert_eq!(drain(&store, 25).await.len(), 25);
+    // Sealed past every row (the drain released the sequencer with its member).
+    let sequencer = store.sequencer().unwrap();
+    sequencer.start();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        sequencer.progress().wait_for(|p| p.sequenced_below > last),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let report = store.maintain(Duration::ZERO).await.unwrap();
+    assert!(report.segments_dropped >= 2, "{report:?}");
+    let layout = |table: &'static str| {
+        let pool = pool.clone();
+        let schema = schema.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT CAST(PARTITION_NAME AS CHAR) FROM information_schema.PARTITIONS \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY PARTITION_ORDINAL_POSITION",
+            )
+            .bind(schema.as_str())
+            .bind(table)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(layout("outbox").await, layout("outbox_sequence").await);
+    let count = |table: &'static str| {
+        let pool = pool.clone();
+        let sql = schema.render(&format!("SELECT COUNT(*) FROM {{schema}}.{table}"));
+        async move {
+            sqlx::query_scalar::<_, i64>(&sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let (rows, positions) = (count("outbox").await, count("outbox_sequence").await);
+    assert!(rows < 25, "ranges went: {rows} rows left");
+    assert_eq!(rows, positions, "each row's position went with it");
+    sequencer.stop().await;
+    drop_db(&pool, &schema).await;
+}

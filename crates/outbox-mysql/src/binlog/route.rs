@@ -111,10 +111,34 @@ async fn set_up(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<()>
         .await
         .map_err(|e| map_sqlx_error(&ctx("making the outbox_sequenced view"), e))?;
     // Last: from here writers' rows carry no position, and only the sequencer gives them
-    // one. The check goes first, so no insert is refused in between.
+    // one. The check goes first, so no insert is refused in between (MySQL has no `IF EXISTS`
+    // for it, hence the look first).
+    let check: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.TABLE_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = ? \
+         AND TABLE_NAME = 'outbox' AND CONSTRAINT_NAME = 'outbox_positioned'",
+    )
+    .bind(schema.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx("looking for the position check"), e))?;
+    if check > 0 {
+        sqlx::query(
+            &schema.render("ALTER TABLE {schema}.outbox DROP CONSTRAINT outbox_positioned"),
+        )
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| {
+            map_sqlx_error(
+                &ctx(
+                    "dropping the position check (a transaction holding the outbox table open \
+                     blocks it; run this again once it ended)",
+                ),
+                e,
+            )
+        })?;
+    }
     sqlx::raw_sql(&schema.render(
-        "ALTER TABLE {schema}.outbox DROP CONSTRAINT IF EXISTS outbox_positioned;
-         DROP TRIGGER IF EXISTS {schema}.outbox_position;
+        "DROP TRIGGER IF EXISTS {schema}.outbox_position;
          INSERT INTO {schema}.outbox_settings (name, value) VALUES ('binlog_route', 1)
              ON DUPLICATE KEY UPDATE value = 1;",
     ))

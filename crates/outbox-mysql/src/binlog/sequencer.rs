@@ -49,10 +49,6 @@ const BATCH: usize = 5_000;
 /// Rows per `INSERT` statement (three values each, under the protocol's 65,535).
 const ROWS_PER_STATEMENT: usize = 4_000;
 
-/// `information_schema.INNODB_TRX` is a cache refreshed at most every 0.1 s: the writers open
-/// when `AUTO_INCREMENT` was read are looked for this long after it.
-const TRX_CACHE: Duration = Duration::from_millis(250);
-
 /// How often a seal is taken while rows are sequenced; with none, every [`SEAL_IDLE`].
 const SEAL_EVERY: Duration = Duration::from_secs(1);
 const SEAL_IDLE: Duration = Duration::from_secs(10);
@@ -220,6 +216,44 @@ impl Sequencer {
                 ));
             }
             let _ = tokio::time::timeout(left.min(Duration::from_millis(200)), progress.changed())
+                .await;
+        }
+    }
+}
+
+impl Sequencer {
+    /// Waits until the row `seq` has its position, within `limit`.
+    pub async fn wait_until_positioned(&self, seq: i64, limit: Duration) -> Result<()> {
+        let until = Instant::now() + limit;
+        let mut progress = self.progress();
+        let sql = self
+            .inner
+            .schema
+            .render("SELECT EXISTS (SELECT 1 FROM {schema}.outbox_sequence WHERE seq = ?)");
+        loop {
+            let there: bool = sqlx::query_scalar(&sql)
+                .bind(seq)
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err(|e| map_sqlx_error("looking for a row's position", e))?;
+            if there {
+                return Ok(());
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let error = progress.borrow().error.clone();
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the outbox's binlog sequencer did not position row {seq} within \
+                         {limit:?}{}; is a relay running on this outbox?",
+                        error
+                            .map(|e| format!(" (its last error: {e})"))
+                            .unwrap_or_default()
+                    ),
+                ));
+            }
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(100)), progress.changed())
                 .await;
         }
     }
@@ -427,13 +461,12 @@ fn micros(d: Duration) -> i64 {
 }
 
 /// Where a seal stands (see the module docs).
-#[derive(Debug)]
 enum Seal {
     /// None running; the next is taken at `at`.
     Idle { at: Instant },
-    /// `AUTO_INCREMENT` read at `at`: the writers of that moment are looked for once the
-    /// transaction cache has been refreshed since.
-    Drawn { below: i64, at: Instant },
+    /// `AUTO_INCREMENT` read: the writers of that moment are taken from the first snapshot of
+    /// the transaction cache that lists the canary, opened after the read.
+    Drawn { below: i64, canary: Box<Canary> },
     /// Waiting for `writers` to end.
     Waiting {
         below: i64,
@@ -501,12 +534,15 @@ impl Session {
         Ok(s)
     }
 
-    /// The last position of each partition: the highest sequenced, or the trigger's last one.
+    /// The last position of each partition: the highest sequenced, the trigger's last one, or
+    /// the partition's `passed` (retention drops the positions it passed, so the highest
+    /// sequenced one can go with them, and a position must never be handed out twice).
     async fn read_counters(&mut self) -> Result<()> {
         let rows: Vec<(i16, i64)> = sqlx::query_as(&self.inner.schema.render(
             "SELECT p.part, GREATEST(p.n, COALESCE((SELECT q.part_seq \
              FROM {schema}.outbox_sequence AS q WHERE q.part = p.part \
-             ORDER BY q.part_seq DESC LIMIT 1), 0)) \
+             ORDER BY q.part_seq DESC LIMIT 1), 0), COALESCE((SELECT r.passed \
+             FROM {schema}.outbox_positions AS r WHERE r.part = p.part), 0)) \
              FROM {schema}.outbox_part_seq AS p",
         ))
         .fetch_all(&self.inner.pool)
@@ -536,9 +572,14 @@ impl Session {
         }
         let err = |e| map_sqlx_error("saving sequenced positions", e);
         let mut tx = self.inner.pool.begin().await.map_err(err)?;
-        if rows.iter().any(|(seq, _)| *seq < self.table_high) {
+        let low: Vec<i64> = rows
+            .iter()
+            .map(|(seq, _)| *seq)
+            .filter(|seq| *seq < self.table_high)
+            .collect();
+        if !low.is_empty() {
             // Taken from the table already (a purge, the switch, a seal's net).
-            let have = sequenced(&mut tx, &self.inner.schema, &rows).await?;
+            let have = sequenced(&mut tx, &self.inner.schema, &low).await?;
             rows.retain(|(seq, _)| !have.contains(seq));
         }
         let mut counters = self.counters.clone();
@@ -605,6 +646,14 @@ impl Session {
         Ok(())
     }
 
+    /// Renews the lease (fenced), without moving anything.
+    async fn keep_lease(&self) -> Result<()> {
+        let err = |e| map_sqlx_error("renewing the binlog sequencer's lease", e);
+        let mut tx = self.inner.pool.begin().await.map_err(err)?;
+        self.fenced_update(&mut tx, "id = id", &[]).await?;
+        tx.commit().await.map_err(err)
+    }
+
     /// Between events: keeps the lease, saves an idle position now and then, moves the seal on.
     async fn tick(&mut self) -> Result<()> {
         if self.last_save.elapsed() >= LEASE / 4 || self.due_to_save() {
@@ -636,17 +685,23 @@ impl Session {
             Seal::Idle { at } if now < at => Seal::Idle { at },
             Seal::Idle { .. } => {
                 self.since_seal = 0;
+                let below = next_seq(pool, schema).await?;
                 Seal::Drawn {
-                    below: next_seq(pool, schema).await?,
-                    at: now,
+                    below,
+                    canary: Box::new(Canary::open(&self.inner).await?),
                 }
             }
-            Seal::Drawn { below, at } if now < at + TRX_CACHE => Seal::Drawn { below, at },
-            Seal::Drawn { below, .. } => Seal::Waiting {
-                below,
-                writers: open_writers(pool).await?,
-                since: now,
-                warned: false,
+            Seal::Drawn { below, mut canary } => match canary.look(pool).await? {
+                None => Seal::Drawn { below, canary },
+                Some(writers) => {
+                    canary.close().await;
+                    Seal::Waiting {
+                        below,
+                        writers,
+                        since: now,
+                        warned: false,
+                    }
+                }
             },
             Seal::Waiting {
                 below,
@@ -654,10 +709,12 @@ impl Session {
                 since,
                 mut warned,
             } => {
+                // A snapshot older than the last one never comes back, and a writer that has
+                // ended is in none taken since: absent from one, it has ended.
                 let open = if writers.is_empty() {
                     Vec::new()
                 } else {
-                    let now_open = open_writers(pool).await?;
+                    let now_open = writers_of(pool).await?;
                     writers
                         .into_iter()
                         .filter(|w| now_open.contains(w))
@@ -755,17 +812,28 @@ impl Session {
         let end = server::end_position(&pool).await?;
         let below = next_seq(&pool, &schema).await?;
         let drawn = Instant::now();
-        tokio::time::sleep(TRX_CACHE).await;
-        let mut writers = open_writers(&pool).await?;
+        let mut canary = Canary::open(&self.inner).await?;
+        let mut writers = loop {
+            tokio::time::sleep(CANARY_LOOK).await;
+            self.keep_lease().await?;
+            if let Some(writers) = canary.look(&pool).await? {
+                break writers;
+            }
+        };
+        canary.close().await;
+        let mut warned = false;
         while !writers.is_empty() {
             if self.inner.stopping() {
                 return Err(self.inner.stopped());
             }
-            if drawn.elapsed() >= LONG_WRITER {
+            if !warned && drawn.elapsed() >= LONG_WRITER {
+                warned = true;
                 warn!(transactions = ?writers, "the binlog sequencer waits for transactions that were writing when it began ({why})");
             }
-            tokio::time::sleep(TRX_CACHE).await;
-            let open = open_writers(&pool).await?;
+            tokio::time::sleep(CANARY_LOOK).await;
+            // Held while it waits, however long a writer takes.
+            self.keep_lease().await?;
+            let open = writers_of(&pool).await?;
             writers.retain(|w| open.contains(w));
         }
         let passed_below: i64 = sqlx::query_scalar(
@@ -905,38 +973,49 @@ async fn insert_positions(
     Ok(())
 }
 
-/// Which of `rows` have a position already.
+/// Which of `seqs` have a position already.
 async fn sequenced(
     tx: &mut sqlx::Transaction<'_, MySql>,
     schema: &Schema,
-    rows: &[(i64, String)],
+    seqs: &[i64],
 ) -> Result<HashSet<i64>> {
-    let mut q = QueryBuilder::<MySql>::new(
-        schema.render("SELECT seq FROM {schema}.outbox_sequence WHERE seq IN ("),
-    );
-    let mut each = q.separated(", ");
-    for (seq, _) in rows {
-        each.push_bind(*seq);
+    let mut have = HashSet::new();
+    for chunk in seqs.chunks(ROWS_PER_STATEMENT) {
+        let mut q = QueryBuilder::<MySql>::new(
+            schema.render("SELECT seq FROM {schema}.outbox_sequence WHERE seq IN ("),
+        );
+        let mut each = q.separated(", ");
+        for seq in chunk {
+            each.push_bind(*seq);
+        }
+        q.push(")");
+        let found: Vec<i64> = q
+            .build_query_scalar()
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(|e| map_sqlx_error("looking for rows sequenced already", e))?;
+        have.extend(found);
     }
-    q.push(")");
-    let have: Vec<i64> = q
-        .build_query_scalar()
-        .fetch_all(&mut **tx)
-        .await
-        .map_err(|e| map_sqlx_error("looking for rows sequenced already", e))?;
-    Ok(have.into_iter().collect())
+    Ok(have)
 }
 
 /// The `seq` the next outbox row will draw: no row below it can be drawn any more.
 async fn next_seq(pool: &MySqlPool, schema: &Schema) -> Result<i64> {
+    let err = |e| map_sqlx_error("reading the outbox's next seq", e);
+    let mut conn = pool.acquire().await.map_err(err)?;
+    // MySQL 8 serves information_schema's table figures from a cache kept for a day by
+    // default; this session reads them live. MariaDB always does (and has no such variable).
+    let _ = sqlx::query("SET SESSION information_schema_stats_expiry = 0")
+        .execute(&mut *conn)
+        .await;
     let next: Option<i64> = sqlx::query_scalar(
         "SELECT CAST(AUTO_INCREMENT AS SIGNED) FROM information_schema.TABLES \
          WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox'",
     )
     .bind(schema.as_str())
-    .fetch_one(pool)
+    .fetch_one(&mut *conn)
     .await
-    .map_err(|e| map_sqlx_error("reading the outbox's next seq", e))?;
+    .map_err(err)?;
     next.ok_or_else(|| {
         Error::new(
             ErrorKind::Schema,
@@ -945,18 +1024,93 @@ async fn next_seq(pool: &MySqlPool, schema: &Schema) -> Result<i64> {
     })
 }
 
-/// The transactions (other than this session's) that are writing or running a statement now:
-/// any that drew an outbox `seq` and has not ended is among them. A session that only holds a
-/// snapshot open is not.
-async fn open_writers(pool: &MySqlPool) -> Result<Vec<String>> {
-    sqlx::query_scalar(
-        "SELECT CAST(trx_id AS CHAR) FROM information_schema.INNODB_TRX \
-         WHERE trx_mysql_thread_id <> CONNECTION_ID() \
-         AND (trx_rows_modified > 0 OR trx_query IS NOT NULL OR trx_state <> 'RUNNING')",
+/// `information_schema.INNODB_TRX` as InnoDB's cache last saw it: each transaction's session,
+/// and an identity for those that may have drawn an outbox `seq` and not ended (they have
+/// written, wait for a lock, or run a statement that is not a read). A session that only holds
+/// a snapshot open, or runs a long `SELECT` (a dump), is not among them.
+///
+/// The cache is refreshed only when it has not been read for 0.1 s, so a snapshot can be older
+/// than the call: see [`Canary`].
+async fn transactions(pool: &MySqlPool) -> Result<Vec<(u64, Option<String>)>> {
+    sqlx::query_as(
+        "SELECT CAST(trx_mysql_thread_id AS UNSIGNED), \
+         CASE WHEN trx_rows_modified > 0 OR trx_state <> 'RUNNING' \
+              OR (trx_query IS NOT NULL \
+                  AND trx_query NOT REGEXP '^[[:space:]]*(SELECT|SHOW)[[:space:]]') \
+         THEN CONCAT(trx_mysql_thread_id, '@', trx_started) END \
+         FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id <> CONNECTION_ID()",
     )
     .fetch_all(pool)
     .await
     .map_err(|e| map_sqlx_error("reading the transactions in progress", e))
+}
+
+/// The writers of the cache's current snapshot.
+async fn writers_of(pool: &MySqlPool) -> Result<Vec<String>> {
+    Ok(writers(&transactions(pool).await?, 0))
+}
+
+/// The writers among `transactions`.
+fn writers(all: &[(u64, Option<String>)], canary: u64) -> Vec<String> {
+    all.iter()
+        .filter(|(thread, _)| *thread != canary)
+        .filter_map(|(_, w)| w.clone())
+        .collect()
+}
+
+/// A transaction opened after `AUTO_INCREMENT` was read: a snapshot of `INNODB_TRX` that lists
+/// it was taken after that read, so the writers it lists are all that could hold a lower `seq`
+/// (an older snapshot could miss one).
+struct Canary {
+    tx: sqlx::Transaction<'static, MySql>,
+    thread: u64,
+    /// The last look at the cache: looks closer than [`CANARY_LOOK`] keep it from refreshing.
+    looked: Instant,
+}
+
+/// How often a canary looks for itself in `INNODB_TRX` (the cache refreshes after 0.1 s unread).
+const CANARY_LOOK: Duration = Duration::from_millis(250);
+
+impl Canary {
+    async fn open(inner: &Inner) -> Result<Self> {
+        let err = |e| map_sqlx_error("opening the seal's canary transaction", e);
+        let mut tx = inner.pool.begin().await.map_err(err)?;
+        let thread: u64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS UNSIGNED)")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(err)?;
+        // An InnoDB read starts the transaction: from here it is listed.
+        sqlx::query(
+            &inner
+                .schema
+                .render("SELECT id FROM {schema}.outbox_sequencer WHERE id = 1"),
+        )
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(err)?;
+        Ok(Self {
+            tx,
+            thread,
+            looked: Instant::now(),
+        })
+    }
+
+    /// The writers of a snapshot that lists the canary, if this look found one.
+    async fn look(&mut self, pool: &MySqlPool) -> Result<Option<Vec<String>>> {
+        if self.looked.elapsed() < CANARY_LOOK {
+            return Ok(None);
+        }
+        self.looked = Instant::now();
+        let all = transactions(pool).await?;
+        Ok(all
+            .iter()
+            .any(|(thread, _)| *thread == self.thread)
+            .then(|| writers(&all, self.thread)))
+    }
+
+    async fn close(self) {
+        let _ = self.tx.rollback().await;
+    }
 }
 
 #[cfg(test)]
