@@ -82,6 +82,11 @@ pub struct Args {
     /// Let the relay wake on LISTEN/NOTIFY (opt-in; by default it polls).
     #[arg(long)]
     pub listen: bool,
+    /// MySQL/MariaDB: run the binlog route (`outbox migrate --binlog`): writers' inserts run no
+    /// trigger and the relay's sequencer positions rows from the binlog. Needs a server with the
+    /// row binlog (scripts/services.sh starts one on 127.0.0.1:3307).
+    #[arg(long)]
+    pub binlog: bool,
     /// Accepted for old scripts: polling is now the default.
     #[arg(long, hide = true, conflicts_with = "listen")]
     pub no_listen: bool,
@@ -136,6 +141,7 @@ impl Args {
             clients: self.clients,
             accounts: self.accounts,
             listen: self.listen,
+            binlog: self.binlog,
             read_ahead: !self.no_read_ahead,
             poll_interval: self.poll_interval.map(|d| d.0),
             storage: if self.storage == "memory" {

@@ -147,6 +147,8 @@ pub struct Options {
     pub accounts: usize,
     /// Let the relay wake on LISTEN/NOTIFY (by default it polls).
     pub listen: bool,
+    /// MySQL/MariaDB: the binlog route (writers run no trigger; see `outbox migrate --binlog`).
+    pub binlog: bool,
     /// The relay reads its next batch while one is published (`false`: the baseline without).
     pub read_ahead: bool,
     /// The relay's poll interval (default: the relay's own default).

@@ -114,6 +114,11 @@ pub struct Args {
     /// stream (docs/cdc.md, "Switching a running outbox").
     #[arg(long, value_enum, default_value_t = VerifyMode::Polling)]
     pub mode: VerifyMode,
+    /// MySQL/MariaDB with the row binlog: run the outbox on the binlog route (`outbox migrate
+    /// --binlog`): writers' inserts run no trigger and the relays' sequencer gives positions
+    /// from the binlog; the plain-INSERT producers' order counts.
+    #[arg(long, conflicts_with_all = ["mode", "through_inbox"])]
+    pub binlog: bool,
     /// CDC mode: producers writing with `emit` (no row), on keys of their own (default 2).
     #[arg(long)]
     pub emit_producers: Option<usize>,
@@ -205,6 +210,7 @@ impl Args {
             through_inbox: self.through_inbox,
             cdc: self.mode != VerifyMode::Polling,
             switch: self.mode == VerifyMode::Switch,
+            binlog: self.binlog,
         })
     }
 }

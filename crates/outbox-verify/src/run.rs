@@ -64,6 +64,9 @@ pub struct Settings {
     /// Start the relays in polling mode and switch them to CDC mode under load (with `cdc`):
     /// see `Args::mode`.
     pub switch: bool,
+    /// MySQL/MariaDB: the outbox runs the binlog route (`outbox migrate --binlog`): writers run
+    /// no trigger and the relays' sequencer positions rows from the binlog.
+    pub binlog: bool,
 }
 
 /// `outbox inbox` daemons of a `--through-inbox` run: one ingests, one stands by.
@@ -252,6 +255,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         through_inbox,
         cdc,
         switch,
+        binlog,
     } = settings;
     let tmp = std::env::temp_dir().join(format!("outbox-verify-{:08x}", fastrand::u32(..)));
     std::fs::create_dir_all(&tmp)?;
@@ -264,7 +268,14 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     let pool_size = (shape.producers + shape.raw_producers + shape.emit_producers) as u32 + 4;
     let (db, relay_db_url) = open_database(&db_url, &tmp, pool_size).await?;
     // A switching run makes its slot under load, later.
-    workload::prepare(&db, &shape, cdc && !switch).await?;
+    workload::prepare(&db, &shape, cdc && !switch, binlog).await?;
+    let db = if binlog {
+        // Opened again: it reads positions where the route keeps them.
+        let schema = db.schema().to_string();
+        outbox_db::open(&relay_db_url, &schema, pool_size).await?
+    } else {
+        db
+    };
     let place = db.place();
     let db = Arc::new(db);
     let store = db.store();

@@ -206,10 +206,16 @@ pub struct Tally {
 }
 
 /// Creates the outbox tables, the ledger and a counter row per key; in CDC mode also the
-/// publication and the slot (before any message is written, so the slot's stream has them all).
-pub async fn prepare(db: &Database, shape: &Shape, cdc: bool) -> anyhow::Result<()> {
+/// publication and the slot (before any message is written, so the slot's stream has them all),
+/// and with `binlog` the MySQL binlog route.
+pub async fn prepare(db: &Database, shape: &Shape, cdc: bool, binlog: bool) -> anyhow::Result<()> {
     let dialect = Dialect::of(db.backend());
     db.migrate().await.context("migrating the outbox")?;
+    if binlog {
+        db.enable_binlog_route()
+            .await
+            .context("turning the binlog route on")?;
+    }
     if cdc {
         let Database::Postgres(store) = db else {
             anyhow::bail!("verify --mode cdc reads PostgreSQL's WAL; use a postgres:// URL");

@@ -130,7 +130,23 @@ async fn relay_drain(
     keys: usize,
 ) -> anyhow::Result<(Drain, Retention)> {
     let rows = options.rows;
-    outbox_mysql::migrate(&scratch.pool, &scratch.schema).await?;
+    scratch.migrate(options).await?;
+    if options.binlog {
+        // The sequencer's first start (which takes what the table holds) before the backlog is
+        // written: the relay then reads the backlog from the binlog, as after an outage.
+        let store = outbox_mysql::MysqlStore::binlog(
+            scratch.pool.clone(),
+            scratch.schema.clone(),
+            &options.database_url,
+        )?;
+        if let Some(sequencer) = store.sequencer() {
+            sequencer.start();
+            sequencer
+                .wait_until_sequenced(Duration::from_secs(60))
+                .await?;
+            sequencer.stop().await;
+        }
+    }
     // Ranges of half the backlog: the two laid ahead hold it, and both can go once drained.
     let width = i64::try_from(rows.div_ceil(2).max(1000)).unwrap_or(i64::MAX);
     outbox_mysql::ranges::set_width(&scratch.pool, &scratch.schema, width).await?;

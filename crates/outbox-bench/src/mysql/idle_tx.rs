@@ -77,7 +77,7 @@ async fn one_run(ctx: &MyCtx, spec: &Paced, hold: bool) -> anyhow::Result<Run> {
 }
 
 async fn measure(ctx: &MyCtx, scratch: &Scratch, spec: &Paced, hold: bool) -> anyhow::Result<Run> {
-    outbox_mysql::migrate(&scratch.pool, &scratch.schema).await?;
+    scratch.migrate(&ctx.options).await?;
     let holder = match hold {
         true => Some(Holder::open(ctx, scratch).await?),
         false => None,

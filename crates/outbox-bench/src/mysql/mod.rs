@@ -191,6 +191,15 @@ impl Scratch {
         })
     }
 
+    /// Migrates the scratch outbox, on the binlog route when the bench runs it.
+    async fn migrate(&self, options: &Options) -> anyhow::Result<()> {
+        outbox_mysql::migrate(&self.pool, &self.schema).await?;
+        if options.binlog {
+            outbox_mysql::binlog::route::enable(&self.pool, &self.schema).await?;
+        }
+        Ok(())
+    }
+
     async fn stream_messages(&self) -> anyhow::Result<u64> {
         Ok(self
             .js
@@ -265,11 +274,14 @@ impl RelayOnMysql {
         let sink = outbox_sinks::connect(&options.nats_url).await?;
         let destination =
             DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
-        let store: Arc<dyn Store> = Arc::new(MysqlStore::new(
+        let pool =
             outbox_mysql::connect_pool(&options.database_url, options.workers as u32 * 2 + 2)
-                .await?,
-            scratch.schema.clone(),
-        ));
+                .await?;
+        let store: Arc<dyn Store> = Arc::new(if options.binlog {
+            MysqlStore::binlog(pool, scratch.schema.clone(), &options.database_url)?
+        } else {
+            MysqlStore::new(pool, scratch.schema.clone())
+        });
         let relay = Relay::new(store, sink, crate::relay::config_of(options, destination));
         let metrics = relay.metrics();
         let stop = CancellationToken::new();

@@ -65,7 +65,7 @@ async fn measure(
     scratch: &Scratch,
     spec: &Paced,
 ) -> anyhow::Result<(Produced, Drain)> {
-    outbox_mysql::migrate(&scratch.pool, &scratch.schema).await?;
+    scratch.migrate(&ctx.options).await?;
     let probe = Probe::start(&scratch.js, &scratch.stream).await?;
     let relay = RelayOnMysql::start(&ctx.options, scratch).await?;
     tokio::time::sleep(SETTLE).await;

@@ -108,7 +108,7 @@ async fn measure(
 ) -> anyhow::Result<Vec<(Variant, Tps)>> {
     let o = &ctx.options;
     let s = &scratch.schema;
-    outbox_mysql::migrate(&scratch.pool, s).await?;
+    scratch.migrate(&ctx.options).await?;
     sqlx::raw_sql(&s.render(NAIVE_TABLE))
         .execute(&scratch.pool)
         .await
