@@ -137,6 +137,20 @@ async fn set_up(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<()>
             )
         })?;
     }
+    // Where the sequencer starts: the binlog's end just before the trigger goes. Every row
+    // written after has no position and commits after this point, so the stream gives it one
+    // in commit order; the rows the trigger positioned keep theirs (the sequencer's first
+    // start copies them). Kept if set already (this is run again, or the route was on).
+    let start = super::server::end_position_on(&mut *conn).await?;
+    sqlx::query(&schema.render(
+        "UPDATE {schema}.outbox_sequencer SET binlog_file = ?, binlog_offset = ? \
+         WHERE id = 1 AND binlog_file IS NULL",
+    ))
+    .bind(&start.file)
+    .bind(i64::try_from(start.offset).unwrap_or(i64::MAX))
+    .execute(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx("recording where the sequencer starts"), e))?;
     sqlx::raw_sql(&schema.render(
         "DROP TRIGGER IF EXISTS {schema}.outbox_position;
          INSERT INTO {schema}.outbox_settings (name, value) VALUES ('binlog_route', 1)
@@ -170,6 +184,7 @@ const SEQUENCER_SQL: &str = "CREATE TABLE IF NOT EXISTS {schema}.outbox_sequence
     binlog_offset   BIGINT       NULL,
     sequenced_below BIGINT       NOT NULL DEFAULT 0,
     from_table      BIGINT       NOT NULL DEFAULT 0,
+    trigger_rows_taken TINYINT   NOT NULL DEFAULT 0,
     updated_at      DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 INSERT IGNORE INTO {schema}.outbox_sequencer (id) VALUES (1);";

@@ -17,10 +17,14 @@
 //!   the binlog ends (P), and once the sequencer passed P counts the rows below S in the table
 //!   and in `outbox_sequence`. A row the binlog did not carry (written with `sql_log_bin = 0`,
 //!   or logged as a statement) is sequenced from the table then, late but not lost.
-//! - **A purged binlog, or the first start** (the switch from the trigger): the rows from
-//!   `sequenced_below` up are taken from the table (P read first, then S, then the writers of
-//!   that moment waited for), positions the trigger gave kept; the stream then starts at P, and
-//!   rows it carries that the table gave already are skipped.
+//! - **The first start** reads the binlog from where `outbox migrate --binlog` saw it end just
+//!   before the trigger went: every row written since comes from the stream, in commit order;
+//!   the rows the trigger positioned keep their positions (copied once the writers that could
+//!   still hold one have ended), and the stream skips them.
+//! - **A purged binlog**: the rows from `sequenced_below` up are taken from the table (P read
+//!   first, then S, then the writers of that moment waited for), in seq order, positions the
+//!   trigger gave kept; the stream then starts at P, and rows it carries that the table gave
+//!   already are skipped.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -321,7 +325,14 @@ async fn lead(inner: &Arc<Inner>) -> Result<()> {
     let epoch = acquire(inner).await?;
     let mut s = Session::start(inner, epoch).await?;
     let from = match s.position.clone() {
-        Some(p) => p,
+        Some(p) => {
+            if !s.trigger_rows_taken {
+                s.take_trigger_rows().await?;
+            }
+            p
+        }
+        // Not recorded by `migrate --binlog` (an outbox switched by an older one): every row
+        // not passed comes from the table, in seq order.
         None => s.take_from_table("its first start").await?,
     };
     let options = ReadOptions::default();
@@ -490,6 +501,8 @@ struct Session {
     position_saved: bool,
     last_save: Instant,
     sequenced_below: i64,
+    /// Whether the rows the trigger positioned before the switch have their entries.
+    trigger_rows_taken: bool,
     /// Rows below this seq may have been sequenced from the table: the stream checks them.
     table_high: i64,
     seal: Seal,
@@ -501,8 +514,8 @@ impl Session {
     async fn start(inner: &Arc<Inner>, epoch: i64) -> Result<Self> {
         let err = |e| map_sqlx_error("reading the binlog sequencer's state", e);
         let row = sqlx::query(&inner.schema.render(
-            "SELECT CAST(binlog_file AS CHAR) AS file, binlog_offset, sequenced_below \
-             FROM {schema}.outbox_sequencer WHERE id = 1",
+            "SELECT CAST(binlog_file AS CHAR) AS file, binlog_offset, sequenced_below, \
+             trigger_rows_taken FROM {schema}.outbox_sequencer WHERE id = 1",
         ))
         .fetch_one(&inner.pool)
         .await
@@ -510,6 +523,7 @@ impl Session {
         let file: Option<String> = row.try_get("file").map_err(err)?;
         let offset: Option<i64> = row.try_get("binlog_offset").map_err(err)?;
         let sequenced_below: i64 = row.try_get("sequenced_below").map_err(err)?;
+        let trigger_rows_taken: i8 = row.try_get("trigger_rows_taken").map_err(err)?;
         let mut s = Self {
             inner: inner.clone(),
             epoch,
@@ -520,6 +534,7 @@ impl Session {
             position_saved: true,
             last_save: Instant::now(),
             sequenced_below,
+            trigger_rows_taken: trigger_rows_taken != 0,
             table_high: sequenced_below,
             seal: Seal::Idle {
                 at: Instant::now() + SEAL_EVERY,
@@ -801,16 +816,57 @@ impl Session {
         Ok(())
     }
 
-    /// The first start, or a purged binlog: the binlog's end now (P), then `AUTO_INCREMENT`
-    /// (S), then the writers of that moment waited for. Every row committed before P has a
-    /// `seq` below S and is in the table by then; those from `sequenced_below` (or
-    /// `passed_below`, if higher) up to S with no position get one from the table, the
-    /// trigger's kept. Returns P, where the stream starts.
-    async fn take_from_table(&mut self, why: &str) -> Result<BinlogPosition> {
+    /// The first start after `migrate --binlog`, which recorded where the binlog ended just
+    /// before the trigger went (the stream starts there): the rows the trigger positioned that
+    /// are not passed get their entries with the trigger's positions, once every writer that
+    /// could still hold one has ended; the counters go on from them. Rows without a position
+    /// are left to the stream, which gives them theirs in commit order (the copied ones it
+    /// carries too are skipped: their seqs lie below what the table gave).
+    async fn take_trigger_rows(&mut self) -> Result<()> {
         let pool = self.inner.pool.clone();
         let schema = self.inner.schema.clone();
-        let end = server::end_position(&pool).await?;
         let below = next_seq(&pool, &schema).await?;
+        self.wait_for_writers(below, "its first start").await?;
+        let passed_below: i64 = sqlx::query_scalar(
+            &schema
+                .render("SELECT value FROM {schema}.outbox_settings WHERE name = 'passed_below'"),
+        )
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading passed_below", e))?;
+        let lo = self.sequenced_below.max(passed_below);
+        let err = |e| map_sqlx_error("copying the trigger's positions", e);
+        let mut tx = pool.begin().await.map_err(err)?;
+        let kept = sqlx::query(&schema.render(
+            "INSERT INTO {schema}.outbox_sequence (seq, part, part_seq) \
+             SELECT o.seq, o.part, o.part_seq FROM {schema}.outbox AS o \
+             WHERE o.seq >= ? AND o.seq < ? AND o.part >= 0 AND o.part_seq > 0 \
+             AND NOT EXISTS (SELECT 1 FROM {schema}.outbox_sequence AS q WHERE q.seq = o.seq)",
+        ))
+        .bind(lo)
+        .bind(below)
+        .execute(&mut *tx)
+        .await
+        .map_err(err)?;
+        self.fenced_update(&mut tx, "trigger_rows_taken = 1", &[])
+            .await?;
+        tx.commit().await.map_err(err)?;
+        self.read_counters().await?;
+        self.table_high = self.table_high.max(below);
+        self.trigger_rows_taken = true;
+        info!(
+            rows = kept.rows_affected(),
+            from = lo,
+            below,
+            "the binlog sequencer took the positions the trigger gave (its first start)"
+        );
+        Ok(())
+    }
+
+    /// Waits until every transaction that was writing when `AUTO_INCREMENT` read `below` has
+    /// ended (keeping the lease meanwhile).
+    async fn wait_for_writers(&mut self, below: i64, why: &str) -> Result<()> {
+        let pool = self.inner.pool.clone();
         let drawn = Instant::now();
         let mut canary = Canary::open(&self.inner).await?;
         let mut writers = loop {
@@ -828,7 +884,7 @@ impl Session {
             }
             if !warned && drawn.elapsed() >= LONG_WRITER {
                 warned = true;
-                warn!(transactions = ?writers, "the binlog sequencer waits for transactions that were writing when it began ({why})");
+                warn!(transactions = ?writers, below, "the binlog sequencer waits for transactions that were writing when it began ({why})");
             }
             tokio::time::sleep(CANARY_LOOK).await;
             // Held while it waits, however long a writer takes.
@@ -836,6 +892,20 @@ impl Session {
             let open = writers_of(&pool).await?;
             writers.retain(|w| open.contains(w));
         }
+        Ok(())
+    }
+
+    /// A purged binlog (or a first start with no recorded position): the binlog's end now (P), then `AUTO_INCREMENT`
+    /// (S), then the writers of that moment waited for. Every row committed before P has a
+    /// `seq` below S and is in the table by then; those from `sequenced_below` (or
+    /// `passed_below`, if higher) up to S with no position get one from the table, the
+    /// trigger's kept. Returns P, where the stream starts.
+    async fn take_from_table(&mut self, why: &str) -> Result<BinlogPosition> {
+        let pool = self.inner.pool.clone();
+        let schema = self.inner.schema.clone();
+        let end = server::end_position(&pool).await?;
+        let below = next_seq(&pool, &schema).await?;
+        self.wait_for_writers(below, why).await?;
         let passed_below: i64 = sqlx::query_scalar(
             &schema
                 .render("SELECT value FROM {schema}.outbox_settings WHERE name = 'passed_below'"),
@@ -852,7 +922,8 @@ impl Session {
         let mut tx = pool.begin().await.map_err(err)?;
         self.fenced_update(
             &mut tx,
-            "binlog_file = ?, binlog_offset = ?, sequenced_below = GREATEST(sequenced_below, ?)",
+            "binlog_file = ?, binlog_offset = ?, sequenced_below = GREATEST(sequenced_below, ?), \
+             trigger_rows_taken = 1",
             &[
                 Bind::Text(end.file.clone()),
                 Bind::Int(end.offset as i64),

@@ -93,6 +93,27 @@ pub async fn end_position(pool: &MySqlPool) -> Result<BinlogPosition> {
     position_of(row, "reading where the binlog ends")
 }
 
+/// [`end_position`] on one connection (a migrator's, holding its lock).
+pub async fn end_position_on(conn: &mut sqlx::MySqlConnection) -> Result<BinlogPosition> {
+    let rows = match sqlx::raw_sql("SHOW BINARY LOG STATUS")
+        .fetch_all(&mut *conn)
+        .await
+    {
+        Ok(rows) => rows,
+        Err(_) => sqlx::raw_sql("SHOW MASTER STATUS")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx_error("reading where the binlog ends", e))?,
+    };
+    let row = rows.first().ok_or_else(|| {
+        Error::config(
+            "the server reports no binlog position (log_bin is OFF, or this user lacks the \
+             BINLOG MONITOR / REPLICATION CLIENT privilege)",
+        )
+    })?;
+    position_of(row, "reading where the binlog ends")
+}
+
 /// The binlog files the server still holds, oldest first (`SHOW BINARY LOGS`).
 pub async fn files(pool: &MySqlPool) -> Result<Vec<String>> {
     let rows = sqlx::raw_sql("SHOW BINARY LOGS")
