@@ -827,17 +827,43 @@ impl Session {
         let schema = self.inner.schema.clone();
         let below = next_seq(&pool, &schema).await?;
         self.wait_for_writers(below, "its first start").await?;
+        let lo = self.window_start().await?;
+        let kept = self
+            .copy_trigger_positions(lo, below, "trigger_rows_taken = 1")
+            .await?;
+        self.table_high = self.table_high.max(below);
+        self.trigger_rows_taken = true;
+        info!(
+            rows = kept,
+            from = lo,
+            below,
+            "the binlog sequencer took the positions the trigger gave (its first start)"
+        );
+        Ok(())
+    }
+
+    /// Where a window taken from the table starts: `sequenced_below`, or `passed_below` if
+    /// higher (every row below that is passed, and its range may be gone).
+    async fn window_start(&self) -> Result<i64> {
         let passed_below: i64 = sqlx::query_scalar(
-            &schema
+            &self
+                .inner
+                .schema
                 .render("SELECT value FROM {schema}.outbox_settings WHERE name = 'passed_below'"),
         )
-        .fetch_one(&pool)
+        .fetch_one(&self.inner.pool)
         .await
         .map_err(|e| map_sqlx_error("reading passed_below", e))?;
-        let lo = self.sequenced_below.max(passed_below);
+        Ok(self.sequenced_below.max(passed_below))
+    }
+
+    /// Gives the rows of `[lo, below)` the trigger positioned and that have no entry yet their
+    /// entries, with the trigger's positions, setting `set` on the sequencer's row in the same
+    /// fenced transaction; then reads the counters again. Returns how many.
+    async fn copy_trigger_positions(&mut self, lo: i64, below: i64, set: &str) -> Result<u64> {
         let err = |e| map_sqlx_error("copying the trigger's positions", e);
-        let mut tx = pool.begin().await.map_err(err)?;
-        let kept = sqlx::query(&schema.render(
+        let mut tx = self.inner.pool.begin().await.map_err(err)?;
+        let kept = sqlx::query(&self.inner.schema.render(
             "INSERT INTO {schema}.outbox_sequence (seq, part, part_seq) \
              SELECT o.seq, o.part, o.part_seq FROM {schema}.outbox AS o \
              WHERE o.seq >= ? AND o.seq < ? AND o.part >= 0 AND o.part_seq > 0 \
@@ -848,19 +874,10 @@ impl Session {
         .execute(&mut *tx)
         .await
         .map_err(err)?;
-        self.fenced_update(&mut tx, "trigger_rows_taken = 1", &[])
-            .await?;
+        self.fenced_update(&mut tx, set, &[]).await?;
         tx.commit().await.map_err(err)?;
         self.read_counters().await?;
-        self.table_high = self.table_high.max(below);
-        self.trigger_rows_taken = true;
-        info!(
-            rows = kept.rows_affected(),
-            from = lo,
-            below,
-            "the binlog sequencer took the positions the trigger gave (its first start)"
-        );
-        Ok(())
+        Ok(kept.rows_affected())
     }
 
     /// Waits until every transaction that was writing when `AUTO_INCREMENT` read `below` has
@@ -906,14 +923,7 @@ impl Session {
         let end = server::end_position(&pool).await?;
         let below = next_seq(&pool, &schema).await?;
         self.wait_for_writers(below, why).await?;
-        let passed_below: i64 = sqlx::query_scalar(
-            &schema
-                .render("SELECT value FROM {schema}.outbox_settings WHERE name = 'passed_below'"),
-        )
-        .fetch_one(&pool)
-        .await
-        .map_err(|e| map_sqlx_error("reading passed_below", e))?;
-        let lo = self.sequenced_below.max(passed_below);
+        let lo = self.window_start().await?;
         // Counters now: every writer the trigger positioned has ended.
         self.read_counters().await?;
         let n = self.sequence_table(lo, below, true).await?;
@@ -951,22 +961,7 @@ impl Session {
         let err = |e| map_sqlx_error("sequencing rows from the table", e);
         let mut total = 0u64;
         if keep_trigger {
-            let mut tx = pool.begin().await.map_err(err)?;
-            let kept = sqlx::query(&schema.render(
-                "INSERT INTO {schema}.outbox_sequence (seq, part, part_seq) \
-                 SELECT o.seq, o.part, o.part_seq FROM {schema}.outbox AS o \
-                 WHERE o.seq >= ? AND o.seq < ? AND o.part >= 0 AND o.part_seq > 0 \
-                 AND NOT EXISTS (SELECT 1 FROM {schema}.outbox_sequence AS q WHERE q.seq = o.seq)",
-            ))
-            .bind(lo)
-            .bind(below)
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?;
-            self.fenced_update(&mut tx, "id = id", &[]).await?;
-            tx.commit().await.map_err(err)?;
-            total += kept.rows_affected();
-            self.read_counters().await?;
+            total += self.copy_trigger_positions(lo, below, "id = id").await?;
         }
         self.table_high = self.table_high.max(below);
         let mut from = lo;

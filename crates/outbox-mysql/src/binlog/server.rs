@@ -93,7 +93,9 @@ pub async fn end_position(pool: &MySqlPool) -> Result<BinlogPosition> {
     position_of(row, "reading where the binlog ends")
 }
 
-/// [`end_position`] on one connection (a migrator's, holding its lock).
+/// [`end_position`] on one connection (a migrator's, holding its lock). Not shared with the
+/// pool's version: a `raw_sql` on a borrowed connection makes the future not `Send` for
+/// every lifetime (sqlx), and the sequencer's task, which reads the end, is spawned.
 pub async fn end_position_on(conn: &mut sqlx::MySqlConnection) -> Result<BinlogPosition> {
     let rows = match sqlx::raw_sql("SHOW BINARY LOG STATUS")
         .fetch_all(&mut *conn)
