@@ -1,4 +1,5 @@
-//! [`MysqlStore`]: the relay's view of a MySQL/MariaDB outbox (partition leases, claims by
+//! The store's work ([`Engine`], held by the relay as [`crate::MysqlStore`]): the relay's view of a
+//! MySQL/MariaDB outbox (partition leases, claims by
 //! position, fenced compare-and-set records, parking, failed and redrive).
 //!
 //! A claim reads each owned partition as the index range `passed + 1 ..= passed + k` of
@@ -128,8 +129,9 @@ struct Position {
     passed_below: i64,
 }
 
-/// The relay's store on MySQL 8.0.29+ / MariaDB 10.6+.
-pub struct MysqlStore {
+/// The store's work on MySQL 8.0.29+ / MariaDB 10.6+; the relay holds it as
+/// [`MysqlStore`](crate::MysqlStore), which runs each call on a task of its own.
+pub(crate) struct Engine {
     pool: MySqlPool,
     schema: Schema,
     q: Queries,
@@ -140,7 +142,7 @@ pub struct MysqlStore {
     members: Mutex<HashMap<MemberId, MemberState>>,
 }
 
-impl std::fmt::Debug for MysqlStore {
+impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MysqlStore")
             .field("schema", &self.schema)
@@ -219,7 +221,7 @@ fn share(available: &[i64], budget: i64) -> Vec<i64> {
     take
 }
 
-impl MysqlStore {
+impl Engine {
     /// A store over `pool` (see [`connect_pool`]) for the outbox in database `schema`.
     pub fn new(pool: MySqlPool, schema: Schema) -> Self {
         Self {
@@ -739,7 +741,7 @@ impl MysqlStore {
 }
 
 #[async_trait]
-impl Store for MysqlStore {
+impl Store for Engine {
     async fn join(&self, member: &MemberId) -> Result<()> {
         sqlx::query(&self.q.heartbeat)
             .bind(member.as_str())
@@ -987,7 +989,25 @@ impl Store for MysqlStore {
     }
 
     async fn gauges(&self) -> Result<outbox_core::Gauges> {
-        Ok(outbox_core::Gauges::from_stats(&self.stats_counts().await?))
+        let mut g = outbox_core::Gauges::from_stats(&self.stats_counts().await?);
+        if self.sequencer.is_some() {
+            let s = crate::binlog::status::read(&self.pool, &self.schema).await?;
+            g.binlog_sequencer = Some(crate::binlog::status::gauges(&s, Utc::now()));
+        }
+        Ok(g)
+    }
+
+    /// On the binlog route, the sequencer (its lease, how far it has read, the seal); nothing
+    /// more on either route yet (`outbox status` shows the counts).
+    async fn status_detail(&self) -> Result<outbox_core::status::StatusDetail> {
+        let binlog_sequencer = match self.sequencer {
+            Some(_) => Some(crate::binlog::status::read(&self.pool, &self.schema).await?),
+            None => None,
+        };
+        Ok(outbox_core::status::StatusDetail {
+            binlog_sequencer,
+            ..Default::default()
+        })
     }
 
     async fn ping(&self) -> Result<()> {

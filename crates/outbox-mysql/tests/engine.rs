@@ -313,3 +313,50 @@ async fn the_byte_bound_goes_round_robin_over_the_partitions() {
     );
     db.drop().await;
 }
+
+/// The relay drops a store call that outlives its deadline, wherever it stands. sqlx sends
+/// `BEGIN` and only then counts the transaction as open, so a call dropped in between would
+/// return its connection to the pool inside a transaction nobody ends: every later statement
+/// on it would run there, uncommitted, holding its locks (a `DROP DATABASE` or a maintenance
+/// `ALTER TABLE` then waits for them for good). Calls dropped at every point leave none.
+#[tokio::test]
+async fn a_call_dropped_at_any_point_leaves_no_transaction_open_on_the_pool() {
+    let pool = connect_pool(&server_url(), 1).await.unwrap();
+    let schema = Schema::new(&outbox_testkit::unique_name("eng")).unwrap();
+    migrate(&pool, &schema).await.unwrap();
+    let store = MysqlStore::new(pool.clone(), schema.clone());
+    let member = MemberId::random("drop");
+    let parts = store
+        .rebalance(&member, Duration::from_secs(60))
+        .await
+        .unwrap();
+    for round in 0..200u64 {
+        store.insert(&[msg("k", round)]).await.unwrap();
+        let got = store
+            .claim(&member, &parts, ClaimLimits::rows(10), OnFailed::Block)
+            .await
+            .unwrap();
+        let outcomes: Vec<Outcome> = got
+            .iter()
+            .map(|m| Outcome::Published { seq: m.seq })
+            .collect();
+        // Dropped after a few polls, a little later each round.
+        let cut = Duration::from_micros(round * 5);
+        let _ = tokio::time::timeout(cut, store.complete(&member, &outcomes)).await;
+        let _ = tokio::time::timeout(cut, store.rebalance(&member, Duration::from_secs(60))).await;
+        store.complete(&member, &outcomes).await.unwrap();
+        // The pool's one connection, once it is back.
+        let open: i64 = sqlx::query_scalar("SELECT CAST(@@in_transaction AS SIGNED)")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            open, 0,
+            "round {round}: a transaction was left open on the pool"
+        );
+    }
+    sqlx::raw_sql(&schema.render("DROP DATABASE {schema}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
