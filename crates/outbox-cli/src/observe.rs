@@ -9,10 +9,11 @@ use outbox_relay::telemetry::MetricDef;
 use tokio_util::sync::CancellationToken;
 
 /// Every metric `outbox relay` exports.
-pub const RELAY_METRICS: [&[MetricDef]; 3] = [
+pub const RELAY_METRICS: [&[MetricDef]; 4] = [
     outbox_relay::telemetry::CATALOGUE,
     outbox_observe::RELAY_CATALOGUE,
     outbox_observe::CDC_CATALOGUE,
+    outbox_observe::BINLOG_CATALOGUE,
 ];
 
 /// Every metric `outbox inbox` exports.

@@ -40,6 +40,29 @@ pub struct Gauges {
     pub retention_pins: Vec<PinAge>,
     /// The replication slot of a CDC relay (PostgreSQL `relay --mode cdc`); `None` otherwise.
     pub cdc_slot: Option<SlotGauges>,
+    /// The binlog route's sequencer (MySQL/MariaDB `outbox migrate --binlog`); `None`
+    /// otherwise.
+    pub binlog_sequencer: Option<SequencerGauges>,
+}
+
+/// The binlog route's sequencer as a metrics scrape sees it (see
+/// [`crate::status::SequencerStatus`] for the fuller view).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SequencerGauges {
+    /// A sequencer holds an unexpired lease. Without one, rows written get no position and are
+    /// not relayed.
+    pub leased: bool,
+    /// Seconds since a sequencer last wrote its row (it does every few seconds while it runs,
+    /// even idle): a figure that keeps growing is a sequencer stuck or gone.
+    pub save_age_seconds: f64,
+    /// Binlog bytes from where it has read through to the binlog's end; `None` when its file
+    /// was purged.
+    pub lag_bytes: Option<i64>,
+    /// `seq`s drawn above the seal (`sequenced_below`): a transaction left open holds the
+    /// seal, and with it retention.
+    pub unsealed_seqs: i64,
+    /// Rows the binlog did not carry, sequenced from the table since the route was turned on.
+    pub rows_from_table: i64,
 }
 
 /// A CDC relay's replication slot as the server and the relay see it.
@@ -85,6 +108,7 @@ impl Gauges {
             segments: None,
             retention_pins: Vec::new(),
             cdc_slot: None,
+            binlog_sequencer: None,
         }
     }
 }

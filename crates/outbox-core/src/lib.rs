@@ -22,7 +22,7 @@ pub mod trace;
 
 pub use bytes::Bytes;
 pub use error::{Error, ErrorKind, Result};
-pub use gauges::{Gauges, PinAge, SlotGauges};
+pub use gauges::{Gauges, PinAge, SequencerGauges, SlotGauges};
 pub use journey::{Journey, JourneyQuery, JourneyState, JourneyStep};
 pub use message::{Message, NewMessage};
 pub use retry::{Backoff, RetryPolicy};

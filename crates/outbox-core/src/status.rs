@@ -32,6 +32,42 @@ pub struct StatusDetail {
     /// The CDC relays' replication slots of this outbox (PostgreSQL, `outbox migrate --cdc`);
     /// empty without CDC mode.
     pub cdc_slots: Vec<SlotStatus>,
+    /// The binlog route's sequencer (MySQL/MariaDB, `outbox migrate --binlog`); `None` on
+    /// every other route.
+    pub binlog_sequencer: Option<SequencerStatus>,
+}
+
+/// The binlog route's sequencer (MySQL/MariaDB) as `outbox status` shows it: who holds its
+/// lease, how far it has read the binlog, and how far the seal is.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SequencerStatus {
+    /// The relay's sequencer holding the lease; `None` when none holds an unexpired one (no
+    /// relay runs on this outbox, or its sequencer is stuck): nothing written is relayed then.
+    pub owner: Option<String>,
+    /// Fencing token: bumped at every new holder.
+    pub epoch: i64,
+    /// When the lease ends; renewed every few seconds while a sequencer runs.
+    pub lease_until: Option<DateTime<Utc>>,
+    /// When a sequencer last wrote its row (lease renewed, position saved).
+    pub saved_at: Option<DateTime<Utc>>,
+    /// The binlog position (`file:offset`) every outbox row committed before has its position
+    /// through; `None` before the route's first start.
+    pub through: Option<String>,
+    /// Where the server's binlog ends now.
+    pub binlog_end: Option<String>,
+    /// Binlog bytes from `through` to the end: what the sequencer still has to read (the
+    /// server's whole binlog, other databases included). `None` when `through` names a file
+    /// the server no longer holds (it then takes what it missed from the table).
+    pub lag_bytes: Option<i64>,
+    /// The seal: every row with a lower `seq` is sequenced or was rolled back. Retention drops
+    /// only ranges below it.
+    pub sequenced_below: i64,
+    /// The next `seq` the outbox gives: what lies between the seal and it waits for the next
+    /// seal (a transaction that stays open holds it).
+    pub next_seq: i64,
+    /// Rows the binlog did not carry (written with `sql_log_bin = 0`, or logged as statements),
+    /// sequenced from the table since the route was turned on.
+    pub rows_from_table: i64,
 }
 
 /// A CDC replication slot as `outbox status` shows it.
@@ -246,6 +282,8 @@ pub struct Report {
     pub pending_by_type: Vec<TypeLag>,
     /// The CDC relays' replication slots (empty without CDC mode).
     pub cdc_slots: Vec<SlotStatus>,
+    /// The binlog route's sequencer (MySQL/MariaDB); `None` on every other route.
+    pub binlog_sequencer: Option<SequencerStatus>,
 }
 
 impl Report {
@@ -341,6 +379,7 @@ impl Report {
             routes: by_route,
             pending_by_type,
             cdc_slots: detail.cdc_slots,
+            binlog_sequencer: detail.binlog_sequencer,
         }
     }
 
@@ -408,6 +447,9 @@ impl Report {
         }
         for c in &self.cdc_slots {
             render_slot(c, &mut line);
+        }
+        if let Some(q) = &self.binlog_sequencer {
+            render_sequencer(q, self.at, &mut line);
         }
         if self.routes.len() > 1 {
             line("pending by route".into());
@@ -545,6 +587,36 @@ fn render_slot(c: &SlotStatus, line: &mut impl FnMut(String)) {
         line(
             "  LOST: PostgreSQL invalidated it; the relay fell back to polling. Run \
              `outbox migrate --cdc` after the backlog is delivered (docs/cdc.md)"
+                .to_string(),
+        );
+    }
+}
+
+fn render_sequencer(q: &SequencerStatus, at: DateTime<Utc>, line: &mut impl FnMut(String)) {
+    let holder = match (&q.owner, q.lease_until) {
+        (Some(owner), Some(until)) if until > at => format!("{owner} (epoch {})", q.epoch),
+        _ => "NONE".to_string(),
+    };
+    let lag = match q.lag_bytes {
+        Some(b) => format!("{} behind the binlog's end", bytes(b)),
+        None => "its file was purged (it takes the rows from the table)".to_string(),
+    };
+    line(format!(
+        "binlog sequencer    held by {holder}; read through {} ({lag}); saved {}",
+        q.through.as_deref().unwrap_or("- (not started yet)"),
+        q.saved_at
+            .map_or("never".to_string(), |t| format!("{} ago", since(at, t))),
+    ));
+    line(format!(
+        "  sealed below seq {} (next seq {}); {} row(s) the binlog did not carry taken from \
+         the table",
+        q.sequenced_below, q.next_seq, q.rows_from_table
+    ));
+    if q.owner.is_none() || q.lease_until.is_none_or(|t| t <= at) {
+        line(
+            "  NO SEQUENCER: messages written now get no position and are not relayed. Start \
+             `outbox relay` on this outbox (its store runs the sequencer), or read its log for \
+             why the sequencer stopped"
                 .to_string(),
         );
     }
@@ -737,6 +809,49 @@ mod tests {
         assert_eq!(v["pending"], 5);
         assert_eq!(v["routes"][0]["route"], DEFAULT_ROUTE);
         assert!(v["retention"].is_null());
+    }
+
+    #[test]
+    fn the_binlog_sequencer_is_shown_and_its_absence_said_with_what_to_do() {
+        let at = Utc::now();
+        let mut q = SequencerStatus {
+            owner: Some("sequencer-1".into()),
+            epoch: 4,
+            lease_until: Some(at + chrono::Duration::seconds(8)),
+            saved_at: Some(at - chrono::Duration::seconds(2)),
+            through: Some("mysql-bin.000003:1234".into()),
+            binlog_end: Some("mysql-bin.000003:5330".into()),
+            lag_bytes: Some(4096),
+            sequenced_below: 120,
+            next_seq: 131,
+            rows_from_table: 2,
+        };
+        let text = |q: &SequencerStatus| {
+            let detail = StatusDetail {
+                binlog_sequencer: Some(q.clone()),
+                ..StatusDetail::default()
+            };
+            Report::new(at, stats(), detail, &[]).render_text("outbox  here", false)
+        };
+        let running = text(&q);
+        assert!(
+            running.contains("held by sequencer-1 (epoch 4)")
+                && running.contains("mysql-bin.000003:1234 (4.0 KiB behind")
+                && running.contains("sealed below seq 120 (next seq 131); 2 row(s)"),
+            "{running}"
+        );
+        assert!(!running.contains("NO SEQUENCER"), "{running}");
+        q.lease_until = Some(at - chrono::Duration::seconds(30));
+        q.lag_bytes = None;
+        let stopped = text(&q);
+        assert!(
+            stopped.contains("held by NONE")
+                && stopped.contains("purged")
+                && stopped.contains("NO SEQUENCER")
+                && stopped.contains("outbox relay"),
+            "{stopped}"
+        );
+        assert_eq!(stopped.matches("NO SEQUENCER").count(), 1);
     }
 
     #[test]

@@ -439,3 +439,65 @@ async fn retention_drops_a_range_from_both_tables_once_sealed_and_passed() {
     sequencer.stop().await;
     drop_db(&pool, &schema).await;
 }
+
+#[tokio::test]
+async fn status_and_metrics_show_the_sequencer_its_lag_and_when_none_runs() {
+    let (pool, schema) = routed_outbox().await;
+    let store = store(&pool, &schema);
+    started(&store).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let seq = raw_insert(&mut conn, &schema, "k", 1).await;
+    let sequencer = store.sequencer().unwrap();
+    sequencer
+        .wait_until_positioned(seq, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let detail = store.status_detail().await.unwrap();
+    let q = detail
+        .binlog_sequencer
+        .expect("the binlog route shows its sequencer");
+    assert!(
+        q.owner
+            .as_deref()
+            .is_some_and(|o| o.starts_with("sequencer-")),
+        "{q:?}"
+    );
+    assert!(
+        q.epoch >= 1 && q.through.is_some() && q.binlog_end.is_some(),
+        "{q:?}"
+    );
+    assert!(q.lag_bytes.is_some_and(|b| b >= 0), "{q:?}");
+    assert!(q.next_seq > seq, "{q:?}");
+    let g = store.gauges().await.unwrap();
+    let live = g.binlog_sequencer.expect("its gauges");
+    assert!(live.leased && live.save_age_seconds < 10.0, "{live:?}");
+    assert_eq!(live.rows_from_table, 0);
+    let text = outbox_core::status::Report::collect(store.as_ref(), &[])
+        .await
+        .unwrap()
+        .render_text("outbox", false);
+    assert!(
+        text.contains("binlog sequencer    held by sequencer-"),
+        "{text}"
+    );
+    assert!(!text.contains("NO SEQUENCER"), "{text}");
+
+    // Stopped (the relay is gone): the lease is given up, and both views say so.
+    sequencer.stop().await;
+    let g = store.gauges().await.unwrap().binlog_sequencer.unwrap();
+    assert!(!g.leased, "{g:?}");
+    let text = outbox_core::status::Report::collect(store.as_ref(), &[])
+        .await
+        .unwrap()
+        .render_text("outbox", false);
+    assert!(
+        text.contains("NO SEQUENCER") && text.contains("outbox relay"),
+        "{text}"
+    );
+
+    // The trigger's route has no sequencer to show.
+    let plain = MysqlStore::new(pool.clone(), schema.clone());
+    assert_eq!(plain.status_detail().await.unwrap().binlog_sequencer, None);
+    assert_eq!(plain.gauges().await.unwrap().binlog_sequencer, None);
+    drop_db(&pool, &schema).await;
+}

@@ -252,6 +252,60 @@ pub const CDC_CATALOGUE: &[MetricDef] = &[
     ),
 ];
 
+/// `outbox_binlog_sequencer_leased`.
+pub(crate) const BINLOG_LEASED: &str = "outbox_binlog_sequencer_leased";
+/// `outbox_binlog_sequencer_save_age_seconds`.
+pub(crate) const BINLOG_SAVE_AGE: &str = "outbox_binlog_sequencer_save_age_seconds";
+/// `outbox_binlog_sequencer_lag_bytes`.
+pub(crate) const BINLOG_LAG_BYTES: &str = "outbox_binlog_sequencer_lag_bytes";
+/// `outbox_binlog_sequencer_purged`.
+pub(crate) const BINLOG_PURGED: &str = "outbox_binlog_sequencer_purged";
+/// `outbox_binlog_sequencer_unsealed_seqs`.
+pub(crate) const BINLOG_UNSEALED: &str = "outbox_binlog_sequencer_unsealed_seqs";
+/// `outbox_binlog_sequencer_rows_from_table`.
+pub(crate) const BINLOG_FROM_TABLE: &str = "outbox_binlog_sequencer_rows_from_table";
+
+/// The binlog route's sequencer (MySQL/MariaDB, `outbox migrate --binlog`), set at scrape time
+/// beside [`RELAY_CATALOGUE`] by a relay on that route.
+pub const BINLOG_CATALOGUE: &[MetricDef] = &[
+    gauge(
+        BINLOG_LEASED,
+        &[],
+        "Binlog route: 1 while a relay's sequencer holds the lease; 0 means rows written get no \
+         position and are not relayed.",
+    ),
+    gauge(
+        BINLOG_SAVE_AGE,
+        &[],
+        "Binlog route: seconds since a sequencer last wrote its row (every few seconds while \
+         it runs, idle too); growing means stuck or gone.",
+    ),
+    gauge(
+        BINLOG_LAG_BYTES,
+        &[],
+        "Binlog route: binlog bytes between where the sequencer has read through and the \
+         binlog's end (the server's whole binlog counts).",
+    ),
+    gauge(
+        BINLOG_PURGED,
+        &[],
+        "Binlog route: 1 when the file the sequencer read through is purged (it takes what it \
+         missed from the table).",
+    ),
+    gauge(
+        BINLOG_UNSEALED,
+        &[],
+        "Binlog route: seqs drawn above the seal; a transaction left open holds the seal and \
+         retention.",
+    ),
+    gauge(
+        BINLOG_FROM_TABLE,
+        &[],
+        "Binlog route: rows the binlog did not carry (sql_log_bin = 0, statement format), \
+         sequenced from the table since the route was turned on.",
+    ),
+];
+
 /// Every metric an inbox [`crate::Target`] sets at scrape time.
 pub const INBOX_CATALOGUE: &[MetricDef] = &[
     INBOX_STORE[0],

@@ -20,7 +20,9 @@ mod otlp;
 mod server;
 mod target;
 
-pub use catalogue::{StoreNames, CDC_CATALOGUE, INBOX, INBOX_CATALOGUE, RELAY, RELAY_CATALOGUE};
+pub use catalogue::{
+    StoreNames, BINLOG_CATALOGUE, CDC_CATALOGUE, INBOX, INBOX_CATALOGUE, RELAY, RELAY_CATALOGUE,
+};
 pub use exporter::{Exporter, InstallError};
 pub use otlp::{install as install_tracing, traces_url, OtlpError, Tracing};
 pub use server::{bind, serve, Server};

@@ -160,6 +160,21 @@ impl Target {
                     metrics::gauge!(CDC_LAG_SECONDS).set(slot.lag_seconds);
                     metrics::gauge!(CDC_LOST).set(if slot.lost { 1.0 } else { 0.0 });
                 }
+                if let Some(q) = &g.binlog_sequencer {
+                    use crate::catalogue::{
+                        BINLOG_FROM_TABLE, BINLOG_LAG_BYTES, BINLOG_LEASED, BINLOG_PURGED,
+                        BINLOG_SAVE_AGE, BINLOG_UNSEALED,
+                    };
+                    let flag = |b: bool| if b { 1.0 } else { 0.0 };
+                    metrics::gauge!(BINLOG_LEASED).set(flag(q.leased));
+                    metrics::gauge!(BINLOG_SAVE_AGE).set(q.save_age_seconds);
+                    metrics::gauge!(BINLOG_PURGED).set(flag(q.lag_bytes.is_none()));
+                    if let Some(lag) = q.lag_bytes {
+                        metrics::gauge!(BINLOG_LAG_BYTES).set(lag as f64);
+                    }
+                    metrics::gauge!(BINLOG_UNSEALED).set(q.unsealed_seqs as f64);
+                    metrics::gauge!(BINLOG_FROM_TABLE).set(q.rows_from_table as f64);
+                }
             }
             Ok(Err(error)) => {
                 debug!(%error, "metrics: the store's figures could not be read");

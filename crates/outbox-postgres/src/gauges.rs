@@ -55,6 +55,7 @@ pub(crate) async fn read(pool: &PgPool, schema: &Schema, parked_cap: i64) -> Res
             },
         ],
         cdc_slot: None,
+        binlog_sequencer: None,
     })
 }
 

@@ -1708,6 +1708,7 @@ impl Store for PgStore {
             retention: Some(retention),
             pending,
             cdc_slots: crate::cdc::setup::slots(&self.pool, &self.schema).await?,
+            binlog_sequencer: None,
         })
     }
 

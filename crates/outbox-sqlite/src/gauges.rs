@@ -41,6 +41,7 @@ pub(crate) async fn read(pool: &SqlitePool, tables: &Tables, now_ms: i64) -> Res
         segments: None,
         retention_pins: Vec::new(),
         cdc_slot: None,
+        binlog_sequencer: None,
     })
 }
 

@@ -656,6 +656,7 @@ impl Store for SqliteStore {
             retention: None,
             pending,
             cdc_slots: Vec::new(),
+            binlog_sequencer: None,
         })
     }
 

@@ -14,6 +14,7 @@
 //!   trigger goes, and positions move to `outbox_sequence`.
 //! - [`sequencer`] gives each committed row its partition and position there, in commit order,
 //!   from this reader; the polling engine relays by them (`MysqlStore::binlog`).
+//! - [`status`] is what `outbox status` and the metrics show of the sequencer.
 
 mod decode;
 mod position;
@@ -21,6 +22,7 @@ mod reader;
 pub mod route;
 pub mod sequencer;
 pub mod server;
+pub mod status;
 
 pub use position::BinlogPosition;
 pub use reader::{BinlogReader, BinlogRow, Committed, Item, ReadError, ReadOptions};

@@ -1066,7 +1066,7 @@ async fn sequenced(
 }
 
 /// The `seq` the next outbox row will draw: no row below it can be drawn any more.
-async fn next_seq(pool: &MySqlPool, schema: &Schema) -> Result<i64> {
+pub(crate) async fn next_seq(pool: &MySqlPool, schema: &Schema) -> Result<i64> {
     let err = |e| map_sqlx_error("reading the outbox's next seq", e);
     let mut conn = pool.acquire().await.map_err(err)?;
     // MySQL 8 serves information_schema's table figures from a cache kept for a day by

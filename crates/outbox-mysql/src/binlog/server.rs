@@ -118,32 +118,53 @@ pub async fn end_position_on(conn: &mut sqlx::MySqlConnection) -> Result<BinlogP
 
 /// The binlog files the server still holds, oldest first (`SHOW BINARY LOGS`).
 pub async fn files(pool: &MySqlPool) -> Result<Vec<String>> {
+    Ok(file_sizes(pool)
+        .await?
+        .into_iter()
+        .map(|(file, _)| file)
+        .collect())
+}
+
+/// The binlog files the server still holds with their sizes in bytes, oldest first.
+pub async fn file_sizes(pool: &MySqlPool) -> Result<Vec<(String, u64)>> {
+    let doing = "listing the binlog files";
     let rows = sqlx::raw_sql("SHOW BINARY LOGS")
         .fetch_all(pool)
         .await
-        .map_err(|e| map_sqlx_error("listing the binlog files", e))?;
+        .map_err(|e| map_sqlx_error(doing, e))?;
     rows.iter()
-        .map(|row| text(row, 0, "listing the binlog files"))
+        .map(|row| Ok((text(row, 0, doing)?, number(row, 1, doing)?)))
         .collect()
+}
+
+/// The binlog bytes from `from` to the end of `files` (as [`file_sizes`] lists them): what a
+/// reader at `from` has still to read. `None` when `from`'s file is not among them (purged).
+pub fn bytes_after(files: &[(String, u64)], from: &BinlogPosition) -> Option<u64> {
+    let at = files.iter().position(|(f, _)| *f == from.file)?;
+    let rest: u64 = files[at + 1..].iter().map(|(_, size)| size).sum();
+    Some(files[at].1.saturating_sub(from.offset) + rest)
 }
 
 /// The file and position of a status row. Both come back as text or number depending on the
 /// server, and sqlx reports MariaDB's text columns as binary.
 fn position_of(row: &sqlx::mysql::MySqlRow, doing: &str) -> Result<BinlogPosition> {
     let file = text(row, 0, doing)?;
-    let offset = row
-        .try_get::<u64, _>(1)
-        .or_else(|_| row.try_get::<i64, _>(1).map(|v| v.max(0) as u64))
+    Ok(BinlogPosition::new(file, number(row, 1, doing)?))
+}
+
+/// A column that comes back as an unsigned or signed number, or as its text.
+fn number(row: &sqlx::mysql::MySqlRow, index: usize, doing: &str) -> Result<u64> {
+    row.try_get::<u64, _>(index)
+        .or_else(|_| row.try_get::<i64, _>(index).map(|v| v.max(0) as u64))
         .or_else(|_| {
-            text(row, 1, doing)?.parse::<u64>().map_err(|e| {
+            text(row, index, doing)?.parse::<u64>().map_err(|e| {
                 Error::new(
                     ErrorKind::Other,
                     format!("{doing}: a position that is not a number: {e}"),
                 )
             })
         })
-        .map_err(|e| Error::new(ErrorKind::Other, format!("{doing}: {e}")))?;
-    Ok(BinlogPosition::new(file, offset))
+        .map_err(|e| Error::new(ErrorKind::Other, format!("{doing}: {e}")))
 }
 
 fn text(row: &sqlx::mysql::MySqlRow, index: usize, doing: &str) -> Result<String> {
@@ -165,6 +186,28 @@ mod tests {
             format: format.into(),
             row_image: row_image.into(),
         }
+    }
+
+    #[test]
+    fn the_bytes_left_to_read_run_to_the_end_of_the_last_file() {
+        let files = vec![
+            ("b.000007".to_string(), 1_000),
+            ("b.000008".to_string(), 600),
+            ("b.000009".to_string(), 250),
+        ];
+        assert_eq!(
+            bytes_after(&files, &BinlogPosition::new("b.000008", 100)),
+            Some(750)
+        );
+        assert_eq!(
+            bytes_after(&files, &BinlogPosition::new("b.000009", 250)),
+            Some(0)
+        );
+        assert_eq!(
+            bytes_after(&files, &BinlogPosition::new("b.000006", 4)),
+            None,
+            "a purged file"
+        );
     }
 
     #[test]

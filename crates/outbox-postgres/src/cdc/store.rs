@@ -1338,6 +1338,7 @@ impl Store for CdcStore {
             segments: None,
             retention_pins: Vec::new(),
             cdc_slot: Some(slot(lag_seconds)?),
+            binlog_sequencer: None,
         })
     }
 

@@ -1,0 +1,80 @@
+//! What `outbox status` and a metrics scrape show of the binlog route's sequencer: who holds
+//! its lease, how far it has read the binlog, and how far the seal is. Read-only, three cheap
+//! statements (its row, the binlog's files, the outbox's next `seq`), none on the outbox rows.
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use outbox_core::status::SequencerStatus;
+use outbox_core::{Result, SequencerGauges};
+use sqlx::MySqlPool;
+
+use super::{server, BinlogPosition};
+use crate::error::map_sqlx_error;
+use crate::schema::Schema;
+
+/// The sequencer's row, the binlog's end and how far behind it the sequencer is.
+pub async fn read(pool: &MySqlPool, schema: &Schema) -> Result<SequencerStatus> {
+    let err = |e| map_sqlx_error("reading the binlog sequencer's row", e);
+    type Row = (
+        Option<String>,
+        i64,
+        NaiveDateTime,
+        NaiveDateTime,
+        Option<String>,
+        Option<i64>,
+        i64,
+        i64,
+        NaiveDateTime,
+    );
+    let row: Row = sqlx::query_as(&schema.render(
+        "SELECT CAST(owner AS CHAR), epoch, lease_until, updated_at, CAST(binlog_file AS CHAR), \
+         binlog_offset, sequenced_below, from_table, UTC_TIMESTAMP(6) \
+         FROM {schema}.outbox_sequencer WHERE id = 1",
+    ))
+    .fetch_one(pool)
+    .await
+    .map_err(err)?;
+    let (owner, epoch, lease_until, saved_at, file, offset, sequenced_below, from_table, db_now) =
+        row;
+    // The server's times, on this host's clock (the lease runs on the server's).
+    let skew = Utc::now() - db_now.and_utc();
+    let here = |t: NaiveDateTime| (t.and_utc().timestamp() > 0).then(|| t.and_utc() + skew);
+    let through = match (file, offset) {
+        (Some(file), Some(offset)) => Some(BinlogPosition::new(
+            file,
+            u64::try_from(offset).unwrap_or(0),
+        )),
+        _ => None,
+    };
+    let end = server::end_position(pool).await?;
+    let files = server::file_sizes(pool).await?;
+    let lag_bytes = match &through {
+        Some(t) => server::bytes_after(&files, t),
+        // Not started: it will read from where the route was turned on.
+        None => Some(0),
+    }
+    .map(|b| i64::try_from(b).unwrap_or(i64::MAX));
+    Ok(SequencerStatus {
+        owner,
+        epoch,
+        lease_until: here(lease_until),
+        saved_at: here(saved_at),
+        through: through.map(|t| t.to_string()),
+        binlog_end: Some(end.to_string()),
+        lag_bytes,
+        sequenced_below,
+        next_seq: super::sequencer::next_seq(pool, schema).await?,
+        rows_from_table: from_table,
+    })
+}
+
+/// The figures a metrics scrape exports, from [`read`] taken at `now`.
+pub fn gauges(s: &SequencerStatus, now: DateTime<Utc>) -> SequencerGauges {
+    let seconds = |t: DateTime<Utc>| (now - t).num_milliseconds().max(0) as f64 / 1000.0;
+    SequencerGauges {
+        leased: s.owner.is_some() && s.lease_until.is_some_and(|t| t > now),
+        save_age_seconds: s.saved_at.map_or(f64::INFINITY, seconds),
+        lag_bytes: s.lag_bytes,
+        unsealed_seqs: (s.next_seq - s.sequenced_below).max(0),
+        rows_from_table: s.rows_from_table,
+    }
+}
