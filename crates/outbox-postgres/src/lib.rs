@@ -4,6 +4,7 @@
 //! SQL lives in `migrations/*.sql` and `queries/*.sql`; the schema name is the only thing spliced
 //! into it, and only after [`Schema::new`] validated it.
 
+mod begin;
 pub mod cdc;
 mod error;
 mod gauges;

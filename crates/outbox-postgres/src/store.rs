@@ -105,7 +105,7 @@ pub(crate) async fn read_backlog(
     pool: &PgPool,
     query: BacklogQuery<'_>,
 ) -> std::result::Result<Vec<sqlx::postgres::PgRow>, sqlx::Error> {
-    let mut tx = pool.begin_with(READ_BEGIN).await?;
+    let (mut tx, _) = crate::begin::begin_with(pool, READ_BEGIN).await?;
     let rows = query.fetch_all(&mut *tx).await?;
     tx.commit().await?;
     Ok(rows)
@@ -715,9 +715,7 @@ impl PgStore {
         let waited_before = tracing::enabled!(tracing::Level::DEBUG)
             .then(runqueue_wait)
             .flatten();
-        let mut conn = self.pool.acquire().await.map_err(err)?;
-        let acquired = started.elapsed();
-        let mut tx = sqlx::Connection::begin_with(&mut *conn, CLAIM_BEGIN)
+        let (mut tx, acquired) = crate::begin::begin_with(&self.pool, CLAIM_BEGIN)
             .await
             .map_err(err)?;
         let began = started.elapsed();
@@ -1787,9 +1785,7 @@ impl Store for PgStore {
     }
 
     async fn insert(&self, messages: &[NewMessage]) -> Result<()> {
-        let mut tx = self
-            .pool
-            .begin()
+        let (mut tx, _) = crate::begin::begin_with(&self.pool, "BEGIN")
             .await
             .map_err(|e| map_sqlx_error("begin", e))?;
         self.writer.enqueue_many(&mut tx, messages).await?;

@@ -1020,3 +1020,45 @@ async fn the_floor_audit_counts_a_row_planted_below_the_floor() {
     assert_eq!(store.floor_audit().await.unwrap(), 1);
     teardown(&pool, &schema).await;
 }
+
+/// The relay drops a claim that outlives its budget, and a metrics scrape a figure that
+/// outlives its timeout. sqlx counts a transaction only once the server answered its `BEGIN`
+/// (sqlx issue #4393), so a call dropped in between would return its connection to the pool
+/// inside a transaction nobody ends, whose snapshot holds back vacuum and retention. Calls
+/// dropped at every point leave none.
+#[tokio::test]
+async fn a_call_dropped_at_any_point_leaves_no_transaction_open_on_the_pool() {
+    let pool = connect_pool(&database_url(), 1).await.unwrap();
+    let schema = Schema::new(&outbox_testkit::unique_name("drop")).unwrap();
+    migrate(&pool, &schema).await.unwrap();
+    let store = PgStore::new(pool.clone(), schema.clone());
+    let member = MemberId::random("drop");
+    store.join(&member).await.unwrap();
+    let parts = store
+        .rebalance(&member, Duration::from_secs(60))
+        .await
+        .unwrap();
+    for round in 0..200u32 {
+        store.insert(&[msg("k", round)]).await.unwrap();
+        let cut = Duration::from_micros(u64::from(round) * 5);
+        let _ = tokio::time::timeout(
+            cut,
+            store.claim(&member, &parts, ClaimLimits::rows(10), OnFailed::Block),
+        )
+        .await;
+        let _ = tokio::time::timeout(cut, store.gauges()).await;
+        let _ = tokio::time::timeout(cut, store.insert(&[msg("j", round)])).await;
+        // The pool's one connection, once it is back: outside a transaction, `now()` is the
+        // start of this statement (a simple query: one message, one implicit transaction).
+        let fresh: bool = sqlx::raw_sql("SELECT now() = statement_timestamp()")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            fresh,
+            "round {round}: a transaction was left open on the pool"
+        );
+    }
+    teardown(&pool, &schema).await;
+}
