@@ -2,8 +2,9 @@
 # The project's test command: starts the services the tests talk to, then runs every test of
 # the workspace against them (cargo-nextest when installed, cargo test otherwise). Tests whose
 # names start with `disruptive_` restart shared services (PostgreSQL), and tests whose names
-# start with `measured_` measure what a statement costs on a server nothing else is using, so
-# both run afterwards, one at a time, when nothing else is running.
+# start with `measured_` measure what a statement costs, or read the server's transactions,
+# on a server nothing else is using, so both run afterwards, one at a time, when nothing else
+# is running.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/outbox-target}"

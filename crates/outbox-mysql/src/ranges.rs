@@ -11,7 +11,9 @@
 //! seq above the highest one it then reads (the seal).
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use outbox_core::{Error, ErrorKind, Maintenance, Result};
 use sqlx::pool::PoolConnection;
@@ -33,6 +35,26 @@ const CATCH_ALL: &str = "s_max";
 /// touched the table, a forgotten `REPEATABLE READ` session included. Writers queue behind a
 /// waiting DDL, so the wait is kept short.
 const LOCK_WAIT_SECS: u32 = 2;
+
+/// A transaction open this long (60 s) may be a session left open on the message table,
+/// holding its metadata lock: each try to change the table's ranges would then hold writers and
+/// relays for [`LOCK_WAIT_SECS`] and give up.
+static OLD_TRANSACTION_SECS: AtomicI64 = AtomicI64::new(60);
+
+/// Sets [`OLD_TRANSACTION_SECS`] for this process (tests, which cannot wait a minute).
+#[doc(hidden)]
+pub fn set_old_transaction_secs(secs: i64) {
+    OLD_TRANSACTION_SECS.store(secs, Ordering::Relaxed);
+}
+
+/// While a transaction older than [`OLD_TRANSACTION_SECS`] is open on the server, a database's
+/// ranges are changed at most this often (ranges cut ahead only when writers come within one
+/// width of the last range, no seal taken, none dropped); at once again when none is.
+const TRY_PAST_OLD_TRANSACTIONS: Duration = Duration::from_secs(300);
+
+/// Per database: when a round last tried to change its ranges while an old transaction was open.
+static TRIED_PAST_OLD: LazyLock<Mutex<HashMap<String, Instant>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// One range of the message table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,7 +124,9 @@ async fn ranges_of(
 /// Makes ranges ahead of the writers, then drops those retention no longer needs (see the
 /// module's docs); one maintainer at a time per database (`GET_LOCK`), a second caller returns
 /// at once with nothing done. A lock not granted within [`LOCK_WAIT_SECS`] ends the round early
-/// with a warning and what was done so far: the next round tries again.
+/// with a warning and what was done so far: the next round tries again. While a transaction
+/// older than [`OLD_TRANSACTION_SECS`] is open, rounds that change the ranges come at most every
+/// [`TRY_PAST_OLD_TRANSACTIONS`] (the others only cut a range the writers are about to need).
 pub async fn maintain(
     pool: &MySqlPool,
     schema: &Schema,
@@ -112,7 +136,10 @@ pub async fn maintain(
         return Ok(Maintenance::default());
     };
     let mut report = Maintenance::default();
-    let done = run(&mut conn, schema, retention, &mut report).await;
+    let done = match restraint(&mut conn, schema).await {
+        Ok(restrained) => run(&mut conn, schema, retention, restrained, &mut report).await,
+        Err(e) => Err(e),
+    };
     release(&mut conn, schema).await;
     match done {
         Err(e) if e.kind() == ErrorKind::Timeout => {
@@ -121,12 +148,44 @@ pub async fn maintain(
                 error = %e,
                 "outbox retention gave up this round: a transaction held a lock it needs for \
                  over {LOCK_WAIT_SECS} s (a long writer transaction, or a session left open \
-                 on the outbox table); it tries again next round"
+                 on the outbox table); it tries again next round, or while a transaction open \
+                 for over a minute is there, in five minutes (at once if writers near the last \
+                 range)"
             );
             Ok(report)
         }
         other => other.map(|()| report),
     }
+}
+
+/// Whether this round leaves the ranges alone unless the writers are about to need one: an old
+/// transaction is open (see [`OLD_TRANSACTION_SECS`]) and a round tried past one less than
+/// [`TRY_PAST_OLD_TRANSACTIONS`] ago. Records the try when it does not. The age is read from
+/// `information_schema.INNODB_TRX`, server-wide: a long transaction in another database holds
+/// these rounds back too, which only defers drops and keeps a range cut ahead in reserve.
+pub async fn restraint(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<bool> {
+    let oldest: Option<i64> = sqlx::query_scalar(
+        "SELECT MAX(TIMESTAMPDIFF(SECOND, trx_started, NOW())) FROM information_schema.INNODB_TRX \
+         WHERE trx_mysql_thread_id <> CONNECTION_ID()",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error("looking for transactions left open", e))?;
+    let mut tried = TRIED_PAST_OLD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if oldest.unwrap_or(0) < OLD_TRANSACTION_SECS.load(Ordering::Relaxed) {
+        tried.remove(schema.as_str());
+        return Ok(false);
+    }
+    if tried
+        .get(schema.as_str())
+        .is_some_and(|t| t.elapsed() < TRY_PAST_OLD_TRANSACTIONS)
+    {
+        return Ok(true);
+    }
+    tried.insert(schema.as_str().to_string(), Instant::now());
+    Ok(false)
 }
 
 /// Makes ranges ahead of the writers only (what `outbox migrate` does after its migrations).
@@ -135,7 +194,7 @@ pub async fn lay_ahead(pool: &MySqlPool, schema: &Schema) -> Result<u64> {
         return Ok(0);
     };
     let made = async {
-        let made = ensure_ahead(&mut conn, schema).await?.made;
+        let made = ensure_ahead(&mut conn, schema, false).await?.made;
         if binlog_route(&mut conn, schema).await? {
             mirror_ranges(&mut conn, schema).await?;
         }
@@ -192,7 +251,7 @@ async fn lay_out(conn: &mut sqlx::MySqlConnection, schema: &Schema, empty: bool)
         .await
         .map_err(err)?;
     }
-    let made = ensure_ahead(conn, schema).await?.made;
+    let made = ensure_ahead(conn, schema, false).await?.made;
     if binlog_route(conn, schema).await? {
         if empty {
             // Laid out again from the start: the sequence table (as empty) follows.
@@ -287,10 +346,13 @@ pub(crate) async fn maintainer(
     Ok(Some(conn))
 }
 
+/// One round; `restrained` (see [`restraint`]): no seal, no drop, a range cut only when the
+/// writers are about to need it.
 async fn run(
     conn: &mut sqlx::MySqlConnection,
     schema: &Schema,
     retention: Duration,
+    restrained: bool,
     report: &mut Maintenance,
 ) -> Result<()> {
     let Ahead {
@@ -298,7 +360,7 @@ async fn run(
         top,
         ranges: all,
         mut sealed_below,
-    } = ensure_ahead(conn, schema).await?;
+    } = ensure_ahead(conn, schema, restrained).await?;
     report.segments_created = made;
     let binlog = binlog_route(conn, schema).await?;
     if binlog {
@@ -310,9 +372,10 @@ async fn run(
         // position in `outbox_sequence`, and until the sequencer's first start took the rows the
         // trigger positioned, a range's positions there would look passed.
         sealed_below = sequenced_below(conn, schema).await?;
-    } else if all
-        .iter()
-        .any(|r| r.below.is_some_and(|b| b > sealed_below && b <= top + 1))
+    } else if !restrained
+        && all
+            .iter()
+            .any(|r| r.below.is_some_and(|b| b > sealed_below && b <= top + 1))
     {
         // A seal, once taken, holds for ever (no row can appear below it), and taking one holds
         // writers for a moment: take a new one only when a range not yet sealed lies wholly
@@ -370,7 +433,7 @@ async fn run(
         .fetch_optional(&mut *conn)
         .await
         .map_err(|e| map_sqlx_error(&ctx("reading a range's age"), e))?;
-        if age_us.is_some_and(|a| a < keep_us) {
+        if restrained || age_us.is_some_and(|a| a < keep_us) {
             continue;
         }
         sqlx::query(&schema.render(&format!(
@@ -423,9 +486,14 @@ struct Ahead {
 }
 
 /// Cuts ranges out of the (empty) catch-all until [`LOOKAHEAD_RANGES`] widths lie beyond the
-/// last seq. If writers outran maintenance and the catch-all holds rows, the new ranges cover
-/// them: the server copies those rows once, and says so in a warning.
-async fn ensure_ahead(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<Ahead> {
+/// last seq; `restrained`, only once less than one width does. If writers outran maintenance
+/// and the catch-all holds rows, the new ranges cover them: the server copies those rows once,
+/// and says so in a warning.
+async fn ensure_ahead(
+    conn: &mut sqlx::MySqlConnection,
+    schema: &Schema,
+    restrained: bool,
+) -> Result<Ahead> {
     let ctx = |what: &str| format!("making outbox ranges in `{}`: {what}", schema.as_str());
     let (width, sealed_below, top): (i64, i64, i64) = sqlx::query_as(&schema.render(
         "SELECT (SELECT value FROM {schema}.outbox_settings WHERE name = 'range_seqs'), \
@@ -448,7 +516,8 @@ async fn ensure_ahead(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Resu
         .saturating_add(width.saturating_mul(LOOKAHEAD_RANGES));
     let mut bounds = Vec::new();
     let mut b = last;
-    while b < want {
+    let room = last.saturating_sub(top.saturating_add(1));
+    while b < want && !(restrained && room >= width) {
         b = b.saturating_add(width);
         bounds.push(b);
     }

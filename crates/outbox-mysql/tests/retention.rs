@@ -343,6 +343,50 @@ async fn a_session_left_open_on_the_table_delays_a_drop_and_writers_go_on() {
     db.drop().await;
 }
 
+/// A session left open for long (past a threshold lowered to 1 s in this test's process; a
+/// minute otherwise) holds the table's metadata lock, and every try to change the ranges would
+/// hold writers and relays behind a lock wait. The first round tries; later rounds leave the
+/// ranges alone while a range still lies ahead of the writers; once the session ends, the next
+/// round changes them at once. `measured_`: it reads every transaction of the server, so it
+/// runs when no other test holds one.
+#[tokio::test]
+async fn measured_a_session_left_open_for_long_is_tried_past_once_then_left_alone() {
+    let db = Db::start().await;
+    let schema = db.store.schema().clone();
+    ranges::set_old_transaction_secs(1);
+    db.write(1, 51).await;
+    let mut app = db.conn().await;
+    sqlx::raw_sql(&schema.render(
+        "START TRANSACTION WITH CONSISTENT SNAPSHOT; SELECT COUNT(*) FROM {schema}.outbox",
+    ))
+    .execute(&mut app)
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let mut conn = db.conn().await;
+    assert!(
+        !ranges::restraint(&mut conn, &schema).await.unwrap(),
+        "the first round tries"
+    );
+    assert!(
+        ranges::restraint(&mut conn, &schema).await.unwrap(),
+        "the next ones leave the ranges alone"
+    );
+    // Restrained: a range ([101, 201)) still lies ahead of the writers, so none is cut.
+    let m = db.store.maintain(KEEP).await.unwrap();
+    assert_eq!(m.segments_created, 0, "{m:?}");
+    assert_eq!(db.ranges().await, ["s101", "s201", "s_max"]);
+    sqlx::query("COMMIT").execute(&mut app).await.unwrap();
+    // InnoDB refreshes the transactions it lists once they went unread for 0.1 s.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!ranges::restraint(&mut conn, &schema).await.unwrap());
+    let m = db.store.maintain(KEEP).await.unwrap();
+    assert_eq!(m.segments_created, 1, "{m:?}");
+    assert_eq!(db.ranges().await, ["s101", "s201", "s301", "s_max"]);
+    assert_eq!(sorted(db.drain().await), (1..51).collect::<Vec<_>>());
+    db.drop().await;
+}
+
 /// A database migrated before ranges existed (version 2, with rows) is split into ranges in
 /// place: its rows stay, pending ones are still delivered, and ranges lie ahead.
 #[tokio::test]
