@@ -387,6 +387,46 @@ async fn measured_a_session_left_open_for_long_is_tried_past_once_then_left_alon
     db.drop().await;
 }
 
+/// The same restraint seen from what a round does, with a transaction open for long that holds
+/// no lock the ranges need (so every cut tried succeeds): the first round cuts the next range;
+/// the next leaves a cut it could make while a range still lies ahead of the writers; once the
+/// writers are within one width of the last range it cuts again; once the transaction ends,
+/// rounds are free again. `measured_` for the same reason as above.
+#[tokio::test]
+async fn measured_a_restrained_round_cuts_only_the_range_the_writers_are_about_to_need() {
+    let db = Db::start().await;
+    let schema = db.store.schema().clone();
+    ranges::set_old_transaction_secs(1);
+    db.write(1, 51).await;
+    let mut old = db.conn().await;
+    sqlx::raw_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        .execute(&mut old)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // The first round past it tries: two widths beyond seq 50 need [201, 301).
+    assert_eq!(db.store.maintain(KEEP).await.unwrap().segments_created, 1);
+    assert_eq!(db.ranges().await, ["s101", "s201", "s301", "s_max"]);
+    // Seq 150: [151, 301) still lies ahead, so the cut a free round makes waits.
+    db.write(51, 151).await;
+    assert_eq!(db.store.maintain(KEEP).await.unwrap().segments_created, 0);
+    assert_eq!(db.ranges().await, ["s101", "s201", "s301", "s_max"]);
+    // Seq 250: less than one width left; the writers are about to need one, so it is cut.
+    db.write(151, 251).await;
+    assert_eq!(db.store.maintain(KEEP).await.unwrap().segments_created, 2);
+    assert_eq!(
+        db.ranges().await,
+        ["s101", "s201", "s301", "s401", "s501", "s_max"]
+    );
+    sqlx::query("COMMIT").execute(&mut old).await.unwrap();
+    // InnoDB refreshes the transactions it lists once they went unread for 0.1 s.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut conn = db.conn().await;
+    assert!(!ranges::restraint(&mut conn, &schema).await.unwrap());
+    assert_eq!(sorted(db.drain().await), (1..251).collect::<Vec<_>>());
+    db.drop().await;
+}
+
 /// A database migrated before ranges existed (version 2, with rows) is split into ranges in
 /// place: its rows stay, pending ones are still delivered, and ranges lie ahead.
 #[tokio::test]

@@ -912,8 +912,8 @@ impl Session {
         Ok(())
     }
 
-    /// A purged binlog (or a first start with no recorded position): the binlog's end now (P), then `AUTO_INCREMENT`
-    /// (S), then the writers of that moment waited for. Every row committed before P has a
+    /// A purged binlog (or a first start with no recorded position): the binlog's end now
+    /// (P), then `AUTO_INCREMENT` (S), then the writers of that moment waited for. Every row committed before P has a
     /// `seq` below S and is in the table by then; those from `sequenced_below` (or
     /// `passed_below`, if higher) up to S with no position get one from the table, the
     /// trigger's kept. Returns P, where the stream starts.
