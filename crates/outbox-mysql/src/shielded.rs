@@ -163,6 +163,11 @@ impl Store for MysqlStore {
         self.run(|e| async move { e.status_detail().await }).await
     }
 
+    async fn pending_by_type(&self, cap: i64) -> Result<Vec<outbox_core::status::PendingCell>> {
+        self.run(|e| async move { e.pending_by_type(cap).await })
+            .await
+    }
+
     async fn maintain(&self, retention: Duration) -> Result<Maintenance> {
         self.run(|e| async move { e.maintain(retention).await })
             .await
