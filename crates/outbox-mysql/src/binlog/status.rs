@@ -45,8 +45,11 @@ pub async fn read(pool: &MySqlPool, schema: &Schema) -> Result<SequencerStatus> 
         )),
         _ => None,
     };
-    let end = server::end_position(pool).await?;
+    // The last file's size is where the binlog ends: one statement gives both.
     let files = server::file_sizes(pool).await?;
+    let end = files
+        .last()
+        .map(|(file, size)| BinlogPosition::new(file.clone(), *size));
     let lag_bytes = match &through {
         Some(t) => server::bytes_after(&files, t),
         // Not started: it will read from where the route was turned on.
@@ -59,7 +62,7 @@ pub async fn read(pool: &MySqlPool, schema: &Schema) -> Result<SequencerStatus> 
         lease_until: here(lease_until),
         saved_at: here(saved_at),
         through: through.map(|t| t.to_string()),
-        binlog_end: Some(end.to_string()),
+        binlog_end: end.map(|e| e.to_string()),
         lag_bytes,
         sequenced_below,
         next_seq: super::sequencer::next_seq(pool, schema).await?,
