@@ -43,6 +43,26 @@ pub struct LatencyFigures {
     pub commit_p50_ms: f64,
     /// Deliveries with no commit to match: duplicates, or ids this run did not write.
     pub unmatched: u64,
+    /// The same figures per minute of commits, for a run of two minutes or more: a tail that
+    /// grows as the run goes on (a cache or a log filling) shows here, where the whole run's
+    /// p99 only averages it in.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_minute: Vec<WindowFigures>,
+}
+
+/// Commit→ack over the commits sent in one window of a run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WindowFigures {
+    /// Seconds from the run's start (its first commit) to the window's start.
+    pub from_s: u64,
+    /// Samples whose `COMMIT` was sent in the window.
+    pub samples: u64,
+    /// Median, in milliseconds.
+    pub p50_ms: f64,
+    /// 99th percentile, in milliseconds.
+    pub p99_ms: f64,
+    /// Slowest sample, in milliseconds.
+    pub max_ms: f64,
 }
 
 impl LatencyFigures {
@@ -54,6 +74,14 @@ impl LatencyFigures {
         );
         if self.unmatched > 0 {
             s.push_str(&format!(", {} unmatched deliveries", self.unmatched));
+        }
+        if !self.by_minute.is_empty() {
+            let p99: Vec<String> = self
+                .by_minute
+                .iter()
+                .map(|w| format!("{:.1}", w.p99_ms))
+                .collect();
+            s.push_str(&format!("; p99 by minute: {} ms", p99.join(" ")));
         }
         s
     }
@@ -70,8 +98,8 @@ struct Ledger {
     committed: HashMap<Uuid, u64>,
     /// Received ids whose commit is not recorded (yet): when they arrived.
     early: HashMap<Uuid, u64>,
-    /// Matched latencies in µs.
-    samples: Vec<u64>,
+    /// Matched samples: when the COMMIT was sent and the latency, both in µs.
+    samples: Vec<(u64, u64)>,
     /// COMMIT round trips in µs, one per transaction.
     commits: Vec<u64>,
     /// Ids registered ahead of their commit ([`Latency::expect`]), not received yet: their
@@ -123,7 +151,7 @@ impl Latency {
         l.commits.push(returned.saturating_sub(sent.0));
         for id in ids {
             match l.early.remove(&id) {
-                Some(received) => l.samples.push(received.saturating_sub(sent.0)),
+                Some(received) => l.samples.push((sent.0, received.saturating_sub(sent.0))),
                 None => {
                     l.committed.insert(id, sent.0);
                 }
@@ -197,7 +225,7 @@ impl Latency {
             .partition(|(t, _)| *t == tx.0);
         l.expected_early = others;
         for (_, at) in mine {
-            l.samples.push(at.saturating_sub(sent.0));
+            l.samples.push((sent.0, at.saturating_sub(sent.0)));
         }
     }
 
@@ -207,7 +235,7 @@ impl Latency {
         let at = self.stamp().0;
         let mut l = self.ledger();
         if let Some(sent) = l.committed.remove(&id) {
-            l.samples.push(at.saturating_sub(sent));
+            l.samples.push((sent, at.saturating_sub(sent)));
             return;
         }
         let Some(tx) = l.expected.remove(&id) else {
@@ -219,7 +247,7 @@ impl Latency {
         match slot.0 {
             Some(sent) => {
                 l.expected_outstanding = l.expected_outstanding.saturating_sub(1);
-                l.samples.push(at.saturating_sub(sent));
+                l.samples.push((sent, at.saturating_sub(sent)));
             }
             None => l.expected_early.push((tx, at)),
         }
@@ -240,11 +268,10 @@ impl Latency {
     /// Percentiles over every sample so far.
     pub fn figures(&self) -> LatencyFigures {
         let l = self.ledger();
-        let mut s = l.samples.clone();
+        let mut s: Vec<u64> = l.samples.iter().map(|&(_, us)| us).collect();
         s.sort_unstable();
         let mut c = l.commits.clone();
         c.sort_unstable();
-        let ms = |us: u64| us as f64 / 1000.0;
         LatencyFigures {
             samples: s.len() as u64,
             p50_ms: ms(percentile(&s, 0.50)),
@@ -252,8 +279,55 @@ impl Latency {
             max_ms: ms(s.last().copied().unwrap_or(0)),
             commit_p50_ms: ms(percentile(&c, 0.50)),
             unmatched: l.early.len() as u64,
+            by_minute: by_window(&l.samples, WINDOW),
         }
     }
+}
+
+/// Width of the windows in [`LatencyFigures::by_minute`].
+const WINDOW: Duration = Duration::from_secs(60);
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// Figures per `width` of commit time, from the first commit; none unless the samples span at
+/// least two windows. A last window holding under half the samples of a full one (the load
+/// stopped early in it) is left out: its few samples would read as a trend.
+fn by_window(samples: &[(u64, u64)], width: Duration) -> Vec<WindowFigures> {
+    let width = u64::try_from(width.as_micros()).unwrap_or(u64::MAX).max(1);
+    let Some(first) = samples.iter().map(|&(sent, _)| sent).min() else {
+        return Vec::new();
+    };
+    let mut windows: Vec<Vec<u64>> = Vec::new();
+    for &(sent, us) in samples {
+        let i = usize::try_from((sent - first) / width).unwrap_or(usize::MAX);
+        if i >= windows.len() {
+            windows.resize_with(i + 1, Vec::new);
+        }
+        windows[i].push(us);
+    }
+    let full = windows.first().map_or(0, Vec::len);
+    if windows.last().is_some_and(|w| w.len() * 2 < full) {
+        windows.pop();
+    }
+    if windows.len() < 2 {
+        return Vec::new();
+    }
+    windows
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut w)| {
+            w.sort_unstable();
+            WindowFigures {
+                from_s: i as u64 * width / 1_000_000,
+                samples: w.len() as u64,
+                p50_ms: ms(percentile(&w, 0.50)),
+                p99_ms: ms(percentile(&w, 0.99)),
+                max_ms: ms(w.last().copied().unwrap_or(0)),
+            }
+        })
+        .collect()
 }
 
 /// Nearest-rank percentile of sorted `s` (0 when empty).
@@ -405,6 +479,26 @@ mod tests {
         assert_eq!(left, 1);
         assert!(started.elapsed() >= Duration::from_millis(900));
         assert!(started.elapsed() < READ_BACK_LIMIT);
+    }
+
+    /// Samples are grouped by when their commit was sent; a short last window is left out, and
+    /// a run inside one window reports none.
+    #[test]
+    fn figures_per_window_follow_the_commit_time() {
+        let min = 60_000_000u64;
+        // Minute 0: 100 samples of 1..=100 ms; minute 1: 100 of 10 ms but one of 500 ms;
+        // minute 2: 10 samples (the load stopped), left out.
+        let mut samples: Vec<(u64, u64)> = (1..=100).map(|i| ((i - 1) * 1000, i * 1000)).collect();
+        samples.extend((0..99).map(|i| (min + i * 1000, 10_000)));
+        samples.push((min + 500, 500_000));
+        samples.extend((0..10).map(|i| (2 * min + i, 1_000)));
+        let w = by_window(&samples, WINDOW);
+        assert_eq!(w.len(), 2);
+        assert_eq!((w[0].from_s, w[0].samples, w[0].p99_ms), (0, 100, 99.0));
+        assert_eq!((w[1].from_s, w[1].samples, w[1].p99_ms), (60, 100, 10.0));
+        assert_eq!(w[1].max_ms, 500.0);
+        assert!(by_window(&samples[..100], WINDOW).is_empty());
+        assert!(by_window(&[], WINDOW).is_empty());
     }
 
     #[test]
