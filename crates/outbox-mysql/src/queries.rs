@@ -24,6 +24,18 @@ const POSITIONS: &str = "SELECT w.part, w.passed, w.parked, w.epoch, w.recorded,
      JOIN {schema}.outbox_settings AS s ON s.name = 'passed_below' \
      WHERE w.owner = ? AND w.lease_until > UTC_TIMESTAMP(6)";
 
+/// [`POSITIONS`] on the binlog route: `n` as in [`Positions::counters`] (the trigger's last
+/// position from before the switch, the highest sequenced, or `passed`, whichever is highest),
+/// read for each owned partition alone.
+const POSITIONS_SEQUENCED: &str = "SELECT w.part, w.passed, w.parked, w.epoch, w.recorded, \
+     GREATEST(p.n, COALESCE((SELECT q.part_seq FROM {schema}.outbox_sequence AS q \
+       WHERE q.part = w.part ORDER BY q.part_seq DESC LIMIT 1), 0), w.passed) AS n, \
+     s.value AS passed_below \
+     FROM {schema}.outbox_positions AS w \
+     JOIN {schema}.outbox_part_seq AS p ON p.part = w.part \
+     JOIN {schema}.outbox_settings AS s ON s.name = 'passed_below' \
+     WHERE w.owner = ? AND w.lease_until > UTC_TIMESTAMP(6)";
+
 /// Each parked key of the partitions in the comma-separated list `?`: how many rows it has
 /// parked, whether one failed, and whether its head is due. `{skip}` leaves failed rows out
 /// (under `--on-failed skip` they hold nothing back).
@@ -127,6 +139,19 @@ impl Positions {
         }
     }
 
+    /// The claim's first statement: the partitions a member owns under a live lease, with
+    /// their positions and `n`, the last position handed out there (see [`Self::counters`]).
+    /// On the binlog route `n` is worked out for the owned partitions only, in the select list:
+    /// joined as the `counters` table, MariaDB materialises it whole, the index reads of all 64
+    /// partitions for each claim (257 index reads against 193 for a member owning 32; about
+    /// 0.30 against 0.26 ms of server time per claim, on 600,000 sequenced rows).
+    fn positions(self) -> &'static str {
+        match self {
+            Self::Trigger => POSITIONS,
+            Self::Binlog => POSITIONS_SEQUENCED,
+        }
+    }
+
     /// A table of `(part, n)`: every position up to `n` of each partition is handed out and
     /// its row committed. On the binlog route the highest sequenced position, the trigger's
     /// last one from before the switch, or the partition's `passed` (retention may have dropped
@@ -178,7 +203,7 @@ impl Queries {
             )
         };
         Self {
-            positions: r(POSITIONS),
+            positions: r(positions.positions()),
             parked_keys_block: r(&PARKED_KEYS.replace("{skip}", "")),
             parked_keys_skip: r(&PARKED_KEYS.replace("{skip}", "AND state <> 'failed'")),
             stats: r(STATS),
