@@ -380,6 +380,89 @@ async fn one_sequencer_at_a_time_and_the_next_goes_on_without_a_gap() {
     drop_db(&pool, &schema).await;
 }
 
+/// A sequencer whose lease another took (a pause past its lease, a network split) writes
+/// nothing more: its next write is refused whole by the epoch checked in the same transaction,
+/// so a row it reads meanwhile gets no position from it. Once the lease is free again it takes
+/// it with a new epoch and goes on from its last saved position: the row gets one position.
+#[tokio::test]
+async fn a_sequencer_whose_lease_was_taken_writes_nothing_then_goes_on_from_its_saved_position() {
+    let (pool, schema) = routed_outbox().await;
+    let a = store(&pool, &schema);
+    let sequencer = a.sequencer().unwrap();
+    started(&a).await;
+    let mut conn = pool.acquire().await.unwrap();
+    raw_insert(&mut conn, &schema, "k", 1).await;
+    sequencer
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    // Another sequencer takes the lease for 3 s, as one would once this one's had run out.
+    sqlx::query(&schema.render(
+        "UPDATE {schema}.outbox_sequencer SET owner = 'intruder', epoch = epoch + 1, \
+         lease_until = UTC_TIMESTAMP(6) + INTERVAL 3 SECOND WHERE id = 1",
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let taken_epoch: i64 = sqlx::query_scalar(
+        &schema.render("SELECT epoch FROM {schema}.outbox_sequencer WHERE id = 1"),
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let seq = raw_insert(&mut conn, &schema, "k", 2).await;
+    // `a` reads the row (or renews its lease first) and is refused.
+    let until = Instant::now() + Duration::from_secs(5);
+    let error = loop {
+        if let Some(e) = sequencer.progress().borrow().error.clone() {
+            break e;
+        }
+        assert!(
+            Instant::now() < until,
+            "the fenced sequencer reported nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(error.contains("another sequencer took"), "{error}");
+    assert!(!sequencer.progress().borrow().leading);
+    // Read in one statement: while the other holds the lease, the row has no position.
+    let (positioned, intruder_holds): (i64, i64) = sqlx::query_as(&schema.render(
+        "SELECT (SELECT COUNT(*) FROM {schema}.outbox_sequence WHERE seq = ?), \
+         (SELECT CAST(owner = 'intruder' AND lease_until > UTC_TIMESTAMP(6) AS SIGNED) \
+          FROM {schema}.outbox_sequencer WHERE id = 1)",
+    ))
+    .bind(seq)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (positioned, intruder_holds),
+        (0, 1),
+        "a fenced sequencer wrote a position, or the test's lease ran out before it looked"
+    );
+    sequencer
+        .wait_until_positioned(seq, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(sequencer.progress().borrow().leading);
+    let (epoch, owner_is_intruder): (i64, i64) = sqlx::query_as(&schema.render(
+        "SELECT epoch, CAST(owner = 'intruder' AS SIGNED) FROM {schema}.outbox_sequencer \
+         WHERE id = 1",
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((epoch, owner_is_intruder), (taken_epoch + 1, 0));
+    let ps: Vec<i64> = positions(&pool, &schema, "k")
+        .await
+        .iter()
+        .map(|(_, p)| *p)
+        .collect();
+    assert_eq!(ps, vec![1, 2], "one position each, no gap");
+    sequencer.stop().await;
+    drop_db(&pool, &schema).await;
+}
+
 #[tokio::test]
 async fn retention_drops_a_range_from_both_tables_once_sealed_and_passed() {
     let (pool, schema) = routed_outbox().await;
