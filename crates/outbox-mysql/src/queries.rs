@@ -15,21 +15,10 @@ pub(crate) const MESSAGE_COLUMNS: &str = "o.seq, o.part, o.part_seq, CAST(o.id A
      CAST(o.topic AS CHAR) AS topic, o.created_at";
 
 /// The partitions `?` owns under a live lease, with their positions, the last position
-/// handed out there (`n`: every row up to it is committed and visible), and the seq below which
-/// every row is passed (`passed_below`, moved up by retention).
-const POSITIONS: &str = "SELECT w.part, w.passed, w.parked, w.epoch, w.recorded, c.n, \
-     s.value AS passed_below \
-     FROM {schema}.outbox_positions AS w \
-     JOIN {counters} AS c ON c.part = w.part \
-     JOIN {schema}.outbox_settings AS s ON s.name = 'passed_below' \
-     WHERE w.owner = ? AND w.lease_until > UTC_TIMESTAMP(6)";
-
-/// [`POSITIONS`] on the binlog route: `n` as in [`Positions::counters`] (the trigger's last
-/// position from before the switch, the highest sequenced, or `passed`, whichever is highest),
-/// read for each owned partition alone.
-const POSITIONS_SEQUENCED: &str = "SELECT w.part, w.passed, w.parked, w.epoch, w.recorded, \
-     GREATEST(p.n, COALESCE((SELECT q.part_seq FROM {schema}.outbox_sequence AS q \
-       WHERE q.part = w.part ORDER BY q.part_seq DESC LIMIT 1), 0), w.passed) AS n, \
+/// handed out there (`n`: every row up to it is committed and visible; `{n}` is
+/// [`Positions::last_handed_out`] of `w.part`), and the seq below which every row is passed
+/// (`passed_below`, moved up by retention).
+const POSITIONS: &str = "SELECT w.part, w.passed, w.parked, w.epoch, w.recorded, {n} AS n, \
      s.value AS passed_below \
      FROM {schema}.outbox_positions AS w \
      JOIN {schema}.outbox_part_seq AS p ON p.part = w.part \
@@ -139,35 +128,41 @@ impl Positions {
         }
     }
 
-    /// The claim's first statement: the partitions a member owns under a live lease, with
-    /// their positions and `n`, the last position handed out there (see [`Self::counters`]).
-    /// On the binlog route `n` is worked out for the owned partitions only, in the select list:
-    /// joined as the `counters` table, MariaDB materialises it whole, the index reads of all 64
-    /// partitions for each claim (257 index reads against 193 for a member owning 32; about
-    /// 0.30 against 0.26 ms of server time per claim, on 600,000 sequenced rows).
-    fn positions(self) -> &'static str {
+    /// The last position handed out in the partition `part` (an SQL expression) whose counter
+    /// row is `p` and whose `passed` is `passed`. On the trigger's route the counter itself; on
+    /// the binlog route the highest sequenced position, the trigger's last one from before the
+    /// switch, or `passed` (retention may have dropped every position it passed), whichever is
+    /// highest: one index entry read (`ORDER BY … DESC LIMIT 1`; MariaDB reads a dependent
+    /// `MAX` by scanning the partition's whole run of the index, 15 ms per claim at 100,000
+    /// rows, against 0.3).
+    ///
+    /// The claim reads it in its select list, for the partitions it owns only: joined as the
+    /// [`Self::counters`] table instead, MariaDB materialises all 64 partitions for each claim
+    /// (257 index reads against 193 for a member owning 32; about 0.30 against 0.26 ms of
+    /// server time per claim, on 600,000 sequenced rows).
+    fn last_handed_out(self, part: &str, passed: &str) -> String {
         match self {
-            Self::Trigger => POSITIONS,
-            Self::Binlog => POSITIONS_SEQUENCED,
+            Self::Trigger => "p.n".to_string(),
+            Self::Binlog => format!(
+                "GREATEST(p.n, COALESCE((SELECT q.part_seq FROM {{schema}}.outbox_sequence AS q \
+                 WHERE q.part = {part} ORDER BY q.part_seq DESC LIMIT 1), 0), {passed})"
+            ),
         }
     }
 
     /// A table of `(part, n)`: every position up to `n` of each partition is handed out and
-    /// its row committed. On the binlog route the highest sequenced position, the trigger's
-    /// last one from before the switch, or the partition's `passed` (retention may have dropped
-    /// every position it passed), whichever is highest: one index entry read per
-    /// partition (`ORDER BY … DESC LIMIT 1`; MariaDB reads a dependent `MAX` by scanning the
-    /// partition's whole run of the index, 15 ms per claim at 100,000 rows, against 0.3).
+    /// its row committed ([`Self::last_handed_out`]).
     pub fn counters(self, schema: &Schema) -> String {
         match self {
             Self::Trigger => schema.render("{schema}.outbox_part_seq"),
-            Self::Binlog => schema.render(
-                "(SELECT p.part, GREATEST(p.n, COALESCE((SELECT q.part_seq \
-                 FROM {schema}.outbox_sequence AS q WHERE q.part = p.part \
-                 ORDER BY q.part_seq DESC LIMIT 1), 0), COALESCE((SELECT r.passed \
-                 FROM {schema}.outbox_positions AS r WHERE r.part = p.part), 0)) AS n \
-                 FROM {schema}.outbox_part_seq AS p)",
-            ),
+            Self::Binlog => schema.render(&format!(
+                "(SELECT p.part, {} AS n FROM {{schema}}.outbox_part_seq AS p)",
+                self.last_handed_out(
+                    "p.part",
+                    "COALESCE((SELECT r.passed FROM {schema}.outbox_positions AS r \
+                     WHERE r.part = p.part), 0)"
+                )
+            )),
         }
     }
 }
@@ -199,11 +194,12 @@ impl Queries {
         let r = |sql: &str| {
             schema.render(
                 &sql.replace("{counters}", &positions.counters(schema))
-                    .replace("{messages}", &positions.messages(schema)),
+                    .replace("{messages}", &positions.messages(schema))
+                    .replace("{n}", &positions.last_handed_out("w.part", "w.passed")),
             )
         };
         Self {
-            positions: r(positions.positions()),
+            positions: r(POSITIONS),
             parked_keys_block: r(&PARKED_KEYS.replace("{skip}", "")),
             parked_keys_skip: r(&PARKED_KEYS.replace("{skip}", "AND state <> 'failed'")),
             stats: r(STATS),
