@@ -279,29 +279,28 @@ impl Latency {
             max_ms: ms(s.last().copied().unwrap_or(0)),
             commit_p50_ms: ms(percentile(&c, 0.50)),
             unmatched: l.early.len() as u64,
-            by_minute: by_window(&l.samples, WINDOW),
+            by_minute: by_minute(&l.samples),
         }
     }
 }
 
-/// Width of the windows in [`LatencyFigures::by_minute`].
-const WINDOW: Duration = Duration::from_secs(60);
+/// Width of the windows in [`LatencyFigures::by_minute`], in µs (a minute).
+const WINDOW_US: u64 = 60_000_000;
 
 fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
 
-/// Figures per `width` of commit time, from the first commit; none unless the samples span at
-/// least two windows. A last window holding under half the samples of a full one (the load
+/// Figures per minute of commit time, from the first commit; none unless the samples span at
+/// least two minutes. A last minute holding under half the samples of a full one (the load
 /// stopped early in it) is left out: its few samples would read as a trend.
-fn by_window(samples: &[(u64, u64)], width: Duration) -> Vec<WindowFigures> {
-    let width = u64::try_from(width.as_micros()).unwrap_or(u64::MAX).max(1);
+fn by_minute(samples: &[(u64, u64)]) -> Vec<WindowFigures> {
     let Some(first) = samples.iter().map(|&(sent, _)| sent).min() else {
         return Vec::new();
     };
     let mut windows: Vec<Vec<u64>> = Vec::new();
     for &(sent, us) in samples {
-        let i = usize::try_from((sent - first) / width).unwrap_or(usize::MAX);
+        let i = ((sent - first) / WINDOW_US) as usize;
         if i >= windows.len() {
             windows.resize_with(i + 1, Vec::new);
         }
@@ -320,7 +319,7 @@ fn by_window(samples: &[(u64, u64)], width: Duration) -> Vec<WindowFigures> {
         .map(|(i, mut w)| {
             w.sort_unstable();
             WindowFigures {
-                from_s: i as u64 * width / 1_000_000,
+                from_s: i as u64 * WINDOW_US / 1_000_000,
                 samples: w.len() as u64,
                 p50_ms: ms(percentile(&w, 0.50)),
                 p99_ms: ms(percentile(&w, 0.99)),
@@ -492,13 +491,13 @@ mod tests {
         samples.extend((0..99).map(|i| (min + i * 1000, 10_000)));
         samples.push((min + 500, 500_000));
         samples.extend((0..10).map(|i| (2 * min + i, 1_000)));
-        let w = by_window(&samples, WINDOW);
+        let w = by_minute(&samples);
         assert_eq!(w.len(), 2);
         assert_eq!((w[0].from_s, w[0].samples, w[0].p99_ms), (0, 100, 99.0));
         assert_eq!((w[1].from_s, w[1].samples, w[1].p99_ms), (60, 100, 10.0));
         assert_eq!(w[1].max_ms, 500.0);
-        assert!(by_window(&samples[..100], WINDOW).is_empty());
-        assert!(by_window(&[], WINDOW).is_empty());
+        assert!(by_minute(&samples[..100]).is_empty());
+        assert!(by_minute(&[]).is_empty());
     }
 
     #[test]

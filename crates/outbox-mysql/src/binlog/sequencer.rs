@@ -913,10 +913,10 @@ impl Session {
     }
 
     /// A purged binlog (or a first start with no recorded position): the binlog's end now
-    /// (P), then `AUTO_INCREMENT` (S), then the writers of that moment waited for. Every row committed before P has a
-    /// `seq` below S and is in the table by then; those from `sequenced_below` (or
-    /// `passed_below`, if higher) up to S with no position get one from the table, the
-    /// trigger's kept. Returns P, where the stream starts.
+    /// (P), then `AUTO_INCREMENT` (S), then the writers of that moment waited for. Every row
+    /// committed before P has a `seq` below S and is in the table by then; those from
+    /// `sequenced_below` (or `passed_below`, if higher) up to S with no position get one from
+    /// the table, the trigger's kept. Returns P, where the stream starts.
     async fn take_from_table(&mut self, why: &str) -> Result<BinlogPosition> {
         let pool = self.inner.pool.clone();
         let schema = self.inner.schema.clone();
