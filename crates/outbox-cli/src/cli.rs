@@ -177,6 +177,13 @@ pub struct MigrateArgs {
     /// this, start them again. Idempotent.
     #[arg(long, conflicts_with_all = ["inbox", "cdc"])]
     pub binlog: bool,
+    /// Give a part of the deployment its least privileges on the outbox tables: PART=ROLE,
+    /// where PART is writer, relay, operator or reader (docs/roles.md), for example
+    /// `--grant writer=app_rw --grant relay=outbox_relay`. Repeatable. Recorded, and applied
+    /// again by every later `outbox migrate`, so an upgrade keeps them. PostgreSQL (a role);
+    /// MySQL/MariaDB (an account, `user` or `user@host`).
+    #[arg(long, value_name = "PART=ROLE", conflicts_with = "inbox")]
+    pub grant: Vec<outbox_core::Grant>,
 }
 
 /// Where `outbox relay` reads messages from.
@@ -288,6 +295,12 @@ pub struct RelayArgs {
     /// Env: OUTBOX_RETENTION.
     #[arg(long, value_name = "DURATION")]
     pub retention: Option<Dur>,
+    /// How often the relay maintains storage: segments ahead of the writers, retention
+    /// (default 30s). 0 turns it off, for a relay role without the tables owner's privileges:
+    /// then run `outbox maintain` as the owner on a schedule (docs/roles.md).
+    /// Env: OUTBOX_MAINTAIN_EVERY.
+    #[arg(long, value_name = "DURATION")]
+    pub maintain_every: Option<Dur>,
     /// Partition lease: how soon a dead relay's work is taken over (default 30s). The sink's ack
     /// timeout must fit in a third of it. Env: OUTBOX_LEASE.
     #[arg(long, value_name = "DURATION")]

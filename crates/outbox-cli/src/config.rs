@@ -81,6 +81,8 @@ pub struct RelaySection {
     pub read_ahead: Option<bool>,
     /// How long passed storage is kept.
     pub retention: Option<Dur>,
+    /// How often the relay maintains storage; 0 turns it off.
+    pub maintain_every: Option<Dur>,
     /// Partition lease.
     pub lease: Option<Dur>,
     /// Deadline of each store call a relay worker makes.
@@ -463,6 +465,17 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
         && pick_bool("OUTBOX_READ_AHEAD", f.read_ahead)?.unwrap_or(defaults.read_ahead);
     let retention = pick(args.retention, &["OUTBOX_RETENTION"], f.retention)?
         .map_or(defaults.retention, |d| d.0);
+    let maintain_every = pick(
+        args.maintain_every,
+        &["OUTBOX_MAINTAIN_EVERY"],
+        f.maintain_every,
+    )?
+    .map_or(defaults.maintain_every, |d| d.0);
+    at_most(
+        maintain_every,
+        Duration::from_secs(86_400),
+        "maintain every",
+    )?;
     let lease = pick(args.lease, &["OUTBOX_LEASE"], f.lease)?.map_or(defaults.lease, |d| d.0);
     at_least(lease, Duration::from_millis(500), "lease")?;
     at_most(lease, Duration::from_secs(3600), "lease")?;
@@ -529,7 +542,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
             poll_interval,
             listen,
             retention,
-            maintain_every: defaults.maintain_every,
+            maintain_every,
             lease,
             store_timeout,
             retry: RetryPolicy {

@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod gauges;
+pub mod grants;
 pub mod identifier;
 pub mod journey;
 pub mod message;
@@ -23,6 +24,7 @@ pub mod trace;
 pub use bytes::Bytes;
 pub use error::{Error, ErrorKind, Result};
 pub use gauges::{Gauges, PinAge, SequencerGauges, SlotGauges};
+pub use grants::{Grant, Part};
 pub use journey::{Journey, JourneyQuery, JourneyState, JourneyStep};
 pub use message::{Message, NewMessage};
 pub use retry::{Backoff, RetryPolicy};

@@ -11,17 +11,19 @@
 //! [`Session`] a lock held by a connection, [`Database::sibling`] another outbox table set (the
 //! inbox's processing queue). They name no backend crate.
 //!
-//! Adding a backend (MySQL/MariaDB is the next one): a [`Backend`] variant and its schemes in
+//! Adding a backend: a [`Backend`] variant and its schemes in
 //! `backend.rs`, a [`Database`] variant, an [`SqlxBackend`] impl, and one arm in each `match`
 //! the compiler then points at (here, and where other crates match [`SqlxTransaction`]).
 
 mod backend;
 mod database;
 mod migrations;
+mod roles;
 mod session;
 mod sql;
 mod sqlx_backend;
 mod transaction;
+pub mod url;
 
 pub use backend::{Backend, ACCEPTED_SCHEMES};
 pub use database::{open, open_with_deadline, Database};
@@ -32,3 +34,4 @@ pub use session::Session;
 pub use sql::{Param, Row};
 pub use sqlx_backend::SqlxBackend;
 pub use transaction::{SqlxTransaction, Transaction};
+pub use url::url_as;

@@ -8,6 +8,7 @@ mod begin;
 pub mod cdc;
 mod error;
 mod gauges;
+mod grants;
 mod journey;
 mod migrate;
 mod retention;
@@ -19,6 +20,7 @@ mod writer;
 pub use cdc::emit::{emit, Emitter};
 pub use error::map_sqlx_error;
 pub use gauges::GAUGES_PENDING_CAP;
+pub use grants::{create_login, drop_login, grant, let_own};
 pub use migrate::{
     apply_pending, check_schema, migrate, notify_installed, set_notify, MIGRATIONS, SCHEMA_VERSION,
 };

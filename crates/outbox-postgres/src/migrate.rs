@@ -39,10 +39,15 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "seq drawn by a nextval default",
         include_str!("../migrations/0007_seq_default.sql"),
     ),
+    (
+        8,
+        "grants recorded and kept",
+        include_str!("../migrations/0008_grants.sql"),
+    ),
 ];
 
 /// The schema version this crate's relay and writer need: the last of [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 7;
+pub const SCHEMA_VERSION: i32 = 8;
 
 /// Creates `schema` if needed and applies the migrations it lacks, in one transaction per run.
 /// Safe to run concurrently and repeatedly. Returns the versions applied now (empty when the
@@ -73,6 +78,10 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<Vec<i32>> {
     )
     .await?;
     check_sequence(&mut tx, schema).await?;
+    // Every recorded grant again: a migration that recreated an object left it without them.
+    for warning in crate::grants::apply_recorded(&mut tx, schema).await? {
+        tracing::warn!(schema = schema.as_str(), "{warning}");
+    }
     tx.commit()
         .await
         .map_err(|e| map_sqlx_error(&ctx("commit"), e))?;

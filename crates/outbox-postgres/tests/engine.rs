@@ -370,7 +370,7 @@ async fn migrate_to_version_7_waits_for_a_writer_in_progress() {
         drawn.push(seq);
     }
     tx.commit().await.unwrap();
-    assert_eq!(migrating.await.unwrap(), vec![7]);
+    assert_eq!(migrating.await.unwrap(), vec![7, 8]);
     let after: i64 = sqlx::query_scalar(&insert).fetch_one(&pool).await.unwrap();
     assert!(
         drawn[0] < drawn[1] && drawn[1] < after,
@@ -395,7 +395,7 @@ async fn migrate_to_version_7_keeps_the_sequence_where_it_was() {
     let mut tx = pool.begin().await.unwrap();
     let lost: Vec<(uuid::Uuid, i64)> = sqlx::query_as(&insert).fetch_all(&mut *tx).await.unwrap();
     tx.rollback().await.unwrap();
-    assert_eq!(migrate(&pool, &schema).await.unwrap(), vec![7]);
+    assert_eq!(migrate(&pool, &schema).await.unwrap(), vec![7, 8]);
     let identity: String = sqlx::query_scalar(&schema.render(
         "SELECT attidentity::text FROM pg_attribute
          WHERE attrelid = '{schema}.outbox'::regclass AND attname = 'seq'",
@@ -453,7 +453,10 @@ async fn migrate_upgrades_a_version_one_outbox_in_place() {
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(migrate(&pool, &schema).await.unwrap(), vec![3, 4, 5, 6, 7]);
+    assert_eq!(
+        migrate(&pool, &schema).await.unwrap(),
+        vec![3, 4, 5, 6, 7, 8]
+    );
     let store = Arc::new(PgStore::new(pool.clone(), schema.clone()));
     let s = store.stats().await.unwrap();
     assert_eq!((s.failed, s.retrying), (1, 1));

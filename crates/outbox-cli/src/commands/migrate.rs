@@ -5,12 +5,14 @@ use std::process::ExitCode;
 use crate::config::DbSettings;
 
 /// Applies the migrations, then installs or removes the NOTIFY doorbell when asked, then sets
-/// up CDC mode for `cdc_group` when asked, or the binlog route (MySQL/MariaDB).
+/// up CDC mode for `cdc_group` when asked, or the binlog route (MySQL/MariaDB), then gives the
+/// parts in `grants` their least privileges (last, so CDC mode's objects are granted too).
 pub async fn run(
     db: DbSettings,
     notify: Option<bool>,
     cdc_group: Option<&str>,
     binlog: bool,
+    grants: &[outbox_core::Grant],
 ) -> anyhow::Result<ExitCode> {
     let database = outbox_db::open(&db.url, &db.schema, 2).await?;
     let applied = database.migrate().await?;
@@ -39,6 +41,15 @@ pub async fn run(
              committed row its position from the binlog (`outbox_sequence`), taking from the \
              table first what was written before (docs/engine-mysql.md, \"The binlog route\")"
         );
+    }
+    if !grants.is_empty() {
+        let notes = database.grant(grants).await?;
+        for g in grants {
+            println!("{place}: granted {g} (docs/roles.md); kept by every later migrate");
+        }
+        for note in &notes {
+            println!("{place}: warning: {note}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

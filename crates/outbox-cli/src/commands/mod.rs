@@ -47,7 +47,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 migrate::inbox(db).await
             } else {
                 let cdc = args.cdc.then_some(args.cdc_group.as_str());
-                migrate::run(db, notify, cdc, args.binlog).await
+                migrate::run(db, notify, cdc, args.binlog, &args.grant).await
             }
         }
         Command::Maintain(args) => {
