@@ -81,7 +81,9 @@ pub struct Args {
     /// Pause between faults.
     #[arg(long, default_value = "4s")]
     pub fault_interval: Dur,
-    /// Fault kinds to inject: kill, pause, broker, db (broker and db need the commands below).
+    /// Fault kinds to inject: kill, pause, broker, db, failover, network (broker, db and
+    /// failover need the commands below; network needs a database reached by host and port:
+    /// verify puts a proxy of its own in front of it).
     #[arg(long, value_delimiter = ',', default_value = "kill,pause,broker,db")]
     pub faults: Vec<String>,
     /// Shell command that stops the broker (for the `broker` fault).
@@ -93,6 +95,22 @@ pub struct Args {
     /// Shell command that restarts the database (for the `db` fault).
     #[arg(long, value_name = "CMD")]
     pub db_restart_cmd: Option<String>,
+    /// Shell command that fails the database over (for the `failover` fault): the primary
+    /// stops and a standby is promoted while the producers write. The database URL must name
+    /// every server (`postgres://u@h1:5440,h2:5441/db?target_session_attrs=read-write`), so
+    /// writers and relays find the new primary.
+    #[arg(long, value_name = "CMD")]
+    pub failover_cmd: Option<String>,
+    /// How long the `network` fault black-holes the relays' database connections (held open,
+    /// nothing passes, no RST): each relay must say so on `/readyz` within 30 s, and reconnect
+    /// after.
+    #[arg(long, value_name = "DURATION", default_value = "60s")]
+    pub network_blackout: Dur,
+    /// Run every part as the database URL's user, instead of least-privilege logins made for the
+    /// run: writers, relays and operator commands each log in as a role holding only its part's
+    /// grants (docs/roles.md; PostgreSQL).
+    #[arg(long)]
+    pub no_roles: bool,
     /// Output format of the report.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
@@ -179,10 +197,14 @@ impl Args {
                     kinds.push(f.clone())
                 }
                 "db" if self.db_restart_cmd.is_some() => kinds.push(f.clone()),
-                "broker" | "db" => {
+                "failover" if self.failover_cmd.is_some() => kinds.push(f.clone()),
+                "network" => kinds.push(f.clone()),
+                "broker" | "db" | "failover" => {
                     eprintln!("verify: fault `{f}` skipped: pass its command (--{f}-…-cmd)")
                 }
-                other => anyhow::bail!("verify: unknown fault `{other}` (kill, pause, broker, db)"),
+                other => anyhow::bail!(
+                    "verify: unknown fault `{other}` (kill, pause, broker, db, failover, network)"
+                ),
             }
         }
         let database_url = self
@@ -204,6 +226,9 @@ impl Args {
             broker_stop: self.broker_stop_cmd.clone(),
             broker_start: self.broker_start_cmd.clone(),
             db_restart: self.db_restart_cmd.clone(),
+            failover: self.failover_cmd.clone(),
+            network_blackout: self.network_blackout.0,
+            roles: !self.no_roles,
             keep: self.keep,
             program,
             announce: self.format == Format::Text,

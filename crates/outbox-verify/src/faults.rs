@@ -8,19 +8,40 @@ use serde::Serialize;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::proxy::TcpProxy;
 use super::relays::{shell, Relays};
 
 /// One injected fault.
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultEvent {
-    /// `kill`, `pause`, `broker` or `db`.
+    /// `kill`, `pause`, `broker`, `db`, `failover` or `network`.
     pub kind: String,
     /// When it started, in seconds since the start of the run.
     pub at_seconds: f64,
     /// When it ended (the relay restarted or resumed, the broker or database back).
     pub ended_seconds: f64,
-    /// What was done.
+    /// What was done, and what the processes did about it.
     pub detail: String,
+    /// What the processes failed to do about it (the `network` fault: a relay that did not say
+    /// so on `/readyz` within [`NOTICE_WITHIN`], or was not ready again after); a run with any
+    /// fails.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+/// How soon every relay must report a black-holed database on `/readyz`.
+pub const NOTICE_WITHIN: Duration = Duration::from_secs(30);
+
+/// How long after the network heals every relay must be ready again.
+const READY_AGAIN_WITHIN: Duration = Duration::from_secs(90);
+
+/// The `network` fault: proxies in front of every database server the relays reach, black-holed
+/// together for `blackout`.
+pub struct Network {
+    /// One per server of the relays' database URL.
+    pub proxies: Vec<Arc<TcpProxy>>,
+    /// How long nothing passes.
+    pub blackout: Duration,
 }
 
 /// What the schedule may do and when.
@@ -39,6 +60,10 @@ pub struct Schedule {
     pub broker_start: Option<String>,
     /// See `broker_stop`.
     pub db_restart: Option<String>,
+    /// Shell command for the `failover` kind.
+    pub failover: Option<String>,
+    /// The `network` kind's proxies (`None` when the kind was not asked for).
+    pub network: Option<Network>,
 }
 
 /// Picks a process among `groups` (every process equally likely): (group, index).
@@ -94,7 +119,7 @@ pub fn spawn(
             };
             i += 1;
             let at = started.elapsed().as_secs_f64();
-            let detail = match kind.as_str() {
+            let (detail, problem) = match kind.as_str() {
                 "kill" => {
                     let (g, victim) = victim(&groups, &mut rng);
                     let mut role = String::new();
@@ -108,7 +133,7 @@ pub fn spawn(
                         let c = r.spawn_one(victim)?;
                         r.children[victim] = c;
                     }
-                    format!("kill -9 {role} {victim}, restarted")
+                    (format!("kill -9 {role} {victim}, restarted"), None)
                 }
                 "pause" => {
                     let (g, victim) = victim(&groups, &mut rng);
@@ -122,7 +147,10 @@ pub fn spawn(
                     if let Ok(mut r) = groups[g].lock() {
                         r.signal(victim, "-CONT");
                     }
-                    format!("SIGSTOP {role} {victim} for {paused:?} (past its lease), SIGCONT")
+                    (
+                        format!("SIGSTOP {role} {victim} for {paused:?} (past its lease), SIGCONT"),
+                        None,
+                    )
                 }
                 "broker" => {
                     if let (Some(a), Some(b)) = (&s.broker_stop, &s.broker_start) {
@@ -130,14 +158,27 @@ pub fn spawn(
                         tokio::time::sleep(Duration::from_secs(2)).await;
                         shell(b).await?;
                     }
-                    "broker stopped for 2 s, started".to_string()
+                    ("broker stopped for 2 s, started".to_string(), None)
                 }
                 "db" => {
                     if let Some(c) = &s.db_restart {
                         shell(c).await?;
                     }
-                    "database restarted".to_string()
+                    ("database restarted".to_string(), None)
                 }
+                "failover" => {
+                    if let Some(c) = &s.failover {
+                        shell(c).await?;
+                    }
+                    (
+                        "database failed over: the primary stopped, a standby promoted".to_string(),
+                        None,
+                    )
+                }
+                "network" => match &s.network {
+                    Some(n) => black_hole(n, &groups[0]).await?,
+                    None => continue,
+                },
                 _ => continue,
             };
             let ended = started.elapsed().as_secs_f64();
@@ -147,8 +188,90 @@ pub fn spawn(
                     at_seconds: at,
                     ended_seconds: ended,
                     detail,
+                    problem,
                 });
             }
         }
     })
+}
+
+/// The `network` fault: every proxy in front of the database goes silent for the blackout (the
+/// relays' connections stay open; nothing passes either way; no RST), then opens again. Every
+/// relay must answer `/readyz` with "not ready" within [`NOTICE_WITHIN`] and be ready again
+/// within [`READY_AGAIN_WITHIN`] of the network healing; what they did is the detail, what they
+/// failed to do the problem.
+async fn black_hole(
+    n: &Network,
+    relays: &Arc<Mutex<Relays>>,
+) -> anyhow::Result<(String, Option<String>)> {
+    let probes = relays
+        .lock()
+        .map(|r| r.readiness_urls())
+        .unwrap_or_default();
+    let started = Instant::now();
+    for p in &n.proxies {
+        p.go_silent();
+    }
+    let mut noticed = None;
+    while started.elapsed() < n.blackout {
+        if noticed.is_none() && all_ready(&probes).await == Some(false) {
+            noticed = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for p in &n.proxies {
+        let p = p.clone();
+        tokio::task::spawn_blocking(move || p.open()).await??;
+    }
+    let healed = Instant::now();
+    let mut ready_again = None;
+    while healed.elapsed() < READY_AGAIN_WITHIN {
+        if all_ready(&probes).await == Some(true) {
+            ready_again = Some(healed.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let secs = |d: Option<Duration>| {
+        d.map_or("never".to_string(), |d| format!("{:.1} s", d.as_secs_f64()))
+    };
+    let detail = format!(
+        "database connections black-holed for {:?} through a proxy (held open, no RST): every \
+         relay unready on /readyz after {}; ready again {} after the network healed",
+        n.blackout,
+        secs(noticed),
+        secs(ready_again)
+    );
+    let problem = match (noticed, ready_again) {
+        (Some(d), Some(_)) if d <= NOTICE_WITHIN => None,
+        (Some(_) | None, Some(_)) => Some(format!(
+            "the relays did not report the black-holed database on /readyz within {NOTICE_WITHIN:?}"
+        )),
+        (_, None) => Some(format!(
+            "the relays were not ready again within {READY_AGAIN_WITHIN:?} of the network healing"
+        )),
+    };
+    Ok((detail, problem))
+}
+
+/// Whether every probe answers ready (`Some(true)`), every one answers not ready
+/// (`Some(false)`), or they disagree or cannot be asked (`None`).
+async fn all_ready(probes: &[String]) -> Option<bool> {
+    // Longer than `/readyz`'s own database round trip (3 s): a slow answer is an answer.
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .ok()?;
+    let mut answers = Vec::with_capacity(probes.len());
+    for url in probes {
+        let ready = client
+            .get(url)
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status().is_success());
+        answers.push(ready?);
+    }
+    let first = *answers.first()?;
+    answers.iter().all(|a| *a == first).then_some(first)
 }

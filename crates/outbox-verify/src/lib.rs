@@ -18,6 +18,8 @@ pub mod checker;
 pub mod effects;
 pub mod faults;
 pub mod inbox;
+pub mod logins;
+pub mod proxy;
 pub mod relays;
 pub mod report;
 mod run;

@@ -29,6 +29,9 @@ pub struct Relays {
     /// The environment variable the second URL goes in (`OUTBOX_SINK` for relays,
     /// `OUTBOX_INBOX_SOURCE` for inbox daemons); `None`: only the database URL.
     url_env: Option<&'static str>,
+    /// With [`Relays::with_probes`]: the `--metrics-addr` port of each slot, kept across
+    /// restarts, so `/readyz` can be asked.
+    probe_ports: Option<Vec<u16>>,
 }
 
 impl Drop for Relays {
@@ -65,7 +68,24 @@ impl Relays {
             stdout,
             role: "relay".into(),
             url_env: Some("OUTBOX_SINK"),
+            probe_ports: None,
         }
+    }
+
+    /// Each process also serves `/metrics`, `/livez` and `/readyz` (`--metrics-addr`) on a
+    /// port of its own, kept across restarts: see [`Relays::readiness_urls`].
+    pub fn with_probes(mut self) -> Self {
+        self.probe_ports = Some(Vec::new());
+        self
+    }
+
+    /// The `/readyz` URL of every process, with [`Relays::with_probes`] (else none).
+    pub fn readiness_urls(&self) -> Vec<String> {
+        self.probe_ports
+            .iter()
+            .flatten()
+            .map(|p| format!("http://127.0.0.1:{p}/readyz"))
+            .collect()
     }
 
     /// The same for processes of another `role`, whose second URL (if any) goes in `url_env`.
@@ -104,8 +124,19 @@ impl Relays {
             None => Stdio::null(),
         };
         let mut c = Command::new(&self.program);
-        c.args(&self.args)
-            .env("OUTBOX_LOG", "warn")
+        c.args(&self.args);
+        if let Some(ports) = &mut self.probe_ports {
+            while ports.len() <= i {
+                // A free port now; the process binds it in a moment.
+                ports.push(
+                    std::net::TcpListener::bind("127.0.0.1:0")?
+                        .local_addr()?
+                        .port(),
+                );
+            }
+            c.args(["--metrics-addr", &format!("127.0.0.1:{}", ports[i])]);
+        }
+        c.env("OUTBOX_LOG", "warn")
             .env("OUTBOX_DATABASE_URL", &self.database_url);
         if let Some(name) = self.url_env {
             c.env(name, &self.sink_url);

@@ -16,6 +16,8 @@ use uuid::Uuid;
 use crate::checker::{check, Arrival, Committed, FaultMark};
 use crate::effects::check_effects;
 use crate::faults::{self, FaultEvent, Schedule};
+use crate::logins::Logins;
+use crate::proxy::TcpProxy;
 use crate::relays::Relays;
 use crate::report::{InboxReport, Report};
 use crate::workload::{self, Shape};
@@ -67,6 +69,13 @@ pub struct Settings {
     /// MySQL/MariaDB: the outbox runs the binlog route (`outbox migrate --binlog`): writers run
     /// no trigger and the relays' sequencer positions rows from the binlog.
     pub binlog: bool,
+    /// Shell command that fails the database over (the `failover` fault).
+    pub failover: Option<String>,
+    /// How long the `network` fault black-holes the relays' database connections.
+    pub network_blackout: Duration,
+    /// Writers, relays and operator commands log in as least-privilege roles made for the run
+    /// (docs/roles.md), not as the URL's user (PostgreSQL).
+    pub roles: bool,
 }
 
 /// `outbox inbox` daemons of a `--through-inbox` run: one ingests, one stands by.
@@ -130,6 +139,7 @@ async fn switch_to_cdc(
     db: &Database,
     relays: &Mutex<Relays>,
     started: Instant,
+    logins: Option<&Logins>,
 ) -> anyhow::Result<FaultEvent> {
     let at = started.elapsed().as_secs_f64();
     progress(
@@ -163,6 +173,10 @@ async fn switch_to_cdc(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    // The relay role reads the WAL now: its grants again give it the REPLICATION attribute.
+    if let Some(l) = logins {
+        l.grant(db).await?;
+    }
     let mut r = lock()?;
     // A relay the fault schedule restarted meanwhile runs in polling mode: killed again.
     kill_all(&mut r);
@@ -172,6 +186,7 @@ async fn switch_to_cdc(
         r.children[i] = c;
     }
     Ok(FaultEvent {
+        problem: None,
         kind: "switch".into(),
         at_seconds: at,
         ended_seconds: started.elapsed().as_secs_f64(),
@@ -256,6 +271,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         cdc,
         switch,
         binlog,
+        failover,
+        network_blackout,
+        roles,
     } = settings;
     let tmp = std::env::temp_dir().join(format!("outbox-verify-{:08x}", fastrand::u32(..)));
     std::fs::create_dir_all(&tmp)?;
@@ -267,8 +285,25 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     // A connection per producer, plus the consumer's status reads and the ledger.
     let pool_size = (shape.producers + shape.raw_producers + shape.emit_producers) as u32 + 4;
     let (db, relay_db_url) = open_database(&db_url, &tmp, pool_size).await?;
+    // Each part as production runs it: the tables owned by a login of their own, and each part
+    // a login holding only its grants (docs/roles.md).
+    let logins = if roles && db.backend() == Backend::Postgres {
+        Some(Logins::make(&db).await?)
+    } else {
+        None
+    };
     // A switching run makes its slot under load, later.
-    workload::prepare(&db, &shape, cdc && !switch, binlog).await?;
+    match &logins {
+        Some(l) => {
+            let owner = outbox_db::open(&l.url(&relay_db_url, &l.owner)?, db.schema(), 2)
+                .await
+                .context("logging in as the owner role")?;
+            workload::prepare(&owner, &shape, cdc && !switch, binlog).await?;
+            workload::grant_ledger(&owner, &l.writer.0).await?;
+            l.grant(&db).await?;
+        }
+        None => workload::prepare(&db, &shape, cdc && !switch, binlog).await?,
+    }
     let db = if binlog {
         // Opened again: it reads positions where the route keeps them.
         let schema = db.schema().to_string();
@@ -278,7 +313,62 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     };
     let place = db.place();
     let db = Arc::new(db);
-    let store = db.store();
+    let writer_db = match &logins {
+        Some(l) => Arc::new(
+            outbox_db::open(&l.url(&relay_db_url, &l.writer)?, db.schema(), pool_size)
+                .await
+                .context("logging in as the writer role")?,
+        ),
+        None => db.clone(),
+    };
+    let operator_db = match &logins {
+        Some(l) => Arc::new(
+            outbox_db::open(&l.url(&relay_db_url, &l.operator)?, db.schema(), 4)
+                .await
+                .context("logging in as the operator role")?,
+        ),
+        None => db.clone(),
+    };
+    let relay_db_url = match &logins {
+        Some(l) => l.url(&relay_db_url, &l.relay)?,
+        None => relay_db_url,
+    };
+    let operator_url = match &logins {
+        Some(l) => l.url(&relay_db_url, &l.operator)?,
+        None => relay_db_url.clone(),
+    };
+    // The `network` fault: a proxy of verify's own in front of every server the relays reach.
+    let (relay_db_url, network) = if kinds.iter().any(|k| k == "network") {
+        let servers = outbox_db::url::hosts(&relay_db_url)?;
+        anyhow::ensure!(
+            !servers.is_empty(),
+            "verify: the network fault needs a database reached over the network"
+        );
+        let mut proxies = Vec::new();
+        let mut via = Vec::new();
+        for (host, port) in servers {
+            let p = TcpProxy::start_to(format!("{host}:{port}"))
+                .context("starting the network fault's proxy")?;
+            via.push(("127.0.0.1".to_string(), p.port()));
+            proxies.push(Arc::new(p));
+        }
+        (
+            outbox_db::url::with_hosts(&relay_db_url, &via)?,
+            Some(faults::Network {
+                proxies,
+                blackout: network_blackout,
+            }),
+        )
+    } else {
+        (relay_db_url, None)
+    };
+    // The relays reach the database through the proxies until the run ends, long after the
+    // fault schedule (which owns them too) is over.
+    let _proxies: Vec<Arc<TcpProxy>> = network
+        .as_ref()
+        .map(|n| n.proxies.clone())
+        .unwrap_or_default();
+    let store = operator_db.store();
     // `stdout:` relays print their messages, all into one file the consumer tails.
     let stdout_path = (sink_url == "stdout:").then(|| tmp.join("stdout.jsonl"));
     let (mut reader, sink_url, destination): (Box<dyn Reader>, String, String) =
@@ -406,7 +496,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         relay_db_url.clone(),
         relay_sink,
         stdout_path.clone(),
-    );
+    )
+    .with_probes();
     for i in 0..relay_count {
         let c = relays.spawn_one(i)?;
         relays.children.push(c);
@@ -465,7 +556,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     let started = Instant::now();
 
     let stop = CancellationToken::new();
-    let (producers, tally) = workload::spawn(db.clone(), shape, seed, stop.clone());
+    let (producers, tally) = workload::spawn(writer_db.clone(), shape, seed, stop.clone());
     let fault_log = Arc::new(Mutex::new(Vec::<FaultEvent>::new()));
     let fault_task = faults::spawn(
         Schedule {
@@ -476,6 +567,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             broker_stop,
             broker_start,
             db_restart,
+            failover,
+            network,
         },
         groups.clone(),
         fault_log.clone(),
@@ -492,7 +585,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         got.poll(reader.as_mut(), started).await;
         if switch_at.is_some_and(|at| started.elapsed() >= at) {
             switch_at = None;
-            let event = switch_to_cdc(&db, &relays, started).await?;
+            let event = switch_to_cdc(&db, &relays, started, logins.as_ref()).await?;
             if let Ok(mut log) = fault_log.lock() {
                 log.push(event);
             }
@@ -642,8 +735,19 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         stuck.extend(stopped);
     }
 
+    // An operator command as the operator role: what `outbox status` needs, that role has.
+    if logins.is_some() {
+        if let Err(e) = operator_status(&program, &operator_url, db.schema()).await {
+            stuck.push(format!("`outbox status` as the operator role: {e:#}"));
+        }
+    }
+
     // The checker.
     let faults = fault_log.lock().map(|f| f.clone()).unwrap_or_default();
+    let fault_problems: Vec<String> = faults.iter().filter_map(|f| f.problem.clone()).collect();
+    for p in &fault_problems {
+        eprintln!("verify: {p}");
+    }
     let marks: Vec<FaultMark> = faults
         .iter()
         .map(|f| FaultMark {
@@ -674,7 +778,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     let all_kinds = kinds.iter().all(|k| faults_injected.contains_key(k));
     let inbox_ok = inbox_effects.as_ref().is_none_or(|i| i.effects.ok());
     let report = Report {
-        ok: verdict.ok() && pending == 0 && inbox_ok && stuck.is_empty(),
+        ok: verdict.ok()
+            && pending == 0
+            && inbox_ok
+            && stuck.is_empty()
+            && fault_problems.is_empty(),
         seed,
         database: place,
         sink: outbox_core::redact::url(&sink_url),
@@ -780,6 +888,14 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
+        }
+        if let Some(l) = &logins {
+            // Their sessions first: a login is dropped with what it holds in the schema.
+            if let (Some(w), Some(o)) = (writer_db.postgres(), operator_db.postgres()) {
+                w.pool().close().await;
+                o.pool().close().await;
+            }
+            l.drop_all(&db).await;
         }
         let _ = bounded(Database::clone(&db).destroy()).await;
         let _ = tokio::time::timeout(PHASE_LIMIT, reader.cleanup()).await;
@@ -895,4 +1011,30 @@ where
 /// takes too long stands.
 fn progress(started: Instant, what: &str) {
     eprintln!("verify: {:>6.1} s: {what}", started.elapsed().as_secs_f64());
+}
+
+/// Runs `outbox status --format json` as `url`'s login (the operator role): the command an
+/// on-call engineer runs first must work with that role's grants.
+async fn operator_status(program: &std::path::Path, url: &str, schema: &str) -> anyhow::Result<()> {
+    let out = tokio::time::timeout(
+        PHASE_LIMIT,
+        tokio::process::Command::new(program)
+            .args(["status", "--format", "json", "--schema", schema])
+            .env("OUTBOX_DATABASE_URL", url)
+            .env("OUTBOX_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .context("`outbox status` did not answer")??;
+    anyhow::ensure!(
+        out.status.success(),
+        "exited with {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .context("`outbox status --format json` did not print JSON")?;
+    Ok(())
 }

@@ -236,6 +236,28 @@ pub async fn prepare(db: &Database, shape: &Shape, cdc: bool, binlog: bool) -> a
     Ok(())
 }
 
+/// Lets the writer login `name` write the ledger and the counters, the business tables a
+/// producer's transaction writes beside its message (the outbox's own grants are its part's).
+pub async fn grant_ledger(db: &Database, name: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        outbox_core::identifier::is_plain(name, 63),
+        "verify: login `{name}` is not a plain identifier"
+    );
+    let sql = match db.backend() {
+        Backend::Mysql => format!(
+            "GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_ledger TO '{name}'@'%';
+             GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_counters TO '{name}'@'%'"
+        ),
+        _ => format!(
+            "GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_ledger, {{schema}}.verify_counters \
+             TO {name}"
+        ),
+    };
+    db.execute_script(&sql)
+        .await
+        .context("granting the ledger to the writer login")
+}
+
 /// Starts every producer; they run until `stop` is cancelled. Producer ids in the ledger:
 /// `0..P` locked, `P..P+R` raw, `P+R..P+R+E` emit.
 pub fn spawn(
