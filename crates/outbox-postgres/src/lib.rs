@@ -13,6 +13,7 @@ mod journey;
 mod migrate;
 mod retention;
 mod schema;
+pub mod servers;
 mod store;
 mod ticket;
 mod writer;

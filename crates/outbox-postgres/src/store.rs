@@ -206,7 +206,12 @@ pub fn connect_options(url: &str) -> Result<PgConnectOptions> {
 }
 
 /// [`connect_options`] for a relay that abandons store calls after `store_deadline`.
+///
+/// A URL naming several servers gives the first one's options: a pool follows the primary
+/// among them ([`connect_pool_with`]), and anything else connects to the first.
 pub fn connect_options_with(url: &str, store_deadline: Duration) -> Result<PgConnectOptions> {
+    let servers = crate::servers::Servers::parse(url)?;
+    let url = servers.first();
     let options: PgConnectOptions = url.parse().map_err(|e| {
         map_sqlx_error(
             &format!("parsing database URL {}", outbox_core::redact::url(url)),
@@ -235,6 +240,10 @@ pub async fn connect_pool_with(
     max_connections: u32,
     store_deadline: Duration,
 ) -> Result<PgPool> {
+    let servers = crate::servers::Servers::parse(url)?;
+    if !servers.is_single() {
+        return connect_followed(servers, max_connections, store_deadline).await;
+    }
     let options = connect_options_with(url, store_deadline)?;
     match tokio::time::timeout(
         Duration::from_secs(10),
@@ -266,6 +275,40 @@ pub async fn connect_pool_with(
                 e,
             )
         })
+}
+
+/// A pool on a URL naming several servers or asking for a primary
+/// (`target_session_attrs=read-write`): on the first server that will do, followed afterwards
+/// (see [`crate::servers`]). With `read-write` every new connection is checked too, so none is
+/// ever made to a standby.
+async fn connect_followed(
+    servers: crate::servers::Servers,
+    max_connections: u32,
+    store_deadline: Duration,
+) -> Result<PgPool> {
+    let options = move |u: &str| connect_options_with(u, store_deadline);
+    let (chosen, conn) = crate::servers::find(&servers, &options).await?;
+    let read_write = servers.read_write();
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                if read_write
+                    && sqlx::query_scalar::<_, bool>("SELECT pg_is_in_recovery()")
+                        .fetch_one(&mut *conn)
+                        .await?
+                {
+                    return Err(sqlx::Error::Protocol(
+                        "this server is a standby; the primary is being looked for".into(),
+                    ));
+                }
+                Ok(())
+            })
+        })
+        .connect_lazy_with(chosen);
+    crate::servers::follow(pool.clone(), servers, Some(conn), options);
+    Ok(pool)
 }
 
 /// `host:port` (or the socket directory) of `options`, for error texts.
