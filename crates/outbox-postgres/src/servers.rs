@@ -55,8 +55,9 @@ impl Servers {
                         "read-write" | "primary" => true,
                         other => {
                             return Err(Error::config(format!(
-                                "database URL `{}`: target_session_attrs={other} is not supported: \
-                                 use read-write (or primary) to follow the primary, or any",
+                                "database URL `{}`: the session target `{other}` is not \
+                                 supported: use target_session_attrs read-write (or primary) to \
+                                 follow the primary, or any",
                                 shown()
                             )))
                         }
@@ -217,6 +218,9 @@ mod tests {
         let e =
             Servers::parse("postgres://u:secret@h/db?target_session_attrs=standby").unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Config);
-        assert!(e.to_string().contains("standby") && !e.to_string().contains("secret"));
+        assert!(
+            e.to_string().contains("standby") && !e.to_string().contains("secret"),
+            "{e}"
+        );
     }
 }
