@@ -252,13 +252,21 @@ pub struct RelayArgs {
     /// OUTBOX_CDC_HEARTBEAT.
     #[arg(long, value_name = "DURATION", env = "OUTBOX_CDC_HEARTBEAT")]
     pub cdc_heartbeat: Option<crate::config::Dur>,
-    /// CDC mode: when the slot retains more WAL than this (e.g. 20GiB), the relay drops it and
-    /// falls back to the polling engine, saying so: the table's messages are all delivered,
-    /// logical messages (`emit`) not yet published are lost with the WAL. Checked every
-    /// maintenance round while the relay has messages in hand. Default: no limit of ours
-    /// (PostgreSQL's max_slot_wal_keep_size still applies). Env: OUTBOX_CDC_MAX_RETAINED_WAL.
+    /// CDC mode: when the slot is this far behind (WAL written since its confirmed position,
+    /// e.g. 20GiB), the relay drops it and makes it again, saying so: the table's messages are
+    /// delivered by polling meanwhile, and the emit messages it had not published are read back
+    /// from the WAL and parked (docs/cdc.md, "When the slot is lost"). Checked every maintenance
+    /// round while the relay has messages in hand. Default: no limit of ours (PostgreSQL's
+    /// max_slot_wal_keep_size still applies). Env: OUTBOX_CDC_MAX_RETAINED_WAL.
     #[arg(long, value_name = "SIZE", env = "OUTBOX_CDC_MAX_RETAINED_WAL")]
     pub cdc_max_retained_wal: Option<crate::config::ByteSize>,
+    /// CDC mode: a message held in the relay this long (its route's sink down, or retried)
+    /// while other messages are published is parked in outbox_parked with its key's later
+    /// messages, so the slot's confirmed position moves on and its WAL is released; they are
+    /// published from there, in order, once the sink is back (default 60s). While no sink
+    /// publishes at all, nothing is parked: the slot holds the WAL. Env: OUTBOX_CDC_PARK_AFTER.
+    #[arg(long, value_name = "DURATION", env = "OUTBOX_CDC_PARK_AFTER")]
+    pub cdc_park_after: Option<crate::config::Dur>,
     /// Sink URL, e.g. nats://127.0.0.1:4222. Env: OUTBOX_SINK.
     #[arg(long, value_name = "URL")]
     pub sink: Option<String>,

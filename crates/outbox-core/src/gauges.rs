@@ -77,8 +77,12 @@ pub struct SlotGauges {
     /// seconds (0 when it holds none).
     pub lag_seconds: f64,
     /// The slot is gone, or PostgreSQL invalidated it (`wal_status = 'lost'`): the relay cannot
-    /// go on from it.
+    /// go on from it (it makes it again).
     pub lost: bool,
+    /// WAL bytes, since the relay started, whose `emit` messages could not be read back after a
+    /// slot was lost (the server had removed that WAL): any such message committed there is
+    /// gone. 0 is the only healthy value.
+    pub unread_wal_bytes: i64,
 }
 
 /// One kind of thing that can hold retention back, and how long it has.

@@ -222,6 +222,8 @@ pub(crate) const CDC_RETAINED_BYTES: &str = "outbox_cdc_slot_retained_bytes";
 pub(crate) const CDC_LAG_SECONDS: &str = "outbox_cdc_slot_lag_seconds";
 /// `outbox_cdc_slot_lost`.
 pub(crate) const CDC_LOST: &str = "outbox_cdc_slot_lost";
+/// `outbox_cdc_wal_unread_bytes`.
+pub(crate) const CDC_UNREAD: &str = "outbox_cdc_wal_unread_bytes";
 
 /// The replication slot's figures a CDC relay (`outbox relay --mode cdc`) sets at scrape time,
 /// beside [`RELAY_CATALOGUE`].
@@ -247,8 +249,15 @@ pub const CDC_CATALOGUE: &[MetricDef] = &[
     gauge(
         CDC_LOST,
         &[],
-        "CDC mode: 1 when the slot is gone or invalidated (wal_status lost): the relay cannot \
-         go on from it.",
+        "CDC mode: 1 when the slot is gone or invalidated (wal_status lost): the relay makes \
+         it again, and publishes the emit messages it had not delivered from the WAL.",
+    ),
+    gauge(
+        CDC_UNREAD,
+        &[],
+        "CDC mode: WAL bytes, since the relay started, whose emit messages could not be read \
+         back after a slot was lost (the server had removed it): emit messages committed there \
+         are lost. Anything but 0 is an incident.",
     ),
 ];
 

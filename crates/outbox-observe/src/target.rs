@@ -153,12 +153,13 @@ impl Target {
                 }
                 if let Some(slot) = &g.cdc_slot {
                     use crate::catalogue::{
-                        CDC_LAG_BYTES, CDC_LAG_SECONDS, CDC_LOST, CDC_RETAINED_BYTES,
+                        CDC_LAG_BYTES, CDC_LAG_SECONDS, CDC_LOST, CDC_RETAINED_BYTES, CDC_UNREAD,
                     };
                     metrics::gauge!(CDC_LAG_BYTES).set(slot.lag_bytes as f64);
                     metrics::gauge!(CDC_RETAINED_BYTES).set(slot.retained_bytes as f64);
                     metrics::gauge!(CDC_LAG_SECONDS).set(slot.lag_seconds);
                     metrics::gauge!(CDC_LOST).set(if slot.lost { 1.0 } else { 0.0 });
+                    metrics::gauge!(CDC_UNREAD).set(slot.unread_wal_bytes as f64);
                 }
                 if let Some(q) = &g.binlog_sequencer {
                     use crate::catalogue::{

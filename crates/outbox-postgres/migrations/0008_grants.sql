@@ -66,6 +66,20 @@ BEGIN
             RETURN NEXT format('relay %s: CDC mode reads the WAL by replication, which needs the REPLICATION attribute that only a superuser gives: ALTER ROLE %s REPLICATION', grantee, r);
           END IF;
         END IF;
+        -- Its barriers and heartbeats are logical messages (docs/roles.md: PUBLIC may lose
+        -- that function), and a lost slot's emit messages are read back with pg_walinspect.
+        IF has_function_privilege('pg_logical_emit_message(boolean, text, text)', 'EXECUTE WITH GRANT OPTION')
+           OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+          EXECUTE format('GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO %s', r);
+        END IF;
+        IF to_regprocedure('pg_get_wal_records_info(pg_lsn, pg_lsn)') IS NOT NULL THEN
+          IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s',
+                           to_regprocedure('pg_get_wal_records_info(pg_lsn, pg_lsn)'), r);
+          ELSIF NOT has_function_privilege(grantee, 'pg_get_wal_records_info(pg_lsn, pg_lsn)', 'EXECUTE') THEN
+            RETURN NEXT format('relay %s: reading back the emit messages of a lost slot needs pg_walinspect, which a superuser grants: GRANT EXECUTE ON FUNCTION pg_get_wal_records_info(pg_lsn, pg_lsn) TO %s', grantee, r);
+          END IF;
+        END IF;
       END IF;
     ELSIF part = 'operator' THEN
       -- Redrive: a failed message back to retrying, and its audit row.

@@ -13,11 +13,12 @@
 --   * has nothing the slot's stream lacks: every row written before the slot was created is
 --     behind it already, i.e. no row of the partition is visible in $4 (the snapshot taken just
 --     after the slot was created) and not in its `done`.
--- The new position is a closed window at S: done = S, done_floor = F, and done_bound this
--- transaction's id, assigned now, after F was read (so every id at or above it belongs to a
--- transaction whose rows lie above F). `published` is carried over (the CDC relay does not count
--- per partition); `parked` is recounted.
--- $1 S (text), $2 F, $3 the mark's time, $4 the slot's start snapshot (text)
+-- The new position is a closed window at S: done = S, done_floor = F, and done_bound the id the
+-- mark assigned after F was read (so every id at or above it belongs to a transaction whose
+-- rows lie above F). `published` is carried over (the CDC relay does not count per
+-- partition); `parked` is recounted.
+-- $1 S (text), $2 F, $3 the mark's time, $4 the slot's start snapshot (text), $5 the mark's
+-- bound (text)
 WITH latest AS MATERIALIZED (
     SELECT DISTINCT ON (x.partition) x.*
     FROM {schema}.outbox_positions AS x
@@ -48,7 +49,7 @@ WITH latest AS MATERIALIZED (
 )
 INSERT INTO {schema}.outbox_positions
     (partition, epoch, done, done_bound, done_floor, done_at, cursor, published, prev_id, parked)
-SELECT e.partition, e.epoch, $1::pg_snapshot, pg_current_xact_id(), $2, $3, 0, e.published, e.id,
+SELECT e.partition, e.epoch, $1::pg_snapshot, $5::xid8, $2, $3, 0, e.published, e.id,
        (SELECT count(*) FROM {schema}.outbox_parked AS k WHERE k.partition = e.partition)
 FROM eligible AS e
 ON CONFLICT (partition, prev_id) DO NOTHING

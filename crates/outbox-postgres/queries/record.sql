@@ -16,7 +16,7 @@
 --
 -- For the partitions whose position was appended only:
 --   * copies messages to park (a retry, a failure, or a row queued behind its key) from the
---     message table into `outbox_parked`;
+--     message table into `outbox_parked`, unless parked already;
 --   * updates or deletes parked messages that were tried again (a published one is deleted:
 --     the parked table is small, and its key is released by draining it in order).
 -- Returns the partitions appended, with the new positions' ids (the next record's `prev_id`).
@@ -66,6 +66,12 @@ WITH fence AS MATERIALIZED (
     JOIN {schema}.outbox AS o
       ON o.partition = k.partition AND o.txid = k.txid::xid8 AND o.seq = k.seq
     WHERE k.partition IN (SELECT partition FROM appended)
+      -- Parked already (by a CDC relay before its slot was lost, at another seq when a logical
+      -- message of its key came before it): a second copy would be published twice, and could
+      -- sort ahead of its key's earlier message. A probe of the key's few parked rows.
+      AND NOT EXISTS (SELECT 1 FROM {schema}.outbox_parked AS d
+                      WHERE d.partition = o.partition AND d.aggregate_id = o.aggregate_id
+                        AND d.id = o.id)
     ON CONFLICT (partition, seq) DO NOTHING
 ), retried AS (
     UPDATE {schema}.outbox_parked AS x

@@ -516,50 +516,40 @@ fn assert_each_at_least_once(published: &[&[Message]], n: u64) {
     );
 }
 
-/// Claims (finding the stream gone and the slot with it) until the store falls back to polling.
-async fn claim_until_it_falls_back(s: &CdcStore) {
-    let mut tries = 0;
-    while !s.fell_back() {
-        let _ = s
-            .claim(&member(), &[], ClaimLimits::rows(1000), OnFailed::Block)
-            .await;
-        tries += 1;
-        assert!(tries < 100, "the relay never fell back");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Runs the worker's loop until every one of messages `0..n` was published at least once
+/// (after a slot was lost the store delivers by polling, makes the slot again, catches up, and
+/// streams), or `within` passed. Returns what was published.
+async fn worker_until_all(s: &CdcStore, n: u64, within: Duration) -> Vec<Message> {
+    let m = member();
+    run_worker(s, &m, within, |_, all: &[Message]| {
+        let mut seen: Vec<u64> = numbers(all);
+        seen.sort_unstable();
+        seen.dedup();
+        seen.len() as u64 >= n
+    })
+    .await
 }
 
-/// Claims and publishes everything the polling engine hands out through `s` (fallen back).
-async fn drain_polling(s: &CdcStore) -> Vec<Message> {
+/// An `emit` of message `n` on `key` in a transaction of its own.
+async fn emit(pool: &PgPool, schema: &Schema, key: &str, n: u32) -> outbox_core::Result<()> {
+    let mut tx = pool.begin().await.unwrap();
+    Emitter::new(schema).emit(&mut tx, &msg(key, n)).await?;
+    tx.commit().await.unwrap();
+    Ok(())
+}
+
+/// Runs the worker's loop until the store, having found its slot lost, reads the stream again
+/// (made its slot again and caught up), publishing what it is handed.
+async fn until_streaming(s: &CdcStore, within: Duration) -> Vec<Message> {
     let m = member();
-    s.rebalance(&m, Duration::from_secs(30)).await.unwrap();
-    let mut all = Vec::new();
-    let mut empty = 0;
-    while empty < 3 {
-        let got = s
-            .claim(
-                &m,
-                &(0..64).collect::<Vec<i32>>(),
-                ClaimLimits::rows(1000),
-                OnFailed::Block,
-            )
-            .await
-            .unwrap();
-        if got.is_empty() {
-            empty += 1;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
+    let lost = std::cell::Cell::new(false);
+    run_worker(s, &m, within, |s, _| {
+        if s.recovering() || s.catching_up() {
+            lost.set(true);
         }
-        empty = 0;
-        let outcomes: Vec<Outcome> = got
-            .iter()
-            .map(|x| Outcome::Published { seq: x.seq })
-            .collect();
-        s.complete(&m, &outcomes).await.unwrap();
-        all.extend(got);
-    }
-    s.release(&m).await.unwrap();
-    all
+        lost.get() && !s.recovering() && !s.catching_up()
+    })
+    .await
 }
 
 /// The CDC relay moves the polling positions behind it (checkpoints), so `outbox status` counts
@@ -582,41 +572,75 @@ async fn checkpoints_move_the_polling_positions_behind_the_relay() {
     cleanup(&pool, &schema, &names).await;
 }
 
-/// The slot is dropped under the relay: it falls back to the polling engine, which publishes
-/// every message from the last checkpoint on: everything written is published at least once.
+/// The slot is dropped under the relay: it delivers the table's messages by polling from the
+/// last checkpoint, makes the slot again, reads back from the WAL the `emit` messages the lost
+/// slot had not delivered (parked, then published), and streams again. An `emit` while no slot
+/// exists fails in its writer's transaction. Nothing committed is lost.
 #[tokio::test]
-async fn a_dropped_slot_falls_back_to_polling_without_loss() {
-    let (pool, schema, names, _guard) = cdc("cdc_fallback").await;
+async fn a_lost_slot_is_made_again_and_no_table_or_emit_message_is_lost() {
+    let (pool, schema, names, _guard) = cdc("cdc_lost").await;
     let s = store(&pool, &names, &database_url()).await;
     assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
-    // 50 messages published and checkpointed.
+    // 50 messages published and checkpointed (the slot's position is recorded then).
     for k in 0..5 {
         write(&pool, &schema, &format!("k{k}"), k * 10..k * 10 + 10).await;
     }
     let early = claim_n(&s, 50, Duration::from_secs(10)).await;
     publish(&s, &early).await;
     checkpointed(&s, &pool, &schema).await;
-    // 50 more, of which 30 published, not checkpointed.
+    // 50 more rows, of which 30 published, and 10 emits none of which is.
     for k in 5..10 {
         write(&pool, &schema, &format!("k{k}"), k * 10..k * 10 + 10).await;
     }
-    let late = claim_n(&s, 50, Duration::from_secs(10)).await;
-    publish(&s, &late[..30]).await;
-    let first: Vec<Message> = early.into_iter().chain(late.into_iter().take(30)).collect();
+    for n in 110..120 {
+        emit(&pool, &schema, "e", n).await.unwrap();
+    }
+    let late = claim_n(&s, 60, Duration::from_secs(10)).await;
+    assert_eq!(late.len(), 60);
+    let late_rows: Vec<Message> = late
+        .iter()
+        .filter(|m| m.aggregate_id != "e")
+        .take(30)
+        .cloned()
+        .collect();
+    publish(&s, &late_rows).await;
     wait_confirmed(&pool, &s, &names.slot).await;
     // The slot goes: its session ended by the server, then dropped before the relay is back.
     drop_slot_under_the_relay(&pool, &names.slot).await;
-    write(&pool, &schema, "after", 100..110).await;
-    // The next claims find the stream gone and the slot with it: polling from here.
-    claim_until_it_falls_back(&s).await;
-    let rest = drain_polling(&s).await;
-    assert_each_at_least_once(&[&first, &rest], 110);
-    assert_eq!(
-        rest.len(),
-        60,
-        "the polling engine starts from the checkpoint: the 50 messages after it and the 10 \
-         written after the slot went"
+    let refused = emit(&pool, &schema, "e", 999).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("missing or lost"),
+        "an emit with no slot fails in its transaction: {refused}"
     );
+    write(&pool, &schema, "after", 100..110).await;
+    let rest = worker_until_all(&s, 70, Duration::from_secs(60)).await;
+    let first: Vec<Message> = early.into_iter().chain(late_rows).collect();
+    let mut all: Vec<u64> = numbers(&first).into_iter().chain(numbers(&rest)).collect();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(
+        all,
+        (0..120).collect::<Vec<_>>(),
+        "every row and every emit committed, at least once (the refused emit never)"
+    );
+    assert_eq!(
+        numbers_of(&rest, "e"),
+        (110..120).collect::<Vec<_>>(),
+        "the emits read back from the WAL, in commit order"
+    );
+    assert!(
+        outbox_postgres::cdc::setup::slot_exists(&pool, &names.slot)
+            .await
+            .unwrap(),
+        "the slot is made again"
+    );
+    run_worker(&s, &member(), Duration::from_secs(30), |s, _| {
+        !s.recovering() && !s.catching_up()
+    })
+    .await;
+    emit(&pool, &schema, "e", 120).await.unwrap();
+    let streamed = drain_n(&s, 1, Duration::from_secs(10)).await;
+    assert_eq!(numbers(&streamed), vec![120], "and the stream again");
     drop(s);
     cleanup(&pool, &schema, &names).await;
 }
@@ -803,17 +827,18 @@ async fn a_second_cdc_group_on_one_schema_is_refused() {
     cleanup(&pool, &schema, &names).await;
 }
 
-/// After the fallback, a message the CDC relay parked as failed is still the polling engine's
-/// to deliver: redriven, it is published, in order with its key.
+/// After the slot is lost, a message the CDC relay parked as failed is still the polling
+/// engine's to deliver: redriven, it is published, in order with its key. The key's head is a
+/// logical message, its next a row: the row is parked behind it (a fresh seq, not its own, which
+/// would sort it first).
 #[tokio::test]
-async fn after_the_fallback_a_message_parked_by_cdc_is_redriven_by_polling() {
+async fn after_a_lost_slot_a_message_parked_by_cdc_is_redriven_in_order() {
     let (pool, schema, names, _guard) = cdc("cdc_fbpark").await;
     let s = store(&pool, &names, &database_url()).await;
     assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
     write(&pool, &schema, "warm", 0..5).await;
     drain_n(&s, 5, Duration::from_secs(10)).await;
     checkpointed(&s, &pool, &schema).await;
-    // The key's head is a logical message: after the fallback it exists only as a parked row.
     let mut tx = pool.begin().await.unwrap();
     Emitter::new(&schema)
         .emit(&mut tx, &msg("k", 10))
@@ -837,22 +862,74 @@ async fn after_the_fallback_a_message_parked_by_cdc_is_redriven_by_polling() {
     .unwrap();
     wait_confirmed(&pool, &s, &names.slot).await;
     drop_slot_under_the_relay(&pool, &names.slot).await;
-    claim_until_it_falls_back(&s).await;
+    // Polling (the recovery, the catch-up) meets row 11 again: its key waits behind the failure.
+    let before = until_streaming(&s, Duration::from_secs(30)).await;
+    assert!(
+        numbers(&before).iter().all(|n| !(10..12).contains(n)),
+        "nothing of the key while its head is failed: {:?}",
+        numbers(&before)
+    );
     assert_eq!(
         s.redrive(&outbox_core::RedriveScope::All, "test")
             .await
             .unwrap(),
         1
     );
-    let rest = drain_polling(&s).await;
-    let keyed: Vec<u64> = numbers(&rest)
-        .into_iter()
-        .filter(|n| (10..12).contains(n))
-        .collect();
-    assert!(
-        keyed.first() == Some(&10) && keyed.contains(&11),
-        "the redriven head first, then its key: {keyed:?}"
+    let rest = worker_until_all(&s, 2, Duration::from_secs(30)).await;
+    assert_eq!(
+        numbers_of(&rest, "k"),
+        vec![10, 11],
+        "the redriven head first, then its key"
     );
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// The review's N2: a key's head (a row) fails and its next row waits behind it, both parked by
+/// the CDC relay; the slot is lost, and the polling engine reads the same rows again from the
+/// checkpoint before anyone redrives. It must publish neither (the key is blocked), and parks
+/// no second copy; after the redrive, the head first. CDC once parked them at fresh seqs, and
+/// polling parked copies at their own, older seqs, ahead of the failure.
+#[tokio::test]
+async fn rows_parked_by_cdc_keep_their_seqs_so_polling_after_a_lost_slot_keeps_the_key_blocked() {
+    let (pool, schema, names, _guard) = cdc("cdc_n2").await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    write(&pool, &schema, "warm", 0..5).await;
+    drain_n(&s, 5, Duration::from_secs(10)).await;
+    checkpointed(&s, &pool, &schema).await;
+    write(&pool, &schema, "k", 10..12).await;
+    let got = claim_n(&s, 2, Duration::from_secs(10)).await;
+    assert_eq!(numbers(&got), vec![10, 11]);
+    s.complete(
+        &member(),
+        &[Outcome::Failed {
+            seq: got[0].seq,
+            error: "rejected for good".into(),
+        }],
+    )
+    .await
+    .unwrap();
+    wait_confirmed(&pool, &s, &names.slot).await;
+    drop_slot_under_the_relay(&pool, &names.slot).await;
+    let before = until_streaming(&s, Duration::from_secs(30)).await;
+    assert!(
+        numbers(&before).iter().all(|n| !(10..12).contains(n)),
+        "nothing of the blocked key: {:?}",
+        numbers(&before)
+    );
+    let parked: i64 = sqlx::query_scalar(
+        &schema.render("SELECT count(*) FROM {schema}.outbox_parked WHERE aggregate_id = 'k'"),
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(parked, 2, "one parked copy of each");
+    s.redrive(&outbox_core::RedriveScope::All, "test")
+        .await
+        .unwrap();
+    let rest = worker_until_all(&s, 2, Duration::from_secs(30)).await;
+    assert_eq!(numbers_of(&rest, "k"), vec![10, 11]);
     drop(s);
     cleanup(&pool, &schema, &names).await;
 }
@@ -958,31 +1035,34 @@ async fn a_malformed_message_is_parked_behind_its_keys_earlier_messages() {
     cleanup(&pool, &schema, &names).await;
 }
 
-/// The slot retains more WAL than the relay's limit while the relay is behind (messages in
-/// hand, unpublished): the maintenance round drops the slot and falls back to polling, and
-/// every message is delivered at least once.
+/// The slot is further behind than the relay's limit while the relay is behind (messages in
+/// hand, unpublished): the maintenance round drops the slot (holding the emitters' lock), makes
+/// it again, and every message, rows and emits, is delivered at least once.
 #[tokio::test]
-async fn a_slot_over_the_retained_limit_is_dropped_and_the_relay_falls_back() {
+async fn a_slot_over_the_retained_limit_is_dropped_and_made_again() {
     let (pool, schema, names, _guard) = cdc("cdc_overlimit").await;
     let s = store(&pool, &names, &database_url())
         .await
         .with_max_retained(Some(1));
     assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
     write(&pool, &schema, "k", 0..20).await;
-    let got = claim_n(&s, 20, Duration::from_secs(10)).await;
+    for n in 20..25 {
+        emit(&pool, &schema, "e", n).await.unwrap();
+    }
+    let got = claim_n(&s, 25, Duration::from_secs(10)).await;
     publish(&s, &got[..10]).await;
-    // Ten in hand: the relay is behind, so the round looks at the slot, and it is over 1 byte.
+    // Fifteen in hand: the relay is behind, so the round looks at the slot, over 1 byte.
     s.maintain(Duration::from_secs(3600)).await.unwrap();
-    assert!(s.fell_back(), "over its limit, the relay falls back");
+    assert!(s.recovering(), "over its limit, the slot is dropped");
     assert!(
         !outbox_postgres::cdc::setup::slot_exists(&pool, &names.slot)
             .await
             .unwrap(),
         "the slot is dropped, and its WAL with it"
     );
-    write(&pool, &schema, "k", 20..25).await;
-    let rest = drain_polling(&s).await;
-    assert_each_at_least_once(&[&got[..10], &rest], 25);
+    write(&pool, &schema, "k", 25..30).await;
+    let rest = worker_until_all(&s, 30, Duration::from_secs(60)).await;
+    assert_each_at_least_once(&[&got[..10], &rest], 30);
     drop(s);
     cleanup(&pool, &schema, &names).await;
 }
@@ -1015,11 +1095,19 @@ async fn run_worker_failing(
             Instant::now() < until,
             "the worker did not get there in time"
         );
-        let parts = s.rebalance(m, Duration::from_secs(30)).await.unwrap();
-        let got = s
+        // As the worker does: a failed call (the stream lost, the slot being made again) is
+        // retried after a pause.
+        let Ok(parts) = s.rebalance(m, Duration::from_secs(30)).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let Ok(got) = s
             .claim(m, &parts, ClaimLimits::rows(7), OnFailed::Block)
             .await
-            .unwrap();
+        else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
         if got.is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
@@ -1277,9 +1365,8 @@ async fn a_failure_during_the_catch_up_keeps_its_key_behind_it_in_the_stream() {
     cleanup(&pool, &schema, &names).await;
 }
 
-/// A slot over the relay's own retained-WAL limit during a catch-up (the slot waits unread
-/// meanwhile) is dropped as it would be while streaming: the relay polls for good, and every
-/// message still arrives.
+/// A slot over the relay's own limit during a catch-up (the slot waits unread meanwhile) is
+/// dropped as it would be while streaming, and made again: every message still arrives.
 #[tokio::test]
 async fn a_slot_over_the_retained_limit_during_the_catch_up_is_dropped() {
     let (pool, schema, polling) = common::setup("cdc_catchup_limit").await;
@@ -1292,14 +1379,15 @@ async fn a_slot_over_the_retained_limit_during_the_catch_up_is_dropped() {
         .with_max_retained(Some(1));
     assert!(s.catching_up());
     s.maintain(Duration::from_secs(3600)).await.unwrap();
-    assert!(s.fell_back(), "over its limit, the relay falls back");
+    assert!(s.recovering(), "over its limit, the slot is dropped");
     assert!(
         !outbox_postgres::cdc::setup::slot_exists(&pool, &names.slot)
             .await
             .unwrap(),
         "the slot is dropped, and its WAL with it"
     );
-    let rest = drain_polling(&s).await;
+    // The polling relay published the first 4; the rest come now.
+    let rest = worker_until_all(&s, 16, Duration::from_secs(60)).await;
     assert_each_at_least_once(&[&early, &rest], 20);
     drop(s);
     cleanup(&pool, &schema, &names).await;
@@ -1338,5 +1426,239 @@ async fn a_catch_up_another_relay_finished_ends_at_the_next_rebalance() {
     publish(&s, &streamed).await;
     s.release(&m).await.unwrap();
     drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// The publication drifted (published through the segments instead of the root table, a row
+/// filter, the table dropped from it): the relay refuses to read the stream, naming what differs
+/// and how to mend it, says so on its ping (`/readyz`), and reads again once it is mended.
+#[tokio::test]
+async fn publication_drift_is_refused_naming_what_differs() {
+    let (pool, schema, names, _guard) = cdc("cdc_drift").await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    let p = &names.publication;
+    for (drift, said) in [
+        (
+            format!("ALTER PUBLICATION {p} SET (publish_via_partition_root = false)"),
+            "publish_via_partition_root",
+        ),
+        (
+            format!(
+                "ALTER PUBLICATION {p} SET TABLE {}.outbox WHERE (aggregate_id <> 'x')",
+                schema.as_str()
+            ),
+            "filters the rows",
+        ),
+        (
+            format!(
+                "ALTER PUBLICATION {p} DROP TABLE {}.outbox",
+                schema.as_str()
+            ),
+            "does not include",
+        ),
+    ] {
+        sqlx::raw_sql(&drift).execute(&pool).await.unwrap();
+        // The relay's session ends (a restart, a network cut): it connects again, and checks.
+        s.release(&member()).await.unwrap();
+        let e = s
+            .claim(&member(), &[], ClaimLimits::rows(10), OnFailed::Block)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains(said), "{e}");
+        let ping = s.ping().await.unwrap_err();
+        assert!(ping.to_string().contains("drift"), "{ping}");
+        sqlx::raw_sql(&format!(
+            "ALTER PUBLICATION {p} SET TABLE {}.outbox; \
+             ALTER PUBLICATION {p} SET (publish_via_partition_root = true, publish = 'insert')",
+            schema.as_str()
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    write(&pool, &schema, "k", 0..3).await;
+    let got = drain_n(&s, 3, Duration::from_secs(10)).await;
+    assert_eq!(numbers(&got), vec![0, 1, 2], "mended, it reads again");
+    s.ping().await.unwrap();
+    s.release(&member()).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// Under `--on-failed skip` a failed message does not hold its key, so no parked key remains;
+/// a redrive from another process (`outbox redrive`) must still be picked up within seconds:
+/// the relay reads the parked table while it holds any row.
+#[tokio::test]
+async fn a_redrive_under_skip_is_picked_up() {
+    let (pool, schema, names, _guard) = cdc("cdc_skipredrive").await;
+    let s = store(&pool, &names, &database_url()).await;
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    write(&pool, &schema, "k", 0..1).await;
+    let m = member();
+    let got = s
+        .claim(&m, &[], ClaimLimits::rows(10), OnFailed::Skip)
+        .await
+        .unwrap();
+    let got = if got.is_empty() {
+        claim_n(&s, 1, Duration::from_secs(10)).await
+    } else {
+        got
+    };
+    assert_eq!(numbers(&got), vec![0]);
+    s.complete(
+        &m,
+        &[Outcome::Failed {
+            seq: got[0].seq,
+            error: "rejected for good".into(),
+        }],
+    )
+    .await
+    .unwrap();
+    // Claims with nothing new to read go on under skip.
+    for _ in 0..3 {
+        let none = s
+            .claim(&m, &[], ClaimLimits::rows(10), OnFailed::Skip)
+            .await
+            .unwrap();
+        assert!(none.is_empty());
+    }
+    let polling = outbox_postgres::PgStore::new(pool.clone(), schema.clone());
+    assert_eq!(
+        polling
+            .redrive(&outbox_core::RedriveScope::All, "fixed")
+            .await
+            .unwrap(),
+        1
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        let got = s
+            .claim(&m, &[], ClaimLimits::rows(10), OnFailed::Skip)
+            .await
+            .unwrap();
+        if !got.is_empty() {
+            break got;
+        }
+        assert!(Instant::now() < until, "the redrive was never picked up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(numbers(&again), vec![0]);
+    publish(&s, &again).await;
+    s.release(&m).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// One key's sink is down (its messages come back deferred) while other keys flow: after the
+/// park-after bound its messages are parked, so its transactions are confirmed and the slot's
+/// position moves past them; once its sink is back they are published from the parked table, in
+/// order.
+#[tokio::test]
+async fn a_key_whose_sink_stays_down_is_parked_so_the_slot_moves() {
+    let (pool, schema, names, _guard) = cdc("cdc_stuckroute").await;
+    let s = store(&pool, &names, &database_url())
+        .await
+        .with_park_after(Duration::from_secs(1));
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    write(&pool, &schema, "down", 0..3).await;
+    let m = member();
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut flowed = 0u32;
+    // The `down` key's messages are deferred (its lane's breaker open); others keep flowing.
+    loop {
+        write(&pool, &schema, "busy", 100 + flowed..101 + flowed).await;
+        let got = s
+            .claim(&m, &[], ClaimLimits::rows(100), OnFailed::Block)
+            .await
+            .unwrap();
+        let outcomes: Vec<Outcome> = got
+            .iter()
+            .map(|x| {
+                if x.aggregate_id == "down" {
+                    Outcome::Deferred {
+                        seq: x.seq,
+                        error: "sink down".into(),
+                        delay: Duration::from_millis(200),
+                    }
+                } else {
+                    flowed += 1;
+                    Outcome::Published { seq: x.seq }
+                }
+            })
+            .collect();
+        s.complete(&m, &outcomes).await.unwrap();
+        let parked: i64 = sqlx::query_scalar(
+            &schema
+                .render("SELECT count(*) FROM {schema}.outbox_parked WHERE aggregate_id = 'down'"),
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if parked == 3 {
+            break;
+        }
+        assert!(Instant::now() < until, "the held key was never parked");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The slot confirms past the held key's transaction now.
+    write(&pool, &schema, "busy", 500..501).await;
+    let after = drain_n(&s, 1, Duration::from_secs(10)).await;
+    assert!(numbers(&after).contains(&500));
+    wait_confirmed(&pool, &s, &names.slot).await;
+    // The sink is back: the parked messages go out, in order.
+    let back = worker_until_all(&s, 3, Duration::from_secs(30)).await;
+    assert_eq!(numbers_of(&back, "down"), vec![0, 1, 2]);
+    s.release(&m).await.unwrap();
+    drop(s);
+    cleanup(&pool, &schema, &names).await;
+}
+
+/// The connection to the server goes silent (a black-holed network: held open, no RST): the
+/// relay asks the server for a word, gets none, gives the connection up and connects again once
+/// the network is back; nothing is lost.
+#[tokio::test]
+async fn a_silent_server_is_given_up_and_the_stream_made_again() {
+    let (pool, schema, names, _guard) = cdc("cdc_silent").await;
+    let port: u16 = database_url()
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next()?.parse().ok())
+        .unwrap_or(5432);
+    let proxy = outbox_testkit::proxy::TcpProxy::start(port);
+    let via = database_url().replace(&format!(":{port}/"), &format!(":{}/", proxy.port()));
+    let s = store(&pool, &names, &via)
+        .await
+        .with_silence(Duration::from_secs(1));
+    assert!(claim_n(&s, 1, Duration::from_millis(300)).await.is_empty());
+    write(&pool, &schema, "k", 0..2).await;
+    publish(&s, &claim_n(&s, 2, Duration::from_secs(10)).await).await;
+    proxy.go_silent();
+    let started = Instant::now();
+    let ended = loop {
+        match s
+            .claim(&member(), &[], ClaimLimits::rows(10), OnFailed::Block)
+            .await
+        {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "a silent server was waited on"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(
+        ended.to_string().contains("no word from the server"),
+        "{ended}"
+    );
+    write(&pool, &schema, "k", 2..4).await;
+    proxy.open();
+    let got = drain_n(&s, 2, Duration::from_secs(30)).await;
+    assert!(numbers(&got).ends_with(&[2, 3]), "{:?}", numbers(&got));
+    s.release(&member()).await.unwrap();
+    drop(s);
+    drop(proxy);
     cleanup(&pool, &schema, &names).await;
 }

@@ -65,8 +65,9 @@ const RAW_INSERT: &str = "
     VALUES ($1, $2, $3, $4)
     RETURNING CAST(id AS TEXT)";
 
-/// CDC mode's table-less write: the message as a transactional logical message.
-const EMIT: &str = "SELECT pg_logical_emit_message(true, $1, $2)::text";
+/// CDC mode's table-less write: the message as a transactional logical message, through
+/// `outbox_emit`, which refuses it (failing the transaction) while the slot is lost.
+const EMIT: &str = "SELECT {schema}.outbox_emit($1)::text";
 
 /// The commit-order witness (see the module comment).
 const BUMP_COUNTER: &str =
@@ -277,7 +278,6 @@ pub fn spawn(
             keys: locked_keys.clone(),
             hot: HOT_KEYS.min(shape.keys),
             tally: tally.clone(),
-            prefix: String::new(),
         };
         tasks.push(tokio::spawn(producer.run(seed, stop.clone())));
     }
@@ -289,13 +289,9 @@ pub fn spawn(
             keys: shape.raw_keys_of(j),
             hot: 0,
             tally: tally.clone(),
-            prefix: String::new(),
         };
         tasks.push(tokio::spawn(producer.run(seed, stop.clone())));
     }
-    let prefix = outbox_postgres::Schema::new(db.schema())
-        .map(|s| outbox_postgres::cdc::setup::message_prefix(&s))
-        .unwrap_or_default();
     for j in 0..shape.emit_producers {
         let producer = Producer {
             db: db.clone(),
@@ -304,7 +300,6 @@ pub fn spawn(
             keys: shape.emit_keys_of(j),
             hot: 0,
             tally: tally.clone(),
-            prefix: prefix.clone(),
         };
         tasks.push(tokio::spawn(producer.run(seed, stop.clone())));
     }
@@ -346,8 +341,6 @@ struct Producer {
     /// The first `hot` keys take half the writes.
     hot: usize,
     tally: Arc<Tally>,
-    /// The logical message prefix emit producers write under (empty for the others).
-    prefix: String,
 }
 
 impl Producer {
@@ -400,14 +393,8 @@ impl Producer {
             }
             WriterKind::Emit => {
                 let m = NewMessage::new("verify", key, "event", payload);
-                tx.execute(
-                    EMIT,
-                    &[
-                        self.prefix.clone().into(),
-                        outbox_postgres::cdc::emit::content(&m).into(),
-                    ],
-                )
-                .await?;
+                tx.execute(EMIT, &[outbox_postgres::cdc::emit::content(&m).into()])
+                    .await?;
                 m.id
             }
             WriterKind::Raw => {

@@ -79,6 +79,19 @@ async fn cdc(database: &outbox_db::Database, group: &str) -> anyhow::Result<()> 
              the stream (docs/cdc.md, \"Switching a running outbox\")"
         );
     }
+    if setup.failover_slot {
+        println!(
+            "CDC: the slot is a failover slot: with sync_replication_slots = on on the standbys \
+             it follows a failover (docs/cdc.md, \"Failover\")"
+        );
+    }
+    println!(
+        "CDC: writers emit with SELECT {}.outbox_emit('{{…}}') (refused while the slot is lost)",
+        names.schema.as_str()
+    );
+    for note in &setup.notes {
+        println!("CDC: warning: {note}");
+    }
     match setup.max_slot_wal_keep_mb {
         Some(mb) => println!(
             "CDC: max_slot_wal_keep_size = {mb} MB: a slot that falls further behind is \

@@ -110,11 +110,14 @@ pub async fn run(s: RelaySettings, args: &crate::cli::RelayArgs) -> anyhow::Resu
         crate::cli::RelayMode::Cdc => {
             let heartbeat = args.cdc_heartbeat.map(|d| d.0);
             let max_retained = args.cdc_max_retained_wal.map(|b| b.0 as u64);
+            let park_after = args
+                .cdc_park_after
+                .map_or(outbox_postgres::cdc::DEFAULT_PARK_AFTER, |d| d.0);
             cdc_store(
                 &database,
                 &s.db.url,
                 &args.cdc_group,
-                (heartbeat, max_retained),
+                (heartbeat, max_retained, park_after),
                 &mut s.relay,
             )
             .await?
@@ -159,7 +162,11 @@ async fn cdc_store(
     database: &outbox_db::Database,
     url: &str,
     group: &str,
-    (heartbeat, max_retained): (Option<std::time::Duration>, Option<u64>),
+    (heartbeat, max_retained, park_after): (
+        Option<std::time::Duration>,
+        Option<u64>,
+        std::time::Duration,
+    ),
     relay: &mut outbox_relay::RelayConfig,
 ) -> anyhow::Result<Arc<dyn outbox_core::Store>> {
     let outbox_db::Database::Postgres(pg) = database else {
@@ -173,7 +180,8 @@ async fn cdc_store(
     let store = outbox_postgres::cdc::CdcStore::new(pg.pool().clone(), url, names)
         .await?
         .with_heartbeat(heartbeat)
-        .with_max_retained(max_retained);
+        .with_max_retained(max_retained)
+        .with_park_after(park_after);
     if relay.workers != 1 {
         info!(
             workers = relay.workers,

@@ -4,19 +4,23 @@
 //! transaction commits, in commit order with the table's rows; a rollback discards it.
 //!
 //! What this gives up against the table: nothing of it is visible to SQL (no pending count, no
-//! `outbox journey` of a message not yet published), and it lives only as long as the relay's
-//! replication slot holds its WAL. Only a CDC relay can publish it.
+//! `outbox journey` of a message not yet published), and it lives only in the WAL. Only a CDC
+//! relay can publish it.
+//!
+//! It goes through `{schema}.outbox_emit` (made by `outbox migrate --cdc`), which refuses the
+//! message, failing the caller's transaction, while the relay group has no valid slot: a message
+//! no relay would ever read is never accepted silently.
 
 use outbox_core::{NewMessage, Result};
 use serde_json::{json, Value};
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::cdc::setup::message_prefix;
 use crate::error::map_sqlx_error;
 use crate::schema::Schema;
 
-const EMIT_SQL: &str = "SELECT pg_logical_emit_message(true, $1, $2)";
+/// The call every writer makes (see `queries/cdc_emit_function.sql`).
+const EMIT_SQL: &str = "SELECT {schema}.outbox_emit($1)::text";
 
 /// The logical message's content: a JSON object with the columns of an outbox row (`id`,
 /// `aggregate_type`, `aggregate_id`, `event_type`, `payload`, `headers`, `topic`). Only
@@ -43,7 +47,7 @@ pub fn content(message: &NewMessage) -> String {
 /// Writes logical messages for one schema's CDC relay.
 #[derive(Debug, Clone)]
 pub struct Emitter {
-    prefix: String,
+    sql: String,
 }
 
 impl Default for Emitter {
@@ -56,19 +60,20 @@ impl Emitter {
     /// An emitter for the CDC relay of `schema` (prefix `outbox`, or `outbox:<schema>`).
     pub fn new(schema: &Schema) -> Self {
         Self {
-            prefix: message_prefix(schema),
+            sql: schema.render(EMIT_SQL),
         }
     }
 
     /// Writes `message` into the WAL inside `tx`: published by the CDC relay iff `tx` commits,
     /// after every message of transactions that committed before it. One round trip, no row.
+    /// Fails (and with it `tx`) while the relay group has no valid slot: the message would
+    /// never be published (docs/cdc.md, "When the slot is lost").
     pub async fn emit(
         &self,
         tx: &mut Transaction<'_, Postgres>,
         message: &NewMessage,
     ) -> Result<Uuid> {
-        sqlx::query(EMIT_SQL)
-            .bind(&self.prefix)
+        sqlx::query(&self.sql)
             .bind(content(message))
             .execute(&mut **tx)
             .await

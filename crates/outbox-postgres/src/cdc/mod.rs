@@ -3,12 +3,15 @@
 //! no query on an idle database, and writers may skip the table with [`emit`](emit::emit).
 //! See docs/cdc.md.
 
+pub mod checks;
 pub mod emit;
 pub mod pgoutput;
+pub mod salvage;
 pub mod setup;
 mod store;
 mod stream;
+pub mod sync;
 
 pub use setup::{CdcNames, CdcSetup, DEFAULT_GROUP, MESSAGE_PREFIX};
-pub use store::CdcStore;
+pub use store::{CdcStore, DEFAULT_PARK_AFTER};
 pub use stream::{url_password, FEEDBACK_INTERVAL};

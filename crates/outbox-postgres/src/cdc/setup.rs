@@ -70,6 +70,12 @@ impl CdcNames {
     pub fn start_setting(&self) -> String {
         format!("cdc_start:{}", self.slot)
     }
+
+    /// The `outbox_settings` row holding where the slot stood at the last maintenance round
+    /// (restart and confirmed positions), read when the slot is lost.
+    pub fn read_setting(&self) -> String {
+        format!("cdc_read:{}", self.slot)
+    }
 }
 
 /// The logical message prefix of `schema`'s outbox (see [`MESSAGE_PREFIX`]).
@@ -90,6 +96,14 @@ pub struct CdcSetup {
     pub slot_created: bool,
     /// The server's `max_slot_wal_keep_size` in MB; `None` when unlimited (-1).
     pub max_slot_wal_keep_mb: Option<i64>,
+    /// Whether the slot follows a failover (PostgreSQL 17 and later: a failover slot, kept on
+    /// standbys with `sync_replication_slots`).
+    pub failover_slot: bool,
+    /// Whether the relay can read WAL the slot no longer holds (`pg_walinspect`), to publish
+    /// the `emit` messages of a lost slot (see [`crate::cdc::salvage`]).
+    pub salvage: bool,
+    /// What the operator should know (each a sentence with what to do).
+    pub notes: Vec<String>,
 }
 
 /// Refuses, with the fix, a server whose `wal_level` is not `logical`.
@@ -147,13 +161,37 @@ pub async fn check_one_group(pool: &PgPool, names: &CdcNames) -> Result<()> {
     }
 }
 
-/// Creates the publication and the slot when missing. Idempotent. The slot starts at the
-/// moment it is created: messages written before are not in its stream (the CDC relay's
-/// catch-up delivers those no polling relay has passed; see docs/cdc.md, "Switching a running
-/// outbox").
+/// Refuses a slot name another database of the cluster already uses: slot names are
+/// cluster-wide, and the two outboxes would read one stream.
+async fn check_slot_name_free(pool: &PgPool, names: &CdcNames) -> Result<()> {
+    let other: Option<String> = sqlx::query_scalar(
+        "SELECT database::text FROM pg_replication_slots \
+         WHERE slot_name = $1 AND database IS DISTINCT FROM current_database()",
+    )
+    .bind(&names.slot)
+    .fetch_optional(pool)
+    .await
+    .map_err(|e| map_sqlx_error("looking for the CDC slot's name in the cluster", e))?;
+    match other {
+        None => Ok(()),
+        Some(db) => Err(Error::config(format!(
+            "the replication slot name `{}` is taken by database `{db}` of this cluster (slot \
+             names are cluster-wide): give this outbox another relay group (--cdc-group)",
+            names.slot
+        ))),
+    }
+}
+
+/// Creates the publication, the slot and `outbox_emit` when missing, and checks the server's
+/// settings. Idempotent. The slot starts at the moment it is created: messages written before
+/// are not in its stream (the CDC relay's catch-up delivers those no polling relay has passed;
+/// see docs/cdc.md, "Switching a running outbox"), and from then on it holds WAL until a relay
+/// reads it: start the CDC relay soon after.
 pub async fn migrate_cdc(pool: &PgPool, names: &CdcNames) -> Result<CdcSetup> {
     check_wal_level(pool).await?;
     check_one_group(pool, names).await?;
+    check_slot_name_free(pool, names).await?;
+    let mut notes = Vec::new();
     let publication_exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
             .bind(&names.publication)
@@ -175,21 +213,116 @@ pub async fn migrate_cdc(pool: &PgPool, names: &CdcNames) -> Result<CdcSetup> {
             Err(e) => return Err(map_sqlx_error("creating the CDC publication", e)),
         }
     }
-    let slot_exists = slot_exists(pool, &names.slot).await?;
-    if !slot_exists {
-        match sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+    crate::cdc::checks::check_publication(pool, names).await?;
+    crate::cdc::checks::check_synchronous_standbys(pool, names).await?;
+    let made = make_slot(pool, names).await?;
+    sqlx::raw_sql(&names.schema.render(EMIT_FUNCTION_SQL))
+        .execute(pool)
+        .await
+        .map_err(|e| map_sqlx_error("creating outbox_emit", e))?;
+    let salvage = crate::cdc::salvage::install(pool).await?;
+    if !salvage {
+        notes.push(
+            "pg_walinspect is not installed and this login may not install it: a relay whose \
+             slot is lost cannot publish the emit messages the slot had not delivered; run \
+             CREATE EXTENSION pg_walinspect as a superuser (docs/cdc.md, \"When the slot is \
+             lost\")"
+                .to_string(),
+        );
+    }
+    // The writer's EXECUTE on outbox_emit, the relay's REPLICATION: every recorded grant again.
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| map_sqlx_error("granting the CDC objects", e))?;
+    notes.extend(crate::grants::apply_recorded(&mut conn, &names.schema).await?);
+    if made.slot_created {
+        notes.push(
+            "the slot holds the WAL written from now on until a CDC relay reads it: start \
+             `outbox relay --mode cdc` soon"
+                .to_string(),
+        );
+    }
+    if emit_open_to_public(pool).await? {
+        notes.push(
+            "any role that can connect may call pg_logical_emit_message and so publish through \
+             the relay: REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text), \
+             pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC (as a superuser), and \
+             give writers outbox_emit (outbox migrate --grant writer=…)"
+                .to_string(),
+        );
+    }
+    Ok(CdcSetup {
+        publication_created: !publication_exists,
+        slot_created: made.slot_created,
+        max_slot_wal_keep_mb: max_slot_wal_keep_mb(pool).await?,
+        failover_slot: made.failover,
+        salvage,
+        notes,
+    })
+}
+
+const EMIT_FUNCTION_SQL: &str = include_str!("../../queries/cdc_emit_function.sql");
+
+/// Whether PUBLIC may still call `pg_logical_emit_message` (its default).
+async fn emit_open_to_public(pool: &PgPool) -> Result<bool> {
+    sqlx::query_scalar(
+        "SELECT has_function_privilege('public', \
+                'pg_logical_emit_message(boolean, text, text)', 'EXECUTE')",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(|e| map_sqlx_error("reading who may emit logical messages", e))
+}
+
+/// What [`make_slot`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MadeSlot {
+    /// Whether it created the slot (false: it was there and valid).
+    pub slot_created: bool,
+    /// Whether the slot is a failover slot (PostgreSQL 17 and later).
+    pub failover: bool,
+    /// The slot's start (consistent point) when created now: every transaction that commits
+    /// after it is in its stream, none before.
+    pub start_lsn: Option<u64>,
+}
+
+/// Creates the group's slot when missing (a failover slot on PostgreSQL 17 and later), and
+/// records the snapshot just after its start: checkpoints (cdc_checkpoint.sql) move the polling
+/// positions of a partition only once every row visible in it is behind them, and the catch-up
+/// delivers the rows before it. A lost (invalidated) slot is dropped and made again.
+pub async fn make_slot(pool: &PgPool, names: &CdcNames) -> Result<MadeSlot> {
+    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading the server version", e))?;
+    let failover = version >= 170_000;
+    if slot_lost_now(pool, &names.slot).await? == Some(true) {
+        let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
             .bind(&names.slot)
             .execute(pool)
+            .await;
+    }
+    let exists = slot_exists(pool, &names.slot).await?;
+    let mut start_lsn = None;
+    if !exists {
+        let create = if failover {
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, \
+             false, true)"
+        } else {
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+        };
+        match sqlx::query_scalar::<_, String>(create)
+            .bind(&names.slot)
+            .fetch_one(pool)
             .await
         {
-            Ok(_) => {}
+            Ok(lsn) => start_lsn = crate::cdc::store::parse_lsn(&lsn),
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42710") => {}
             Err(e) => return Err(map_sqlx_error("creating the CDC replication slot", e)),
         }
     }
-    // The snapshot just after the slot's start: checkpoints (cdc_checkpoint.sql) move the
-    // polling positions of a partition only once every row visible in it is behind them.
-    let record = if slot_exists {
+    let record = if exists {
         "INSERT INTO {schema}.outbox_settings (name, value) \
          VALUES ($1, pg_current_snapshot()::text) ON CONFLICT (name) DO NOTHING"
     } else {
@@ -202,11 +335,27 @@ pub async fn migrate_cdc(pool: &PgPool, names: &CdcNames) -> Result<CdcSetup> {
         .execute(pool)
         .await
         .map_err(|e| map_sqlx_error("recording where the CDC slot starts", e))?;
-    Ok(CdcSetup {
-        publication_created: !publication_exists,
-        slot_created: !slot_exists,
-        max_slot_wal_keep_mb: max_slot_wal_keep_mb(pool).await?,
+    Ok(MadeSlot {
+        slot_created: !exists,
+        failover,
+        start_lsn,
     })
+}
+
+/// Whether `slot` is lost (`Some(true)`: WAL it needed is gone, or PostgreSQL invalidated it
+/// for another reason), valid (`Some(false)`), or missing (`None`).
+pub async fn slot_lost_now(pool: &PgPool, slot: &str) -> Result<Option<bool>> {
+    sqlx::query_scalar(
+        "SELECT s.wal_status = 'lost' \
+                OR (to_jsonb(s) ->> 'invalidation_reason') IS NOT NULL \
+                OR coalesce((to_jsonb(s) ->> 'conflicting')::boolean, false) \
+         FROM pg_replication_slots AS s \
+         WHERE s.slot_name = $1 AND s.database = current_database()",
+    )
+    .bind(slot)
+    .fetch_optional(pool)
+    .await
+    .map_err(|e| map_sqlx_error("looking at the CDC slot", e))
 }
 
 /// Whether the logical slot `slot` exists in this database.

@@ -29,6 +29,24 @@ const DATE_SETTINGS: &str = "-c datestyle=ISO,YMD -c timezone=UTC";
 /// publishes slower than the server sends stops reading, and the server waits.
 const ITEMS_BUFFERED: usize = 16_384;
 
+/// Payload bytes those items may hold, whatever their number: a backlog of 1 MB messages fills
+/// this long before the count (16,384 of them were 16 GB). A single larger message still
+/// passes, alone.
+pub(crate) const BYTES_BUFFERED: usize = 32 << 20;
+
+/// Replication events the client reads ahead of the stream task: each may be a whole row
+/// (a payload of megabytes), so few.
+const EVENTS_BUFFERED: usize = 64;
+
+/// How long connecting, identifying and starting the stream may take: a server that does not
+/// answer (black-holed, frozen) is tried again rather than waited on.
+const START_WITHIN: Duration = Duration::from_secs(10);
+
+/// After this long without a word from the server the relay asks for one (a heartbeat written
+/// through its pool, which the stream carries back); after as long again with none, the
+/// connection is given up for dead and made again. An idle server says nothing on its own.
+pub(crate) const SILENCE: Duration = Duration::from_secs(20);
+
 /// What the stream says, in WAL order.
 #[derive(Debug)]
 pub(crate) enum Item {
@@ -36,6 +54,9 @@ pub(crate) enum Item {
     Begin {
         /// When it committed.
         commit_time: DateTime<Utc>,
+        /// Where its commit record starts: a synchronous standby has the commit once it has
+        /// flushed the WAL past this (see [`crate::cdc::sync`]).
+        final_lsn: u64,
     },
     /// An outbox message of the current transaction.
     Message(Box<Message>),
@@ -52,11 +73,25 @@ pub(crate) enum Item {
     Ended(Error),
 }
 
+/// An item and its share of [`BYTES_BUFFERED`], given back when the relay takes the item.
+pub(crate) struct Budgeted {
+    pub(crate) item: Item,
+    _bytes: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
 /// A running stream: its items, and the position to confirm.
 pub(crate) struct Stream {
-    pub(crate) items: mpsc::Receiver<Item>,
+    pub(crate) items: mpsc::Receiver<Budgeted>,
     pub(crate) confirm: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
+}
+
+impl Stream {
+    /// Whether the stream task has ended (the server closed the stream, or it was given up):
+    /// its items may still wait to be taken.
+    pub(crate) fn ended(&self) -> bool {
+        self.task.is_finished()
+    }
 }
 
 impl Drop for Stream {
@@ -67,11 +102,24 @@ impl Drop for Stream {
 
 /// The replication connection's settings from the relay's database URL: host, port, user,
 /// password, database and TLS as the URL gives them.
-pub(crate) fn replication_config(url: &str, names: &CdcNames) -> Result<ReplicationConfig> {
+///
+/// A URL naming several servers gives the first one; `at` (the server the store's pool uses now,
+/// which follows the primary) takes its place.
+pub(crate) fn replication_config(
+    url: &str,
+    names: &CdcNames,
+    at: Option<(&str, u16)>,
+) -> Result<ReplicationConfig> {
     let redacted = outbox_core::redact::url(url);
+    let servers = crate::servers::Servers::parse(url)?;
+    let url = servers.first();
     let options: PgConnectOptions = url
         .parse()
         .map_err(|e| Error::config(format!("parsing database URL {redacted}: {e}")))?;
+    let options = match at {
+        Some((host, port)) => options.host(host).port(port),
+        None => options,
+    };
     let password = url_password(url)?.unwrap_or_default();
     let tls = match options.get_ssl_mode() {
         PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => TlsConfig::disabled(),
@@ -99,7 +147,8 @@ pub(crate) fn replication_config(url: &str, names: &CdcNames) -> Result<Replicat
     })
     .with_status_interval(FEEDBACK_INTERVAL)
     .with_wakeup_interval(Duration::from_secs(10))
-    .with_application_name(format!("outbox-cdc:{}", names.slot));
+    .with_buffer_size(EVENTS_BUFFERED)
+    .with_application_name(crate::cdc::checks::application_name(names));
     Ok(config)
 }
 
@@ -128,31 +177,71 @@ fn percent_decode(s: &str) -> Option<String> {
 /// Connects to the slot and starts reading. Returns once the server accepted
 /// `START_REPLICATION`: from then on this session holds the slot, and no other relay of the
 /// group can read it (the slot is the group's lease).
+///
+/// `confirmed` is the position the relay confirmed so far: sent again at once, so what it
+/// confirmed while it had no stream is not sent again by the server. `probe` is rung when the
+/// server has been silent for [`SILENCE`] (the store then writes a heartbeat).
 pub(crate) async fn start(
     config: ReplicationConfig,
     names: CdcNames,
     doorbell: Arc<watch::Sender<u64>>,
+    confirmed: u64,
+    probe: Arc<watch::Sender<u64>>,
+    silence: Duration,
 ) -> Result<Stream> {
     let slot = names.slot.clone();
-    let mut client = ReplicationClient::connect_gated(config)
-        .await
-        .map_err(|e| replication_error(&slot, e))?;
-    client
-        .start()
-        .await
-        .map_err(|e| replication_error(&slot, e))?;
-    client
-        .wait_started()
-        .await
-        .map_err(|e| replication_error(&slot, e))?;
+    let started = tokio::time::timeout(START_WITHIN, async {
+        let mut client = ReplicationClient::connect_gated(config).await?;
+        let system = client.identify_system().await?;
+        client.start().await?;
+        client.wait_started().await?;
+        Ok::<_, pgwire_replication::PgWireError>((client, system))
+    })
+    .await;
+    let (client, system) = match started {
+        Ok(Ok(started)) => started,
+        Ok(Err(e)) => return Err(replication_error(&slot, e)),
+        Err(_) => {
+            return Err(Error::new(
+                ErrorKind::Connection,
+                format!(
+                    "CDC replication on slot `{slot}`: the server did not start the stream \
+                     within {START_WITHIN:?}; will retry"
+                ),
+            ))
+        }
+    };
+    if confirmed > 0 {
+        client.update_applied_lsn(Lsn::from_u64(confirmed));
+    }
+    let origin = origin(
+        &system.system_id,
+        system.dbname.as_deref().unwrap_or_default(),
+    );
     let (tx, items) = mpsc::channel(ITEMS_BUFFERED);
-    let (confirm, confirm_rx) = watch::channel(0u64);
-    let task = tokio::spawn(read(client, names, tx, confirm_rx, doorbell));
+    let (confirm, confirm_rx) = watch::channel(confirmed);
+    let bytes = Arc::new(tokio::sync::Semaphore::new(BYTES_BUFFERED));
+    let decoder = Decoder::new(names).with_origin(origin);
+    let task = tokio::spawn(read(
+        client, decoder, tx, bytes, confirm_rx, doorbell, probe, silence,
+    ));
     Ok(Stream {
         items,
         confirm,
         task,
     })
+}
+
+/// What makes a derived message id unique across clusters and databases: a hash of the
+/// cluster's system identifier (shared by its physical standbys, so an id survives a failover)
+/// and the database's name.
+pub(crate) fn origin(system_id: &str, database: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in system_id.bytes().chain([b'/']).chain(database.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
 }
 
 /// A replication error as the relay reports it: the cause, and what to do for the common ones.
@@ -161,15 +250,22 @@ fn replication_error(slot: &str, e: pgwire_replication::PgWireError) -> Error {
     let hint = if text.contains("is active for PID") {
         "; another relay of this group reads the slot (one reader at a time); this one waits \
          and takes over when it stops"
+    } else if text.contains("publication") && text.contains("does not exist") {
+        "; run `outbox migrate --cdc` to create the publication"
     } else if text.contains("does not exist") {
-        "; run `outbox migrate --cdc` to create the publication and the slot"
+        "; the relay makes the slot again (docs/cdc.md, \"When the slot is lost\")"
     } else if text.contains("can no longer get changes") || text.contains("invalidated") {
-        "; the slot lost WAL it needed (max_slot_wal_keep_size): drop it and run \
-         `outbox migrate --cdc` again after the polling relay delivered the backlog"
+        "; the slot lost WAL it needed (max_slot_wal_keep_size): the relay makes it again and \
+         delivers the table's messages by polling meanwhile (docs/cdc.md, \"When the slot is \
+         lost\")"
     } else {
         "; will retry"
     };
-    let kind = if hint == "; will retry" || hint.contains("takes over") {
+    let kind = if hint == "; will retry"
+        || hint.contains("takes over")
+        || hint.contains("makes the slot again")
+        || hint.contains("makes it again")
+    {
         ErrorKind::Connection
     } else {
         ErrorKind::Config
@@ -180,19 +276,52 @@ fn replication_error(slot: &str, e: pgwire_replication::PgWireError) -> Error {
     )
 }
 
-/// The stream task: events in, items out, confirmed positions back to the server.
+/// The stream task: events in, items out (each holding its payload's share of `bytes` until
+/// the relay takes it), confirmed positions back to the server. A server silent for `silence`
+/// ([`SILENCE`]) is asked for a word (`probe`); silent for as long again, its connection is
+/// given up and the relay connects anew.
+#[allow(clippy::too_many_arguments)] // one task's whole state, each piece passed once
 async fn read(
     mut client: ReplicationClient,
-    names: CdcNames,
-    tx: mpsc::Sender<Item>,
+    mut decoder: Decoder,
+    tx: mpsc::Sender<Budgeted>,
+    bytes: Arc<tokio::sync::Semaphore>,
     mut confirm: watch::Receiver<u64>,
     doorbell: Arc<watch::Sender<u64>>,
+    probe: Arc<watch::Sender<u64>>,
+    silence: Duration,
 ) {
     use futures::FutureExt as _;
-    let mut decoder = Decoder::new(names);
+    let mut asked = false;
     loop {
         let event = tokio::select! {
-            ev = client.recv() => ev,
+            ev = tokio::time::timeout(silence, client.recv()) => match ev {
+                Ok(ev) => {
+                    asked = false;
+                    ev
+                }
+                Err(_) if !asked => {
+                    asked = true;
+                    probe.send_modify(|n| *n = n.wrapping_add(1));
+                    continue;
+                }
+                Err(_) => {
+                    let why = Error::new(
+                        ErrorKind::Connection,
+                        format!(
+                            "CDC replication on slot `{}`: no word from the server for {:?}, \
+                             a heartbeat asked for included; the connection is given up for dead \
+                             and made again",
+                            decoder.names.slot,
+                            silence * 2
+                        ),
+                    );
+                    let _ = tx.send(Budgeted { item: Item::Ended(why), _bytes: None }).await;
+                    client.abort();
+                    doorbell.send_modify(|n| *n = n.wrapping_add(1));
+                    return;
+                }
+            },
             changed = confirm.changed() => {
                 if changed.is_err() {
                     // The relay dropped the stream.
@@ -218,7 +347,8 @@ async fn read(
             };
             for item in items {
                 let end = matches!(item, Item::Ended(_));
-                if tx.send(item).await.is_err() || end {
+                let sent = deliver(&tx, &bytes, item, &mut confirm, &client).await;
+                if !sent || end {
                     client.stop();
                     doorbell.send_modify(|n| *n = n.wrapping_add(1));
                     return;
@@ -236,12 +366,57 @@ async fn read(
     }
 }
 
+/// Hands `item` to the relay once the channel has room and its payload fits in the byte
+/// budget; meanwhile passes on what the relay confirms, so the slot moves while the relay works
+/// through what it holds. `false` when the relay dropped the stream.
+async fn deliver(
+    tx: &mpsc::Sender<Budgeted>,
+    bytes: &Arc<tokio::sync::Semaphore>,
+    item: Item,
+    confirm: &mut watch::Receiver<u64>,
+    client: &ReplicationClient,
+) -> bool {
+    let size = match &item {
+        Item::Message(m) | Item::Malformed(m, _) => m.payload.len(),
+        _ => 0,
+    };
+    let send = async {
+        let permit = if size == 0 {
+            None
+        } else {
+            let want = u32::try_from(size.min(BYTES_BUFFERED)).unwrap_or(u32::MAX);
+            bytes.clone().acquire_many_owned(want).await.ok()
+        };
+        tx.send(Budgeted {
+            item,
+            _bytes: permit,
+        })
+        .await
+        .is_ok()
+    };
+    tokio::pin!(send);
+    loop {
+        tokio::select! {
+            sent = &mut send => return sent,
+            changed = confirm.changed() => {
+                if changed.is_err() {
+                    return false;
+                }
+                let lsn = *confirm.borrow_and_update();
+                client.update_applied_lsn(Lsn::from_u64(lsn));
+            }
+        }
+    }
+}
+
 /// Turns replication events into items: knows the message table's columns and the current
 /// transaction's commit time.
 pub(crate) struct Decoder {
     names: CdcNames,
     relations: HashMap<u32, Relation>,
     commit_time: DateTime<Utc>,
+    /// See [`origin`]: part of every derived message id.
+    origin: u64,
 }
 
 impl Decoder {
@@ -250,17 +425,27 @@ impl Decoder {
             names,
             relations: HashMap::new(),
             commit_time: Utc::now(),
+            origin: 0,
         }
+    }
+
+    /// The same, deriving message ids from `origin` (see [`origin`]).
+    pub(crate) fn with_origin(mut self, origin: u64) -> Self {
+        self.origin = origin;
+        self
     }
 
     pub(crate) fn event(&mut self, ev: ReplicationEvent) -> Vec<Item> {
         match ev {
             ReplicationEvent::Begin {
-                commit_time_micros, ..
+                commit_time_micros,
+                final_lsn,
+                ..
             } => {
                 self.commit_time = pg_time(commit_time_micros);
                 vec![Item::Begin {
                     commit_time: self.commit_time,
+                    final_lsn: final_lsn.as_u64(),
                 }]
             }
             ReplicationEvent::Commit { end_lsn, .. } => vec![Item::Commit {
@@ -286,7 +471,12 @@ impl Decoder {
                 if !transactional || prefix != self.names.prefix {
                     return Vec::new();
                 }
-                vec![self.logical_message(lsn.as_u64(), &content)]
+                vec![message_from_content(
+                    lsn.as_u64(),
+                    &content,
+                    self.commit_time,
+                    self.origin,
+                )]
             }
             ReplicationEvent::XLogData { data, .. } => match pgoutput::decode(&data) {
                 Ok(Change::Relation(r)) => {
@@ -312,82 +502,90 @@ impl Decoder {
             ReplicationEvent::StoppedAt { .. } => Vec::new(),
         }
     }
+}
 
-    /// A logical message with the schema's prefix: its JSON content as an outbox message.
-    fn logical_message(&self, lsn: u64, content: &Bytes) -> Item {
-        // The id, when the writer gave none, is the same on every redelivery: derived from the
-        // message's position in the WAL.
-        let mut lsn_id = [0u8; 16];
-        lsn_id[..6].copy_from_slice(b"outbox");
-        lsn_id[8..].copy_from_slice(&lsn.to_be_bytes());
-        let derived = uuid::Builder::from_custom_bytes(lsn_id).into_uuid();
-        let mut m = Message {
-            seq: 0,
-            id: derived,
-            aggregate_type: String::new(),
-            aggregate_id: String::new(),
-            event_type: String::new(),
-            payload: Bytes::from_static(b"null"),
-            headers: "{}".into(),
-            topic: None,
-            created_at: self.commit_time,
-            attempts: 0,
-        };
-        let v: serde_json::Value = match serde_json::from_slice(content) {
-            Ok(v) => v,
-            Err(e) => {
-                m.payload = content.clone();
-                return Item::Malformed(
-                    Box::new(m),
-                    format!("the logical message is not JSON ({e}); write an object of the outbox columns"),
-                );
-            }
-        };
-        let text = |name: &str| v.get(name).and_then(|x| x.as_str()).map(str::to_string);
-        if let Some(id) = v.get("id") {
-            match id.as_str().and_then(|s| Uuid::parse_str(s).ok()) {
-                Some(id) => m.id = id,
-                None => {
-                    return Item::Malformed(
-                        Box::new(m),
-                        "the logical message's `id` is not a UUID".into(),
-                    )
-                }
-            }
-        }
-        m.headers = v
-            .get("headers")
-            .map_or_else(|| "{}".to_string(), |h| h.to_string());
-        m.topic = text("topic");
-        m.payload = v.get("payload").map_or_else(
-            || Bytes::from_static(b"null"),
-            |p| Bytes::from(p.to_string()),
-        );
-        let mut missing = Vec::new();
-        for (field, slot) in [
-            ("aggregate_type", &mut m.aggregate_type),
-            ("aggregate_id", &mut m.aggregate_id),
-            ("event_type", &mut m.event_type),
-        ] {
-            match text(field) {
-                Some(s) => *slot = s,
-                None => missing.push(field),
-            }
-        }
-        if v.get("payload").is_none() {
-            missing.push("payload");
-        }
-        if !missing.is_empty() {
+/// A logical message with the schema's prefix: its JSON content as an outbox message, committed
+/// at `commit_time`. Without an `id` in it, the id is derived from the message's place: `origin`
+/// (the cluster and database, see [`origin`]) and its WAL position `lsn`, the same on every
+/// redelivery and unique across clusters.
+pub(crate) fn message_from_content(
+    lsn: u64,
+    content: &Bytes,
+    commit_time: DateTime<Utc>,
+    origin: u64,
+) -> Item {
+    let mut place = [0u8; 16];
+    place[..8].copy_from_slice(&origin.to_be_bytes());
+    place[8..].copy_from_slice(&lsn.to_be_bytes());
+    let derived = uuid::Builder::from_custom_bytes(place).into_uuid();
+    let mut m = Message {
+        seq: 0,
+        id: derived,
+        aggregate_type: String::new(),
+        aggregate_id: String::new(),
+        event_type: String::new(),
+        payload: Bytes::from_static(b"null"),
+        headers: "{}".into(),
+        topic: None,
+        created_at: commit_time,
+        attempts: 0,
+    };
+    let v: serde_json::Value = match serde_json::from_slice(content) {
+        Ok(v) => v,
+        Err(e) => {
+            m.payload = content.clone();
             return Item::Malformed(
                 Box::new(m),
                 format!(
-                    "the logical message lacks {} (strings; `payload` any JSON)",
-                    missing.join(", ")
+                    "the logical message is not JSON ({e}); write an object of the outbox columns"
                 ),
             );
         }
-        Item::Message(Box::new(m))
+    };
+    let text = |name: &str| v.get(name).and_then(|x| x.as_str()).map(str::to_string);
+    if let Some(id) = v.get("id") {
+        match id.as_str().and_then(|s| Uuid::parse_str(s).ok()) {
+            Some(id) => m.id = id,
+            None => {
+                return Item::Malformed(
+                    Box::new(m),
+                    "the logical message's `id` is not a UUID".into(),
+                )
+            }
+        }
     }
+    m.headers = v
+        .get("headers")
+        .map_or_else(|| "{}".to_string(), |h| h.to_string());
+    m.topic = text("topic");
+    m.payload = v.get("payload").map_or_else(
+        || Bytes::from_static(b"null"),
+        |p| Bytes::from(p.to_string()),
+    );
+    let mut missing = Vec::new();
+    for (field, slot) in [
+        ("aggregate_type", &mut m.aggregate_type),
+        ("aggregate_id", &mut m.aggregate_id),
+        ("event_type", &mut m.event_type),
+    ] {
+        match text(field) {
+            Some(s) => *slot = s,
+            None => missing.push(field),
+        }
+    }
+    if v.get("payload").is_none() {
+        missing.push("payload");
+    }
+    if !missing.is_empty() {
+        return Item::Malformed(
+            Box::new(m),
+            format!(
+                "the logical message lacks {} (strings; `payload` any JSON)",
+                missing.join(", ")
+            ),
+        );
+    }
+    Item::Message(Box::new(m))
 }
 
 /// A row of the message table as an outbox message. The columns are found by name, so the
@@ -448,7 +646,7 @@ fn row_message(r: &Relation, values: Vec<Option<Bytes>>) -> Item {
 /// PostgreSQL's ISO text of a `timestamptz` in UTC (`2026-12-05 02:50:01.123456+00`). Read as
 /// RFC 3339 once the separator and a short offset are mended: chrono's RFC 3339 reader is a
 /// fixed one, where a format string is interpreted afresh on every call (this runs per row).
-fn parse_timestamptz(s: &str) -> Option<DateTime<Utc>> {
+pub(crate) fn parse_timestamptz(s: &str) -> Option<DateTime<Utc>> {
     let (date, rest) = s.split_once(' ')?;
     let sign = rest.rfind(['+', '-'])?;
     let short_offset = rest.len() - sign == 3;
@@ -634,6 +832,7 @@ mod tests {
         let c = replication_config(
             "postgres://u:p%40ss@db.example:6543/app?sslmode=require",
             &n,
+            None,
         )
         .unwrap();
         assert_eq!(

@@ -37,6 +37,9 @@ use tracing::{info, warn};
 
 use crate::cdc::setup::{check_wal_level, max_slot_wal_keep_mb, CdcNames};
 use crate::cdc::stream::{self, Item, Stream};
+use crate::cdc::sync::Gate;
+
+mod recover;
 use crate::error::map_sqlx_error;
 use crate::store::{PgStore, PARTITIONS};
 
@@ -52,15 +55,15 @@ const MAX_HELD: usize = 10_000;
 /// How often parked rows are looked at while there are any: a redriven key flows within this.
 const PARKED_POLL: Duration = Duration::from_secs(1);
 
-const PARK_SQL: &str = include_str!("../../queries/cdc_park.sql");
-const PARKED_READ_SQL: &str = include_str!("../../queries/cdc_parked_read.sql");
-const PARKED_DONE_SQL: &str = include_str!("../../queries/cdc_parked_done.sql");
-const PARKED_FAIL_SQL: &str = include_str!("../../queries/cdc_parked_fail.sql");
-const GAUGES_SQL: &str = include_str!("../../queries/cdc_gauges.sql");
-const MARK_SQL: &str = include_str!("../../queries/cdc_mark.sql");
-const CHECKPOINT_SQL: &str = include_str!("../../queries/cdc_checkpoint.sql");
-const RECOUNT_SQL: &str = include_str!("../../queries/cdc_recount_parked.sql");
-const BEFORE_SLOT_SQL: &str = include_str!("../../queries/cdc_before_slot.sql");
+const PARK_SQL: &str = include_str!("../../../queries/cdc_park.sql");
+const PARKED_READ_SQL: &str = include_str!("../../../queries/cdc_parked_read.sql");
+const PARKED_DONE_SQL: &str = include_str!("../../../queries/cdc_parked_done.sql");
+const PARKED_FAIL_SQL: &str = include_str!("../../../queries/cdc_parked_fail.sql");
+const GAUGES_SQL: &str = include_str!("../../../queries/cdc_gauges.sql");
+const MARK_SQL: &str = include_str!("../../../queries/cdc_mark.sql");
+const CHECKPOINT_SQL: &str = include_str!("../../../queries/cdc_checkpoint.sql");
+const RECOUNT_SQL: &str = include_str!("../../../queries/cdc_recount_parked.sql");
+const BEFORE_SLOT_SQL: &str = include_str!("../../../queries/cdc_before_slot.sql");
 
 /// How often the catch-up asks whether every message written before the slot was passed.
 const CATCH_UP_CHECK: Duration = Duration::from_secs(1);
@@ -81,11 +84,17 @@ struct Held {
     origin: Origin,
     /// Not handed out before this.
     due: Instant,
+    /// When the relay took it from the stream (or the parked table): how long it has waited.
+    taken: Instant,
     /// Stream order (0 for parked rows): a key's messages are handed out and parked in it.
     order: u64,
     /// Why it cannot be published as written: it is never handed out, and is parked as
     /// `failed` when its turn comes (behind its key's earlier messages, never ahead of them).
     malformed: Option<String>,
+    /// The seq of the table row it came from (`None` for a logical message): parked, a row
+    /// keeps it, so a polling relay that meets the same row parks it at the same place and a
+    /// key's parked rows sort as polling sorts them.
+    row_seq: Option<i64>,
 }
 
 /// A transaction of the stream not yet confirmed.
@@ -101,11 +110,23 @@ struct Txn {
     committed_at: chrono::DateTime<chrono::Utc>,
 }
 
-/// A message to write into `outbox_parked`: `state` is `failed` or `waiting`.
+/// How long a message may wait in the relay's memory (its key's sink down, or a retry) while
+/// other messages flow, before it is parked in `outbox_parked` so its transaction, and the
+/// slot's confirmed position, can move on (see [`CdcStore::with_park_after`]).
+pub const DEFAULT_PARK_AFTER: Duration = Duration::from_secs(60);
+
+/// A message to write into `outbox_parked`: `state` is `failed`, `waiting` or `retrying`.
 struct ToPark {
     held: Held,
     state: &'static str,
     error: Option<String>,
+}
+
+/// `Instant` `at` as a wall-clock time (for a parked row's next attempt).
+fn wall(at: Instant) -> chrono::DateTime<chrono::Utc> {
+    let now = Instant::now();
+    let ahead = at.saturating_duration_since(now);
+    chrono::Utc::now() + chrono::Duration::from_std(ahead).unwrap_or_default()
 }
 
 impl ToPark {
@@ -176,6 +197,14 @@ struct State {
     /// what it held is only in the WAL now: the stream is read again from the confirmed
     /// position.
     writing: bool,
+    /// A transaction's Begin read from the stream that the synchronous-standby gate holds back:
+    /// it and everything after it wait until a barrier covers it (see [`crate::cdc::sync`]).
+    peek: Option<Item>,
+    /// When a message was last published: a key held while others flow is parked after
+    /// [`CdcStore::with_park_after`]; while nothing flows at all (every sink down) nothing is.
+    last_published: Option<Instant>,
+    /// The slot's read position (restart, confirmed) last written to `outbox_settings`.
+    persisted: Option<(u64, u64)>,
 }
 
 /// A point the polling positions may move to once the slot confirmed `lsn` (cdc_mark.sql).
@@ -183,6 +212,8 @@ struct State {
 struct Mark {
     snapshot: String,
     floor: i64,
+    /// A transaction id assigned after the floor was read (the checkpoint's `done_bound`).
+    bound: String,
     lsn: u64,
     at: chrono::DateTime<chrono::Utc>,
 }
@@ -198,13 +229,27 @@ pub struct CdcStore {
     /// Rung by the stream task when it has items.
     doorbell: Arc<watch::Sender<u64>>,
     more: AtomicBool,
-    /// The slot is gone: every call goes to the polling engine from now on.
-    fallback: AtomicBool,
+    /// The slot is lost (missing, invalidated, dropped over its limit): calls go to the polling
+    /// engine until the slot is made again and what it had not delivered is salvaged (see
+    /// [`CdcStore::recover`]); then the catch-up, then the stream.
+    recovering: AtomicBool,
+    /// When recovery is tried next.
+    next_recovery: std::sync::Mutex<Instant>,
+    /// The synchronous-standby gate (see [`crate::cdc::sync`]).
+    gate: Gate,
+    /// Rung by the stream when the server has been silent: a heartbeat asks it for a word.
+    probe: Arc<watch::Sender<u64>>,
+    /// See [`CdcStore::with_park_after`].
+    park_after: Duration,
+    /// See [`CdcStore::with_silence`].
+    silence: Duration,
+    /// Why the relay does not read the stream (publication drift, a setting it refuses), for
+    /// `/readyz` and `outbox status`; `None` while it reads or may.
+    refusal: std::sync::Mutex<Option<String>>,
+    /// WAL bytes whose `emit` messages could not be read back after a slot was lost.
+    unread_wal: std::sync::atomic::AtomicU64,
     /// Write a heartbeat after this long without stream items (`None`: never).
     heartbeat: Option<Duration>,
-    /// After the fallback: the positions' parked counts still to be set right (see
-    /// cdc_recount_parked.sql), tried at once and at each maintenance round until done.
-    recount_due: AtomicBool,
     /// Messages written before the slot was created are not in its stream: until the polling
     /// positions have passed every one of them, the relay delivers by polling (the catch-up),
     /// then reads the stream. See [`CdcStore::new`].
@@ -233,7 +278,18 @@ impl CdcStore {
     /// messages of the table in order.
     pub async fn new(pool: PgPool, url: &str, names: CdcNames) -> Result<Self> {
         check_wal_level(&pool).await?;
-        if !crate::cdc::setup::slot_exists(&pool, &names.slot).await? {
+        // Never set up: say so. Set up once and missing now (a failover to a standby that did
+        // not have it, a drop): the relay makes it again (see `recover`).
+        let set_up: bool = sqlx::query_scalar(
+            &names
+                .schema
+                .render("SELECT EXISTS (SELECT 1 FROM {schema}.outbox_settings WHERE name = $1)"),
+        )
+        .bind(names.start_setting())
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| map_sqlx_error("looking for the CDC setup", e))?;
+        if !set_up && !crate::cdc::setup::slot_exists(&pool, &names.slot).await? {
             return Err(Error::new(
                 ErrorKind::Schema,
                 format!(
@@ -244,6 +300,8 @@ impl CdcStore {
             ));
         }
         crate::cdc::setup::check_one_group(&pool, &names).await?;
+        crate::cdc::checks::check_publication(&pool, &names).await?;
+        crate::cdc::checks::check_synchronous_standbys(&pool, &names).await?;
         if max_slot_wal_keep_mb(&pool).await?.is_none() {
             warn!(
                 slot = %names.slot,
@@ -252,7 +310,7 @@ impl CdcStore {
                  max_slot_wal_keep_size = '…') and watch outbox_cdc_slot_retained_bytes"
             );
         }
-        stream::replication_config(url, &names)?;
+        stream::replication_config(url, &names, None)?;
         let width: i64 = sqlx::query_scalar(&names.schema.render(
             "SELECT value::bigint FROM {schema}.outbox_settings WHERE name = 'segment_xids'",
         ))
@@ -260,6 +318,8 @@ impl CdcStore {
         .await
         .map_err(|e| map_sqlx_error("reading the segment width", e))?;
         let inner = PgStore::new(pool.clone(), names.schema.clone());
+        let pool_options = (*pool.connect_options()).clone();
+        let names_for_gate = names.clone();
         let store = Self {
             maintain_after_wal: maintain_after_wal(width),
             pool,
@@ -269,13 +329,32 @@ impl CdcStore {
             state: Mutex::new(State::default()),
             doorbell: Arc::new(watch::channel(0).0),
             more: AtomicBool::new(false),
-            fallback: AtomicBool::new(false),
+            recovering: AtomicBool::new(false),
+            next_recovery: std::sync::Mutex::new(Instant::now()),
+            gate: Gate::start(pool_options, &names_for_gate),
+            probe: Arc::new(watch::channel(0).0),
+            park_after: DEFAULT_PARK_AFTER,
+            silence: stream::SILENCE,
+            refusal: std::sync::Mutex::new(None),
+            unread_wal: std::sync::atomic::AtomicU64::new(0),
             heartbeat: None,
             max_retained: None,
-            recount_due: AtomicBool::new(false),
             catching_up: AtomicBool::new(false),
             next_catch_up_check: std::sync::Mutex::new(Instant::now() + CATCH_UP_CHECK),
         };
+        if crate::cdc::setup::slot_lost_now(&store.pool, &store.names.slot).await? != Some(false) {
+            // Set up once, and the slot is missing (a failover to a standby that did not have
+            // it) or lost: made again at the first claim, with what it had not delivered.
+            let why = Error::new(
+                ErrorKind::Config,
+                format!(
+                    "the slot `{}` is missing or lost at start",
+                    store.names.slot
+                ),
+            );
+            store.lose_slot(&mut *store.state.lock().await, &why);
+            return Ok(store);
+        }
         if let Some(partitions) = store.before_slot().await?.filter(|n| *n > 0) {
             warn!(
                 slot = %store.names.slot,
@@ -328,7 +407,7 @@ impl CdcStore {
 
     /// Whether calls go to the polling engine: after the fallback, or during the catch-up.
     fn polling(&self) -> bool {
-        self.fell_back() || self.catching_up.load(Ordering::Relaxed)
+        self.recovering() || self.catching_up.load(Ordering::Relaxed)
     }
 
     /// Ends the catch-up once every message written before the slot was created is passed
@@ -371,6 +450,34 @@ impl CdcStore {
         self.state.lock().await.confirmed
     }
 
+    /// Keeps `why` the relay does not read the stream, for `/readyz` (see [`Store::ping`]).
+    fn refuse(&self, why: &Error) {
+        *self.refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.to_string());
+    }
+
+    fn refuse_no_more(&self) {
+        *self.refusal.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// A message that waits in memory longer than `after` while other messages are published
+    /// (its route's sink down, or retried) is parked in `outbox_parked` with its key's later
+    /// messages behind it, so its transaction is confirmed and the slot's WAL is released; the
+    /// parked path publishes them in order once their sink is back. While nothing is published
+    /// at all (every sink down), nothing is parked: the slot holds the WAL, bounded by
+    /// `max_slot_wal_keep_size` and `--cdc-max-retained-wal`. Default [`DEFAULT_PARK_AFTER`].
+    pub fn with_park_after(mut self, after: Duration) -> Self {
+        self.park_after = after.max(Duration::from_secs(1));
+        self
+    }
+
+    /// How long the server may say nothing before the relay asks it for a word, and then gives
+    /// its connection up for dead (twice this in all). Default 20 s; tests shorten it.
+    #[doc(hidden)]
+    pub fn with_silence(mut self, silence: Duration) -> Self {
+        self.silence = silence.max(Duration::from_millis(100));
+        self
+    }
+
     /// Drops the slot once it retains more than `bytes` of WAL, checked at each maintenance
     /// round while the relay has messages in hand or handled some (an idle relay sends no
     /// statement) and at every round of a catch-up, and falls back to the polling engine: the table's messages are delivered
@@ -406,113 +513,6 @@ impl CdcStore {
         }
     }
 
-    /// Whether the relay fell back to the polling engine.
-    pub fn fell_back(&self) -> bool {
-        self.fallback.load(Ordering::Relaxed)
-    }
-
-    /// Whether the slot is gone or invalidated (`wal_status = 'lost'`), as opposed to busy or
-    /// unreachable.
-    async fn slot_lost(&self) -> Result<bool> {
-        let lost: Option<bool> = sqlx::query_scalar(
-            "SELECT wal_status = 'lost' FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(&self.names.slot)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| map_sqlx_error("looking at the CDC slot", e))?;
-        Ok(lost.unwrap_or(true))
-    }
-
-    /// Gives up the slot for good: every later call goes to the polling engine, which starts
-    /// from the last checkpoint and so publishes again what came after it (same ids), never
-    /// less.
-    fn fall_back(&self, s: &mut State, why: &Error) {
-        tracing::error!(
-            slot = %self.names.slot,
-            error = %why,
-            "CDC SLOT LOST OR DROPPED: the relay falls back to the polling engine, which delivers every \
-             message of the table from the last checkpoint on (some again, none lost). Logical \
-             messages (emit) not yet published are gone with the slot's WAL. To return to CDC, \
-             run `outbox migrate --cdc` and restart the relay (it delivers what the new slot's \
-             stream lacks first)"
-        );
-        *s = State::default();
-        self.recount_due.store(true, Ordering::Relaxed);
-        self.fallback.store(true, Ordering::Relaxed);
-    }
-
-    /// When the slot retains more than `limit` bytes of WAL: ends the stream, drops the slot
-    /// (its WAL is freed) and falls back to polling, saying so. Returns whether it fell back.
-    async fn over_limit_falls_back(&self, limit: u64) -> Result<bool> {
-        let retained: Option<i64> = sqlx::query_scalar(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint \
-             FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(&self.names.slot)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| map_sqlx_error("reading the CDC slot's retained WAL", e))?
-        .flatten();
-        let Some(retained) = retained.and_then(|r| u64::try_from(r).ok()) else {
-            return Ok(false); // gone already: the next claim finds out and falls back
-        };
-        if retained <= limit {
-            return Ok(false);
-        }
-        let mut s = self.state.lock().await;
-        // This session's stream ends first: a slot in use cannot be dropped.
-        s.stream = None;
-        let until = Instant::now() + SLOT_RELEASE;
-        loop {
-            let dropped = sqlx::query(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                 WHERE slot_name = $1",
-            )
-            .bind(&self.names.slot)
-            .execute(&self.pool)
-            .await;
-            match dropped {
-                Ok(_) => break,
-                Err(e) if Instant::now() >= until => {
-                    // Still held (our WAL sender has not exited yet): CDC goes on, and the
-                    // next round tries again.
-                    warn!(slot = %self.names.slot, error = %e, "the CDC slot is over its retained-WAL limit but could not be dropped yet; will try again");
-                    return Ok(false);
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
-        let why = Error::new(
-            ErrorKind::Config,
-            format!(
-                "the slot `{}` retained {retained} bytes of WAL, over the relay's limit of \
-                 {limit} (--cdc-max-retained-wal): the relay dropped it",
-                self.names.slot
-            ),
-        );
-        self.fall_back(&mut s, &why);
-        Ok(true)
-    }
-
-    /// Sets the positions' parked counts right after the fallback, once.
-    async fn recount_parked(&self) {
-        if !self.recount_due.load(Ordering::Relaxed) {
-            return;
-        }
-        match sqlx::query(&self.names.schema.render(RECOUNT_SQL))
-            .execute(&self.pool)
-            .await
-        {
-            Ok(_) => self.recount_due.store(false, Ordering::Relaxed),
-            Err(e) => warn!(
-                error = %map_sqlx_error("recounting parked messages", e),
-                "the polling engine may not see messages the CDC relay parked until this \
-                 succeeds; will try again at the next maintenance"
-            ),
-        }
-    }
-
     /// Moves the polling positions to the last mark once the slot passed it, then takes the
     /// next mark: only when messages were handled since, so an idle relay sends nothing.
     async fn checkpoint(&self) -> Result<()> {
@@ -531,6 +531,7 @@ impl CdcStore {
                             .bind(m.floor)
                             .bind(m.at)
                             .bind(&start)
+                            .bind(&m.bound)
                             .fetch_all(&self.pool)
                             .await
                             .map_err(|e| map_sqlx_error("recording a CDC checkpoint", e))?;
@@ -555,6 +556,7 @@ impl CdcStore {
             let mark = Mark {
                 snapshot: r.try_get("snapshot").map_err(err)?,
                 floor: r.try_get("floor").map_err(err)?,
+                bound: r.try_get("bound").map_err(err)?,
                 lsn: parse_lsn(&lsn).ok_or_else(|| {
                     Error::new(
                         ErrorKind::Database,
@@ -582,13 +584,36 @@ impl CdcStore {
             !q.is_empty()
         });
         s.txns.clear();
-        let config = stream::replication_config(&self.url, &self.names)?;
-        let stream = match stream::start(config, self.names.clone(), self.doorbell.clone()).await {
+        s.peek = None;
+        // A publication that drifted would let rows vanish from the stream: refused, checked at
+        // every connection (and the refusal kept for /readyz and status until it is mended).
+        if let Err(e) = crate::cdc::checks::check_publication(&self.pool, &self.names).await {
+            self.refuse(&e);
+            return Err(e);
+        }
+        self.refuse_no_more();
+        // The server the pool uses now: after a failover, the new primary.
+        let at = self.pool.connect_options();
+        let config = stream::replication_config(
+            &self.url,
+            &self.names,
+            Some((at.get_host(), at.get_port())),
+        )?;
+        let started = stream::start(
+            config,
+            self.names.clone(),
+            self.doorbell.clone(),
+            s.confirmed,
+            self.probe.clone(),
+            self.silence,
+        )
+        .await;
+        let stream = match started {
             Ok(stream) => stream,
             Err(e) => {
-                if self.slot_lost().await.unwrap_or(false) {
-                    self.fall_back(s, &e);
-                    self.recount_parked().await;
+                let lost = crate::cdc::setup::slot_lost_now(&self.pool, &self.names.slot).await;
+                if matches!(lost, Ok(None | Some(true))) {
+                    self.lose_slot(s, &e);
                 }
                 return Err(e);
             }
@@ -602,17 +627,67 @@ impl CdcStore {
 
     async fn refresh_parked_keys(&self, s: &mut State) -> Result<()> {
         // Under block a failed row holds its key; under skip only rows still to publish do.
-        let keys: Vec<String> = sqlx::query_scalar(&self.names.schema.render(
-            "SELECT DISTINCT aggregate_id FROM {schema}.outbox_parked \
-             WHERE $1 OR state <> 'failed'",
+        // The table is read again while it holds any row, failed ones included: a redrive
+        // turns one back to `retrying` from another process, under either policy.
+        let rows: Vec<(Option<String>, i64)> = sqlx::query_as(&self.names.schema.render(
+            "SELECT k.aggregate_id, (SELECT count(*) FROM {schema}.outbox_parked) \
+             FROM (SELECT 1) AS one LEFT JOIN LATERAL ( \
+               SELECT DISTINCT aggregate_id FROM {schema}.outbox_parked \
+               WHERE $1 OR state <> 'failed') AS k ON true",
         ))
         .bind(s.on_failed == OnFailed::Block)
         .fetch_all(&self.pool)
         .await
         .map_err(|e| map_sqlx_error("reading the parked keys", e))?;
-        s.parked_keys = keys.into_iter().collect();
-        s.next_parked_poll = (!s.parked_keys.is_empty()).then(|| Instant::now() + PARKED_POLL);
+        let any = rows.first().is_some_and(|(_, n)| *n > 0);
+        s.parked_keys = rows.into_iter().filter_map(|(k, _)| k).collect();
+        s.next_parked_poll = any.then(|| Instant::now() + PARKED_POLL);
         Ok(())
+    }
+
+    /// Parks what the relay holds of keys whose head has waited longer than the park-after
+    /// bound while other messages were published (a route's sink down beside busy ones): the
+    /// head `retrying`, due when it was, the rest `waiting` behind it. Their transactions can
+    /// then be confirmed and the slot's WAL released; the parked path publishes them once due.
+    /// Nothing is parked while nothing is published at all (every sink down): the slot keeps the
+    /// WAL then, as the design has it, bounded by the slot's limits.
+    fn stuck_to_park(&self, s: &mut State, now: Instant) -> Vec<ToPark> {
+        let flowing = s
+            .last_published
+            .is_some_and(|at| now.duration_since(at) < self.park_after);
+        if !flowing {
+            return Vec::new();
+        }
+        let stuck: Vec<String> = s
+            .held
+            .iter()
+            .filter(|(_, q)| {
+                q.front().is_some_and(|h| {
+                    matches!(h.origin, Origin::Stream(_))
+                        && h.malformed.is_none()
+                        && now.duration_since(h.taken) >= self.park_after
+                })
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut out = Vec::new();
+        for key in stuck {
+            let Some(queue) = s.held.remove(&key) else {
+                continue;
+            };
+            s.parked_keys.insert(key.clone());
+            let mut first = true;
+            for h in queue {
+                if matches!(h.origin, Origin::Parked { .. }) {
+                    continue; // durable already
+                }
+                let state = if first { "retrying" } else { "waiting" };
+                first = false;
+                out.push(ToPark::new(h, state, None));
+            }
+            warn!(key = %key, "a key held back for over {:?} while other keys flow (its sink down?) is parked, so the slot's WAL is released; it is published from outbox_parked once its sink is back", self.park_after);
+        }
+        out
     }
 
     /// Writes `rows` into `outbox_parked` in stream order, once each (by id). Returns where
@@ -640,6 +715,8 @@ impl CdcStore {
             .bind(&cols.states)
             .bind(&cols.attempts)
             .bind(&cols.errors)
+            .bind(&cols.seqs)
+            .bind(&cols.next_attempts)
             .execute(&self.pool)
             .await
             .map_err(|e| map_sqlx_error("parking messages the CDC relay could not publish", e))?;
@@ -696,12 +773,16 @@ impl CdcStore {
             t.messages += 1;
         }
         s.next_order += 1;
+        // A row of the table carries its seq; a logical message has none (0).
+        let row_seq = (message.seq > 0).then_some(message.seq);
         Held {
             message,
             origin: Origin::Stream(txn),
             due: now,
+            taken: now,
             order: s.next_order,
             malformed: None,
+            row_seq,
         }
     }
 
@@ -796,8 +877,10 @@ impl CdcStore {
                     attempts: r.attempts,
                 },
                 due: now,
+                taken: now,
                 order: 0,
                 malformed: None,
+                row_seq: None,
             })
             .collect())
     }
@@ -831,6 +914,10 @@ struct ParkColumns {
     states: Vec<&'static str>,
     attempts: Vec<i32>,
     errors: Vec<Option<String>>,
+    seqs: Vec<Option<i64>>,
+    next_attempts: Vec<Option<chrono::DateTime<chrono::Utc>>>,
+    /// Keys with a logical message in the batch so far.
+    after_emit: HashSet<String>,
 }
 
 impl ParkColumns {
@@ -847,10 +934,27 @@ impl ParkColumns {
             states: Vec::with_capacity(n),
             attempts: Vec::with_capacity(n),
             errors: Vec::with_capacity(n),
+            seqs: Vec::with_capacity(n),
+            next_attempts: Vec::with_capacity(n),
+            after_emit: HashSet::new(),
         }
     }
 
     fn push(&mut self, r: ToPark) {
+        // A row keeps its seq unless a logical message of its key is parked before it in this
+        // batch: that one draws a fresh seq, and the row must sort after it.
+        let key = &r.held.message.aggregate_id;
+        let seq = match r.held.row_seq {
+            Some(seq) if !self.after_emit.contains(key) => Some(seq),
+            Some(_) => None,
+            None => {
+                self.after_emit.insert(key.clone());
+                None
+            }
+        };
+        self.seqs.push(seq);
+        self.next_attempts
+            .push((r.state == "retrying").then(|| wall(r.held.due)));
         let m = r.held.message;
         // A malformed message keeps what it carried: JSON as it is, anything else as a JSON
         // string, so the row can be stored and read.
@@ -879,18 +983,28 @@ impl Store for CdcStore {
     async fn rebalance(&self, member: &MemberId, lease: Duration) -> Result<Vec<i32>> {
         // The catch-up may end here too: a member the polling engine gives no partition never
         // claims. Like a claim, a rebalance comes between batches.
-        if self.fell_back() || (self.catching_up() && !self.catch_up_done(member).await?) {
+        if self.recovering_now(member).await?
+            || (self.catching_up() && !self.catch_up_done(member).await?)
+        {
             return self.inner.rebalance(member, lease).await;
         }
         // The slot is the lease: whoever streams it owns every partition.
         Ok((0..PARTITIONS as i32).collect())
     }
 
+    /// The slot is the lease: held while this relay's stream runs. A stream that ended (the
+    /// server closed it: a takeover after this relay was frozen past `wal_sender_timeout`, a
+    /// restart) holds nothing, so a relay resumed after a takeover stops publishing its stale
+    /// batch, as a polling relay whose lease ran out does.
     async fn renew(&self, member: &MemberId, lease: Duration) -> Result<usize> {
         if self.polling() {
             return self.inner.renew(member, lease).await;
         }
-        Ok(PARTITIONS)
+        let s = self.state.lock().await;
+        match &s.stream {
+            Some(stream) if stream.ended() => Ok(0),
+            _ => Ok(PARTITIONS),
+        }
     }
 
     async fn claim(
@@ -900,7 +1014,9 @@ impl Store for CdcStore {
         limits: ClaimLimits,
         on_failed: OnFailed,
     ) -> Result<Vec<Message>> {
-        if self.fell_back() || (self.catching_up() && !self.catch_up_done(_member).await?) {
+        if self.recovering_now(_member).await?
+            || (self.catching_up() && !self.catch_up_done(_member).await?)
+        {
             return self
                 .inner
                 .claim(_member, _partitions, limits, on_failed)
@@ -971,6 +1087,7 @@ impl Store for CdcStore {
                 Self::hand_out(&mut s, h, &mut out);
             }
         }
+        to_park.extend(self.stuck_to_park(&mut s, now));
         // Written before the parked rows are read again below, which resets the parked keys
         // from the table.
         self.park_now(&mut s, std::mem::take(&mut to_park)).await?;
@@ -1005,16 +1122,36 @@ impl Store for CdcStore {
         // Messages read from the stream by this claim, handed out or not: a claim never takes
         // more than a batch from the stream, so what waits in memory stays bounded.
         let mut taken = 0usize;
+        let mut gated = false;
         while !full && out.len() < limits.rows && taken < limits.rows {
-            let Some(stream) = s.stream.as_mut() else {
-                break;
-            };
-            let item = match stream.items.try_recv() {
-                Ok(item) => item,
-                Err(_) => break,
+            let item = match s.peek.take() {
+                Some(item) => item,
+                None => {
+                    let Some(stream) = s.stream.as_mut() else {
+                        break;
+                    };
+                    match stream.items.try_recv() {
+                        Ok(b) => b.item,
+                        Err(_) => break,
+                    }
+                }
             };
             match item {
-                Item::Begin { commit_time } => s.txns.push_back(Txn {
+                // A transaction the synchronous standby may not have yet waits, with all after
+                // it, until a barrier covers it (crate::cdc::sync): never published for a
+                // commit a failover could undo.
+                Item::Begin {
+                    commit_time,
+                    final_lsn,
+                } if !self.gate.passes(final_lsn) => {
+                    s.peek = Some(Item::Begin {
+                        commit_time,
+                        final_lsn,
+                    });
+                    gated = true;
+                    break;
+                }
+                Item::Begin { commit_time, .. } => s.txns.push_back(Txn {
                     end: None,
                     open: 0,
                     messages: 0,
@@ -1091,7 +1228,7 @@ impl Store for CdcStore {
                 return Err(e);
             }
         }
-        let more = s.stream.as_ref().is_some_and(|st| !st.items.is_empty());
+        let more = !gated && s.stream.as_ref().is_some_and(|st| !st.items.is_empty());
         self.more.store(more, Ordering::Relaxed);
         Ok(out)
     }
@@ -1130,6 +1267,9 @@ impl Store for CdcStore {
                 continue; // handed out by an earlier stream, or recorded already
             };
             changed += 1;
+            if matches!(o, Outcome::Published { .. }) {
+                s.last_published = Some(now);
+            }
             match o {
                 Outcome::Published { .. } => match h.origin {
                     Origin::Stream(_) => Self::resolve(&mut s, h.origin),
@@ -1214,10 +1354,13 @@ impl Store for CdcStore {
         }
         .await?;
         s.writing = false;
+        // The parked table holds rows now (a failure under skip holds no key, and a redrive
+        // from another process must still be read): it is looked at while it does.
+        let parked_any = !written.is_empty() || !failed_parked.0.is_empty();
         for o in written {
             Self::resolve(&mut s, o);
         }
-        if !s.parked_keys.is_empty() {
+        if parked_any || !s.parked_keys.is_empty() {
             s.next_parked_poll.get_or_insert(now + PARKED_POLL);
         }
         Self::advance(&mut s);
@@ -1249,23 +1392,29 @@ impl Store for CdcStore {
     /// the stream has been silent that long (see [`CdcStore::with_heartbeat`]).
     async fn listen(&self, wake: watch::Sender<u64>) -> Result<()> {
         let mut bell = self.doorbell.subscribe();
+        let mut probe = self.probe.subscribe();
+        let mut gate = self.gate.clone();
+        let every = self.heartbeat.unwrap_or(Duration::MAX);
         loop {
-            let rang = match self.heartbeat {
-                None => bell.changed().await,
-                Some(every) => match tokio::time::timeout(every, bell.changed()).await {
-                    Ok(rang) => rang,
-                    Err(_) => {
-                        self.beat().await;
-                        continue;
+            tokio::select! {
+                rang = bell.changed() => {
+                    if rang.is_err() {
+                        return Ok(());
                     }
-                },
-            };
-            if rang.is_err() {
-                return Ok(());
+                    tokio::time::sleep(LINGER).await;
+                    bell.borrow_and_update();
+                    wake.send_modify(|n| *n = n.wrapping_add(1));
+                }
+                // A barrier covered what the relay waits for: claim again.
+                _ = gate.moved() => wake.send_modify(|n| *n = n.wrapping_add(1)),
+                // The stream heard nothing for a while: ask the server for a word.
+                asked = probe.changed() => {
+                    if asked.is_ok() {
+                        self.beat().await;
+                    }
+                }
+                _ = tokio::time::sleep(every) => self.beat().await,
             }
-            tokio::time::sleep(LINGER).await;
-            bell.borrow_and_update();
-            wake.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
 
@@ -1277,8 +1426,18 @@ impl Store for CdcStore {
     /// relay read and has not published or parked yet, and the parked rows still to publish;
     /// the slot's lag says how much WAL is still to read.
     async fn gauges(&self) -> Result<outbox_core::Gauges> {
-        if self.fell_back() {
-            return self.inner.gauges().await;
+        let unread_wal_bytes =
+            i64::try_from(self.unread_wal.load(Ordering::Relaxed)).unwrap_or(i64::MAX);
+        if self.recovering() {
+            let mut g = self.inner.gauges().await?;
+            g.cdc_slot = Some(outbox_core::SlotGauges {
+                lag_bytes: 0,
+                retained_bytes: 0,
+                lag_seconds: g.oldest_pending_age_seconds.unwrap_or(0.0),
+                lost: true,
+                unread_wal_bytes,
+            });
+            return Ok(g);
         }
         use sqlx::Row as _;
         let r = sqlx::query(&self.names.schema.render(GAUGES_SQL))
@@ -1299,6 +1458,7 @@ impl Store for CdcStore {
                     .unwrap_or(0),
                 lag_seconds,
                 lost: r.try_get("lost").map_err(err)?,
+                unread_wal_bytes,
             })
         };
         if self.catching_up() {
@@ -1342,23 +1502,33 @@ impl Store for CdcStore {
         })
     }
 
+    /// The database answers, and the relay does not refuse to read the stream (a publication
+    /// that drifted): `/readyz` says which.
     async fn ping(&self) -> Result<()> {
-        self.inner.ping().await
+        self.inner.ping().await?;
+        match self
+            .refusal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            Some(why) => Err(Error::new(ErrorKind::Config, why)),
+            None => Ok(()),
+        }
     }
 
     /// Checkpoints (see [`CdcStore::checkpoint`]), then the polling engine's upkeep (segments
     /// ahead of the writers, retention), but only after messages were handled since the last
     /// round: an idle database gets no statement.
     async fn maintain(&self, retention: Duration) -> Result<Maintenance> {
-        if self.fell_back() {
-            self.recount_parked().await;
+        if self.recovering() {
             return self.inner.maintain(retention).await;
         }
         if self.catching_up() {
             // The slot waits unread meanwhile and keeps its WAL: the relay's own bound holds
-            // during a long catch-up too (the slot dropped, polling for good, as below).
+            // during a long catch-up too (the slot dropped and made again, as below).
             if let Some(limit) = self.max_retained {
-                self.over_limit_falls_back(limit).await?;
+                self.over_limit_drops(limit).await?;
             }
             return self.inner.maintain(retention).await;
         }
@@ -1383,12 +1553,13 @@ impl Store for CdcStore {
             (handled || moved, behind)
         };
         if let Some(limit) = self.max_retained.filter(|_| due || behind) {
-            if self.over_limit_falls_back(limit).await? {
-                self.recount_parked().await;
+            if self.over_limit_drops(limit).await? {
                 return self.inner.maintain(retention).await;
             }
         }
         if due {
+            // Where the slot stands, for a salvage if it is lost (a failover, an invalidation).
+            self.save_read_position().await?;
             self.inner.maintain(retention).await
         } else {
             Ok(Maintenance::default())
@@ -1417,7 +1588,7 @@ impl Store for CdcStore {
 }
 
 /// `16/B374D848` as a number.
-fn parse_lsn(text: &str) -> Option<u64> {
+pub(crate) fn parse_lsn(text: &str) -> Option<u64> {
     let (hi, lo) = text.split_once('/')?;
     Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
 }

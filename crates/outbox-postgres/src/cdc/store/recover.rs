@@ -1,0 +1,346 @@
+//! When the slot is lost: the relay makes it again, salvages what it had not delivered, and
+//! goes back to the stream on its own.
+//!
+//! A slot is lost when it is dropped over `--cdc-max-retained-wal`, invalidated by PostgreSQL
+//! (`max_slot_wal_keep_size`, or another reason on PostgreSQL 17 and later), dropped by hand, or
+//! missing on a standby that was just promoted (before PostgreSQL 17, slots do not follow a
+//! failover). Then, in order:
+//!
+//! 1. The relay stops reading and works as the polling engine (the table's messages flow).
+//!    Meanwhile `outbox_emit` refuses every message (no valid slot), so a writer sees the error.
+//! 2. It makes the slot again and reads, with `pg_walinspect`, the WAL between where the lost
+//!    slot stood (its restart position, kept in `outbox_settings` at every maintenance round)
+//!    and where the new slot starts; the `emit` messages committed there and not yet confirmed
+//!    are parked in commit order (see [`crate::cdc::salvage`]). What WAL is gone is named.
+//! 3. Its catch-up delivers the table's messages the polling positions have not passed (those
+//!    since the last checkpoint), then it reads the new slot's stream.
+//!
+//! Messages published before the loss may be published again (same ids): at least once.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use outbox_core::{Error, ErrorKind, MemberId, Result, Store as _};
+use tracing::{error, info, warn};
+
+use super::{CdcStore, Held, Origin, State, ToPark, RECOUNT_SQL};
+use crate::cdc::salvage::{self, lsn_text};
+use crate::cdc::stream::Item;
+use crate::error::map_sqlx_error;
+
+/// How long after a failed recovery (the server down, a privilege missing) it is tried again.
+const RECOVERY_RETRY: Duration = Duration::from_secs(5);
+
+const READ_SETTING_SQL: &str = include_str!("../../../queries/cdc_read_position_save.sql");
+
+impl CdcStore {
+    /// Whether the slot is lost and not made again yet (calls go to the polling engine).
+    pub fn recovering(&self) -> bool {
+        self.recovering.load(Ordering::Relaxed)
+    }
+
+    /// The slot is lost (`why`): says so loudly, forgets what the stream held (it is in the WAL,
+    /// or salvaged) and starts the recovery at the next call.
+    pub(super) fn lose_slot(&self, s: &mut State, why: &Error) {
+        error!(
+            slot = %self.names.slot,
+            error = %why,
+            "CDC SLOT LOST: the relay delivers the table's messages by polling meanwhile, makes \
+             the slot again, publishes the emit messages the lost slot had not delivered (read \
+             back from the WAL), then reads the stream again; outbox_emit refuses messages until \
+             the new slot exists"
+        );
+        let confirmed = s.confirmed;
+        let persisted = s.persisted;
+        *s = State::default();
+        s.confirmed = confirmed;
+        s.persisted = persisted;
+        self.recovering.store(true, Ordering::Relaxed);
+        *self.next_recovery.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    /// While the slot is lost: tries the recovery when due; `true` while calls must still go to
+    /// the polling engine for it (the catch-up that follows is the caller's to run).
+    pub(super) async fn recovering_now(&self, member: &MemberId) -> Result<bool> {
+        if !self.recovering() {
+            return Ok(false);
+        }
+        {
+            let mut next = self.next_recovery.lock().unwrap_or_else(|e| e.into_inner());
+            if Instant::now() < *next {
+                return Ok(true);
+            }
+            *next = Instant::now() + RECOVERY_RETRY;
+        }
+        match self.recover().await {
+            Ok(()) => {
+                // The polling engine may hold partitions of this member's: the catch-up keeps
+                // them, or hands them back when there is nothing to catch up.
+                if !self.catching_up() {
+                    self.inner.release(member).await?;
+                }
+                Ok(false)
+            }
+            Err(e) => {
+                warn!(slot = %self.names.slot, error = %e, "CDC slot recovery failed; delivering by polling meanwhile, will try again");
+                Ok(true)
+            }
+        }
+    }
+
+    /// Makes the slot again and parks what the lost one had not delivered (see the module
+    /// documentation). Then the catch-up runs if the table holds messages before the new slot
+    /// that the polling positions have not passed.
+    async fn recover(&self) -> Result<()> {
+        let (mut from, mut confirmed) = {
+            let s = self.state.lock().await;
+            (s.persisted.map_or(s.confirmed, |(r, _)| r), s.confirmed)
+        };
+        if let Some((restart, saved)) = self.saved_read_position().await? {
+            from = if from == 0 {
+                restart
+            } else {
+                from.min(restart)
+            };
+            confirmed = confirmed.max(saved);
+        }
+        let made = crate::cdc::setup::make_slot(&self.pool, &self.names).await?;
+        let until = match made.start_lsn {
+            Some(lsn) => lsn,
+            None => self.wal_now().await?,
+        };
+        if from == 0 {
+            warn!(
+                slot = %self.names.slot,
+                "where the lost slot stood is not known (no maintenance round recorded it): emit \
+                 messages it had not delivered cannot be read back"
+            );
+        } else {
+            self.park_salvage(from, confirmed, until).await?;
+        }
+        self.recount_parked().await;
+        let behind = self.before_slot().await?.is_some_and(|n| n > 0);
+        self.catching_up.store(behind, Ordering::Relaxed);
+        self.recovering.store(false, Ordering::Relaxed);
+        info!(
+            slot = %self.names.slot,
+            catching_up = behind,
+            "CDC slot made again; {}",
+            if behind {
+                "delivering the table's messages before it by polling, then the stream"
+            } else {
+                "reading the stream"
+            }
+        );
+        Ok(())
+    }
+
+    /// Reads `[from, until)` of the WAL and parks this schema's `emit` messages committed there
+    /// after `confirmed`, in commit order; names what could not be read.
+    async fn park_salvage(&self, from: u64, confirmed: u64, until: u64) -> Result<()> {
+        let found = salvage::salvage(&self.pool, &self.names, from, confirmed, until).await?;
+        if let Some((lost_from, lost_to, why)) = &found.unread {
+            self.unread_wal
+                .fetch_add(lost_to.saturating_sub(*lost_from), Ordering::Relaxed);
+            error!(
+                slot = %self.names.slot,
+                from = %lsn_text(*lost_from),
+                to = %lsn_text(*lost_to),
+                error = %why,
+                "EMIT MESSAGES LOST: the WAL between these positions could not be read back, so \
+                 the emit messages committed there and not yet published are gone (table rows \
+                 are not: polling delivers them). Keep max_slot_wal_keep_size above the longest \
+                 outage, or write through the table"
+            );
+        }
+        let mut rows = Vec::with_capacity(found.items.len());
+        let now = Instant::now();
+        for (order, item) in found.items.into_iter().enumerate() {
+            let (message, malformed) = match item {
+                Item::Message(m) => (*m, None),
+                Item::Malformed(m, why) => (*m, Some(why)),
+                _ => continue,
+            };
+            let held = Held {
+                message,
+                origin: Origin::Stream(0),
+                due: now,
+                taken: now,
+                order: order as u64,
+                malformed,
+                row_seq: None,
+            };
+            rows.push(ToPark::new(held, "retrying", None));
+        }
+        let n = rows.len();
+        self.park(rows).await?;
+        if n > 0 {
+            info!(slot = %self.names.slot, messages = n, "emit messages the lost slot had not delivered, read back from the WAL and parked to publish");
+        }
+        Ok(())
+    }
+
+    /// Where the slot stood at the last maintenance round (restart, confirmed), as the
+    /// relay wrote it in `outbox_settings`: what survives the relay's restart and a failover.
+    async fn saved_read_position(&self) -> Result<Option<(u64, u64)>> {
+        let text: Option<String> = sqlx::query_scalar(
+            &self
+                .names
+                .schema
+                .render("SELECT value FROM {schema}.outbox_settings WHERE name = $1"),
+        )
+        .bind(self.names.read_setting())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading where the CDC slot stood", e))?;
+        Ok(text.and_then(|t| {
+            let (r, c) = t.split_once(' ')?;
+            Some((super::parse_lsn(r)?, super::parse_lsn(c)?))
+        }))
+    }
+
+    /// Writes the slot's read position (restart, confirmed) to `outbox_settings` when it moved
+    /// since the last write: one statement per maintenance round at most.
+    pub(super) async fn save_read_position(&self) -> Result<()> {
+        let position: Option<(String, String)> = sqlx::query_as(
+            "SELECT restart_lsn::text, confirmed_flush_lsn::text FROM pg_replication_slots \
+             WHERE slot_name = $1 AND database = current_database() \
+               AND restart_lsn IS NOT NULL AND confirmed_flush_lsn IS NOT NULL",
+        )
+        .bind(&self.names.slot)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading the CDC slot's position", e))?;
+        let Some((r, c)) = position else {
+            return Ok(());
+        };
+        let now = (
+            super::parse_lsn(&r).unwrap_or(0),
+            super::parse_lsn(&c).unwrap_or(0),
+        );
+        if self.state.lock().await.persisted == Some(now) {
+            return Ok(());
+        }
+        sqlx::query(&self.names.schema.render(READ_SETTING_SQL))
+            .bind(self.names.read_setting())
+            .bind(format!("{r} {c}"))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("recording where the CDC slot stands", e))?;
+        self.state.lock().await.persisted = Some(now);
+        Ok(())
+    }
+
+    /// The server's WAL insert position now.
+    async fn wal_now(&self) -> Result<u64> {
+        let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| map_sqlx_error("reading the WAL position", e))?;
+        super::parse_lsn(&lsn).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Database,
+                format!("the server's WAL position `{lsn}` is not an LSN"),
+            )
+        })
+    }
+
+    /// Sets the positions' parked counts right after the slot was lost (the stream parks
+    /// without them), once.
+    pub(super) async fn recount_parked(&self) {
+        match sqlx::query(&self.names.schema.render(RECOUNT_SQL))
+            .execute(&self.pool)
+            .await
+        {
+            Ok(_) => {}
+            Err(e) => warn!(
+                error = %map_sqlx_error("recounting parked messages", e),
+                "the polling engine may not see messages the CDC relay parked until this \
+                 succeeds; will try again"
+            ),
+        }
+    }
+
+    /// When the slot's own lag (WAL written since its confirmed position) is over `limit`:
+    /// takes the emitters' lock (so every `emit` that passed its check is in the WAL read
+    /// back), ends the stream, drops the slot, and recovers as from any loss. Returns whether it
+    /// dropped it. The lag is measured from the confirmed position, not from the restart
+    /// position: a transaction held open anywhere in the cluster holds the latter back without
+    /// the relay being behind (warned about apart).
+    pub(super) async fn over_limit_drops(&self, limit: u64) -> Result<bool> {
+        let lag: Option<(Option<i64>, Option<i64>)> = sqlx::query_as(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, \
+                    pg_wal_lsn_diff(confirmed_flush_lsn, restart_lsn)::bigint \
+             FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&self.names.slot)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading the CDC slot's lag", e))?;
+        let Some((Some(lag), held_back)) = lag else {
+            return Ok(false); // gone already: the next claim finds out
+        };
+        if held_back.is_some_and(|h| u64::try_from(h).unwrap_or(0) > limit) {
+            warn!(
+                slot = %self.names.slot,
+                held_back = held_back.unwrap_or(0),
+                "the slot keeps more WAL than its confirmed position needs: a transaction open \
+                 for long somewhere in the cluster (or a prepared one) holds its restart position \
+                 back; see pg_stat_activity's oldest backend_xid and pg_prepared_xacts, and set \
+                 idle_in_transaction_session_timeout"
+            );
+        }
+        let lag = u64::try_from(lag).unwrap_or(0);
+        if lag <= limit {
+            return Ok(false);
+        }
+        let mut s = self.state.lock().await;
+        // This session's stream ends first: a slot in use cannot be dropped.
+        s.stream = None;
+        if !self.drop_slot_locked().await? {
+            return Ok(false);
+        }
+        let why = Error::new(
+            ErrorKind::Config,
+            format!(
+                "the slot `{}` was {lag} bytes of WAL behind, over the relay's limit of {limit} \
+                 (--cdc-max-retained-wal): the relay dropped it",
+                self.names.slot
+            ),
+        );
+        self.lose_slot(&mut s, &why);
+        Ok(true)
+    }
+
+    /// One try of [`CdcStore::drop_slot_locked`]: the emitters' lock, then the drop, in one
+    /// transaction (the lock is let go at its end).
+    async fn try_drop_slot_locked(&self) -> std::result::Result<(), sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('outbox-cdc-slot:' || $1::text))")
+            .bind(&self.names.slot)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(&self.names.slot)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    }
+
+    /// Drops the slot holding the emitters' lock exclusively (see `outbox_emit`), so no `emit`
+    /// that passed its check commits after the drop. `false` when it could not be dropped yet
+    /// (this relay's own WAL sender still holding it).
+    async fn drop_slot_locked(&self) -> Result<bool> {
+        let until = Instant::now() + super::SLOT_RELEASE;
+        loop {
+            match self.try_drop_slot_locked().await {
+                Ok(_) => return Ok(true),
+                Err(e) if Instant::now() >= until => {
+                    warn!(slot = %self.names.slot, error = %map_sqlx_error("dropping the CDC slot", e), "the CDC slot is over its limit but could not be dropped yet; will try again");
+                    return Ok(false);
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+}
