@@ -18,6 +18,7 @@ pub mod secret;
 pub mod sink;
 pub mod status;
 pub mod store;
+pub mod text;
 pub mod trace;
 
 pub use bytes::Bytes;

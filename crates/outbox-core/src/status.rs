@@ -388,8 +388,10 @@ impl Report {
     /// names published messages "handled".
     pub fn render_text(&self, title: &str, inbox: bool) -> String {
         let mut out = String::new();
+        // Every line may carry text from rows or brokers (keys, errors, member ids): shown
+        // through the one terminal rule, so none of it can act on the terminal.
         let mut line = |s: String| {
-            out.push_str(&s);
+            out.push_str(&crate::text::terminal(&s));
             out.push('\n');
         };
         let s = &self.stats;

@@ -1065,7 +1065,7 @@ impl Store for CdcStore {
                 }
                 Item::Malformed(m, why) => {
                     taken += 1;
-                    warn!(id = %m.id, key = %m.aggregate_id, error = %why, "a CDC message cannot be published as written; parked as failed behind its key's earlier messages");
+                    warn!(id = %m.id, aggregate_id = %m.aggregate_id, error = %why, "a CDC message cannot be published as written; parked as failed behind its key's earlier messages");
                     let mut held = Self::accept(&mut s, *m, now);
                     held.malformed = Some(why);
                     let key = held.message.aggregate_id.clone();
