@@ -33,11 +33,13 @@ pub use server::{bind, serve, Bound};
 /// `outbox console` options.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
-    /// Address to serve on. Loopback by default: bind 0.0.0.0 only behind a token and TLS.
+    /// Address to serve on. Loopback by default; any other address needs a token (and belongs
+    /// behind TLS: a proxy that terminates it).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// Token every request must carry (`Authorization: Bearer`, or once as `?token=` in a link,
-    /// then a cookie). Env: OUTBOX_CONSOLE_TOKEN.
+    /// which starts a 12-hour session), 16 or more printable characters. Required unless the
+    /// console listens on loopback. Env: OUTBOX_CONSOLE_TOKEN.
     #[arg(
         long,
         value_name = "TOKEN",
@@ -45,6 +47,16 @@ pub struct Options {
         hide_env_values = true
     )]
     pub token: Option<String>,
+    /// A host name the console answers to besides IP addresses and `localhost` (repeat for
+    /// more): the name a proxy or a DNS record gives it. Requests naming any other host are
+    /// refused (DNS rebinding). Env: OUTBOX_CONSOLE_ALLOWED_HOSTS (comma-separated).
+    #[arg(
+        long = "allowed-host",
+        value_name = "NAME",
+        env = "OUTBOX_CONSOLE_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
     /// Serve the pages only: no redrive.
     #[arg(long)]
     pub read_only: bool,
@@ -61,24 +73,64 @@ fn humantime_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The shortest token accepted.
+pub const MIN_TOKEN_LEN: usize = 16;
+
 impl Options {
-    /// Checks what clap cannot: a token must fit in a cookie.
+    /// Checks what clap cannot: a console reachable from the network needs a token, and a
+    /// token (wherever it is given) must be long enough and fit in a header. Each refusal says
+    /// the cause once and what to do.
     pub fn validate(&self) -> Result<(), String> {
+        const MAKE_ONE: &str = "(e.g. `openssl rand -hex 32`)";
         match &self.token {
-            Some(t) if !t.is_empty() && t.len() < 16 => Err(
-                "the console token is shorter than 16 characters: use a long random one \
-                 (e.g. `openssl rand -hex 32`)"
-                    .into(),
-            ),
+            Some(t) if t.is_empty() => {
+                return Err(format!(
+                    "the console token is empty (--token \"\" or an empty OUTBOX_CONSOLE_TOKEN), \
+                     which would turn authentication off: give a random one of {MIN_TOKEN_LEN} \
+                     or more characters {MAKE_ONE}, or unset it on a loopback address"
+                ))
+            }
+            Some(t) if t.chars().count() < MIN_TOKEN_LEN => {
+                return Err(format!(
+                    "the console token is shorter than {MIN_TOKEN_LEN} characters: use a long \
+                     random one {MAKE_ONE}"
+                ))
+            }
             Some(t)
                 if !t
                     .bytes()
                     .all(|b| b.is_ascii_graphic() && b != b';' && b != b',') =>
             {
-                Err("the console token may hold printable ASCII only, without ; or ,".into())
+                return Err(
+                    "the console token may hold printable ASCII only, without ; or ,".into(),
+                )
             }
-            _ => Ok(()),
+            _ => {}
         }
+        if self.token.is_none() && !self.listen.ip().to_canonical().is_loopback() {
+            return Err(format!(
+                "the console would serve {} without a token: anyone who reaches that address \
+                 could read every payload and redrive. Give it a token of {MIN_TOKEN_LEN} or \
+                 more characters (OUTBOX_CONSOLE_TOKEN, {MAKE_ONE}) and put it behind TLS, or \
+                 listen on 127.0.0.1",
+                self.listen
+            ));
+        }
+        for h in &self.allowed_hosts {
+            let name = h.trim_end_matches('.');
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            {
+                return Err(format!(
+                    "--allowed-host `{}` is not a host name: give the name alone, without \
+                     scheme, port or path (e.g. console.example.com)",
+                    outbox_core::text::terminal(h)
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -121,7 +173,7 @@ impl Console {
             outbox,
             inbox,
             routes,
-            guard: auth::Guard::new(options.token.clone()),
+            guard: auth::Guard::new(options.token.clone(), &options.allowed_hosts),
             read_only: options.read_only,
             history,
             inbox_history,

@@ -5,6 +5,7 @@
 //! (`outbox-sinks`) implement the traits, and `outbox-relay` drives them.
 
 pub mod error;
+pub mod flow;
 pub mod gauges;
 pub mod identifier;
 pub mod journey;
@@ -32,6 +33,6 @@ pub use routing::{DestinationPattern, DestinationRules, DestinationTemplate};
 pub use secret::Secret;
 pub use sink::{Envelope, Sink, SinkError, SinkErrorKind};
 pub use store::{
-    BlockedKey, ClaimLimits, FailedMessage, Maintenance, MemberId, OnFailed, Outcome, RedriveScope,
-    Stats, Store,
+    BlockedKey, ClaimLimits, FailedFilter, FailedMessage, FailedPage, Maintenance, MemberId,
+    OnFailed, Outcome, RedriveScope, Stats, Store,
 };

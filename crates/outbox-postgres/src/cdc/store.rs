@@ -1399,6 +1399,15 @@ impl Store for CdcStore {
         self.inner.failed(limit).await
     }
 
+    async fn failed_matching(
+        &self,
+        filter: &outbox_core::FailedFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<outbox_core::FailedPage> {
+        self.inner.failed_matching(filter, after, limit).await
+    }
+
     async fn redrive(&self, scope: &RedriveScope, reason: &str) -> Result<u64> {
         self.inner.redrive(scope, reason).await
     }
