@@ -371,6 +371,10 @@ pub struct StatusArgs {
     /// terminal; with --format json, one JSON object per line per refresh.
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s")]
     pub watch: Option<Dur>,
+    /// The relay's routing rules (as `outbox relay --route`), to group the backlog by route as
+    /// it does; replaces `[[relay.routes]]` of the file. Repeat the flag.
+    #[arg(long, value_name = "RULE")]
+    pub route: Vec<String>,
 }
 
 /// `outbox console` options.
@@ -380,6 +384,10 @@ pub struct ConsoleArgs {
     pub db: DbArgs,
     #[command(flatten)]
     pub console: outbox_console::Options,
+    /// The relay's routing rules (as `outbox relay --route`), to group the backlog by route as
+    /// it does; replaces `[[relay.routes]]` of the file. Repeat the flag.
+    #[arg(long, value_name = "RULE")]
+    pub route: Vec<String>,
 }
 
 /// The hidden handler process of `outbox verify --through-inbox`.

@@ -14,20 +14,23 @@
 //!   request must carry it; actions are POSTs checked for origin and CSRF token; `--read-only`
 //!   serves pages only. See [`auth`].
 
+mod actions;
 pub mod auth;
 mod history;
 mod html;
 mod pages;
 mod server;
+mod views;
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outbox_core::{RouteSpec, Store};
 use tokio_util::sync::CancellationToken;
 
-pub use pages::Filter;
 pub use server::{bind, serve, Bound};
 
 /// `outbox console` options.
@@ -135,6 +138,7 @@ impl Options {
 }
 
 /// One store the console shows: the outbox, or the inbox's processing queue.
+#[derive(Clone)]
 pub struct Side {
     /// The store.
     pub store: Arc<dyn Store>,
@@ -142,15 +146,41 @@ pub struct Side {
     pub place: String,
 }
 
+/// Opens the inbox's side, or says why there is none (yet): called again now and then while
+/// there is none, so an inbox migrated after the console started is found without a restart.
+pub type InboxOpener =
+    Box<dyn Fn() -> Pin<Box<dyn Future<Output = Result<Side, String>> + Send>> + Send + Sync>;
+
+/// What the inbox pages say while the database has no inbox; `detail` (why opening it failed)
+/// goes to the debug log only: its own hint (`outbox migrate`) would contradict this one.
+pub fn no_inbox_yet(detail: &dyn std::fmt::Display) -> String {
+    tracing::debug!(%detail, "console: no inbox here");
+    "No inbox in this database yet: `outbox migrate --inbox` creates it, and these pages find \
+     it then, without a restart of the console."
+        .to_string()
+}
+
+/// How often the console tries again to find an inbox that was not there.
+const INBOX_RETRY: Duration = Duration::from_secs(5);
+
+/// The inbox as last found: its side and its charts' samples, or why there is none.
+struct InboxSlot {
+    found: Result<(Side, Arc<history::History>), String>,
+    tried: Instant,
+}
+
 /// What the console serves.
 pub struct Console {
     outbox: Side,
-    inbox: Result<Side, String>,
+    inbox: tokio::sync::Mutex<InboxSlot>,
+    opener: Option<InboxOpener>,
     routes: Vec<RouteSpec>,
     guard: auth::Guard,
     read_only: bool,
+    sample_every: Duration,
+    stop: CancellationToken,
     history: Arc<history::History>,
-    inbox_history: Option<Arc<history::History>>,
+    results: actions::Results,
 }
 
 impl Console {
@@ -164,20 +194,79 @@ impl Console {
         options: &Options,
         stop: &CancellationToken,
     ) -> Arc<Self> {
-        let history =
-            history::History::spawn(outbox.store.clone(), options.sample_every, stop.clone());
-        let inbox_history = inbox.as_ref().ok().map(|side| {
-            history::History::spawn(side.store.clone(), options.sample_every, stop.clone())
-        });
-        Arc::new(Self {
+        Arc::new(Self::build(outbox, inbox, None, routes, options, stop))
+    }
+
+    /// [`Console::new`] that looks for the inbox again with `opener` (every 5 s at most, when
+    /// a page of the inbox is asked for) while there is none.
+    pub fn with_inbox_opener(
+        outbox: Side,
+        inbox: Result<Side, String>,
+        opener: InboxOpener,
+        routes: Vec<RouteSpec>,
+        options: &Options,
+        stop: &CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Self::build(
             outbox,
             inbox,
+            Some(opener),
+            routes,
+            options,
+            stop,
+        ))
+    }
+
+    fn build(
+        outbox: Side,
+        inbox: Result<Side, String>,
+        opener: Option<InboxOpener>,
+        routes: Vec<RouteSpec>,
+        options: &Options,
+        stop: &CancellationToken,
+    ) -> Self {
+        let history =
+            history::History::spawn(outbox.store.clone(), options.sample_every, stop.clone());
+        let found = inbox.map(|side| {
+            let h = history::History::spawn(side.store.clone(), options.sample_every, stop.clone());
+            (side, h)
+        });
+        Self {
+            outbox,
+            inbox: tokio::sync::Mutex::new(InboxSlot {
+                found,
+                tried: Instant::now(),
+            }),
+            opener,
             routes,
             guard: auth::Guard::new(options.token.clone(), &options.allowed_hosts),
             read_only: options.read_only,
+            sample_every: options.sample_every,
+            stop: stop.clone(),
             history,
-            inbox_history,
-        })
+            results: actions::Results::default(),
+        }
+    }
+
+    /// The inbox's side and samples, or why there is none; looks again when it was missing
+    /// and the last look is old enough (`look`: a page of the inbox is asked for).
+    async fn inbox(&self, look: bool) -> Result<(Side, Arc<history::History>), String> {
+        let mut slot = self.inbox.lock().await;
+        if let (Err(_), Some(opener), true) = (&slot.found, &self.opener, look) {
+            if slot.tried.elapsed() >= INBOX_RETRY {
+                slot.tried = Instant::now();
+                if let Ok(side) = opener().await {
+                    let h = history::History::spawn(
+                        side.store.clone(),
+                        self.sample_every,
+                        self.stop.clone(),
+                    );
+                    tracing::info!(place = %side.place, "console: found the inbox");
+                    slot.found = Ok((side, h));
+                }
+            }
+        }
+        slot.found.clone()
     }
 }
 
