@@ -94,18 +94,33 @@ async fn a_console_on_every_address_serves_with_its_token_only() {
     let url = database_url();
     let db = ["--database-url", url.as_str(), "--schema", schema.as_str()];
     let dir = std::env::temp_dir();
-    let (mut c, addr) = console(
+    let (c, addr) = console(
         &dir,
         &[&db[..], &["--listen", "0.0.0.0:0", "--token", TOKEN]].concat(),
     );
+    let mut running = Children(vec![c]);
+    let c = &mut running.0[0];
     let local = addr.replace("0.0.0.0", "127.0.0.1");
     assert_eq!(http_get(&local, "/", None).0, 401);
     assert_eq!(http_get(&local, "/", Some(TOKEN)).0, 200);
-    sigterm(&c);
-    wait_exit(&mut c, Duration::from_secs(10));
+    sigterm(c);
+    wait_exit(c, Duration::from_secs(10));
     let _ = sqlx::raw_sql(&schema.render("DROP SCHEMA {schema} CASCADE"))
         .execute(&pool)
         .await;
+}
+
+/// Owns the processes a test starts and kills those still running when dropped, so a failed
+/// test leaves none behind (std's `Child::kill` signals nothing once the child was reaped).
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// Starts `outbox console` with `args` and returns it with the address it serves.
@@ -164,7 +179,7 @@ async fn with_the_only_relay_killed_the_overview_says_so_within_30_seconds() {
     let dir = std::env::temp_dir().join(outbox_testkit::unique_name("kill"));
     std::fs::create_dir_all(&dir).unwrap();
 
-    let mut relay = outbox_command(&dir)
+    let relay = outbox_command(&dir)
         .args([
             "relay",
             "--sink",
@@ -177,7 +192,8 @@ async fn with_the_only_relay_killed_the_overview_says_so_within_30_seconds() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let (mut console, addr) = console(&dir, &[&db[..], &["--listen", "127.0.0.1:0"]].concat());
+    let (console, addr) = console(&dir, &[&db[..], &["--listen", "127.0.0.1:0"]].concat());
+    let mut running = Children(vec![relay, console]);
     let flow = |addr: &str| {
         let (code, body) = http_get(addr, "/?format=json", None);
         assert_eq!(code, 200, "{body}");
@@ -198,9 +214,9 @@ async fn with_the_only_relay_killed_the_overview_says_so_within_30_seconds() {
         .collect();
     store.insert(&messages).await.unwrap();
 
-    signal(relay.id(), Signal::Kill);
+    signal(running.0[0].id(), Signal::Kill);
     let killed = Instant::now();
-    let _ = relay.wait();
+    let _ = running.0[0].wait();
     // Messages written after the crash: nothing takes them.
     store
         .insert(
@@ -249,8 +265,8 @@ async fn with_the_only_relay_killed_the_overview_says_so_within_30_seconds() {
     );
     eprintln!("the overview said \"no live relay\" {took:?} after the kill");
 
-    sigterm(&console);
-    wait_exit(&mut console, Duration::from_secs(10));
+    sigterm(&running.0[1]);
+    wait_exit(&mut running.0[1], Duration::from_secs(10));
     let _ = sqlx::raw_sql(&schema.render("DROP SCHEMA {schema} CASCADE"))
         .execute(&pool)
         .await;

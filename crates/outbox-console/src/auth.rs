@@ -122,14 +122,13 @@ impl Guard {
         if LOOPBACK_NAMES.contains(&name.as_str()) || self.hosts.contains(&name) {
             return None;
         }
+        let names = match self.hosts.as_slice() {
+            [] => "IP addresses and localhost".to_string(),
+            hosts => format!("IP addresses, localhost and {}", hosts.join(", ")),
+        };
         Some(format!(
-            "this console answers to IP addresses, localhost{} only, and was asked for “{}”. \
-             If you reach it through that name (a DNS name, a proxy), start it with \
-             --allowed-host {}",
-            self.hosts
-                .iter()
-                .map(|h| format!(", {h}"))
-                .collect::<String>(),
+            "this console answers only to {names}, and was asked for “{}”. If you reach it \
+             through that name (a DNS name, a proxy), start it with --allowed-host {}",
             outbox_core::text::terminal(&outbox_core::text::cut(host, 200)),
             outbox_core::text::terminal(&outbox_core::text::cut(&name, 200)),
         ))

@@ -82,6 +82,22 @@ pub fn long(s: &str, max: usize) -> String {
     }
 }
 
+/// Text of our own layout whose lines hold untrusted values (pretty-printed JSON, whose
+/// strings carry their own controls escaped): each line as [`text`], the line breaks kept, for a
+/// `<pre>`; cut after `max` characters with the whole a click away, as [`long`].
+pub fn block(s: &str, max: usize) -> String {
+    let lines = |s: &str| s.split('\n').map(text).collect::<Vec<_>>().join("\n");
+    match s.char_indices().nth(max) {
+        None => lines(s),
+        Some((at, _)) => format!(
+            "{}<details class=\"whole\"><summary>… the whole value ({})</summary>{}</details>",
+            lines(&s[..at]),
+            bytes(s.len() as i64),
+            lines(s)
+        ),
+    }
+}
+
 /// `s` percent-encoded for a query string value.
 pub fn url_value(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
@@ -97,11 +113,11 @@ header form{margin:0}header button{background:none;border:1px solid #5b6675;colo
 main{padding:1em 1.2em;max-width:1200px}h1{font-size:20px;margin:.2em 0 .6em}h2{font-size:16px;margin:1.2em 0 .4em}\
 .cards{display:flex;flex-wrap:wrap;gap:.6em}.card{background:#fff;border:1px solid #dde2e8;border-radius:6px;padding:.5em .9em;min-width:8em}\
 .card .v{font-size:22px;font-weight:600}.card .k{color:#5b6675;font-size:12px}.bad .v{color:#b3261e}\
-table{border-collapse:collapse;background:#fff;width:100%;margin:.3em 0}th,td{border:1px solid #dde2e8;padding:.3em .5em;text-align:left;vertical-align:top;overflow-wrap:anywhere}\
+table{border-collapse:collapse;background:#fff;width:100%;margin:.3em 0}th,td{border:1px solid #dde2e8;padding:.3em .5em;text-align:left;vertical-align:top}\
 th{background:#eef1f4;font-weight:600}td.n{text-align:right;font-variant-numeric:tabular-nums}tr.stale td{color:#8a94a1}tr.trouble td{background:#fffbea}\
 .muted{color:#5b6675}.err{color:#b3261e}.ok{color:#1b7f3b}\
 pre,.wrap{background:#fff;border:1px solid #dde2e8;padding:.6em;white-space:pre-wrap;overflow-wrap:anywhere;max-width:100%;box-sizing:border-box}\
-.ctl{color:#b3261e;background:#fde8e6;border-radius:3px;padding:0 .15em;font-size:85%;font-family:monospace}\
+bdi{overflow-wrap:anywhere}.ctl{color:#b3261e;background:#fde8e6;border-radius:3px;padding:0 .15em;font-size:85%;font-family:monospace}\
 .cut{color:#5b6675;font-size:85%}details.whole summary{color:#2b6cb0;cursor:pointer;font-size:85%}\
 form.inline{display:inline}input,button,textarea{font:inherit;max-width:100%}button{cursor:pointer}\
 .notice{background:#fff8e1;border:1px solid #f0d58c;padding:.5em .8em;border-radius:6px}\
@@ -111,7 +127,10 @@ form.inline{display:inline}input,button,textarea{font:inherit;max-width:100%}but
 ol.timeline{list-style:none;padding:0;border-left:3px solid #b8c4d2;margin-left:.5em}\
 ol.timeline li{padding:.2em 0 .6em 1em;position:relative}ol.timeline li:before{content:'';position:absolute;left:-8px;top:.55em;width:11px;height:11px;border-radius:50%;background:#5b6675}\
 ol.timeline li.failed:before{background:#b3261e}ol.timeline li.published:before{background:#1b7f3b}ol.timeline li.redriven:before{background:#d98a00}\
-.scroll{overflow-x:auto}svg.chart{background:#fff;border:1px solid #dde2e8;max-width:100%;height:auto}";
+.scroll{overflow-x:auto}svg.chart{background:#fff;border:1px solid #dde2e8;max-width:100%;height:auto}\
+@media (max-width:640px){.scroll table,.scroll tbody,.scroll tr,.scroll td{display:block}.scroll thead{display:none}\
+.scroll tr{border:1px solid #dde2e8;margin:.5em 0;background:#fff}.scroll td{border:none;padding:.15em .5em}\
+.scroll td[data-label]:not([data-label=\"\"]):before{content:attr(data-label) \": \";color:#5b6675;font-size:12px}}";
 
 /// What every page's frame shows besides its body.
 #[derive(Debug, Clone, Default)]
@@ -252,8 +271,10 @@ pub fn table_with<'a>(
                 let _ = write!(out, "<tr class=\"{}\">", esc(c));
             }
         }
-        for cell in row {
-            let _ = write!(out, "<td>{cell}</td>");
+        for (i, cell) in row.iter().enumerate() {
+            // On a narrow screen a row becomes a card, each cell labelled by its column.
+            let label = head.get(i).copied().unwrap_or("");
+            let _ = write!(out, "<td data-label=\"{}\">{cell}</td>", esc(label));
         }
         out.push_str("</tr>");
     }
@@ -375,6 +396,19 @@ mod tests {
         let whole = long(&key, CELL_CHARS);
         assert!(whole.contains("<details class=\"whole\">") && whole.contains(&key));
         assert_eq!(long("short", CELL_CHARS), text("short"));
+    }
+
+    #[test]
+    fn a_block_keeps_its_own_line_breaks_and_shows_the_datas() {
+        let json = serde_json::to_string_pretty(&serde_json::json!({"k": "a\u{1b}\nb"}))
+            .unwrap_or_default();
+        let html = block(&json, 1000);
+        assert_eq!(html.matches('\n').count(), 2, "{html}");
+        assert!(
+            html.contains("a\\u001b\\nb"),
+            "the string's own escapes: {html}"
+        );
+        assert!(!html.contains("⟨LF⟩"));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The console's HTTP server (hyper, HTTP/1.1): on every request the Host check, then the token
 //! (or session) check, then one handler per page; actions only as POSTs (see [`crate::actions`]).
 //! Every response carries a Content-Security-Policy that allows no script, `X-Frame-Options`,
-//! `Referrer-Policy: no-referrer`, `nosniff` and `no-store`.
+//! `Referrer-Policy: same-origin`, `nosniff` and `no-store`.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -103,8 +103,9 @@ fn reply(status: StatusCode, content_type: &'static str, body: String) -> Reply 
         HeaderValue::from_static("no-store"),
     );
     // Pages carry no script and load nothing from elsewhere; say so to the browser too. Older
-    // browsers read X-Frame-Options where frame-ancestors is unknown; no page address (which
-    // may name a key) is sent to another site.
+    // browsers read X-Frame-Options where frame-ancestors is unknown. No page address (which
+    // may name a key) is sent to another site: `same-origin`, not `no-referrer`, which would
+    // also make the browser send `Origin: null` on the console's own form posts.
     h.insert(
         "content-security-policy",
         HeaderValue::from_static(
@@ -113,7 +114,7 @@ fn reply(status: StatusCode, content_type: &'static str, body: String) -> Reply 
         ),
     );
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
-    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    h.insert("referrer-policy", HeaderValue::from_static("same-origin"));
     h.insert(
         "x-content-type-options",
         HeaderValue::from_static("nosniff"),

@@ -121,7 +121,7 @@ async fn a_followed_link_reads_only_the_consoles_own_pages_act_and_sign_out_ends
     assert_eq!(read.status(), StatusCode::OK);
     for (name, want) in [
         ("x-frame-options", "DENY"),
-        ("referrer-policy", "no-referrer"),
+        ("referrer-policy", "same-origin"),
         ("x-content-type-options", "nosniff"),
     ] {
         assert_eq!(read.headers()[name], want, "{name}");

@@ -140,7 +140,10 @@ impl Flow {
                      {backlog}.",
                     human_age(beat),
                     match (owned, parts) {
-                        (Some(o), Some(p)) => format!(", {o} of {p} partitions have a live owner"),
+                        (Some(0), Some(_)) => ", and no partition has a live owner".to_string(),
+                        (Some(o), Some(p)) => format!(
+                            " (its leases still hold {o} of {p} partitions until they run out)"
+                        ),
                         _ => String::new(),
                     }
                 ),
@@ -170,10 +173,9 @@ impl Flow {
         let behind = match blocked {
             0 => "nothing waits behind them".to_string(),
             n => format!(
-                "{} message(s) of {} key(s) wait behind retrying or failed heads, the oldest \
-                 for {}",
+                "{} message(s) wait behind the retrying or failed heads of their keys, the \
+                 oldest for {}",
                 human_count(n),
-                human_count(s.blocked_keys),
                 human_age(s.oldest_waiting_age_seconds.unwrap_or(0.0))
             ),
         };
@@ -494,8 +496,8 @@ mod tests {
         assert_eq!((f.pending_flowing, f.pending_blocked), (62, 38));
         assert_eq!(
             f.headline,
-            "1,216 message(s) failed and wait for a redrive; 38 message(s) of 40 key(s) wait \
-             behind retrying or failed heads, the oldest for 83 s."
+            "1,216 message(s) failed and wait for a redrive; 38 message(s) wait behind the \
+             retrying or failed heads of their keys, the oldest for 83 s."
         );
     }
 

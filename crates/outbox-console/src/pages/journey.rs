@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use chrono::{DateTime, Utc};
 use outbox_core::{Journey, JourneyState, JourneyStep};
 
-use crate::html::{ago, esc, long, short, text, url_value};
+use crate::html::{ago, block, esc, long, short, text, url_value};
 
 /// Messages of a key shown at most (besides its head).
 pub const KEY_MESSAGES: usize = 20;
@@ -161,7 +161,7 @@ fn message(j: &Journey, v: &JourneyView<'_>) -> String {
         );
     }
     let pretty = |v: &serde_json::Value| {
-        long(
+        block(
             &serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string()),
             BODY_CHARS,
         )

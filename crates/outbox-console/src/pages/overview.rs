@@ -22,7 +22,7 @@ fn banner(flow: &Flow) -> String {
     };
     let mut out = format!(
         "<section class=\"flow {class}\" id=\"flow\" data-state=\"{state:?}\">\
-         <strong class=\"state\" data-figure=\"flow_state\">{name}</strong>\
+         <strong class=\"state\" data-figure=\"flow_state\">{name}</strong> \
          <span id=\"flow-headline\">{headline}</span>",
         state = flow.state,
         name = flow.state.as_str(),
