@@ -204,6 +204,12 @@ port2=$(free_port)
 OUTBOX_CONSOLE_TOKEN=$token "$OUTBOX_BIN" console "${hdb[@]}" --listen "127.0.0.1:$port2" \
   --sample-every 1s >"$work/console2.log" 2>&1 & pids+=($!)
 wait_port "$port2"
+# The docs' first example: a console on loopback without a token, which a DNS-rebinding page
+# reaches under a name of its own.
+port3=$(free_port)
+env -u OUTBOX_CONSOLE_TOKEN "$OUTBOX_BIN" console "${hdb[@]}" --listen "127.0.0.1:$port3" \
+  >"$work/console3.log" 2>&1 & pids+=($!)
+wait_port "$port3"
 # Another site (chat, a pager) with a link to the console.
 link=$(free_port)
 mkdir -p "$work/site"
@@ -213,6 +219,6 @@ python3 -m http.server "$link" --bind 127.0.0.1 --directory "$work/site" >/dev/n
 wait_port "$link"
 sleep 3 # the payments route's circuit opens; a few chart samples
 
-BASE=http://127.0.0.1:$port2 TOKEN=$token SHOTS=$shots RELAY_PID=$relay2 \
+BASE=http://127.0.0.1:$port2 OPEN_BASE=http://127.0.0.1:$port3 TOKEN=$token SHOTS=$shots RELAY_PID=$relay2 \
   LINK_BASE=http://localhost:$link OUTBOX_BIN=$OUTBOX_BIN DATABASE_URL=$DATABASE_URL \
   SCHEMA=$hostile node "$b/hostile.mjs"
