@@ -1,18 +1,22 @@
 //! The web console, `outbox console`: server-rendered pages over the outbox (and the inbox when
 //! it shares the database) for the on-call engineer.
 //!
-//! - **Pages**: overview (counts, the last hour as charts, each member's circuit, the backlog by
-//!   route), partitions (owner, epoch, lag, position), failed and parked messages (filter by
-//!   key, type, error), redrive (one message, a key, or every failed message matching a filter:
-//!   it shows what it will do, asks for a reason, keeps key order and writes the audit row),
-//!   retention (segments, sizes, what pins the oldest), the inbox's overview and failed
-//!   handlers, and a message's journey by id or key. `?format=json` on an overview answers
-//!   the same report as `outbox status --format json`.
+//! - **Pages**: the overview, led by whether events flow (the report's `flow`, the same answer
+//!   `outbox status` gives), with pending split into what flows and what is held, the backlog by
+//!   route and by type, the members and their circuits, charts of the last hour; partitions
+//!   (problems first); failed and parked messages (filtered, counted and paged by the store);
+//!   redrive (one message, or every failed message a filter matches: it shows what it will do,
+//!   asks for a reason, keeps key order and writes the audit row); retention; the inbox's
+//!   pages; a message's journey by id or key (a key's head first). `?format=json` on an
+//!   overview answers the same report as `outbox status --format json`.
 //! - **No build step and nothing from the network**: HTML and inline SVG written on the server,
-//!   one inline stylesheet, no script. Every page reads without JavaScript.
-//! - **Safe by default**: it listens on loopback unless told otherwise; with a token every
-//!   request must carry it; actions are POSTs checked for origin and CSRF token; `--read-only`
-//!   serves pages only. See [`auth`].
+//!   one inline stylesheet, no script (a refresh is a meta refresh). Every page reads without
+//!   JavaScript. Untrusted text is shown by one rule (the `html` module): escaped, bidi-isolated, controls
+//!   named, long values cut with the whole a click away.
+//! - **Safe by default**: loopback unless told otherwise, and never another address without a
+//!   token ([`Options::validate`]); every request must name an allowed Host; a token starts a
+//!   two-cookie session (Lax to read, Strict to act); actions are POSTs checked for origin and
+//!   CSRF token; `--read-only` serves pages only. See [`auth`].
 
 mod actions;
 pub mod auth;

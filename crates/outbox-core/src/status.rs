@@ -763,7 +763,6 @@ fn bytes(n: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flow::Flow;
     use crate::route::RouteSpec;
 
     fn stats() -> Stats {

@@ -190,6 +190,9 @@ fn pager(v: &FailedView<'_>, query: &str) -> String {
     }
 }
 
+/// Why keys are blocked: their head's state and last error.
+type Cause<'a> = (&'a str, Option<&'a str>);
+
 /// The blocked keys (as many as the store's status lists), grouped by the head's state and
 /// error, narrowed by the key and error filters.
 fn blocked(v: &FailedView<'_>) -> String {
@@ -208,7 +211,7 @@ fn blocked(v: &FailedView<'_>) -> String {
             })
         })
         .collect();
-    let mut groups: Vec<((&str, Option<&str>), Vec<&str>)> = Vec::new();
+    let mut groups: Vec<(Cause<'_>, Vec<&str>)> = Vec::new();
     for b in &keys {
         let cause = (b.state.as_str(), b.last_error.as_deref());
         match groups.iter_mut().find(|(c, _)| *c == cause) {
