@@ -443,7 +443,7 @@ mod tests {
         assert_eq!(f.state, FlowState::NoRelay);
         assert!(
             f.headline
-                .starts_with("No live relay: the last heartbeat was 45 s ago, 0 of 4")
+                .starts_with("No live relay: the last heartbeat was 45 s ago, and no partition")
                 && f.headline
                     .contains("1,857 pending, the oldest for 3 min 5 s"),
             "{}",
