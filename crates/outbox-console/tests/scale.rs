@@ -180,6 +180,53 @@ async fn a_keys_journey_leads_with_the_head_that_holds_its_waiting_messages() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_fails_again_after_a_redrive_ends_its_journey_at_its_own_time() {
+    let c = start(Setup::default()).await;
+    let m = msg("k", 0);
+    let member = fail_heads(&c.store, std::slice::from_ref(&m), "rejected").await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        c.store
+            .redrive(&outbox_core::RedriveScope::Ids(vec![m.id]), "try again")
+            .await
+            .unwrap(),
+        1
+    );
+    let parts = c
+        .store
+        .rebalance(&member, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let again = outbox_testkit::conformance::claim_all(&c.store, &member, &parts).await;
+    assert_eq!(again.len(), 1);
+    c.store
+        .complete(
+            &member,
+            &[outbox_core::Outcome::Failed {
+                seq: again[0].seq,
+                error: "rejected again".into(),
+            }],
+        )
+        .await
+        .unwrap();
+    let j = c
+        .store
+        .journey(&outbox_core::JourneyQuery::Id(m.id), 1)
+        .await
+        .unwrap();
+    let steps: Vec<(&str, Option<chrono::DateTime<chrono::Utc>>)> =
+        j[0].steps.iter().map(|s| (s.what.as_str(), s.at)).collect();
+    let redriven = steps.iter().find(|s| s.0 == "redriven").unwrap().1.unwrap();
+    let (last, at) = steps.last().unwrap();
+    assert_eq!(*last, "failed", "{steps:?}");
+    assert!(
+        at.unwrap() >= redriven,
+        "the last failure ({at:?}) is after the redrive ({redriven}), not the first failure's time"
+    );
+    c.end().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inbox_migrated_after_the_console_started_is_found_without_a_restart() {
     let c = start(Setup {
         inbox_opener: true,
