@@ -92,7 +92,11 @@ fn init_tracing(format: &str, default_filter: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     // Colours only for a terminal: a log file or a pipe gets plain text, so an ESC in it can
     // only have come from data, and the terminal rule below shows that one by name.
+    // A log line that cannot be written (stderr closed: a pipe whose reader went away) is
+    // dropped; by default the subscriber reports it with eprintln!, which panics the task that
+    // logged, and a signal handler that panics so never stops the process.
     let builder = tracing_subscriber::fmt()
+        .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(filter)
         .with_writer(|| MaskingWriter(std::io::stderr()));

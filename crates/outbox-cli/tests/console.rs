@@ -272,3 +272,32 @@ async fn with_the_only_relay_killed_the_overview_says_so_within_30_seconds() {
         .await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_whose_log_reader_went_away_still_stops_at_sigterm() {
+    let pool = connect_pool(&database_url(), 2).await.unwrap();
+    let schema = Schema::new(&outbox_testkit::unique_name("pipe")).unwrap();
+    migrate(&pool, &schema).await.unwrap();
+    let url = database_url();
+    let mut child = outbox_command(&std::env::temp_dir())
+        .env("OUTBOX_LOG", "info")
+        .args(["console", "--listen", "127.0.0.1:0", "--sample-every", "1s"])
+        .args(["--database-url", url.as_str(), "--schema", schema.as_str()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    while !lines.next().unwrap().unwrap().contains("serving http://") {}
+    // The reader goes away (`outbox console | head`, a log shipper that died): logging on is an
+    // error the console must drop, not a panic of the task that waits for the signal.
+    drop(lines);
+    let mut running = Children(vec![child]);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    sigterm(&running.0[0]);
+    let status = outbox_testkit::process::try_wait_exit(&mut running.0[0], Duration::from_secs(10));
+    assert!(status.is_some(), "the console did not stop at SIGTERM");
+    let _ = sqlx::raw_sql(&schema.render("DROP SCHEMA {schema} CASCADE"))
+        .execute(&pool)
+        .await;
+}
