@@ -333,7 +333,8 @@ pub struct RelayArgs {
     #[arg(long, value_name = "URL", env = "OUTBOX_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
     /// Also serve the web console (as `outbox console`, outbox pages only) on this address,
-    /// e.g. 127.0.0.1:8080; its token from OUTBOX_CONSOLE_TOKEN.
+    /// e.g. 127.0.0.1:8080; its token from OUTBOX_CONSOLE_TOKEN (required unless the address is
+    /// loopback), further host names from OUTBOX_CONSOLE_ALLOWED_HOSTS.
     #[arg(long, value_name = "ADDR")]
     pub console: Option<std::net::SocketAddr>,
     /// /readyz fails once every sink's circuit has been open for longer than this (default
