@@ -130,31 +130,7 @@ impl Flow {
         let mut problems = Vec::new();
 
         if live.is_empty() {
-            let text = match last_beat {
-                None => format!(
-                    "No relay is running: nothing is published until one starts \
-                     (`outbox relay`); {backlog}."
-                ),
-                Some(beat) => format!(
-                    "No live relay: the last heartbeat was {} ago{}; nothing is published; \
-                     {backlog}.",
-                    human_age(beat),
-                    match (owned, parts) {
-                        (Some(0), Some(_)) => ", and no partition has a live owner".to_string(),
-                        (Some(o), Some(p)) => format!(
-                            " (its leases still hold {o} of {p} partitions until they run out)"
-                        ),
-                        _ => String::new(),
-                    }
-                ),
-            };
-            problems.push(Problem {
-                state: FlowState::NoRelay,
-                critical: true,
-                text,
-                since_seconds: last_beat,
-                route: None,
-            });
+            problems.push(no_relay(last_beat, owned.zip(parts), &backlog));
         }
         sink_problems(s, routes, &live, &mut problems);
         if s.partitions_at_parking_cap > 0 {
@@ -192,30 +168,7 @@ impl Flow {
             });
         }
         if !live.is_empty() {
-            let unowned: Vec<_> = partitions
-                .iter()
-                .filter(|p| p.owner.is_none() && p.pending > 0)
-                .collect();
-            if !unowned.is_empty() {
-                let pending: i64 = unowned.iter().map(|p| p.pending).sum();
-                let oldest = unowned
-                    .iter()
-                    .filter_map(|p| p.oldest_pending_age_seconds)
-                    .reduce(f64::max);
-                problems.push(Problem {
-                    state: FlowState::Unowned,
-                    critical: false,
-                    text: format!(
-                        "{} partition(s) with {} pending message(s) have no live owner: a relay \
-                         stopped, and the live ones take its partitions over once its lease \
-                         runs out.",
-                        unowned.len(),
-                        human_count(pending)
-                    ),
-                    since_seconds: oldest,
-                    route: None,
-                });
-            }
+            problems.extend(unowned(partitions));
         }
         if s.retrying > 0 && s.failed == 0 {
             problems.push(Problem {
@@ -230,27 +183,9 @@ impl Flow {
             });
         }
 
-        let members = match live.len() {
-            1 => "1 relay member is live".to_string(),
-            n => format!("{n} relay members are live"),
-        };
-        let owning = match (owned, parts) {
-            (Some(o), Some(p)) => format!(
-                " and {} {o} of {p} partitions",
-                if live.len() == 1 { "owns" } else { "own" }
-            ),
-            _ => String::new(),
-        };
         let (state, headline) = match problems.first() {
             Some(p) => (p.state, p.text.clone()),
-            None if s.pending == 0 => (
-                FlowState::Idle,
-                format!("Idle: nothing is pending; {members}{owning}."),
-            ),
-            None => (
-                FlowState::Flowing,
-                format!("Flowing: {backlog}; {members}{owning}."),
-            ),
+            None => calm(s.pending, &backlog, live.len(), owned.zip(parts)),
         };
         Flow {
             state,
@@ -263,6 +198,94 @@ impl Flow {
             partitions_owned: owned,
             partitions: parts,
         }
+    }
+}
+
+/// No member is live: since the last heartbeat (if any), and whether the leases still hold the
+/// partitions (`owned` of all, where the store shows partitions).
+fn no_relay(last_beat: Option<f64>, owned: Option<(usize, usize)>, backlog: &str) -> Problem {
+    let text = match last_beat {
+        None => format!(
+            "No relay is running: nothing is published until one starts (`outbox relay`); \
+             {backlog}."
+        ),
+        Some(beat) => format!(
+            "No live relay: the last heartbeat was {} ago{}; nothing is published; {backlog}.",
+            human_age(beat),
+            match owned {
+                Some((0, _)) => ", and no partition has a live owner".to_string(),
+                Some((o, p)) => {
+                    format!(" (its leases still hold {o} of {p} partitions until they run out)")
+                }
+                None => String::new(),
+            }
+        ),
+    };
+    Problem {
+        state: FlowState::NoRelay,
+        critical: true,
+        text,
+        since_seconds: last_beat,
+        route: None,
+    }
+}
+
+/// Partitions with pending messages and no live owner while other members live (a relay
+/// stopped; its leases run out, then the others take over).
+fn unowned(partitions: &[PartitionStatus]) -> Option<Problem> {
+    let unowned: Vec<_> = partitions
+        .iter()
+        .filter(|p| p.owner.is_none() && p.pending > 0)
+        .collect();
+    if unowned.is_empty() {
+        return None;
+    }
+    let pending: i64 = unowned.iter().map(|p| p.pending).sum();
+    Some(Problem {
+        state: FlowState::Unowned,
+        critical: false,
+        text: format!(
+            "{} partition(s) with {} pending message(s) have no live owner: a relay stopped, and \
+             the live ones take its partitions over once its lease runs out.",
+            unowned.len(),
+            human_count(pending)
+        ),
+        since_seconds: unowned
+            .iter()
+            .filter_map(|p| p.oldest_pending_age_seconds)
+            .reduce(f64::max),
+        route: None,
+    })
+}
+
+/// The answer when nothing holds events back: idle or flowing, and who is live.
+fn calm(
+    pending: i64,
+    backlog: &str,
+    live: usize,
+    owned: Option<(usize, usize)>,
+) -> (FlowState, String) {
+    let members = match live {
+        1 => "1 relay member is live".to_string(),
+        n => format!("{n} relay members are live"),
+    };
+    let owning = match owned {
+        Some((o, p)) => format!(
+            " and {} {o} of {p} partitions",
+            if live == 1 { "owns" } else { "own" }
+        ),
+        None => String::new(),
+    };
+    if pending == 0 {
+        (
+            FlowState::Idle,
+            format!("Idle: nothing is pending; {members}{owning}."),
+        )
+    } else {
+        (
+            FlowState::Flowing,
+            format!("Flowing: {backlog}; {members}{owning}."),
+        )
     }
 }
 
