@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# The web console in headless Chromium (tests/browser/console.mjs, playwright-core driving
-# Debian's chromium): a scratch schema with the outbox and the inbox, a webhook receiver that
-# rejects one message until told otherwise, a relay that fails it after two attempts, and
-# `outbox console` with a token. The test compares each page with `outbox status --format json`,
-# clicks a redrive with a reason, follows the message's journey to its publication, and checks
-# the refusals; this script then checks that the key's messages reached the receiver in order.
+# The web console in headless Chromium (playwright-core driving Debian's chromium), two scenes.
+#
+# 1. tests/browser/console.mjs: a scratch schema with the outbox and the inbox, a webhook
+#    receiver that rejects one message until told otherwise, a relay that fails it after two
+#    attempts, and `outbox console` with a token. The test compares each page with
+#    `outbox status --format json`, clicks a redrive with a reason, follows the message's journey
+#    to its publication, and checks the refusals; this script then checks that the key's
+#    messages reached the receiver in order.
+# 2. tests/browser/hostile.mjs: a second schema with every kind of hostile row, 1,200+ failed
+#    messages, a key with 40 messages behind its failed head and a `payments` route whose sink
+#    is down, relayed to a receiver that answers 422 echoing the row; a check per defect of the
+#    console review, ending with kill -9 of the only relay. Before it, this script checks that
+#    a console open to the network without a token does not start, and that `outbox status`,
+#    `outbox failed` and the relay's log print no raw control character from those rows.
 #
 # Screenshots of every page go to $CONSOLE_SHOTS (default /var/tmp/outbox-ci-artifacts/console).
 # Installs chromium and the npm package when missing. Environment: DATABASE_URL (default
@@ -32,12 +40,15 @@ fi
 
 suffix=$(head -c 4 /dev/urandom | od -An -tx1 | tr -d ' \n')
 schema=console_$suffix
+hostile=console_hostile_$suffix
 work=$(mktemp -d)
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  psql -q "$DATABASE_URL" -c "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null 2>&1 || true
+  for s in "$schema" "${schema}_inbox" "$hostile"; do
+    psql -q "$DATABASE_URL" -c "DROP SCHEMA IF EXISTS $s CASCADE" >/dev/null 2>&1 || true
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -122,3 +133,92 @@ curl -sf -H "Authorization: Bearer $token" "http://127.0.0.1:$relay_console/?for
   python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["failed"] == 0 and r["published"] >= 13, r; print("console-browser: the relay'"'"'s --console answers: failed 0, published", r["published"])'
 code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$relay_console/")
 [ "$code" = 401 ] || { say "the relay's console answered $code without the token"; exit 1; }
+
+# ---- Scene 2: hostile rows, 1,200+ failures, a route down, and the relay killed. ----
+
+# A console that would be open to the network without a token does not start.
+for bad in "--listen 0.0.0.0:$(free_port)" "--listen [::]:$(free_port)" "--token="; do
+  # shellcheck disable=SC2086 # one flag and its value, split on purpose
+  if env -u OUTBOX_CONSOLE_TOKEN timeout 20 "$OUTBOX_BIN" console "${db[@]}" $bad >"$work/open.log" 2>&1; then
+    say "outbox console $bad started (or exited 0)"; cat "$work/open.log"; exit 1
+  fi
+  grep -Eq "without a token|token is empty" "$work/open.log" || { say "no clear reason for $bad:"; cat "$work/open.log"; exit 1; }
+done
+say "a console open to the network without a token (or with an empty one) does not start"
+
+hdb=(--database-url "$DATABASE_URL" --schema "$hostile")
+"$OUTBOX_BIN" migrate "${hdb[@]}" >/dev/null
+sed "s/{schema}/$hostile/g" "$b/hostile.sql" | psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" >/dev/null
+
+# The receiver answers 422 to everything, echoing the key and the type with markup, as a
+# careless service does; the payments route goes to a port where nothing listens.
+hook2=$(free_port)
+cat >"$work/echo422.py" <<'PY'
+import http.server, sys
+class Echo(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        said = lambda h: (self.headers.get(h) or "").encode("latin-1", "replace")
+        body = (b"rejected key=" + said("outbox-aggregate-id") + b" type=" + said("outbox-event-type")
+                + b" <script>alert('resp')</script>")
+        self.send_response(422)
+        self.send_header("content-type", "text/html")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
+PY
+python3 "$work/echo422.py" "$hook2" & pids+=($!)
+wait_port "$hook2"
+dead=$(free_port)
+"$OUTBOX_BIN" relay "${hdb[@]}" --sink "http://127.0.0.1:$hook2/hooks" \
+  --route "event_type=payment.*; sink=http://127.0.0.1:$dead/hooks; name=payments" \
+  --max-attempts 5 --backoff-base 200ms >"$work/relay2.log" 2>&1 &
+relay2=$!
+pids+=("$relay2")
+failed=0
+for _ in $(seq 1 240); do
+  failed=$("$OUTBOX_BIN" status "${hdb[@]}" --format json | python3 -c 'import json,sys; print(json.load(sys.stdin)["failed"])')
+  [ "$failed" -ge 1216 ] && break
+  sleep 0.5
+done
+[ "$failed" -ge 1216 ] || { say "only $failed messages failed"; tail -20 "$work/relay2.log"; exit 1; }
+say "hostile scene: $failed failed messages"
+
+# No raw control or bidi character reaches the terminal from those rows.
+"$OUTBOX_BIN" status "${hdb[@]}" >"$work/status.txt"
+"$OUTBOX_BIN" failed "${hdb[@]}" --limit 2000 >"$work/failed.txt"
+python3 - "$work/status.txt" "$work/failed.txt" "$work/relay2.log" <<'PY'
+import sys, unicodedata
+HIDDEN = set("\u061c\u200b\u200e\u200f\u2028\u2029\u202a\u202b\u202c\u202d\u202e\u2060\u2066\u2067\u2068\u2069\ufeff")
+for path in sys.argv[1:]:
+    text = open(path, encoding="utf-8").read()
+    raw = sorted({hex(ord(c)) for c in text if c != "\n" and (unicodedata.category(c) == "Cc" or c in HIDDEN)})
+    assert not raw, f"{path}: raw {raw}"
+    if path.endswith("failed.txt"):
+        assert "⟨ESC⟩[2J" in text and "⟨U+202E⟩" in text, f"{path}: the escapes are not shown by name"
+print("console-browser: outbox status, outbox failed and the relay's log show no raw control character")
+PY
+
+port2=$(free_port)
+OUTBOX_CONSOLE_TOKEN=$token "$OUTBOX_BIN" console "${hdb[@]}" --listen "127.0.0.1:$port2" \
+  --sample-every 1s >"$work/console2.log" 2>&1 & pids+=($!)
+wait_port "$port2"
+# The docs' first example: a console on loopback without a token, which a DNS-rebinding page
+# reaches under a name of its own.
+port3=$(free_port)
+env -u OUTBOX_CONSOLE_TOKEN "$OUTBOX_BIN" console "${hdb[@]}" --listen "127.0.0.1:$port3" \
+  >"$work/console3.log" 2>&1 & pids+=($!)
+wait_port "$port3"
+# Another site (chat, a pager) with a link to the console.
+link=$(free_port)
+mkdir -p "$work/site"
+printf '<!doctype html><p><a id="console" href="http://127.0.0.1:%s/failed?key=bulk-0001">the failed message</a></p>\n' \
+  "$port2" >"$work/site/link.html"
+python3 -m http.server "$link" --bind 127.0.0.1 --directory "$work/site" >/dev/null 2>&1 & pids+=($!)
+wait_port "$link"
+sleep 3 # the payments route's circuit opens; a few chart samples
+
+BASE=http://127.0.0.1:$port2 OPEN_BASE=http://127.0.0.1:$port3 TOKEN=$token SHOTS=$shots RELAY_PID=$relay2 \
+  LINK_BASE=http://localhost:$link OUTBOX_BIN=$OUTBOX_BIN DATABASE_URL=$DATABASE_URL \
+  SCHEMA=$hostile node "$b/hostile.mjs"

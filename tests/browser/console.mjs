@@ -102,7 +102,9 @@ try {
   await shot(page, "redrive-preview");
   const reason = "receiver fixed: it accepts these payloads now";
   await page.locator("textarea[name=reason]").fill(reason);
-  await page.locator("#redrive-form button[type=submit]").click();
+  const [posted] = await Promise.all([page.waitForNavigation(), page.locator("#redrive-form button[type=submit]").click()]);
+  const landed = new URL(page.url());
+  check(landed.pathname === "/redrive/done", `the redrive answers with a redirect to its result (${posted?.status()} ${landed.pathname}): ${(await page.locator("body").innerText()).slice(0, 300)}`);
   check((await figure(page, "redriven")) === "1", "one message redriven");
   await shot(page, "redrive-done");
 
@@ -114,7 +116,7 @@ try {
   }
   check(state === "published", `the redriven message flowed (state ${state})`);
   const timeline = await page.locator("ol.timeline").first().innerText();
-  const order = ["written", "failed attempt(s); last error", "redriven", `${reason} (console)`, "published"];
+  const order = ["written", "failed attempt(s); last error", "redriven", `${reason} (console, from 127.0.0.1)`, "published"];
   let from = 0;
   let inOrder = true;
   for (const step of order) {

@@ -354,7 +354,8 @@ pub struct RelayArgs {
     #[arg(long, value_name = "URL", env = "OUTBOX_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
     /// Also serve the web console (as `outbox console`, outbox pages only) on this address,
-    /// e.g. 127.0.0.1:8080; its token from OUTBOX_CONSOLE_TOKEN.
+    /// e.g. 127.0.0.1:8080; its token from OUTBOX_CONSOLE_TOKEN (required unless the address is
+    /// loopback), further host names from OUTBOX_CONSOLE_ALLOWED_HOSTS.
     #[arg(long, value_name = "ADDR")]
     pub console: Option<std::net::SocketAddr>,
     /// /readyz fails once every sink's circuit has been open for longer than this (default
@@ -392,6 +393,10 @@ pub struct StatusArgs {
     /// terminal; with --format json, one JSON object per line per refresh.
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2s")]
     pub watch: Option<Dur>,
+    /// The relay's routing rules (as `outbox relay --route`), to group the backlog by route as
+    /// it does; replaces `[[relay.routes]]` of the file. Repeat the flag.
+    #[arg(long, value_name = "RULE")]
+    pub route: Vec<String>,
 }
 
 /// `outbox console` options.
@@ -401,6 +406,10 @@ pub struct ConsoleArgs {
     pub db: DbArgs,
     #[command(flatten)]
     pub console: outbox_console::Options,
+    /// The relay's routing rules (as `outbox relay --route`), to group the backlog by route as
+    /// it does; replaces `[[relay.routes]]` of the file. Repeat the flag.
+    #[arg(long, value_name = "RULE")]
+    pub route: Vec<String>,
 }
 
 /// The hidden handler process of `outbox verify --through-inbox`.

@@ -349,20 +349,26 @@ pub fn file_routes(loaded: &Loaded) -> Result<Vec<RouteSpec>> {
         .map_err(|e| ConfigError(format!("{}: {e}", loaded.file_key("relay.routes"))))
 }
 
+/// The routing rules: the `--route` flags when any are given, else `[[relay.routes]]` of the
+/// file. The relay routes by them; `outbox status` and `outbox console` group the backlog by
+/// them, so they take the same flags.
+pub fn routes(loaded: &Loaded, flags: &[String]) -> Result<Vec<RouteSpec>> {
+    if flags.is_empty() {
+        return file_routes(loaded);
+    }
+    flags
+        .iter()
+        .enumerate()
+        .map(|(i, r)| RouteSpec::parse(r, i + 1))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| ConfigError(format!("--route: {e}")))
+}
+
 /// Resolves `outbox relay` settings and checks every value.
 pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     let f = &loaded.file.relay;
     let db = db(loaded, &args.db)?;
-    let routes: Vec<RouteSpec> = if !args.route.is_empty() {
-        args.route
-            .iter()
-            .enumerate()
-            .map(|(i, r)| RouteSpec::parse(r, i + 1))
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| ConfigError(format!("--route: {e}")))?
-    } else {
-        file_routes(loaded)?
-    };
+    let routes = routes(loaded, &args.route)?;
     let sink = pick(args.sink.clone(), &["OUTBOX_SINK"], f.sink.clone())?;
     if sink.is_none() && routes.is_empty() {
         return Err(ConfigError("no sink: pass --sink (e.g. nats://127.0.0.1:4222), set OUTBOX_SINK, or write [relay] sink (or routes)".into()));

@@ -60,7 +60,10 @@ fn main() -> ExitCode {
                 .downcast_ref::<outbox_core::Error>()
                 .is_some_and(|e| e.kind() == outbox_core::ErrorKind::Config)
                 || err.downcast_ref::<config::ConfigError>().is_some();
-            eprintln!("error: {}", outbox_core::redact::sanitize(&causes(&err)));
+            // An error may quote a row or a broker's answer: masked, then shown through the
+            // terminal rule.
+            let text = outbox_core::redact::sanitize(&causes(&err));
+            eprintln!("error: {}", outbox_core::text::terminal(&text));
             if config {
                 ExitCode::from(EXIT_CONFIG)
             } else {
@@ -87,14 +90,38 @@ fn init_tracing(format: &str, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    // Colours only for a terminal: a log file or a pipe gets plain text, so an ESC in it can
+    // only have come from data, and the terminal rule below shows that one by name.
+    // A log line that cannot be written (stderr closed: a pipe whose reader went away) is
+    // dropped; by default the subscriber reports it with eprintln!, which panics the task that
+    // logged, and a signal handler that panics so never stops the process.
     let builder = tracing_subscriber::fmt()
+        .log_internal_errors(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(filter)
         .with_writer(|| MaskingWriter(std::io::stderr()));
     if format == "json" {
         builder.json().init();
     } else {
-        builder.init();
+        builder.fmt_fields(terminal_fields()).init();
     }
+}
+
+/// How the text log format writes an event's fields: `name=value`, space-separated, the
+/// message bare, each value through the terminal rule (`outbox_core::text`). A key, a type or a
+/// broker's error logged from a row then cannot move the cursor, clear the screen or reorder
+/// the line of whoever tails the log (tracing-subscriber escapes ESC in messages only).
+fn terminal_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
+    use outbox_core::text::Terminal;
+    use tracing_subscriber::field::MakeExt as _;
+    tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
+        let value = Terminal(format_args!("{value:?}"));
+        match field.name() {
+            "message" => write!(w, "{value}"),
+            name => write!(w, "{}={value}", name.strip_prefix("r#").unwrap_or(name)),
+        }
+    })
+    .delimited(" ")
 }
 
 /// A log writer that masks secrets (URL userinfo, secret parameters) in every line before it

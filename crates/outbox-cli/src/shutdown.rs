@@ -6,11 +6,16 @@ use tracing::{info, warn};
 /// A token cancelled on the first SIGINT or SIGTERM. A second signal exits at once with 130
 /// (leases then expire on their own; nothing is lost, some messages may be published again).
 pub fn on_signal() -> CancellationToken {
+    on_signal_saying("shutdown requested: finishing the batch in hand, then releasing partitions")
+}
+
+/// [`on_signal`] that logs `said` at the first signal (what this command does as it stops).
+pub fn on_signal_saying(said: &'static str) -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
     tokio::spawn(async move {
         wait_signal().await;
-        info!("shutdown requested: finishing the batch in hand, then releasing partitions");
+        info!("{said}");
         t.cancel();
         wait_signal().await;
         warn!("second signal: exiting now");

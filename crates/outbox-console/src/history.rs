@@ -97,6 +97,18 @@ impl History {
             .collect()
     }
 
+    /// Seconds since the published count last rose between two samples; `None` when it has
+    /// not risen in what the console has sampled.
+    pub fn since_last_publish(&self) -> Option<f64> {
+        let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        samples
+            .iter()
+            .zip(samples.iter().skip(1))
+            .rev()
+            .find(|(a, b)| b.published > a.published)
+            .map(|(_, b)| b.at.elapsed().as_secs_f64())
+    }
+
     /// Seconds since the oldest sample kept (0 before the first).
     pub fn reach(&self) -> f64 {
         let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());

@@ -1,5 +1,7 @@
-//! The console's HTTP server (hyper, HTTP/1.1): the token check on every request, then one
-//! handler per page; actions (redrive) only as POSTs that pass the origin and CSRF checks.
+//! The console's HTTP server (hyper, HTTP/1.1): on every request the Host check, then the token
+//! (or session) check, then one handler per page; actions only as POSTs (see [`crate::actions`]).
+//! Every response carries a Content-Security-Policy that allows no script, `X-Frame-Options`,
+//! `Referrer-Policy: same-origin`, `nosniff` and `no-store`.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -8,26 +10,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, LOCATION, SET_COOKIE};
+use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use outbox_core::status::Report;
-use outbox_core::{JourneyQuery, RedriveScope};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::auth::Access;
-use crate::html::{esc, page};
-use crate::pages::{self, Filter};
-use crate::{Console, Side};
-
-/// Failed messages a page lists at most (filters apply to these).
-const LIST_LIMIT: usize = 1000;
-/// Largest form body accepted.
-const FORM_LIMIT: usize = 64 * 1024;
+use crate::auth::{Access, Purpose};
+use crate::html::{page, text, Frame};
+use crate::{actions, views, Console, Side};
 
 /// A bound, not yet serving, listener.
 #[derive(Debug)]
@@ -42,11 +36,15 @@ impl Bound {
     }
 }
 
-/// Binds `addr` (port 0 picks a free one).
+/// Binds `addr` (port 0 picks a free one); the error names the address.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<Bound> {
-    Ok(Bound {
-        listener: TcpListener::bind(addr).await?,
-    })
+    match TcpListener::bind(addr).await {
+        Ok(listener) => Ok(Bound { listener }),
+        Err(e) => Err(std::io::Error::new(
+            e.kind(),
+            format!("the console cannot listen on {addr}: {e}"),
+        )),
+    }
 }
 
 /// Serves `console` on `bound` until `stop`.
@@ -60,8 +58,8 @@ pub async fn serve(bound: Bound, console: Arc<Console>, stop: CancellationToken)
             a = bound.listener.accept() => a,
             _ = stop.cancelled() => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
             Err(error) => {
                 warn!(%error, "console: accepting a connection failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -71,7 +69,7 @@ pub async fn serve(bound: Bound, console: Arc<Console>, stop: CancellationToken)
         let console = console.clone();
         let service = hyper::service::service_fn(move |req| {
             let console = console.clone();
-            async move { Ok::<_, Infallible>(answer(req, &console).await) }
+            async move { Ok::<_, Infallible>(answer(req, &console, peer).await) }
         });
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -86,24 +84,37 @@ pub async fn serve(bound: Bound, console: Arc<Console>, stop: CancellationToken)
             }
         });
     }
+    info!("console: stopped serving");
 }
 
-type Reply = Response<Full<Bytes>>;
+/// A response.
+pub type Reply = Response<Full<Bytes>>;
 
 fn reply(status: StatusCode, content_type: &'static str, body: String) -> Reply {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
     let h = r.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    // Pages carry no script and load nothing from elsewhere; say so to the browser too.
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static(content_type),
+    );
+    h.insert(
+        hyper::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-store"),
+    );
+    // Pages carry no script and load nothing from elsewhere; say so to the browser too. Older
+    // browsers read X-Frame-Options where frame-ancestors is unknown. No page address (which
+    // may name a key) is sent to another site: `same-origin`, not `no-referrer`, which would
+    // also make the browser send `Origin: null` on the console's own form posts.
     h.insert(
         "content-security-policy",
         HeaderValue::from_static(
             "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; \
-             frame-ancestors 'none'",
+             frame-ancestors 'none'; base-uri 'none'",
         ),
     );
+    h.insert("x-frame-options", HeaderValue::from_static("DENY"));
+    h.insert("referrer-policy", HeaderValue::from_static("same-origin"));
     h.insert(
         "x-content-type-options",
         HeaderValue::from_static("nosniff"),
@@ -111,14 +122,81 @@ fn reply(status: StatusCode, content_type: &'static str, body: String) -> Reply 
     r
 }
 
-fn html(status: StatusCode, body: String) -> Reply {
-    reply(status, "text/html; charset=utf-8", body)
+/// A JSON answer.
+pub fn json(body: String) -> Reply {
+    reply(StatusCode::OK, "application/json", body)
+}
+
+/// A plain-text answer.
+pub fn plain(status: StatusCode, body: String) -> Reply {
+    reply(status, "text/plain; charset=utf-8", body)
+}
+
+/// A 303 to `to` (a path on this console) that sets `cookies`.
+pub fn redirect(to: &str, cookies: Vec<String>) -> Reply {
+    let mut r = reply(StatusCode::SEE_OTHER, "text/plain", String::new());
+    if let Ok(loc) = HeaderValue::from_str(to) {
+        r.headers_mut().insert(hyper::header::LOCATION, loc);
+    }
+    for c in cookies {
+        if let Ok(v) = HeaderValue::from_str(&c) {
+            r.headers_mut().append(hyper::header::SET_COOKIE, v);
+        }
+    }
+    r
+}
+
+/// One request's view of the console: the side it concerns and the page frame.
+pub struct Ctx<'a> {
+    /// The console.
+    pub console: &'a Console,
+    /// The outbox, or the inbox's queue.
+    pub side: Side,
+    /// `""` or `"/inbox"`.
+    pub prefix: &'static str,
+    /// Whether `side` is the inbox's queue.
+    pub inbox: bool,
+    /// The page frame.
+    pub frame: Frame,
+}
+
+/// A whole HTML page.
+pub fn html_page(cx: &Ctx<'_>, status: StatusCode, title: &str, active: &str, body: &str) -> Reply {
+    let title = if cx.inbox {
+        format!("Inbox: {title}")
+    } else {
+        title.to_string()
+    };
+    reply(
+        status,
+        "text/html; charset=utf-8",
+        page(&title, active, &cx.frame, body),
+    )
 }
 
 /// A page that states a problem once, and what to do.
-fn problem(console: &Console, status: StatusCode, title: &str, text: &str) -> Reply {
-    let body = format!("<p class=\"err\">{}</p>", esc(text));
-    html(status, page(title, "", &console.outbox.place, &body))
+pub fn problem(cx: &Ctx<'_>, status: StatusCode, title: &str, why: &str) -> Reply {
+    let body = format!("<p class=\"err\">{}</p>", text(why));
+    let mut frame = cx.frame.clone();
+    frame.here = None;
+    frame.refresh = None;
+    let cx = Ctx {
+        frame,
+        side: cx.side.clone(),
+        ..*cx
+    };
+    html_page(&cx, status, title, "", &body)
+}
+
+/// The refusal of a read-only console, with the command to run instead.
+pub fn read_only(cx: &Ctx<'_>) -> Reply {
+    problem(
+        cx,
+        StatusCode::FORBIDDEN,
+        "Read-only",
+        "This console is read-only (started with --read-only): redrive with `outbox redrive \
+         --id <id> --reason \"…\"`, or start a console without --read-only.",
+    )
 }
 
 fn query(req: &Request<Incoming>) -> HashMap<String, String> {
@@ -127,314 +205,141 @@ fn query(req: &Request<Incoming>) -> HashMap<String, String> {
         .collect()
 }
 
-async fn answer(req: Request<Incoming>, console: &Console) -> Reply {
+/// Where a link with `?token=` lands once the session is set: the same path (never another
+/// host: `//host/…` and `/\host/…` are made a path of this console) and query, without the token.
+fn landing(path: &str, q: &HashMap<String, String>) -> String {
+    let path = format!("/{}", path.trim_start_matches(['/', '\\']));
+    let rest: String = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(q.iter().filter(|(k, _)| k.as_str() != "token"))
+        .finish();
+    if rest.is_empty() {
+        path
+    } else {
+        format!("{path}?{rest}")
+    }
+}
+
+const NEEDS_TOKEN: &str = "This console needs its token: open it once with ?token=<token> in \
+    the address (a 12-hour session starts), or send Authorization: Bearer <token>. If you had \
+    signed in, the session ended (after 12 hours, at sign-out, or because the console's token \
+    changed): open the ?token= link again.\n";
+
+const ACT_NEEDS_SESSION: &str = "This action needs a session started on this console (its \
+    ?token= link) and must be sent from the console's own pages; a request started on another \
+    site cannot act.\n";
+
+async fn answer(req: Request<Incoming>, console: &Console, peer: SocketAddr) -> Reply {
+    if let Some(why) = console.guard.refuse_host(req.headers()) {
+        return plain(StatusCode::FORBIDDEN, format!("Refused: {why}.\n"));
+    }
+    if req.uri().path() == "/favicon.ico" {
+        return reply(StatusCode::NO_CONTENT, "text/plain", String::new());
+    }
     let q = query(&req);
+    let acting = req.method() == Method::POST;
+    let purpose = if acting { Purpose::Act } else { Purpose::Read };
     match console
         .guard
-        .check(req.headers(), q.get("token").map(String::as_str))
+        .check(req.headers(), q.get("token").map(String::as_str), purpose)
     {
         Access::Granted => {}
         Access::Adopt => {
-            // Keep the page, drop the token from the address.
-            let rest: String = form_urlencoded::Serializer::new(String::new())
-                .extend_pairs(q.iter().filter(|(k, _)| k.as_str() != "token"))
-                .finish();
-            let to = match rest.is_empty() {
-                true => req.uri().path().to_string(),
-                false => format!("{}?{rest}", req.uri().path()),
-            };
-            let mut r = reply(StatusCode::SEE_OTHER, "text/plain", String::new());
-            if let (Ok(loc), Some(Ok(cookie))) = (
-                HeaderValue::from_str(&to),
-                console.guard.cookie().map(|c| HeaderValue::from_str(&c)),
-            ) {
-                r.headers_mut().insert(LOCATION, loc);
-                r.headers_mut().insert(SET_COOKIE, cookie);
-            }
-            return r;
-        }
-        Access::Refused => {
-            return reply(
-                StatusCode::UNAUTHORIZED,
-                "text/plain; charset=utf-8",
-                "This console needs its token: open it once with ?token=<token> in the address, \
-                 or send Authorization: Bearer <token>.\n"
-                    .into(),
+            let secure = req
+                .headers()
+                .get("x-forwarded-proto")
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
+            return redirect(
+                &landing(req.uri().path(), &q),
+                console.guard.start_session(secure),
             );
         }
+        Access::Refused if acting => {
+            return plain(StatusCode::UNAUTHORIZED, ACT_NEEDS_SESSION.into());
+        }
+        Access::Refused => return plain(StatusCode::UNAUTHORIZED, NEEDS_TOKEN.into()),
     }
     let path = req.uri().path().to_string();
-    let (side, prefix, rest) = match path.strip_prefix("/inbox") {
-        Some(rest) if rest.is_empty() || rest.starts_with('/') => match &console.inbox {
-            Ok(side) => (side, "/inbox", rest.to_string()),
-            Err(why) => {
-                return problem(console, StatusCode::NOT_FOUND, "Inbox", why);
-            }
-        },
-        _ => (&console.outbox, "", path.clone()),
+    if (req.method(), path.as_str()) == (&Method::POST, "/signout") {
+        return actions::sign_out(req, console).await;
+    }
+    let wants_inbox = path == "/inbox" || path.starts_with("/inbox/");
+    let inbox = console.inbox(wants_inbox).await;
+    let mut frame = Frame {
+        place: console.outbox.place.clone(),
+        sign_out: console
+            .guard
+            .requires_token()
+            .then(|| console.guard.csrf().to_string()),
+        inbox: inbox.is_ok(),
+        ..Frame::default()
     };
-    let inbox = !prefix.is_empty();
+    let (side, prefix, rest, history) = if wants_inbox {
+        match inbox {
+            Ok((side, history)) => {
+                frame.place = side.place.clone();
+                let rest = path["/inbox".len()..].to_string();
+                (side, "/inbox", rest, history)
+            }
+            Err(why) => {
+                let cx = Ctx {
+                    console,
+                    side: console.outbox.clone(),
+                    prefix: "",
+                    inbox: false,
+                    frame,
+                };
+                return problem(&cx, StatusCode::NOT_FOUND, "Inbox", &why);
+            }
+        }
+    } else {
+        (
+            console.outbox.clone(),
+            "",
+            path.clone(),
+            console.history.clone(),
+        )
+    };
     let rest = if rest.is_empty() { "/".into() } else { rest };
+    let cx = Ctx {
+        console,
+        side,
+        prefix,
+        inbox: !prefix.is_empty(),
+        frame,
+    };
     match (req.method(), rest.as_str()) {
-        (&Method::POST, "/redrive") => redrive(req, console, side, prefix).await,
-        (&Method::GET | &Method::HEAD, _) => get(console, side, prefix, inbox, &rest, &q).await,
-        _ => reply(
+        (&Method::POST, "/redrive") => actions::redrive(req, &cx, peer).await,
+        (&Method::GET | &Method::HEAD, "/redrive/done") => actions::done(&cx, &q),
+        (&Method::GET | &Method::HEAD, _) => {
+            let here = {
+                let kept: String = form_urlencoded::Serializer::new(String::new())
+                    .extend_pairs(q.iter().filter(|(k, _)| k.as_str() != "refresh"))
+                    .finish();
+                match kept.is_empty() {
+                    true => path.clone(),
+                    false => format!("{path}?{kept}"),
+                }
+            };
+            views::get(cx, &rest, &q, here, &history).await
+        }
+        _ => plain(
             StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain; charset=utf-8",
             "Only GET, and POST for actions.\n".into(),
         ),
     }
 }
 
-async fn get(
-    console: &Console,
-    side: &Side,
-    prefix: &str,
-    inbox: bool,
-    rest: &str,
-    q: &HashMap<String, String>,
-) -> Reply {
-    let store = &*side.store;
-    let shown = |title: &str, active: &str, body: String| {
-        html(StatusCode::OK, page(title, active, &side.place, &body))
-    };
-    let failed_read = |what: &str, e: outbox_core::Error| {
-        problem(
-            console,
-            StatusCode::SERVICE_UNAVAILABLE,
-            what,
-            &format!("Reading the store failed: {e}. The page shows again once it answers."),
-        )
-    };
-    let title = |t: &str| {
-        if inbox {
-            format!("Inbox: {t}")
-        } else {
-            t.to_string()
-        }
-    };
-    match rest {
-        "/" | "/partitions" | "/retention" => {
-            let report = match Report::collect(store, &console.routes).await {
-                Ok(r) => r,
-                Err(e) => return failed_read("Overview", e),
-            };
-            if q.get("format").map(String::as_str) == Some("json") {
-                let json = serde_json::to_string(&report).unwrap_or_default();
-                return reply(StatusCode::OK, "application/json", json);
-            }
-            match rest {
-                "/" => {
-                    let history = match inbox {
-                        true => console.inbox_history.as_deref().unwrap_or(&console.history),
-                        false => &console.history,
-                    };
-                    let active = if inbox { "/inbox" } else { "/" };
-                    shown(
-                        &title("Overview"),
-                        active,
-                        pages::overview(&report, history, inbox),
-                    )
-                }
-                "/partitions" => shown(
-                    &title("Partitions"),
-                    "/partitions",
-                    pages::partitions(&report),
-                ),
-                _ => shown(&title("Retention"), "/retention", pages::retention(&report)),
-            }
-        }
-        "/failed" | "/redrive" => {
-            let filter = Filter {
-                key: q.get("key").cloned().unwrap_or_default(),
-                kind: q.get("type").cloned().unwrap_or_default(),
-                error: q.get("error").cloned().unwrap_or_default(),
-            };
-            let listed = match store.failed(LIST_LIMIT).await {
-                Ok(l) => l,
-                Err(e) => return failed_read("Failed messages", e),
-            };
-            let active = format!("{prefix}/failed");
-            if rest == "/failed" {
-                let blocked = match store.stats().await {
-                    Ok(s) => s.blocked,
-                    Err(e) => return failed_read("Failed messages", e),
-                };
-                let body = pages::failed(&listed, &filter, &blocked, prefix, console.read_only);
-                return shown(&title("Failed and parked messages"), &active, body);
-            }
-            if console.read_only {
-                return read_only(console);
-            }
-            let id = q.get("id").and_then(|s| s.parse::<uuid::Uuid>().ok());
-            let matching: Vec<_> = listed
-                .iter()
-                .filter(|m| id.map_or(filter.matches(m), |id| m.id == id))
-                .collect();
-            let body = pages::redrive_preview(&matching, prefix, console.guard.csrf());
-            shown(&title("Redrive"), &active, body)
-        }
-        "/messages" => {
-            let active = format!("{prefix}/messages");
-            let (asked, query) = match journey_query(q) {
-                Ok(asked) => asked,
-                Err(bad) => {
-                    let body = pages::journey("", &[], prefix)
-                        + &format!(
-                            "<p class=\"err\">“{}” is not a message id (a UUID such as \
-                             0190f1c2-7a1b-7c3d-8e4f-123456789abc).</p>",
-                            esc(&bad)
-                        );
-                    return html(
-                        StatusCode::BAD_REQUEST,
-                        page("Message journey", &active, &side.place, &body),
-                    );
-                }
-            };
-            let mut body = String::new();
-            let mut found = Vec::new();
-            if let Some(query) = &query {
-                found = match store.journey(query, 20).await {
-                    Ok(found) => found,
-                    Err(e) => return failed_read("Message journey", e),
-                };
-                if let Some(receipt) = receipt(console, inbox, query).await {
-                    body = pages::receipt(&receipt);
-                }
-            }
-            shown(
-                "Message journey",
-                &active,
-                pages::journey(&asked, &found, prefix) + &body,
-            )
-        }
-        _ => html(
-            StatusCode::NOT_FOUND,
-            page(
-                "Not found",
-                "",
-                &side.place,
-                "<p>No such page: use the links above.</p>",
-            ),
-        ),
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Where the inbox shares the database, what it did with the outbox message `query` names by
-/// id (the inbox keeps the outbox's message id): `None` when there is no inbox or no id, else
-/// its receipt and handling, or why they could not be read.
-async fn receipt(
-    console: &Console,
-    inbox: bool,
-    query: &JourneyQuery,
-) -> Option<Result<Vec<outbox_core::Journey>, String>> {
-    let (false, Ok(side), JourneyQuery::Id(_)) = (inbox, &console.inbox, query) else {
-        return None;
-    };
-    Some(
-        side.store
-            .journey(query, 1)
-            .await
-            .map_err(|e| e.to_string()),
-    )
-}
-
-/// What the journey page was asked for: the text to show in its form and the lookup (`None`
-/// when neither an id nor a key was given), or the id that is not one.
-fn journey_query(q: &HashMap<String, String>) -> Result<(String, Option<JourneyQuery>), String> {
-    let id = q.get("id").map(|s| s.trim()).filter(|s| !s.is_empty());
-    let key = q.get("key").filter(|s| !s.is_empty());
-    match (id, key) {
-        (Some(id), _) => match id.parse() {
-            Ok(parsed) => Ok((id.to_string(), Some(JourneyQuery::Id(parsed)))),
-            Err(_) => Err(id.to_string()),
-        },
-        (None, Some(key)) => Ok((key.clone(), Some(JourneyQuery::Key(key.clone())))),
-        (None, None) => Ok((String::new(), None)),
-    }
-}
-
-fn read_only(console: &Console) -> Reply {
-    problem(
-        console,
-        StatusCode::FORBIDDEN,
-        "Read-only",
-        "This console is read-only (started with --read-only): redrive with `outbox redrive`, \
-         or start a console without --read-only.",
-    )
-}
-
-/// POST `/redrive`: the ids the preview listed, with a reason.
-async fn redrive(req: Request<Incoming>, console: &Console, side: &Side, prefix: &str) -> Reply {
-    if console.read_only {
-        return read_only(console);
-    }
-    let headers = req.headers().clone();
-    let body = match Limited::new(req.into_body(), FORM_LIMIT).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return problem(
-                console,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "Redrive",
-                "The form was too large or cut off; go back and submit it again.",
-            )
-        }
-    };
-    let form: HashMap<String, String> = form_urlencoded::parse(&body).into_owned().collect();
-    if let Some(why) = console
-        .guard
-        .refuse_action(&headers, form.get("csrf").map(String::as_str))
-    {
-        return problem(console, StatusCode::FORBIDDEN, "Redrive refused", why);
-    }
-    let reason = form.get("reason").map(|r| r.trim()).unwrap_or("");
-    if reason.is_empty() {
-        return problem(
-            console,
-            StatusCode::BAD_REQUEST,
-            "Redrive",
-            "A redrive needs a reason (it is kept in the audit trail): go back and give one.",
-        );
-    }
-    let ids: Result<Vec<uuid::Uuid>, _> = form
-        .get("ids")
-        .map(String::as_str)
-        .unwrap_or("")
-        .split(',')
-        .filter(|s| !s.is_empty())
-        .map(str::parse)
-        .collect();
-    let Ok(ids) = ids
-        .map_err(drop)
-        .and_then(|v| if v.is_empty() { Err(()) } else { Ok(v) })
-    else {
-        return problem(
-            console,
-            StatusCode::BAD_REQUEST,
-            "Redrive",
-            "The form names no message to redrive: start again from the failed messages.",
-        );
-    };
-    let reason = format!("{reason} (console)");
-    match side
-        .store
-        .redrive(&RedriveScope::Ids(ids.clone()), &reason)
-        .await
-    {
-        Ok(n) => {
-            info!(redriven = n, asked = ids.len(), "console: redrive");
-            let body = pages::redrive_done(n, &ids, &reason, prefix);
-            html(
-                StatusCode::OK,
-                page("Redriven", &format!("{prefix}/failed"), &side.place, &body),
-            )
-        }
-        Err(e) => problem(
-            console,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "Redrive failed",
-            &format!("Nothing was redriven: {e}. Try again once the database answers."),
-        ),
+    #[test]
+    fn a_token_link_lands_on_this_console_only() {
+        let q: HashMap<String, String> = [("token".into(), "t".into()), ("key".into(), "a".into())]
+            .into_iter()
+            .collect();
+        assert_eq!(landing("/failed", &q), "/failed?key=a");
+        assert_eq!(landing("//evil.example/x", &q), "/evil.example/x?key=a");
+        assert_eq!(landing("/\\evil.example", &HashMap::new()), "/evil.example");
     }
 }

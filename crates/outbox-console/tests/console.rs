@@ -6,135 +6,12 @@
 // Test code: a failed expectation should panic with its message.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
 
-use outbox_console::{Console, Options, Side};
-use outbox_core::{NewMessage, Outcome, Store};
-use outbox_postgres::{connect_pool, migrate, PgStore, Schema};
+use common::{client, console, field, figure, get, msg, start, Setup, TOKEN};
+use outbox_core::Outcome;
 use outbox_testkit::conformance::{claim_all, sole_member};
-use reqwest::{redirect, StatusCode};
-use tokio_util::sync::CancellationToken;
-
-const TOKEN: &str = "console-test-token-0123456789";
-
-fn database_url() -> String {
-    std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into())
-}
-
-struct Running {
-    base: String,
-    store: Arc<dyn Store>,
-    inbox: Option<Arc<dyn Store>>,
-    stop: CancellationToken,
-    drop_schema: String,
-    pool: sqlx::PgPool,
-}
-
-impl Running {
-    async fn end(self) {
-        self.stop.cancel();
-        let _ = sqlx::raw_sql(&self.drop_schema).execute(&self.pool).await;
-        let _ = sqlx::raw_sql(&self.drop_schema.replace(" CASCADE", "_inbox CASCADE"))
-            .execute(&self.pool)
-            .await;
-    }
-}
-
-async fn console(read_only: bool) -> Running {
-    console_with(read_only, false).await
-}
-
-async fn console_with(read_only: bool, with_inbox: bool) -> Running {
-    let pool = connect_pool(&database_url(), 4)
-        .await
-        .expect("PostgreSQL must be running for these tests");
-    let schema = Schema::new(&outbox_testkit::unique_name("console")).unwrap();
-    migrate(&pool, &schema).await.unwrap();
-    let store: Arc<dyn Store> = Arc::new(PgStore::new(pool.clone(), schema.clone()));
-    let options = Options {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        token: Some(TOKEN.into()),
-        read_only,
-        sample_every: Duration::from_secs(1),
-    };
-    options.validate().unwrap();
-    let stop = CancellationToken::new();
-    let side = Side {
-        store: store.clone(),
-        place: schema.render("test schema {schema}"),
-    };
-    let inbox = if with_inbox {
-        let db = outbox_inbox::InboxDatabase::open(&database_url(), &schema.render("{schema}"), 2)
-            .await
-            .unwrap();
-        db.migrate().await.unwrap();
-        Ok(Side {
-            store: db.queue(),
-            place: db.place(),
-        })
-    } else {
-        Err("no inbox in this test".into())
-    };
-    let inbox_store = inbox.as_ref().ok().map(|s| s.store.clone());
-    let c = Console::new(side, inbox, vec![], &options, &stop);
-    let bound = outbox_console::bind(options.listen).await.unwrap();
-    let base = format!("http://{}", bound.local_addr().unwrap());
-    tokio::spawn(outbox_console::serve(bound, c, stop.clone()));
-    Running {
-        base,
-        store,
-        inbox: inbox_store,
-        stop,
-        drop_schema: schema.render("DROP SCHEMA {schema} CASCADE"),
-        pool,
-    }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(redirect::Policy::none())
-        .build()
-        .unwrap()
-}
-
-async fn get(base: &str, path: &str) -> (StatusCode, String) {
-    let r = client()
-        .get(format!("{base}{path}"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
-    (r.status(), r.text().await.unwrap())
-}
-
-/// The value of the first `name="<field>" value="…"` in `html`.
-fn field(html: &str, name: &str) -> String {
-    let at = html
-        .find(&format!("name=\"{name}\" value=\""))
-        .unwrap_or_else(|| panic!("no field {name} in {html}"));
-    let rest = &html[at + name.len() + 15..];
-    rest[..rest.find('"').unwrap()].to_string()
-}
-
-/// The text of the element tagged `data-figure="<name>"` (a card's value, or a span).
-fn figure(html: &str, name: &str) -> String {
-    let at = html
-        .find(&format!("data-figure=\"{name}\""))
-        .unwrap_or_else(|| panic!("no figure {name} in {html}"));
-    let rest = &html[at..];
-    let rest = &rest[rest.find('>').unwrap() + 1..];
-    let rest = rest.strip_prefix("<div class=\"v\">").unwrap_or(rest);
-    rest[..rest.find('<').unwrap()].to_string()
-}
-
-fn msg(key: &str, n: u32) -> NewMessage {
-    NewMessage::new("order", key, "placed", serde_json::json!({ "n": n })).header(
-        "traceparent",
-        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-    )
-}
+use reqwest::StatusCode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_with_a_reason_makes_a_failed_message_flow_in_key_order_and_its_journey_tells_it()
@@ -212,7 +89,12 @@ async fn a_redrive_with_a_reason_makes_a_failed_message_flow_in_key_order_and_it
                 r = r.header("origin", origin);
             }
             let r = r.send().await.unwrap();
-            (r.status(), r.text().await.unwrap())
+            let status = r.status();
+            let to = r
+                .headers()
+                .get("location")
+                .map(|l| l.to_str().unwrap().to_string());
+            (status, to.unwrap_or(r.text().await.unwrap()))
         }
     };
     let own = Box::leak(c.base.clone().into_boxed_str());
@@ -233,9 +115,27 @@ async fn a_redrive_with_a_reason_makes_a_failed_message_flow_in_key_order_and_it
     assert_eq!(c.store.failed(10).await.unwrap().len(), 1);
 
     let (s, done) = post(good("raised the broker's size limit"), own).await;
-    assert_eq!(s, StatusCode::OK, "{done}");
-    assert_eq!(figure(&done, "redriven"), "1");
+    assert_eq!(
+        s,
+        StatusCode::SEE_OTHER,
+        "answered by a redirect to the result: {done}"
+    );
     assert!(c.store.failed(10).await.unwrap().is_empty());
+    // The result page, as often as it is reloaded: it redrives nothing more.
+    assert!(done.starts_with("/redrive/done?r="), "{done}");
+    for _ in 0..2 {
+        let (s, result) = get(&c.base, &done).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(figure(&result, "redriven"), "1");
+    }
+    let audited: i64 = sqlx::query_scalar(
+        &c.schema
+            .render("SELECT count(*) FROM {schema}.outbox_redrives"),
+    )
+    .fetch_one(&c.pool)
+    .await
+    .unwrap();
+    assert_eq!(audited, 1, "one audit row: a reload redrove nothing");
 
     // It flows first, its key's waiting messages behind it, in order.
     let released = claim_all(&c.store, &m, &parts).await;
@@ -256,7 +156,7 @@ async fn a_redrive_with_a_reason_makes_a_failed_message_flow_in_key_order_and_it
         "<strong>failed</strong>",
         "1 failed attempt(s); last error: broker said no: message too large",
         "<strong>redriven</strong>",
-        "raised the broker&#39;s size limit (console)",
+        "raised the broker&#39;s size limit (console, from 127.0.0.1)",
         "<strong>published</strong>",
     ];
     let mut from = 0;
@@ -276,7 +176,7 @@ async fn a_redrive_with_a_reason_makes_a_failed_message_flow_in_key_order_and_it
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_request_needs_the_token_and_a_link_with_it_sets_a_cookie() {
+async fn every_request_needs_the_token_and_a_link_with_it_starts_a_session() {
     let c = console(false).await;
     let r = client().get(format!("{}/", c.base)).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
@@ -295,15 +195,24 @@ async fn every_request_needs_the_token_and_a_link_with_it_sets_a_cookie() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     assert_eq!(r.headers()["location"], "/failed?key=a");
-    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_string();
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
+    let cookies: Vec<String> = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    assert_eq!(cookies.len(), 2, "{cookies:?}");
+    assert!(cookies
+        .iter()
+        .all(|c| c.contains("HttpOnly") && !c.contains(TOKEN)));
+    assert!(cookies[0].contains("SameSite=Lax") && cookies[1].contains("SameSite=Strict"));
     let r = client()
         .get(format!("{}/failed?key=a", c.base))
-        .header("cookie", cookie.split(';').next().unwrap())
+        .header("cookie", cookies[0].split(';').next().unwrap())
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.status(), StatusCode::OK, "the Lax cookie reads pages");
     assert!(r.headers()["content-security-policy"]
         .to_str()
         .unwrap()
@@ -342,7 +251,11 @@ async fn a_read_only_console_shows_pages_and_refuses_actions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn where_the_inbox_shares_the_database_a_journey_ends_with_its_receipt_and_handling() {
-    let c = console_with(false, true).await;
+    let c = start(Setup {
+        with_inbox: true,
+        ..Setup::default()
+    })
+    .await;
     let sent = msg("k", 0);
     c.store.insert(std::slice::from_ref(&sent)).await.unwrap();
     let (_, before) = get(&c.base, &format!("/messages?id={}", sent.id)).await;

@@ -13,7 +13,9 @@ use serde::Serialize;
 pub enum JourneyQuery {
     /// The message with this id.
     Id(uuid::Uuid),
-    /// The latest messages of this ordering key (`aggregate_id`), newest first.
+    /// The latest messages of this ordering key (`aggregate_id`), newest first, and the key's
+    /// head that holds the others back (retrying or failed) wherever it lies, so a long queue
+    /// of waiting messages cannot hide it.
     Key(String),
 }
 
@@ -71,6 +73,9 @@ pub struct Journey {
     pub state: JourneyState,
     /// What happened, oldest first.
     pub steps: Vec<JourneyStep>,
+    /// For a message that waits behind an earlier one of its key: that key's head (retrying or
+    /// failed), the message to fix or redrive.
+    pub held_by: Option<uuid::Uuid>,
 }
 
 /// One step of a [`Journey`].

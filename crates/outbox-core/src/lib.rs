@@ -5,6 +5,7 @@
 //! (`outbox-sinks`) implement the traits, and `outbox-relay` drives them.
 
 pub mod error;
+pub mod flow;
 pub mod gauges;
 pub mod grants;
 pub mod identifier;
@@ -19,6 +20,7 @@ pub mod secret;
 pub mod sink;
 pub mod status;
 pub mod store;
+pub mod text;
 pub mod trace;
 
 pub use bytes::Bytes;
@@ -33,6 +35,6 @@ pub use routing::{DestinationPattern, DestinationRules, DestinationTemplate};
 pub use secret::Secret;
 pub use sink::{Envelope, Sink, SinkError, SinkErrorKind};
 pub use store::{
-    BlockedKey, ClaimLimits, FailedMessage, Maintenance, MemberId, OnFailed, Outcome, RedriveScope,
-    Stats, Store,
+    BlockedKey, ClaimLimits, FailedFilter, FailedMessage, FailedPage, Maintenance, MemberId,
+    OnFailed, Outcome, RedriveScope, Stats, Store,
 };

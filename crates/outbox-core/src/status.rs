@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::flow::Flow;
 use crate::route::RouteSpec;
 use crate::store::{Stats, Store};
 use crate::Result;
@@ -284,6 +285,8 @@ pub struct Report {
     pub cdc_slots: Vec<SlotStatus>,
     /// The binlog route's sequencer (MySQL/MariaDB); `None` on every other route.
     pub binlog_sequencer: Option<SequencerStatus>,
+    /// Whether events flow, and if not, why: the first answer of the report.
+    pub flow: Flow,
 }
 
 impl Report {
@@ -371,6 +374,7 @@ impl Report {
                 .unwrap_or(0.0)
                 .total_cmp(&a.oldest_pending_age_seconds.unwrap_or(0.0))
         });
+        let flow = Flow::of(at, &stats, &partitions, &by_route);
         Self {
             at,
             stats,
@@ -380,6 +384,7 @@ impl Report {
             pending_by_type,
             cdc_slots: detail.cdc_slots,
             binlog_sequencer: detail.binlog_sequencer,
+            flow,
         }
     }
 
@@ -388,13 +393,26 @@ impl Report {
     /// names published messages "handled".
     pub fn render_text(&self, title: &str, inbox: bool) -> String {
         let mut out = String::new();
+        // Every line may carry text from rows or brokers (keys, errors, member ids): shown
+        // through the one terminal rule, so none of it can act on the terminal.
         let mut line = |s: String| {
-            out.push_str(&s);
+            out.push_str(&crate::text::terminal(&s));
             out.push('\n');
         };
         let s = &self.stats;
         line(title.to_string());
-        line(format!("pending             {}", s.pending));
+        line(format!(
+            "flow                {}: {}",
+            self.flow.state.as_str().to_uppercase(),
+            self.flow.headline
+        ));
+        for p in self.flow.problems.iter().skip(1) {
+            line(format!("  also              {}", p.text));
+        }
+        line(format!(
+            "pending             {} ({} can flow, {} held behind retrying or failed heads)",
+            s.pending, self.flow.pending_flowing, self.flow.pending_blocked
+        ));
         line(format!(
             "oldest pending age  {}",
             age(s.oldest_pending_age_seconds)
@@ -411,18 +429,29 @@ impl Report {
         line(format!("failed              {}", s.failed));
         let published = if inbox { "handled  " } else { "published" };
         line(format!("{published}           {}", s.published));
-        line(format!("relay members       {}", s.members.len()));
+        line(format!(
+            "relay members       {} ({} live)",
+            s.members.len(),
+            self.flow.live_members
+        ));
         for m in &s.members {
             let err = m
                 .sink_error
                 .as_deref()
                 .map(|e| format!("  sink error: {e}"))
                 .unwrap_or_default();
+            let beat = (self.at - m.heartbeat_at).num_milliseconds() as f64 / 1000.0;
+            let silent = if beat >= crate::flow::STALE_AFTER_SECONDS {
+                "  SILENT (not live)"
+            } else {
+                ""
+            };
             line(format!(
-                "  {}  partitions={}  circuit={}  heartbeat={}{err}",
+                "  {}  partitions={}  circuit={}  heartbeat {} ago ({}){silent}{err}",
                 m.member,
                 m.partitions,
                 m.circuit,
+                age(Some(beat)),
                 m.heartbeat_at.to_rfc3339()
             ));
         }
@@ -746,6 +775,8 @@ mod tests {
             blocked_keys: 0,
             parked: 0,
             partitions_at_parking_cap: 0,
+            waiting: 0,
+            oldest_waiting_age_seconds: None,
             members: Vec::new(),
             blocked: Vec::new(),
         }

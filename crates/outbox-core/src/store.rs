@@ -186,6 +186,12 @@ pub struct Stats {
     /// Partitions that hold the parking cap and stopped advancing until their parked keys
     /// drain: alert on anything above zero.
     pub partitions_at_parking_cap: i64,
+    /// Of `pending`, the messages held back: heads waiting for a retry and the later messages
+    /// of keys whose head is retrying or failed. The rest of `pending` can flow now.
+    pub waiting: i64,
+    /// Age in seconds of the oldest of the `waiting` messages (how long the longest-held key
+    /// has been held at least); `None` when none waits.
+    pub oldest_waiting_age_seconds: Option<f64>,
     /// Live relay members and the partitions each owns.
     pub members: Vec<MemberStatus>,
     /// Up to 20 blocked keys, with the head message's error.
@@ -227,6 +233,49 @@ pub struct FailedMessage {
     pub last_error: Option<String>,
     /// When the row was written.
     pub created_at: DateTime<Utc>,
+}
+
+/// Which failed messages a listing concerns ([`Store::failed_matching`]): every field that is
+/// set must match. Letter case is ignored (ASCII letters at least; a store may fold more).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailedFilter {
+    /// The ordering key, exactly (case included).
+    pub key: Option<String>,
+    /// Part of `aggregate_type/event_type`, e.g. `order/order.placed`, `order/` or `placed`.
+    pub kind: Option<String>,
+    /// Part of the last error.
+    pub error: Option<String>,
+}
+
+impl FailedFilter {
+    /// Whether `m` matches: the rule every store's own filtering follows.
+    pub fn matches(&self, m: &FailedMessage) -> bool {
+        let contains =
+            |hay: &str, needle: &str| hay.to_lowercase().contains(&needle.to_lowercase());
+        self.key.as_deref().is_none_or(|k| m.aggregate_id == k)
+            && self
+                .kind
+                .as_deref()
+                .is_none_or(|k| contains(&format!("{}/{}", m.aggregate_type, m.event_type), k))
+            && self
+                .error
+                .as_deref()
+                .is_none_or(|e| contains(m.last_error.as_deref().unwrap_or(""), e))
+    }
+
+    /// Whether no field is set (every failed message matches).
+    pub fn is_empty(&self) -> bool {
+        self.key.is_none() && self.kind.is_none() && self.error.is_none()
+    }
+}
+
+/// One page of the failed messages that match a [`FailedFilter`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct FailedPage {
+    /// How many failed messages match, in all (not only on this page).
+    pub total: i64,
+    /// The page: matching messages after the given sequence, oldest first.
+    pub messages: Vec<FailedMessage>,
 }
 
 /// Which failed messages [`Store::redrive`] releases.
@@ -411,6 +460,32 @@ pub trait Store: Send + Sync {
 
     /// Up to `limit` messages that ended `failed`, oldest first, with their errors.
     async fn failed(&self, limit: usize) -> Result<Vec<FailedMessage>>;
+
+    /// The failed messages that match `filter`: how many in all, and up to `limit` of them
+    /// with a sequence above `after` (the last one of the page before; `None` from the start),
+    /// oldest first. Right at any number of failed messages: stores filter and count in the
+    /// database. The default reads every failed message and filters them here.
+    async fn failed_matching(
+        &self,
+        filter: &FailedFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<FailedPage> {
+        let all: Vec<FailedMessage> = self
+            .failed(usize::MAX)
+            .await?
+            .into_iter()
+            .filter(|m| filter.matches(m))
+            .collect();
+        Ok(FailedPage {
+            total: i64::try_from(all.len()).unwrap_or(i64::MAX),
+            messages: all
+                .into_iter()
+                .filter(|m| after.is_none_or(|a| m.seq > a))
+                .take(limit)
+                .collect(),
+        })
+    }
 
     /// Gives failed messages a fresh budget: each goes back to waiting for its next attempt,
     /// due now, with its attempts at zero, and its key flows again behind it, in order (a

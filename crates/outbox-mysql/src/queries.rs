@@ -55,7 +55,10 @@ const STATS: &str = "SELECT \
           JOIN {messages} AS o ON o.part = w.part AND o.part_seq = w.passed + 1 \
         UNION ALL \
         SELECT o.created_at FROM {schema}.outbox_parked AS p \
-          JOIN {schema}.outbox AS o ON o.seq = p.seq WHERE p.state <> 'failed') AS a) AS oldest_us";
+          JOIN {schema}.outbox AS o ON o.seq = p.seq WHERE p.state <> 'failed') AS a) AS oldest_us, \
+     (SELECT TIMESTAMPDIFF(MICROSECOND, MIN(o.created_at), UTC_TIMESTAMP(6)) \
+        FROM {schema}.outbox_parked AS p JOIN {schema}.outbox AS o ON o.seq = p.seq \
+        WHERE p.state <> 'failed') AS oldest_waiting_us";
 
 const MEMBERS: &str = "SELECT CAST(m.member AS CHAR) AS member, m.heartbeat_at, \
      CAST(m.circuit AS CHAR) AS circuit, CAST(m.sink_error AS CHAR) AS sink_error, \
@@ -76,6 +79,29 @@ const FAILED: &str = "SELECT o.seq, CAST(o.id AS CHAR) AS id, \
      p.attempts, CAST(p.last_error AS CHAR) AS last_error, o.created_at \
      FROM {schema}.outbox_parked AS p JOIN {schema}.outbox AS o ON o.seq = p.seq \
      WHERE p.state = 'failed' ORDER BY p.seq LIMIT ?";
+
+/// The failed messages that match a filter (`Store::failed_matching`): how many in all, and
+/// one page of them after a seq, oldest first; the first row carries the total even when the
+/// page is empty. LOCATE, not LIKE, so `%` and `_` typed by an operator mean themselves.
+/// Binds: the key twice (exact, or NULL), part of `aggregate_type/event_type` twice (lower
+/// case, or NULL), part of the last error twice (lower case, or NULL), the seq to start after
+/// twice (or NULL), the page's size.
+const FAILED_MATCHING: &str = "WITH matching AS ( \
+     SELECT p.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, p.attempts, \
+            p.last_error, o.created_at \
+     FROM {schema}.outbox_parked AS p JOIN {schema}.outbox AS o ON o.seq = p.seq \
+     WHERE p.state = 'failed' \
+       AND (? IS NULL OR p.aggregate_id = ?) \
+       AND (? IS NULL OR LOCATE(?, LOWER(CONCAT(o.aggregate_type, '/', o.event_type))) > 0) \
+       AND (? IS NULL OR LOCATE(?, LOWER(COALESCE(p.last_error, ''))) > 0)), \
+   page AS (SELECT * FROM matching WHERE ? IS NULL OR seq > ? ORDER BY seq LIMIT ?) \
+   SELECT t.total, m.seq, CAST(m.id AS CHAR) AS id, \
+          CAST(m.aggregate_type AS CHAR) AS aggregate_type, \
+          CAST(m.aggregate_id AS CHAR) AS aggregate_id, \
+          CAST(m.event_type AS CHAR) AS event_type, m.attempts, \
+          CAST(m.last_error AS CHAR) AS last_error, m.created_at \
+   FROM (SELECT COUNT(*) AS total FROM matching) AS t LEFT JOIN page AS m ON TRUE \
+   ORDER BY m.seq";
 
 const HEARTBEAT: &str = "INSERT INTO {schema}.outbox_members (member, heartbeat_at) \
      VALUES (?, UTC_TIMESTAMP(6)) \
@@ -177,6 +203,7 @@ pub(crate) struct Queries {
     pub members: String,
     pub blocked: String,
     pub failed: String,
+    pub failed_matching: String,
     pub heartbeat: String,
     pub reap_members: String,
     pub count_members: String,
@@ -206,6 +233,7 @@ impl Queries {
             members: r(MEMBERS),
             blocked: r(BLOCKED),
             failed: r(FAILED),
+            failed_matching: r(FAILED_MATCHING),
             heartbeat: r(HEARTBEAT),
             reap_members: r(REAP_MEMBERS),
             count_members: r(COUNT_MEMBERS),

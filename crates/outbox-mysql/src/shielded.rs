@@ -177,6 +177,17 @@ impl Store for MysqlStore {
         self.run(|e| async move { e.failed(limit).await }).await
     }
 
+    async fn failed_matching(
+        &self,
+        filter: &outbox_core::FailedFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<outbox_core::FailedPage> {
+        let filter = filter.clone();
+        self.run(|e| async move { e.failed_matching(&filter, after, limit).await })
+            .await
+    }
+
     async fn redrive(&self, scope: &RedriveScope, reason: &str) -> Result<u64> {
         let (scope, reason) = (scope.clone(), reason.to_string());
         self.run(|e| async move { e.redrive(&scope, &reason).await })

@@ -17,8 +17,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_core::store::MemberStatus;
 use outbox_core::{
-    BlockedKey, ClaimLimits, Error, ErrorKind, FailedMessage, Maintenance, MemberId, Message,
-    NewMessage, OnFailed, Outcome, RedriveScope, Result, Stats, Store,
+    BlockedKey, ClaimLimits, Error, ErrorKind, FailedFilter, FailedMessage, FailedPage,
+    Maintenance, MemberId, Message, NewMessage, OnFailed, Outcome, RedriveScope, Result, Stats,
+    Store,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
@@ -725,6 +726,7 @@ impl Engine {
         let parked: i64 = r.try_get("parked").map_err(err)?;
         let failed: i64 = r.try_get("failed").map_err(err)?;
         let oldest_us: Option<i64> = r.try_get("oldest_us").map_err(err)?;
+        let oldest_waiting_us: Option<i64> = r.try_get("oldest_waiting_us").map_err(err)?;
         Ok(Stats {
             pending: unpassed + parked - failed,
             oldest_pending_age_seconds: oldest_us.map(|us| us.max(0) as f64 / 1e6),
@@ -734,6 +736,8 @@ impl Engine {
             blocked_keys: r.try_get("blocked_keys").map_err(err)?,
             parked,
             partitions_at_parking_cap: r.try_get("at_cap").map_err(err)?,
+            waiting: parked - failed,
+            oldest_waiting_age_seconds: oldest_waiting_us.map(|us| us.max(0) as f64 / 1e6),
             members: Vec::new(),
             blocked: Vec::new(),
         })
@@ -1050,6 +1054,52 @@ impl Store for Engine {
                 })
             })
             .collect()
+    }
+
+    async fn failed_matching(
+        &self,
+        filter: &FailedFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<FailedPage> {
+        let err = |e| map_sqlx_error("listing failed messages", e);
+        let kind = filter.kind.as_deref().map(str::to_lowercase);
+        let error = filter.error.as_deref().map(str::to_lowercase);
+        let rows = sqlx::query(&self.q.failed_matching)
+            .bind(filter.key.as_deref())
+            .bind(filter.key.as_deref())
+            .bind(kind.as_deref())
+            .bind(kind.as_deref())
+            .bind(error.as_deref())
+            .bind(error.as_deref())
+            .bind(after)
+            .bind(after)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err)?;
+        let mut page = FailedPage::default();
+        for r in &rows {
+            page.total = r.try_get("total").map_err(err)?;
+            let Some(seq) = r.try_get::<Option<i64>, _>("seq").map_err(err)? else {
+                continue;
+            };
+            let id: String = r.try_get("id").map_err(err)?;
+            let created_at: NaiveDateTime = r.try_get("created_at").map_err(err)?;
+            page.messages.push(FailedMessage {
+                id: uuid::Uuid::parse_str(&id).map_err(|e| {
+                    malformed(format!("outbox row {seq}: id `{id}` is not a UUID: {e}"))
+                })?,
+                seq,
+                aggregate_type: r.try_get("aggregate_type").map_err(err)?,
+                aggregate_id: r.try_get("aggregate_id").map_err(err)?,
+                event_type: r.try_get("event_type").map_err(err)?,
+                attempts: r.try_get("attempts").map_err(err)?,
+                last_error: r.try_get("last_error").map_err(err)?,
+                created_at: utc(created_at),
+            });
+        }
+        Ok(page)
     }
 
     async fn redrive(&self, scope: &RedriveScope, reason: &str) -> Result<u64> {

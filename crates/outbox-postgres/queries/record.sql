@@ -79,7 +79,10 @@ WITH fence AS MATERIALIZED (
         attempts        = x.attempts + CASE WHEN r.outcome = 'deferred' THEN 0 ELSE 1 END,
         next_attempt_at = CASE WHEN r.outcome IN ('retrying', 'deferred')
                                THEN now() + make_interval(secs => r.delay) END,
-        last_error      = COALESCE(r.error, x.last_error)
+        last_error      = COALESCE(r.error, x.last_error),
+        -- A message that gives up again after a redrive failed now, not when first parked:
+        -- its journey's last step carries this time.
+        parked_at       = CASE WHEN r.outcome = 'failed' THEN now() ELSE x.parked_at END
     FROM unnest($23::int2[], $24::int8[], $25::text[], $26::float8[], $27::text[])
          AS r(partition, seq, outcome, delay, error)
     WHERE x.partition = r.partition AND x.seq = r.seq AND r.outcome <> 'published'

@@ -35,4 +35,9 @@ SELECT
   (SELECT count(*) FROM (SELECT partition FROM {schema}.outbox_parked GROUP BY partition
                          HAVING count(*) >= $2) AS f) AS partitions_at_parking_cap,
   (SELECT count(*) FROM (SELECT DISTINCT partition, aggregate_id
-                         FROM {schema}.outbox_parked) AS k) AS blocked_keys
+                         FROM {schema}.outbox_parked) AS k) AS blocked_keys,
+  -- Held back: the parked messages still to deliver (retrying heads and those queued behind
+  -- a retrying or failed head), and how long the oldest of them has waited.
+  (SELECT count(*) FROM {schema}.outbox_parked WHERE state <> 'failed') AS waiting,
+  (SELECT extract(epoch FROM now() - min(created_at))::float8
+   FROM {schema}.outbox_parked WHERE state <> 'failed') AS oldest_waiting_age_seconds

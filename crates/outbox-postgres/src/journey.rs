@@ -181,5 +181,6 @@ fn lay_out(
         payload: r.try_get("payload")?,
         state,
         steps,
+        held_by: r.try_get("held_by")?,
     })
 }

@@ -17,8 +17,8 @@ use outbox_core::status::{
 };
 use outbox_core::store::MemberStatus;
 use outbox_core::{
-    BlockedKey, ClaimLimits, FailedMessage, Maintenance, MemberId, Message, NewMessage, OnFailed,
-    Outcome, RedriveScope, Result, Stats, Store,
+    BlockedKey, ClaimLimits, FailedFilter, FailedMessage, FailedPage, Maintenance, MemberId,
+    Message, NewMessage, OnFailed, Outcome, RedriveScope, Result, Stats, Store,
 };
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Row};
@@ -151,6 +151,7 @@ struct Queries {
     blocked: String,
     report_health: String,
     failed: String,
+    failed_matching: String,
     redrive: String,
     status_pending: String,
     status_partitions: String,
@@ -188,6 +189,7 @@ impl Queries {
             blocked: schema.render(include_str!("../queries/blocked.sql")),
             report_health: schema.render(include_str!("../queries/report_health.sql")),
             failed: schema.render(include_str!("../queries/failed.sql")),
+            failed_matching: schema.render(include_str!("../queries/failed_matching.sql")),
             redrive: schema.render(include_str!("../queries/redrive.sql")),
             status_pending: schema.render(&with_pending_rows(
                 include_str!("../queries/status_pending.sql"),
@@ -1676,6 +1678,10 @@ impl Store for PgStore {
             blocked_keys: get("blocked_keys")?,
             parked: get("parked")?,
             partitions_at_parking_cap: get("partitions_at_parking_cap")?,
+            waiting: get("waiting")?,
+            oldest_waiting_age_seconds: r
+                .try_get::<Option<f64>, _>("oldest_waiting_age_seconds")
+                .map_err(|e| map_sqlx_error("reading outbox counts", e))?,
             members,
             blocked,
         })
@@ -1802,6 +1808,42 @@ impl Store for PgStore {
                 })
             })
             .collect()
+    }
+
+    async fn failed_matching(
+        &self,
+        filter: &FailedFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<FailedPage> {
+        let err = |e| map_sqlx_error("listing failed messages", e);
+        let rows = sqlx::query(&self.q.failed_matching)
+            .bind(filter.key.as_deref())
+            .bind(filter.kind.as_deref().map(str::to_lowercase))
+            .bind(filter.error.as_deref().map(str::to_lowercase))
+            .bind(after)
+            .bind(int8(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err)?;
+        let mut page = FailedPage::default();
+        for r in &rows {
+            page.total = r.try_get("total").map_err(err)?;
+            let Some(id) = r.try_get::<Option<uuid::Uuid>, _>("id").map_err(err)? else {
+                continue;
+            };
+            page.messages.push(FailedMessage {
+                id,
+                seq: r.try_get("seq").map_err(err)?,
+                aggregate_type: r.try_get("aggregate_type").map_err(err)?,
+                aggregate_id: r.try_get("aggregate_id").map_err(err)?,
+                event_type: r.try_get("event_type").map_err(err)?,
+                attempts: r.try_get("attempts").map_err(err)?,
+                last_error: r.try_get("last_error").map_err(err)?,
+                created_at: r.try_get("created_at").map_err(err)?,
+            });
+        }
+        Ok(page)
     }
 
     async fn redrive(&self, scope: &RedriveScope, reason: &str) -> Result<u64> {

@@ -81,7 +81,7 @@ impl Lanes {
             let (state, error) = lane.breaker.snapshot();
             if rank(state) > rank(worst.0) {
                 let error = match (self.routed(), error) {
-                    (true, Some(e)) => Some(format!("route `{}`: {e}", lane.name)),
+                    (true, Some(e)) => Some(outbox_core::flow::route_error(&lane.name, &e)),
                     (_, e) => e,
                 };
                 worst = (state, error);

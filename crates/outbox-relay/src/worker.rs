@@ -826,7 +826,7 @@ impl Worker {
                 if let Some(lane) = lane {
                     lane.metrics.retries.increment(1);
                 }
-                debug!(member = %self.id, id = %m.id, key = %m.aggregate_id, attempts, error = %e.message,
+                debug!(member = %self.id, id = %m.id, aggregate_id = %m.aggregate_id, attempts, error = %e.message,
                        kind = %e.kind, retry_in = ?delay, "publish failed; will retry");
                 Outcome::Retry {
                     seq: m.seq,
@@ -840,7 +840,7 @@ impl Worker {
                     Some(lane) => lane.metrics.failed.increment(1),
                     None => self.engine.unrouted_failed.increment(1),
                 }
-                warn!(member = %self.id, id = %m.id, key = %m.aggregate_id, attempts, error = %e.message,
+                warn!(member = %self.id, id = %m.id, aggregate_id = %m.aggregate_id, attempts, error = %e.message,
                       kind = %e.kind, "message failed; it stays in the outbox as `failed`");
                 Outcome::Failed {
                     seq: m.seq,

@@ -13,8 +13,9 @@ use futures::TryStreamExt;
 use outbox_core::status::{PartitionStatus, PendingCell, StatusDetail};
 use outbox_core::store::MemberStatus;
 use outbox_core::{
-    BlockedKey, ClaimLimits, Error, ErrorKind, FailedMessage, Maintenance, MemberId, Message,
-    NewMessage, OnFailed, Outcome, RedriveScope, Result, Stats, Store,
+    BlockedKey, ClaimLimits, Error, ErrorKind, FailedFilter, FailedMessage, FailedPage,
+    Maintenance, MemberId, Message, NewMessage, OnFailed, Outcome, RedriveScope, Result, Stats,
+    Store,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -57,6 +58,7 @@ const MEMBERS: &str = include_str!("../queries/members.sql");
 const BLOCKED: &str = include_str!("../queries/blocked.sql");
 const REPORT_HEALTH: &str = include_str!("../queries/report_health.sql");
 const FAILED: &str = include_str!("../queries/failed.sql");
+const FAILED_MATCHING: &str = include_str!("../queries/failed_matching.sql");
 const REDRIVE_AUDIT: &str = include_str!("../queries/redrive_audit.sql");
 const REDRIVE: &str = include_str!("../queries/redrive.sql");
 const STATUS_PENDING: &str = include_str!("../queries/status_pending.sql");
@@ -85,6 +87,7 @@ struct Queries {
     blocked: String,
     report_health: String,
     failed: String,
+    failed_matching: String,
     redrive_audit: String,
     redrive: String,
     purge: String,
@@ -111,6 +114,7 @@ impl Queries {
             blocked: t.render(BLOCKED),
             report_health: t.render(REPORT_HEALTH),
             failed: t.render(FAILED),
+            failed_matching: t.render(FAILED_MATCHING),
             redrive_audit: t.render(REDRIVE_AUDIT),
             redrive: t.render(REDRIVE),
             purge: t.render("DELETE FROM outbox WHERE state = 'published' AND published_at < ?1"),
@@ -581,6 +585,8 @@ impl Store for SqliteStore {
             parked: r.try_get::<i64, _>("retrying").map_err(err)?
                 + r.try_get::<i64, _>("failed").map_err(err)?,
             partitions_at_parking_cap: 0,
+            waiting: r.try_get("waiting").map_err(err)?,
+            oldest_waiting_age_seconds: r.try_get("oldest_waiting_age_seconds").map_err(err)?,
             members,
             blocked,
         })
@@ -706,6 +712,43 @@ impl Store for SqliteStore {
                 })
             })
             .collect()
+    }
+
+    async fn failed_matching(
+        &self,
+        filter: &FailedFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<FailedPage> {
+        let err = |e| map_sqlx_error("listing failed messages", e);
+        let rows = sqlx::query(&self.q.failed_matching)
+            .bind(filter.key.as_deref())
+            .bind(filter.kind.as_deref().map(str::to_lowercase))
+            .bind(filter.error.as_deref().map(str::to_lowercase))
+            .bind(after)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err)?;
+        let mut page = FailedPage::default();
+        for r in &rows {
+            page.total = r.try_get("total").map_err(err)?;
+            if r.try_get::<Option<i64>, _>("seq").map_err(err)?.is_none() {
+                continue;
+            }
+            let m = message_from_row(r)?;
+            page.messages.push(FailedMessage {
+                id: m.id,
+                seq: m.seq,
+                aggregate_type: m.aggregate_type,
+                aggregate_id: m.aggregate_id,
+                event_type: m.event_type,
+                attempts: m.attempts,
+                last_error: r.try_get("last_error").map_err(err)?,
+                created_at: m.created_at,
+            });
+        }
+        Ok(page)
     }
 
     async fn redrive(&self, scope: &RedriveScope, reason: &str) -> Result<u64> {

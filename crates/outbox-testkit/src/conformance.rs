@@ -13,6 +13,11 @@ use std::time::Duration;
 
 use outbox_core::{ClaimLimits, MemberId, NewMessage, OnFailed, Outcome, Store};
 
+pub use crate::conformance_listing::{
+    failed_messages_are_filtered_counted_and_paged_by_the_store,
+    waiting_counts_the_messages_held_behind_retrying_or_failed_heads,
+};
+
 /// A fresh, migrated, empty store for one case, and what removes it afterwards (a schema to
 /// drop, a file to delete), so the suite leaves nothing behind.
 pub struct Fixture {
@@ -52,7 +57,9 @@ macro_rules! store_conformance_suite {
             claim_respects_the_byte_bound_but_passes_one_oversized_row,
             a_complete_dropped_mid_way_records_when_called_again,
             redrive_releases_a_failed_head_and_its_key_flows_in_order,
-            gauges_agree_with_stats_and_the_database_answers_a_ping
+            gauges_agree_with_stats_and_the_database_answers_a_ping,
+            failed_messages_are_filtered_counted_and_paged_by_the_store,
+            waiting_counts_the_messages_held_behind_retrying_or_failed_heads
         );
     };
 }

@@ -16,7 +16,8 @@ pub async fn run(
 ) -> anyhow::Result<ExitCode> {
     let database = outbox_db::open(&db.url, &db.schema, 2).await?;
     let applied = database.migrate().await?;
-    let place = database.place();
+    // The schema and database names come from config: shown through the terminal rule.
+    let place = outbox_core::text::terminal(&database.place()).into_owned();
     if applied.is_empty() {
         println!("{place} is up to date");
     } else {

@@ -59,7 +59,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Relay(args) => relay::run(config::relay(&loaded, &args)?, &args).await,
         Command::Status(args) => {
-            let routes = config::file_routes(&loaded)?;
+            let routes = config::routes(&loaded, &args.route)?;
             status::run(config::db(&loaded, &args.db)?, &args, &routes).await
         }
         Command::Bench(args) => bench::run(args).await,
@@ -90,7 +90,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Inbox(args) => inbox::run(config::inbox(&loaded, &args)?, &args).await,
         Command::Console(args) => {
-            let routes = config::file_routes(&loaded)?;
+            let routes = config::routes(&loaded, &args.route)?;
             console::run(config::db(&loaded, &args.db)?, routes, args.console).await
         }
         Command::VerifyInboxHandler(args) => verify::inbox_handler(args).await,

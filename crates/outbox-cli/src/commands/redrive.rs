@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use outbox_core::text::terminal;
 use outbox_core::RedriveScope;
 
 use crate::cli::Format;
@@ -19,24 +20,30 @@ pub async fn failed(
     match format {
         Format::Json => println!("{}", serde_json::to_string(&failed)?),
         Format::Text => {
-            println!("failed messages in {place}: {}", failed.len());
+            // Keys, types and errors come from rows and brokers: each line goes through the
+            // terminal rule, so none of them can act on the operator's terminal.
+            let say = |line: String| println!("{}", terminal(&line));
+            say(format!("failed messages in {place}: {}", failed.len()));
             for f in &failed {
-                println!(
-                    "  {}  key={}  {}/{}  attempts={}  written {}\n    error: {}",
+                say(format!(
+                    "  {}  key={}  {}/{}  attempts={}  written {}",
                     f.id,
                     f.aggregate_id,
                     f.aggregate_type,
                     f.event_type,
                     f.attempts,
                     f.created_at.to_rfc3339(),
+                ));
+                say(format!(
+                    "    error: {}",
                     f.last_error.as_deref().unwrap_or("-")
-                );
+                ));
             }
             if !failed.is_empty() {
                 let flag = if inbox { " --inbox" } else { "" };
-                println!(
+                say(format!(
                     "redrive with `outbox redrive{flag} --id <id>` or `outbox redrive{flag} --all`"
-                );
+                ));
             }
         }
     }
@@ -57,7 +64,12 @@ pub async fn redrive(
         format!("outbox redrive by {who}")
     });
     let n = store.redrive(&scope, &reason).await?;
-    println!("redriven {n} message(s) in {place}; recorded in outbox_redrives");
+    println!(
+        "{}",
+        terminal(&format!(
+            "redriven {n} message(s) in {place}; recorded in outbox_redrives"
+        ))
+    );
     match scope {
         RedriveScope::Ids(ids) if n == 0 && !ids.is_empty() => {
             eprintln!("none of the given ids is a failed message (see `outbox failed`)");

@@ -89,6 +89,9 @@ pub async fn run(s: RelaySettings, args: &crate::cli::RelayArgs) -> anyhow::Resu
         println!("{}", serde_json::to_string_pretty(&settings)?);
         return Ok(ExitCode::SUCCESS);
     }
+    // The console's settings are checked before anything connects: a console that would be
+    // open to the network stops the relay at once, with the reason.
+    let console_options = args.console.map(console_options).transpose()?;
     // Installed before anything registers a metric, and bound before anything connects: an
     // address in use is reported at once.
     let observe = match s.metrics_addr {
@@ -132,8 +135,8 @@ pub async fn run(s: RelaySettings, args: &crate::cli::RelayArgs) -> anyhow::Resu
         None => None,
     };
     let shutdown = crate::shutdown::on_signal();
-    let console = match args.console {
-        Some(listen) => Some(start_console(listen, &s, store.clone(), &shutdown).await?),
+    let console = match console_options {
+        Some(options) => Some(start_console(options, &s, store.clone(), &shutdown).await?),
         None => None,
     };
     let relay = Relay::with_routes(store.clone(), routes, s.relay)?;
@@ -195,25 +198,32 @@ async fn cdc_store(
     Ok(Arc::new(store))
 }
 
-/// `--console`: the web console over the relay's own store, bound before the relay starts so
-/// an address in use is reported at once.
-async fn start_console(
-    listen: std::net::SocketAddr,
-    s: &RelaySettings,
-    store: Arc<dyn outbox_core::Store>,
-    stop: &tokio_util::sync::CancellationToken,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+/// The options of `--console ADDR`: the console's own defaults and environment
+/// (`OUTBOX_CONSOLE_TOKEN`, `OUTBOX_CONSOLE_ALLOWED_HOSTS`), listening on `listen`, checked.
+fn console_options(listen: std::net::SocketAddr) -> anyhow::Result<outbox_console::Options> {
     use clap::Parser as _;
-    // The console's own defaults, then what the relay was given.
     #[derive(clap::Parser)]
     struct Defaults {
         #[command(flatten)]
         options: outbox_console::Options,
     }
-    let mut options = Defaults::parse_from(["console"]).options;
+    let mut options = Defaults::try_parse_from(["console"])?.options;
     options.listen = listen;
-    options.validate().map_err(anyhow::Error::msg)?;
-    let bound = outbox_console::bind(listen).await?;
+    options
+        .validate()
+        .map_err(|e| crate::config::ConfigError(format!("--console: {e}")))?;
+    Ok(options)
+}
+
+/// `--console`: the web console over the relay's own store, bound before the relay starts so
+/// an address in use is reported at once.
+async fn start_console(
+    options: outbox_console::Options,
+    s: &RelaySettings,
+    store: Arc<dyn outbox_core::Store>,
+    stop: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let bound = outbox_console::bind(options.listen).await?;
     let why = "the relay's console shows the outbox only: `outbox console` shows the inbox too";
     let side = outbox_console::Side {
         store,

@@ -40,7 +40,10 @@ pub async fn run(
     {
         match r {
             Ok(r) => show(&r)?,
-            Err(e) => eprintln!("error: {}", outbox_core::redact::sanitize(&e.to_string())),
+            Err(e) => eprintln!(
+                "error: {}",
+                outbox_core::text::terminal(&outbox_core::redact::sanitize(&e.to_string()))
+            ),
         }
         let _ = stop
             .run_until_cancelled(tokio::time::sleep(interval.0))

@@ -215,9 +215,13 @@ pub fn payment() -> outbox_core::NewMessage {
     )
 }
 
-/// Path of the `outbox` binary built for these tests.
+/// Path of the `outbox` binary built for these tests; `OUTBOX_TEST_BIN` names another (an
+/// older build, to see a new test fail on the code it guards against).
 pub fn outbox_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_outbox")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("OUTBOX_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_outbox").into())
+    })
 }
 
 /// (message id, key, `n` from the payload) of each received message, in arrival order.

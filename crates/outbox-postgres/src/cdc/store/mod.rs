@@ -1202,7 +1202,7 @@ impl Store for CdcStore {
                 }
                 Item::Malformed(m, why) => {
                     taken += 1;
-                    warn!(id = %m.id, key = %m.aggregate_id, error = %why, "a CDC message cannot be published as written; parked as failed behind its key's earlier messages");
+                    warn!(id = %m.id, aggregate_id = %m.aggregate_id, error = %why, "a CDC message cannot be published as written; parked as failed behind its key's earlier messages");
                     let mut held = Self::accept(&mut s, *m, now);
                     held.malformed = Some(why);
                     let key = held.message.aggregate_id.clone();
@@ -1568,6 +1568,15 @@ impl Store for CdcStore {
 
     async fn failed(&self, limit: usize) -> Result<Vec<FailedMessage>> {
         self.inner.failed(limit).await
+    }
+
+    async fn failed_matching(
+        &self,
+        filter: &outbox_core::FailedFilter,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<outbox_core::FailedPage> {
+        self.inner.failed_matching(filter, after, limit).await
     }
 
     async fn redrive(&self, scope: &RedriveScope, reason: &str) -> Result<u64> {
