@@ -1641,8 +1641,10 @@ async fn a_silent_server_is_given_up_and_the_stream_made_again() {
         {
             Err(e) => break e,
             Ok(_) => {
+                // Two silences of 1 s; the bound is loose for a loaded machine, and still far
+                // from TCP's ~15 minutes.
                 assert!(
-                    started.elapsed() < Duration::from_secs(20),
+                    started.elapsed() < Duration::from_secs(60),
                     "a silent server was waited on"
                 );
                 tokio::time::sleep(Duration::from_millis(100)).await;
