@@ -106,6 +106,7 @@
 
 pub mod config;
 pub mod model;
+pub mod parking;
 pub mod properties;
 pub mod snapshot;
 pub mod state;

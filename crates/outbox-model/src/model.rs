@@ -60,7 +60,37 @@ pub enum Action {
     Claim {
         /// The member.
         relay: u8,
+        /// Whether the sink fails the first message it is given for good (while failures are
+        /// left): parked `failed`, its key's later rows in the batch parked behind it.
+        fail: bool,
     },
+    /// A relay member hands out the due parked messages (claim_parked.sql) and publishes them;
+    /// what it publishes leaves the parked table, what fails is parked `failed`. One step: the
+    /// model leaves the record that carries these outcomes out (see [`crate`]).
+    ClaimParked {
+        /// The member.
+        relay: u8,
+        /// Whether the sink fails the first message it is given for good.
+        fail: bool,
+    },
+    /// The operator redrives every failed message: each is due again.
+    Redrive,
+    /// The CDC relay reads the next committed row of `key` from its slot and publishes it, or
+    /// parks it behind its key's parked rows, or (failing) parks it `failed`.
+    CdcRead {
+        /// The key.
+        key: Key,
+        /// Whether the sink fails it for good.
+        fail: bool,
+    },
+    /// The CDC relay moves the polling position to a mark its slot has passed
+    /// (cdc_checkpoint.sql), once: a closed window at a snapshot whose every committed row the
+    /// relay has read.
+    Checkpoint,
+    /// The CDC relay's slot is lost: polling takes over from the position CDC left.
+    Fallback,
+    /// Maintenance prunes every position but the latest (prune_positions.sql).
+    Prune,
     /// The claim statement that opened a window reads the seq floor for it. It is a step of its
     /// own because the statement reads it after taking its snapshot (claim_window.sql's `floor`
     /// CTE runs under the statement's snapshot, taken when the statement began), so writers may
@@ -120,8 +150,8 @@ pub struct PlannedRow {
 /// The model of one relay partition.
 #[derive(Clone, Debug)]
 pub struct ProtocolModel {
-    cfg: Config,
-    plan: Vec<PlannedRow>,
+    pub(crate) cfg: Config,
+    pub(crate) plan: Vec<PlannedRow>,
     /// The index in `plan` of each writer's first row.
     first_row: Vec<usize>,
 }
@@ -134,7 +164,7 @@ impl ProtocolModel {
     /// If `cfg` could need more transaction ids or rows than the model tracks, has no writer, a
     /// writer with no row, or a zero batch or segment width.
     pub fn new(cfg: Config) -> Self {
-        let ids = 2 + cfg.writers.len() + usize::from(cfg.max_records);
+        let ids = 2 + cfg.writers.len() + usize::from(cfg.max_records) + usize::from(cfg.cdc);
         assert!(
             ids <= usize::from(MAX_XID),
             "too many transaction ids for the model"
@@ -197,7 +227,7 @@ impl ProtocolModel {
     }
 
     /// The snapshot a statement would take now.
-    fn snapshot_now(s: &State) -> Snapshot {
+    pub(crate) fn snapshot_now(s: &State) -> Snapshot {
         let running = s
             .writers
             .iter()
@@ -289,7 +319,16 @@ impl ProtocolModel {
         // B and A1 read at most a batch.
         probed.truncate(batch);
         let reach = cursor.max(p.done_floor).saturating_add(span);
-        let edge = (reach < self.read_floor(s)).then_some(reach);
+        // No row of the window lies above `cur_floor` (read after `cur` was taken), nor above the
+        // floor read now: the walk ends the window past the lower of the two
+        // (`LEAST(seq_high, cur_floor)`). A window this claim opens has no `cur_floor` yet (it is
+        // the floor read by the statement, the next step), so only the floor read now bounds it.
+        let high = if p.cur.is_some() {
+            self.read_floor(s).min(cur.floor)
+        } else {
+            self.read_floor(s)
+        };
+        let edge = (reach < high).then_some(reach);
         let mut found: Vec<(Seq, usize)> = probed
             .into_iter()
             .chain(walked.into_iter().filter(|&(seq, _)| seq <= reach))
@@ -302,7 +341,7 @@ impl ProtocolModel {
 
     /// A claim by `relay` (the action is enabled only for an idle owner, or a member that still
     /// believes it is one).
-    fn claim(&self, s: &mut State, relay: usize) -> Option<()> {
+    fn claim(&self, s: &mut State, relay: usize, fail: bool) -> Option<()> {
         let epoch = s.relays[relay].epoch?;
         let prev = s.latest_id;
         let p = s.latest;
@@ -328,15 +367,29 @@ impl ProtocolModel {
             ),
         };
         let (found, edge) = self.read_window(s, &p, &cur, cursor);
-        for &(seq, i) in &found {
-            if s.was_sent(i) {
-                continue;
-            }
+        // Under block a row whose key has a parked message is `held` (claim_window.sql's
+        // `flagged`): parked behind it, not sent. The first row the sink is given may fail for
+        // good; its key's later rows in the batch are not tried and are parked behind it.
+        let mut park = 0u16;
+        let mut failed = 0u16;
+        let mut stopped = 0u8;
+        let mut fail = fail && s.failures < self.cfg.max_failures;
+        for &(_, i) in &found {
             let key = self.plan[i].key;
-            s.out_of_order |= s.rows.iter().enumerate().any(|(j, r)| {
-                s.was_sent(j) && self.plan[j].key == key && r.is_some_and(|r| r.seq > seq)
-            });
-            s.sent |= 1 << i;
+            let held = stopped & key.bit() != 0
+                || s.parked
+                    .iter()
+                    .any(|k| self.plan[usize::from(k.row)].key == key);
+            if held {
+                park |= 1 << i;
+            } else if fail {
+                fail = false;
+                s.failures += 1;
+                failed |= 1 << i;
+                stopped |= key.bit();
+            } else {
+                self.send(s, i);
+            }
         }
         // Fewer rows than asked for: the window is read to its end (`window_rows` below the
         // limit), unless the walk's span ended first: then the window stays open with the
@@ -359,7 +412,13 @@ impl ProtocolModel {
                 cursor: 0,
             },
         };
-        let claimed = Claimed { prev, epoch, next };
+        let claimed = Claimed {
+            prev,
+            epoch,
+            next,
+            park,
+            fail: failed,
+        };
         s.relays[relay].stage = if opens {
             Stage::ReadingFloor(claimed)
         } else {
@@ -390,14 +449,33 @@ impl ProtocolModel {
         let at = s.in_flight.iter().position(|r| r.id == id)?;
         let rec = s.in_flight.remove(at);
         let fenced_in = rec.claimed.epoch == s.epoch;
-        let successor = rec.claimed.prev == s.latest_id;
-        let lands = fenced_in && (successor || self.cfg.bugs.latest_by_highest_id);
+        let prev = rec.claimed.prev;
+        let successor = prev == s.latest_id;
+        // The chain's positions are the ids `pruned_below..=latest_id`, each following the one
+        // before it: `prev`'s successor is `prev + 1`, gone if pruned.
+        let pruned = prev < s.pruned_below;
+        let followed = prev < s.latest_id && prev + 1 >= s.pruned_below;
+        let lands = fenced_in
+            && (self.cfg.bugs.latest_by_highest_id
+                || (!followed && (!pruned || self.cfg.bugs.prune_frees_successor)));
+        s.pruned_record |= fenced_in && pruned;
         if lands {
             // The recording transaction's id, assigned now: after the claim's snapshot, which
             // is what makes it a bound for A1/A2.
             let xid = s.next_xid;
             s.next_xid += 1;
             s.latest_completed = s.latest_completed.max(xid);
+            // Parking depends on the append (record.sql): failures first, then what waits.
+            for i in 0..s.rows.len() {
+                if rec.claimed.fail & (1 << i) != 0 {
+                    self.park_polled(s, i, true);
+                }
+            }
+            for i in 0..s.rows.len() {
+                if rec.claimed.park & (1 << i) != 0 {
+                    self.park_polled(s, i, false);
+                }
+            }
             let new = rec.claimed.next.land(rec.claimed.epoch, xid);
             s.passed_unsent |= properties::passes_unsent(self, s, &new);
             s.moved_back |= properties::moves_back(&s.latest, &new);
@@ -483,6 +561,31 @@ impl ProtocolModel {
         }
     }
 
+    /// The rows first sent by the step from `before` to `after`.
+    fn newly_sent(&self, before: &State, after: &State) -> Vec<String> {
+        (0..after.rows.len())
+            .filter(|&i| after.was_sent(i) && !before.was_sent(i))
+            .map(|i| self.row_text(after, i))
+            .collect()
+    }
+
+    /// The parked table as `[seq: key/seq(xid) state, …]`.
+    fn parked_text(&self, s: &State) -> String {
+        let rows: Vec<String> = s
+            .parked
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}: {} {}",
+                    p.seq,
+                    self.row_text(s, usize::from(p.row)),
+                    if p.failed { "failed" } else { "waiting" }
+                )
+            })
+            .collect();
+        format!("[{}]", rows.join(", "))
+    }
+
     /// One step of [`Self::explain`].
     fn describe(&self, before: &State, action: &Action, after: &State) -> String {
         let pos = |p: &Position| {
@@ -521,11 +624,8 @@ impl ProtocolModel {
             }
             Action::Commit { writer } => format!("T{writer} commits"),
             Action::Rollback { writer } => format!("T{writer} rolls back"),
-            Action::Claim { relay } => {
-                let new: Vec<String> = (0..after.rows.len())
-                    .filter(|&i| after.was_sent(i) && !before.was_sent(i))
-                    .map(|i| self.row_text(after, i))
-                    .collect();
+            Action::Claim { relay, .. } => {
+                let new = self.newly_sent(before, after);
                 let (Stage::Published(c) | Stage::ReadingFloor(c)) =
                     after.relays[usize::from(relay)].stage
                 else {
@@ -545,10 +645,23 @@ impl ProtocolModel {
                     Some(_) => format!("keeps it open, cursor {}", c.next.cursor),
                     None => String::from("read to its end, closes it"),
                 };
-                format!(
+                let bits = |b: u16| -> Vec<String> {
+                    (0..after.rows.len())
+                        .filter(|&i| b & (1 << i) != 0)
+                        .map(|i| self.row_text(after, i))
+                        .collect()
+                };
+                let mut text = format!(
                     "relay {relay} claims from position #{}: {window}; first sends {new:?}; {next}",
                     c.prev
-                )
+                );
+                if c.fail != 0 {
+                    let _ = write!(text, "; the sink fails {:?} for good", bits(c.fail));
+                }
+                if c.park != 0 {
+                    let _ = write!(text, "; held behind their key: {:?}", bits(c.park));
+                }
+                text
             }
             Action::ReadFloor { relay } => {
                 format!("relay {relay} reads the floor: {}", self.read_floor(before))
@@ -587,6 +700,9 @@ impl ProtocolModel {
                     if after.moved_back && !before.moved_back {
                         text.push_str(" -- BACKWARDS: behind the position it replaces");
                     }
+                    if after.parked != before.parked {
+                        let _ = write!(text, "; parked {}", self.parked_text(after));
+                    }
                     text
                 } else {
                     format!("record #{record} runs late and writes nothing (fence or compare)")
@@ -599,6 +715,29 @@ impl ProtocolModel {
                 )
             }
             Action::DropSegment { below } => format!("retention drops txids below {below}"),
+            Action::ClaimParked { relay, .. } => format!(
+                "relay {relay} claims parked messages: sends {:?}; parked {}",
+                self.newly_sent(before, after),
+                self.parked_text(after)
+            ),
+            Action::Redrive => format!(
+                "the operator redrives: parked {}",
+                self.parked_text(after)
+            ),
+            Action::CdcRead { key, .. } => format!(
+                "CDC reads the next row of key {key:?}: sends {:?}; parked {}",
+                self.newly_sent(before, after),
+                self.parked_text(after)
+            ),
+            Action::Checkpoint => format!(
+                "CDC checkpoints: position #{} at {:?}, bound {}, floor {}",
+                after.latest_id, after.latest.done, after.latest.done_bound, after.latest.done_floor
+            ),
+            Action::Fallback => String::from("the slot is lost: polling takes over"),
+            Action::Prune => format!(
+                "maintenance prunes positions below #{}",
+                after.pruned_below
+            ),
         }
     }
 }
@@ -653,6 +792,17 @@ impl Model for ProtocolModel {
             dropped_below: 0,
             sent: 0,
             out_of_order: false,
+            overtaken: false,
+            failed_sent: false,
+            parked: Vec::new(),
+            failures: 0,
+            redrives: 0,
+            cdc: self.cfg.cdc,
+            cdc_handled: 0,
+            prunes: 0,
+            pruned_below: 0,
+            pruned_record: false,
+            checkpointed: false,
         }]
     }
 
@@ -664,8 +814,26 @@ impl Model for ProtocolModel {
         for (r, relay) in s.relays.iter().enumerate() {
             let r = r as u8;
             match relay.stage {
-                Stage::Idle if relay.epoch.is_some() && records_left => {
-                    actions.push(Action::Claim { relay: r });
+                Stage::Idle if relay.epoch.is_some() && records_left && !s.cdc => {
+                    actions.push(Action::Claim {
+                        relay: r,
+                        fail: false,
+                    });
+                    let fails_left = s.failures < self.cfg.max_failures;
+                    if fails_left {
+                        actions.push(Action::Claim { relay: r, fail: true });
+                    }
+                    // Parked messages are the owner's to publish (a zombie's parked outcomes
+                    // are fenced out with its record, which this step leaves out).
+                    if relay.epoch == Some(s.epoch) && !self.due_parked(s).is_empty() {
+                        actions.push(Action::ClaimParked {
+                            relay: r,
+                            fail: false,
+                        });
+                        if fails_left {
+                            actions.push(Action::ClaimParked { relay: r, fail: true });
+                        }
+                    }
                 }
                 Stage::ReadingFloor(_) => actions.push(Action::ReadFloor { relay: r }),
                 Stage::Published(_) if records_left => actions.push(Action::Record { relay: r }),
@@ -684,6 +852,24 @@ impl Model for ProtocolModel {
         }
         for rec in &s.in_flight {
             actions.push(Action::Land { record: rec.id });
+        }
+        if s.redrives < self.cfg.max_redrives && s.parked.iter().any(|p| p.failed) {
+            actions.push(Action::Redrive);
+        }
+        if s.cdc {
+            for key in [Key::A, Key::B] {
+                actions.push(Action::CdcRead { key, fail: false });
+                if s.failures < self.cfg.max_failures {
+                    actions.push(Action::CdcRead { key, fail: true });
+                }
+            }
+            if !s.checkpointed {
+                actions.push(Action::Checkpoint);
+            }
+            actions.push(Action::Fallback);
+        }
+        if s.prunes < self.cfg.max_prunes && s.pruned_below < s.latest_id {
+            actions.push(Action::Prune);
         }
         if s.takeovers < self.cfg.max_takeovers {
             let owner = s.relays.iter().position(|r| r.epoch == Some(s.epoch));
@@ -727,7 +913,21 @@ impl Model for ProtocolModel {
             Action::Rollback { writer } => {
                 Self::end(&mut s, usize::from(writer), TxStatus::RolledBack);
             }
-            Action::Claim { relay } => self.claim(&mut s, usize::from(relay))?,
+            Action::Claim { relay, fail } => self.claim(&mut s, usize::from(relay), fail)?,
+            Action::ClaimParked { fail, .. } => self.claim_parked(&mut s, fail)?,
+            Action::Redrive => {
+                s.redrives += 1;
+                for p in &mut s.parked {
+                    p.failed = false;
+                }
+            }
+            Action::CdcRead { key, fail } => self.cdc_read(&mut s, key, fail)?,
+            Action::Checkpoint => self.cdc_checkpoint(&mut s)?,
+            Action::Fallback => s.cdc = false,
+            Action::Prune => {
+                s.prunes += 1;
+                s.pruned_below = s.latest_id;
+            }
             Action::ReadFloor { relay } => self.floor_read(&mut s, usize::from(relay))?,
             Action::Record { relay } => {
                 let r = usize::from(relay);
