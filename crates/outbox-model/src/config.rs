@@ -189,14 +189,14 @@ impl Config {
         }
     }
 
-    /// Two writers on one key, batches of two: the sink fails one message for good, whose key's
-    /// later message is parked behind it, and the operator redrives it once.
+    /// Three writers racing (one on a, one on a then b, one on b), batches of two rows: the sink
+    /// fails one message for good, whose key's later messages are parked behind it, and the
+    /// operator redrives once.
     pub fn parking() -> Self {
         Self {
-            batch: 2,
             max_failures: 1,
             max_redrives: 1,
-            ..Self::new(vec![vec![Key::A], vec![Key::A], vec![Key::B]])
+            ..Self::batches_of_two()
         }
     }
 
@@ -213,12 +213,15 @@ impl Config {
         }
     }
 
-    /// Abandoned records (as [`Self::abandoned_records`]) and a prune of every superseded
-    /// position at any point.
+    /// Two writers; the relay gives up on one record, which may land at any later point, and
+    /// maintenance prunes every superseded position once, at any point.
     pub fn pruning() -> Self {
         Self {
+            batch: 2,
+            max_records: 3,
+            max_abandons: 1,
             max_prunes: 1,
-            ..Self::abandoned_records()
+            ..Self::new(vec![vec![Key::A], vec![Key::A, Key::B]])
         }
     }
 

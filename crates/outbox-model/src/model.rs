@@ -720,10 +720,7 @@ impl ProtocolModel {
                 self.newly_sent(before, after),
                 self.parked_text(after)
             ),
-            Action::Redrive => format!(
-                "the operator redrives: parked {}",
-                self.parked_text(after)
-            ),
+            Action::Redrive => format!("the operator redrives: parked {}", self.parked_text(after)),
             Action::CdcRead { key, .. } => format!(
                 "CDC reads the next row of key {key:?}: sends {:?}; parked {}",
                 self.newly_sent(before, after),
@@ -731,13 +728,13 @@ impl ProtocolModel {
             ),
             Action::Checkpoint => format!(
                 "CDC checkpoints: position #{} at {:?}, bound {}, floor {}",
-                after.latest_id, after.latest.done, after.latest.done_bound, after.latest.done_floor
+                after.latest_id,
+                after.latest.done,
+                after.latest.done_bound,
+                after.latest.done_floor
             ),
             Action::Fallback => String::from("the slot is lost: polling takes over"),
-            Action::Prune => format!(
-                "maintenance prunes positions below #{}",
-                after.pruned_below
-            ),
+            Action::Prune => format!("maintenance prunes positions below #{}", after.pruned_below),
         }
     }
 }
@@ -821,7 +818,10 @@ impl Model for ProtocolModel {
                     });
                     let fails_left = s.failures < self.cfg.max_failures;
                     if fails_left {
-                        actions.push(Action::Claim { relay: r, fail: true });
+                        actions.push(Action::Claim {
+                            relay: r,
+                            fail: true,
+                        });
                     }
                     // Parked messages are the owner's to publish (a zombie's parked outcomes
                     // are fenced out with its record, which this step leaves out).
@@ -831,7 +831,10 @@ impl Model for ProtocolModel {
                             fail: false,
                         });
                         if fails_left {
-                            actions.push(Action::ClaimParked { relay: r, fail: true });
+                            actions.push(Action::ClaimParked {
+                                relay: r,
+                                fail: true,
+                            });
                         }
                     }
                 }

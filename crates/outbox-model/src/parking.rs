@@ -19,9 +19,11 @@ impl ProtocolModel {
         let Some(row) = s.rows[i] else { return };
         let key = self.plan[i].key;
         let same_key = |j: usize| j != i && self.plan[j].key == key;
-        s.out_of_order |= s.rows.iter().enumerate().any(|(j, r)| {
-            same_key(j) && s.was_sent(j) && r.is_some_and(|r| r.seq > row.seq)
-        });
+        s.out_of_order |= s
+            .rows
+            .iter()
+            .enumerate()
+            .any(|(j, r)| same_key(j) && s.was_sent(j) && r.is_some_and(|r| r.seq > row.seq));
         s.overtaken |= s.rows.iter().enumerate().any(|(j, r)| {
             same_key(j)
                 && !s.was_sent(j)

@@ -150,7 +150,9 @@ fn parking_at_fresh_seqs_lets_a_key_overtake_its_failed_message_after_the_fallba
     let path = find("fallback re-parks (e1632a8)", cfg, NO_OVERTAKING);
     let actions = path.into_actions();
     assert!(actions.contains(&Action::Fallback));
-    assert!(actions.iter().any(|a| matches!(a, Action::ClaimParked { .. })));
+    assert!(actions
+        .iter()
+        .any(|a| matches!(a, Action::ClaimParked { .. })));
 }
 
 /// claim_parked.sql's fix alone (rows only below a key's first failed one) does not fix N2:
