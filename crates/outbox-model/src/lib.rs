@@ -137,6 +137,7 @@
 //! lost the partition).
 
 pub mod config;
+pub mod explain;
 pub mod model;
 pub mod parking;
 pub mod properties;
