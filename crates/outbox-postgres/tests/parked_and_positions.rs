@@ -58,9 +58,9 @@ async fn under_block_no_parked_row_behind_a_failed_one_of_its_key_is_handed_out(
     // M2 is parked behind its failed key by the next claim's record.
     assert!(drain(&store, &m, &parts).await.is_empty(), "M1 blocks k");
     let parked = |pool: PgPool, schema: Schema| async move {
-        sqlx::query_as::<_, (i64, uuid::Uuid, String)>(&schema.render(
-            "SELECT seq, id, state FROM {schema}.outbox_parked ORDER BY seq",
-        ))
+        sqlx::query_as::<_, (i64, uuid::Uuid, String)>(
+            &schema.render("SELECT seq, id, state FROM {schema}.outbox_parked ORDER BY seq"),
+        )
         .fetch_all(&pool)
         .await
         .unwrap()
