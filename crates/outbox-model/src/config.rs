@@ -241,6 +241,13 @@ impl Config {
             ("takeover", Self::takeover()),
             ("abandon and takeover", Self::abandon_and_takeover()),
             ("walk span", Self::walk_span()),
+        ]
+    }
+
+    /// The configurations with parking, the CDC fallback and pruning, by name (checked apart from
+    /// [`Self::portfolio`], so that neither check runs long).
+    pub fn parking_portfolio() -> Vec<(&'static str, Self)> {
+        vec![
             ("parking", Self::parking()),
             ("cdc fallback", Self::cdc_fallback()),
             ("pruning", Self::pruning()),

@@ -95,7 +95,7 @@
 //!
 //! The fixed protocol (locked floor, compare-and-append behind an existing position, fence,
 //! parking at own seqs) keeps all seven invariants over the whole state space of each
-//! configuration of [`Config::portfolio`] (writer races with batches of one and two rows,
+//! configuration of [`Config::portfolio`] and [`Config::parking_portfolio`] (writer races with batches of one and two rows,
 //! abandoned records, a takeover, both together, walks of one seq, parking, the CDC fallback,
 //! pruning: 0.1 to 2.6 million states each, about a minute in all). The planted bugs are found:
 //!

@@ -68,6 +68,14 @@ fn the_fixed_protocol_keeps_every_property() {
 }
 
 #[test]
+fn the_fixed_protocol_keeps_every_property_with_parking_and_pruning() {
+    for (name, cfg) in Config::parking_portfolio() {
+        let states = check_whole(name, cfg);
+        assert!(states > 100_000, "{name}: only {states} states");
+    }
+}
+
+#[test]
 fn an_unlocked_floor_read_loses_a_row() {
     let cfg = Config {
         bugs: Bugs {
