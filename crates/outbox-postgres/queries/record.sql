@@ -43,7 +43,11 @@ WITH fence AS MATERIALIZED (
     -- itself, moving the partition back. FOR KEY SHARE makes a concurrent prune of it wait
     -- until this record commits (it then prunes a position that has a successor, as always),
     -- or, if the prune deleted it first, leaves it out here. One primary-key probe per
-    -- partition; it conflicts only with DELETE, and positions are never updated.
+    -- partition; it conflicts only with DELETE, and positions are never updated. A record's own
+    -- predecessor is the latest position, which no prune deletes; only a record that lands late
+    -- can meet a prune, and if that prune already deleted its predecessor's successor the two
+    -- wait on each other: PostgreSQL's deadlock check ends one (the late record, whose batch
+    -- was recorded by its retry, or the prune, which the next maintenance round runs again).
     SELECT x.partition, x.id
     FROM {schema}.outbox_positions AS x
     JOIN unnest($4::int2[], $28::int8[]) AS q(partition, prev_id)
