@@ -7,36 +7,22 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use mysql_async::binlog::events::{EventData, RowsEventData};
 use mysql_async::prelude::Queryable;
-use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts};
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, OptsBuilder};
 use outbox_core::{Error, ErrorKind};
+use tracing::{error, warn};
 
-use super::decode::{Layout, COLUMNS};
+use super::decode::Layout;
 use super::BinlogPosition;
 use crate::Schema;
 
-/// An outbox row as the binlog carries it.
+/// What the sequencer needs of an outbox row the binlog carried (the relay reads the rest from
+/// the table): only these two columns are decoded, so no other column can stop the route.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BinlogRow {
     /// Drawn at insert (`AUTO_INCREMENT`): not commit order.
     pub seq: i64,
-    /// The message id (a UUID's text).
-    pub id: String,
-    /// What the message is about (`order`).
-    pub aggregate_type: String,
     /// The key: one key's messages keep their commit order.
     pub aggregate_id: String,
-    /// What happened (`placed`).
-    pub event_type: String,
-    /// The JSON payload's text.
-    pub payload: Vec<u8>,
-    /// The JSON headers' text.
-    pub headers: Vec<u8>,
-    /// The destination the writer named, if any.
-    pub topic: Option<String>,
-    /// When the writer inserted it (UTC).
-    pub created_at: DateTime<Utc>,
-    /// The row's position, if the trigger gave it one (the polling engine relays such rows).
-    pub part_seq: Option<i64>,
 }
 
 /// A committed transaction's outbox rows, in the order its statements wrote them.
@@ -89,6 +75,14 @@ pub struct ReadOptions {
     /// How often an idle server sends a heartbeat (so a dead connection is noticed, and the
     /// reader reports [`Item::Idle`]).
     pub heartbeat: Duration,
+    /// How long the reader waits for the server's next event (a heartbeat counts) before it
+    /// takes the connection as dead and fails with a connection error (the sequencer then
+    /// reconnects): a connection cut without a RST (a network drop, a failover) never ends
+    /// by itself. Several heartbeats long, so a busy server is not mistaken for a dead one.
+    pub silence: Duration,
+    /// TCP keepalive on the replication connection: the kernel probes an idle connection and
+    /// closes one the peer no longer answers.
+    pub keepalive: Duration,
 }
 
 impl Default for ReadOptions {
@@ -96,6 +90,8 @@ impl Default for ReadOptions {
         Self {
             server_id: 0x4f42_0000 | fastrand::u32(..0xffff),
             heartbeat: Duration::from_secs(1),
+            silence: Duration::from_secs(10),
+            keepalive: Duration::from_secs(10),
         }
     }
 }
@@ -127,12 +123,39 @@ pub struct BinlogReader {
     checksums: bool,
     /// A format description event was read (the stream's events are understood from then).
     seen_format: bool,
+    /// See [`ReadOptions::silence`].
+    silence: Duration,
+    /// Since when the reader has waited for the server's next event; `None` while the caller
+    /// handles what it was given (a slow save is not the server's silence).
+    waiting_since: Option<Instant>,
 }
 
 impl BinlogReader {
     /// Opens a replication session to `url` and starts reading at `from` (a position a
-    /// previous [`Committed::end`] or [`Item::Idle`] gave, or the server's end).
+    /// previous [`Committed::end`] or [`Item::Idle`] gave, or the server's end). Gives up with
+    /// a connection error when the server does not answer within [`ReadOptions::silence`].
     pub async fn open(
+        url: &str,
+        schema: &Schema,
+        from: &BinlogPosition,
+        options: &ReadOptions,
+    ) -> Result<Self, ReadError> {
+        let limit = options.silence.max(options.heartbeat * 2);
+        match tokio::time::timeout(limit, Self::open_now(url, schema, from, options)).await {
+            Ok(opened) => opened,
+            Err(_) => Err(Error::new(
+                ErrorKind::Connection,
+                format!(
+                    "opening the binlog stream at {from} on {}: no answer within {limit:?}; \
+                     will retry",
+                    outbox_core::redact::url(url)
+                ),
+            )
+            .into()),
+        }
+    }
+
+    async fn open_now(
         url: &str,
         schema: &Schema,
         from: &BinlogPosition,
@@ -145,6 +168,13 @@ impl BinlogReader {
             .ok_or_else(|| Error::config(format!("database URL `{shown}` is not a MySQL URL")))?;
         let opts = Opts::from_url(&format!("mysql://{rest}"))
             .map_err(|e| Error::config(format!("database URL `{shown}`: {e}")))?;
+        let keepalive = u32::try_from(options.keepalive.as_millis()).unwrap_or(u32::MAX);
+        let mut opts = OptsBuilder::from_opts(opts).tcp_keepalive(Some(keepalive.max(1_000)));
+        // mysql_async moves a connection to 127.0.0.1 onto the server's Unix socket unless told
+        // not to: the connection the URL names (a proxy's, say) is the one to read through.
+        if !rest.contains("prefer_socket=") {
+            opts = opts.prefer_socket(false);
+        }
         let mut conn = Conn::new(opts).await.map_err(|e| {
             error(
                 &format!("connecting to MySQL at {shown} to read the binlog"),
@@ -190,6 +220,8 @@ impl BinlogReader {
             last_report: Instant::now(),
             checksums,
             seen_format: false,
+            silence: options.silence.max(options.heartbeat * 2),
+            waiting_since: None,
         })
     }
 
@@ -199,10 +231,36 @@ impl BinlogReader {
         &self.committed_through
     }
 
-    /// Waits for the next committed transaction with outbox rows, or an idle report.
+    /// Waits for the next committed transaction with outbox rows, or an idle report. Fails
+    /// with a connection error when the server sends nothing, not even a heartbeat, for
+    /// [`ReadOptions::silence`]. Cancel-safe: a call dropped while it waits loses nothing, and
+    /// the silence is counted across such calls.
     pub async fn next(&mut self) -> Result<Item, ReadError> {
+        let item = self.read().await;
+        // Whatever came, the caller handles it before it asks again: not the server's time.
+        self.waiting_since = None;
+        item
+    }
+
+    async fn read(&mut self) -> Result<Item, ReadError> {
         loop {
-            let event = match self.stream.next().await {
+            let since = *self.waiting_since.get_or_insert_with(Instant::now);
+            let next = tokio::time::timeout_at((since + self.silence).into(), self.stream.next());
+            let Ok(next) = next.await else {
+                return Err(Error::new(
+                    ErrorKind::Connection,
+                    format!(
+                        "the server sent nothing on the binlog connection (not even a heartbeat) \
+                         for {:?} at {}: the connection is taken as dead (a network drop or a \
+                         failover without a reset); will reconnect",
+                        self.silence, self.at
+                    ),
+                )
+                .into());
+            };
+            // An event: the server is alive; the next wait starts now.
+            self.waiting_since = Some(Instant::now());
+            let event = match next {
                 Some(Ok(event)) => event,
                 Some(Err(e)) => return Err(read_error(&self.at, "reading the binlog", e)),
                 None => {
@@ -239,6 +297,13 @@ impl BinlogReader {
                 }
                 Some(EventData::FormatDescriptionEvent(_)) => {
                     self.seen_format = true;
+                    // A group never spans files, and a server that restarted begins a new
+                    // file: rows left buffered belong to a group its crash left unfinished,
+                    // which never committed.
+                    if !self.rows.is_empty() {
+                        warn!(at = %self.at, rows = self.rows.len(), "the binlog holds an unfinished transaction (a server crash): its outbox rows never committed and are dropped");
+                        self.rows.clear();
+                    }
                     continue;
                 }
                 Some(EventData::HeartbeatEvent) => {
@@ -299,21 +364,18 @@ impl BinlogReader {
         if table.table_name() != "outbox" || table.database_name() != self.schema.as_str() {
             return Ok(());
         }
-        let width = usize::try_from(table.columns_count()).unwrap_or(usize::MAX);
-        if width < self.layout.width() {
-            return Err(decode_error(
-                &self.at,
-                &format!(
-                    "the outbox table had {width} columns when this row was written, fewer \
-                     than the {} the columns {COLUMNS:?} need",
-                    self.layout.width()
-                ),
-            ));
-        }
         for row in event.rows(table) {
             let (_, after) = row.map_err(|e| decode_error(&self.at, &format!("a row: {e}")))?;
             if let Some(after) = after {
-                self.rows.push(self.layout.row(after)?);
+                match self.layout.row(after) {
+                    Ok(row) => self.rows.push(row),
+                    // Left to the seal's net, which takes every row below its bound that has
+                    // no position from the table (late, in seq order, but not lost); the route
+                    // goes on.
+                    Err(e) => {
+                        error!(at = %self.at, error = %e, "an outbox row in the binlog cannot be read; it is left for the sequencer's seal to take from the table")
+                    }
+                }
             }
         }
         Ok(())
