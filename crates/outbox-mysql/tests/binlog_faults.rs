@@ -1,0 +1,219 @@
+//! The binlog route when production does what tests usually do not, against real MariaDB
+//! servers: a binlog connection black-holed (no RST), a position without a row next to a row
+//! the binlog did not carry, and a server whose binlog the sequencer cannot read. Each test in a
+//! database of its own.
+
+#![allow(clippy::unwrap_used)] // tests
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_mysql::binlog::{route, server, status};
+use outbox_mysql::{MysqlStore, Schema};
+use outbox_testkit::proxy::TcpProxy;
+use sqlx::MySqlPool;
+
+mod common;
+
+fn binlog_url() -> String {
+    std::env::var("OUTBOX_TEST_MYSQL_BINLOG_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3307/test".into())
+}
+
+/// `url` through `proxy`: the same server, user and database, another port.
+fn through(url: &str, proxy: &TcpProxy) -> String {
+    let (head, rest) = url.split_once('@').unwrap();
+    let (_, path) = rest.split_once('/').unwrap();
+    format!("{head}@127.0.0.1:{}/{path}", proxy.port())
+}
+
+fn port_of(url: &str) -> u16 {
+    let host = url.split_once('@').unwrap().1.split('/').next().unwrap();
+    host.rsplit_once(':').map_or(3306, |(_, p)| p.parse().unwrap())
+}
+
+/// An outbox in a database of its own on the binlog server, migrated, the route on.
+async fn routed_outbox() -> (MySqlPool, Schema) {
+    outbox_testkit::init_test_log();
+    let (pool, schema) = common::migrated_outbox(&binlog_url(), 8).await;
+    route::enable(&pool, &schema).await.unwrap();
+    (pool, schema)
+}
+
+async fn drop_db(pool: &MySqlPool, schema: &Schema) {
+    let _ = sqlx::raw_sql(&schema.render("DROP DATABASE {schema}"))
+        .execute(pool)
+        .await;
+}
+
+/// The plain four-column insert of `key` carrying `n`, on `conn`; its `seq`.
+async fn raw_insert(conn: &mut sqlx::MySqlConnection, schema: &Schema, key: &str, n: u64) -> i64 {
+    sqlx::query(&schema.render(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('order', ?, 'placed', JSON_OBJECT('n', ?))",
+    ))
+    .bind(key)
+    .bind(n)
+    .execute(&mut *conn)
+    .await
+    .unwrap()
+    .last_insert_id() as i64
+}
+
+async fn positioned(pool: &MySqlPool, schema: &Schema, seq: i64) -> bool {
+    sqlx::query_scalar::<_, bool>(
+        &schema.render("SELECT EXISTS (SELECT 1 FROM {schema}.outbox_sequence WHERE seq = ?)"),
+    )
+    .bind(seq)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// The partition of `key`, as the sequencer computes it.
+fn part(key: &str) -> i16 {
+    outbox_mysql::binlog::sequencer::partition(key)
+}
+
+#[tokio::test]
+async fn a_black_holed_binlog_connection_is_noticed_shown_and_reconnected() {
+    let (pool, schema) = routed_outbox().await;
+    let url = binlog_url();
+    let proxy = TcpProxy::start(port_of(&url));
+    // The store's own statements go straight to the server; the binlog stream through the
+    // proxy, as it would through a network that drops without a reset.
+    let store = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &through(&url, &proxy)).unwrap());
+    let sequencer = store.sequencer().unwrap();
+    sequencer.start();
+    sequencer
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    // Caught up: no lag in seconds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = status::read(&pool, &schema).await.unwrap();
+    assert!(before.lag_seconds < 5.0, "{before:?}");
+
+    proxy.go_silent();
+    let mut conn = pool.acquire().await.unwrap();
+    let seq = raw_insert(&mut conn, &schema, "k", 1).await;
+    let mut progress = sequencer.progress();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        progress.wait_for(|p| p.error.as_deref().is_some_and(|e| e.contains("sent nothing"))),
+    )
+    .await
+    .expect("the sequencer noticed the dead connection within 30 s (it waited for ever before)")
+    .unwrap();
+    assert!(!positioned(&pool, &schema, seq).await);
+    // Its lease renewals no longer hide it: the lag in seconds grows while it cannot read.
+    let stuck = status::read(&pool, &schema).await.unwrap();
+    assert!(stuck.lag_seconds >= 5.0 && stuck.lag_bytes > Some(0), "{stuck:?}");
+
+    // The network comes back: it reconnects on its own and goes on from its saved position.
+    proxy.open();
+    sequencer
+        .wait_until_positioned(seq, Duration::from_secs(30))
+        .await
+        .unwrap();
+    sequencer.stop().await;
+    drop(proxy);
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn a_position_without_a_row_does_not_hide_a_row_the_binlog_did_not_carry() {
+    let (pool, schema) = routed_outbox().await;
+    let store = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
+    let sequencer = store.sequencer().unwrap();
+    sequencer.start();
+    sequencer
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    // A partition no key of this test hashes to, for the position without a row.
+    let empty = (0..64i16)
+        .find(|p| ![part("k"), part("gone")].contains(p))
+        .unwrap();
+    // One transaction the binlog does not carry (a maintenance session): a row of `k`, and a
+    // row that is deleted again, whose seq gets a position by hand (a row deleted after it was
+    // positioned, or an unfinished group a crash left: a position without a row).
+    let mut hidden = pool.acquire().await.unwrap();
+    sqlx::raw_sql("SET SESSION sql_log_bin = 0; BEGIN")
+        .execute(&mut *hidden)
+        .await
+        .unwrap();
+    let unseen = raw_insert(&mut hidden, &schema, "k", 1).await;
+    let gone = raw_insert(&mut hidden, &schema, "gone", 2).await;
+    sqlx::query(&schema.render("DELETE FROM {schema}.outbox WHERE seq = ?"))
+        .bind(gone)
+        .execute(&mut *hidden)
+        .await
+        .unwrap();
+    sqlx::query(&schema.render(
+        "INSERT INTO {schema}.outbox_sequence (seq, part, part_seq) VALUES (?, ?, 1)",
+    ))
+    .bind(gone)
+    .bind(empty)
+    .execute(&mut *hidden)
+    .await
+    .unwrap();
+    sqlx::raw_sql("COMMIT; SET SESSION sql_log_bin = 1")
+        .execute(&mut *hidden)
+        .await
+        .unwrap();
+    drop(hidden);
+    let mut progress = sequencer.progress();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        progress.wait_for(|p| p.sequenced_below > gone),
+    )
+    .await
+    .expect("the seal passed both rows")
+    .unwrap();
+    // The counts balanced (one position without a row, one row without a position): the old
+    // seal raised itself past the row, which retention would then drop unrelayed.
+    assert!(
+        positioned(&pool, &schema, unseen).await,
+        "the row the binlog did not carry was sealed without a position: lost"
+    );
+    // The position without a row is a stuck partition, and shown as one.
+    let q = status::read(&pool, &schema).await.unwrap();
+    assert_eq!(q.stuck_partitions, 1, "{q:?}");
+    sequencer.stop().await;
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn the_sequencer_checks_the_servers_binlog_settings_at_every_start() {
+    outbox_testkit::init_test_log();
+    // This machine's own server runs without a binlog, as MariaDB ships: a server the route
+    // was switched on elsewhere, or restarted without its binlog since.
+    let (pool, schema) = common::migrated_outbox(&common::server_url(), 4).await;
+    let settings = server::settings(&pool).await.unwrap();
+    assert!(
+        settings.check().is_err(),
+        "the server at {} must run without a row binlog for this test",
+        common::server_url()
+    );
+    let store = MysqlStore::binlog(pool.clone(), schema.clone(), &common::server_url()).unwrap();
+    let sequencer = store.sequencer().unwrap();
+    sequencer.start();
+    let mut progress = sequencer.progress();
+    let error = tokio::time::timeout(
+        Duration::from_secs(20),
+        progress.wait_for(|p| p.error.is_some()),
+    )
+    .await
+    .expect("the sequencer refused within 20 s")
+    .unwrap()
+    .error
+    .clone()
+    .unwrap();
+    assert!(
+        error.contains("cannot read this server") && error.contains("log_bin is OFF"),
+        "{error}"
+    );
+    sequencer.stop().await;
+    drop_db(&pool, &schema).await;
+}
