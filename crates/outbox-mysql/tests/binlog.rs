@@ -404,3 +404,59 @@ async fn a_server_gone_silent_is_taken_as_a_dead_connection_within_the_bound() {
     drop(proxy);
     db.drop().await;
 }
+
+/// Runs `sql` (several statements) on `conn`.
+async fn run(conn: &mut sqlx::MySqlConnection, sql: &str) {
+    sqlx::raw_sql(sql).execute(&mut *conn).await.unwrap();
+}
+
+#[tokio::test]
+async fn xa_rows_come_at_their_commit_go_at_their_rollback_and_hold_the_position_meanwhile() {
+    let db = Db::start().await;
+    let mut xa = db.pool.acquire().await.unwrap();
+    let mut plain = db.pool.acquire().await.unwrap();
+    let mut reader = db.reader(&db.start).await;
+    // Prepared, then an ordinary transaction commits, then the prepared one.
+    run(&mut xa, "XA START 'x1'").await;
+    db.insert(&mut xa, "a", 1).await;
+    run(&mut xa, "XA END 'x1'; XA PREPARE 'x1'").await;
+    db.insert(&mut plain, "b", 2).await;
+    let first = committed(&mut reader).await;
+    assert_eq!(db.numbers(&first).await, vec![2]);
+    // Reading again from the position handed back must read the prepared group again.
+    assert!(first.end < reader_position_after(&db).await, "{first:?}");
+    run(&mut xa, "XA COMMIT 'x1'").await;
+    let second = committed(&mut reader).await;
+    assert_eq!(db.numbers(&second).await, vec![1]);
+    assert!(second.end > first.end);
+    // Prepared and rolled back: its rows never come; the next transaction's do.
+    run(&mut xa, "XA START 'x2'").await;
+    db.insert(&mut xa, "a", 3).await;
+    run(&mut xa, "XA END 'x2'; XA PREPARE 'x2'; XA ROLLBACK 'x2'").await;
+    db.insert(&mut plain, "a", 4).await;
+    let third = committed(&mut reader).await;
+    assert_eq!(db.numbers(&third).await, vec![4]);
+    // One phase: committed at once.
+    run(&mut xa, "XA START 'x3'").await;
+    db.insert(&mut xa, "a", 5).await;
+    run(&mut xa, "XA END 'x3'; XA COMMIT 'x3' ONE PHASE").await;
+    let fourth = committed(&mut reader).await;
+    assert_eq!(db.numbers(&fourth).await, vec![5]);
+    drop(reader);
+    // Read again from the position handed back while x1 was prepared: x1's rows come (at
+    // its commit) and the transaction committed in between comes again (the sequencer skips
+    // rows it positioned already).
+    let mut again = db.reader(&first.end).await;
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let c = committed(&mut again).await;
+        seen.extend(db.numbers(&c).await);
+    }
+    assert_eq!(seen, vec![2, 1, 4]);
+    db.drop().await;
+}
+
+/// Where the binlog ends now.
+async fn reader_position_after(db: &Db) -> BinlogPosition {
+    server::end_position(&db.pool).await.unwrap()
+}

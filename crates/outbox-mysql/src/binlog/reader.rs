@@ -12,6 +12,7 @@ use outbox_core::{Error, ErrorKind};
 use tracing::{error, warn};
 
 use super::decode::Layout;
+use super::xa;
 use super::BinlogPosition;
 use crate::Schema;
 
@@ -118,6 +119,11 @@ pub struct BinlogReader {
     committed_through: BinlogPosition,
     /// The outbox rows of the transaction being read.
     rows: Vec<BinlogRow>,
+    /// Prepared XA transactions with outbox rows, oldest first: each one's xid, its rows, and
+    /// where reading again would read its group again (the end of the transaction before it).
+    /// Their rows come out at their `XA COMMIT`, go at their `XA ROLLBACK`, and no position
+    /// handed back passes the oldest one's group until then.
+    prepared: Vec<(String, Vec<BinlogRow>, BinlogPosition)>,
     last_report: Instant,
     /// The server puts a checksum at the end of every event (`binlog_checksum`).
     checksums: bool,
@@ -203,6 +209,15 @@ impl BinlogReader {
         conn.query_drop(format!("SET @master_heartbeat_period = {heartbeat}"))
             .await
             .map_err(|e| error("setting the binlog heartbeat", e))?;
+        // MariaDB: a replica that announces no capability is sent old-style events only, and an
+        // XA transaction's GTID event has none: the server ends the stream there ("Failed to
+        // replace GTID event with backwards-compatible event"), so one XA transaction anywhere
+        // on the server would stop the route for good. Announcing GTID support (4, MariaDB
+        // 10.0's) gets the events as they are; the ones this reader does not know (GTID,
+        // annotations, checkpoints) are skipped. A user variable: MySQL ignores it.
+        conn.query_drop("SET @mariadb_slave_capability = 4")
+            .await
+            .map_err(|e| error("announcing the replica's capabilities", e))?;
         let request = BinlogStreamRequest::new(options.server_id)
             .with_filename(from.file.as_bytes())
             .with_pos(from.offset);
@@ -217,6 +232,7 @@ impl BinlogReader {
             at: from.clone(),
             committed_through: from.clone(),
             rows: Vec::new(),
+            prepared: Vec::new(),
             last_report: Instant::now(),
             checksums,
             seen_format: false,
@@ -225,10 +241,14 @@ impl BinlogReader {
         })
     }
 
-    /// The end of the last transaction read whole: reading again from here misses nothing
-    /// and repeats nothing already handed back.
+    /// Where reading again misses nothing: the end of the last transaction read whole, or,
+    /// while an XA transaction with outbox rows is prepared and not yet resolved, the start of
+    /// the oldest such one's group (reading again from there repeats the transactions committed
+    /// since, whose rows the sequencer finds positioned already).
     pub fn position(&self) -> &BinlogPosition {
-        &self.committed_through
+        self.prepared
+            .first()
+            .map_or(&self.committed_through, |(_, _, from)| from)
     }
 
     /// Waits for the next committed transaction with outbox rows, or an idle report. Fails
@@ -309,7 +329,7 @@ impl BinlogReader {
                 Some(EventData::HeartbeatEvent) => {
                     if self.rows.is_empty() {
                         self.last_report = Instant::now();
-                        return Ok(Item::Idle(self.committed_through.clone()));
+                        return Ok(Item::Idle(self.position().clone()));
                     }
                     continue;
                 }
@@ -324,10 +344,36 @@ impl BinlogReader {
                     false
                 }
                 Some(EventData::XidEvent(_)) => true,
-                // A transaction of a non-transactional engine ends with a COMMIT statement.
-                Some(EventData::QueryEvent(query)) => {
-                    query.query_raw().eq_ignore_ascii_case(b"COMMIT")
-                }
+                Some(EventData::XaPrepareLogEvent(body)) => match xa::prepared(&body) {
+                    Some(p) if p.one_phase => true,
+                    Some(p) => {
+                        // The group ends here, uncommitted: its rows wait for its outcome.
+                        if !self.rows.is_empty() {
+                            let rows = std::mem::take(&mut self.rows);
+                            self.prepared
+                                .push((p.xid, rows, self.committed_through.clone()));
+                        }
+                        self.committed_through = self.at.clone();
+                        continue;
+                    }
+                    None => {
+                        return Err(decode_error(&self.at, "an XA prepare event shorter than it says"))
+                    }
+                },
+                Some(EventData::QueryEvent(query)) => match xa::outcome(query.query_raw()) {
+                    // Its own group: a prepared transaction's rows come out now, or go.
+                    Some((commit, xid)) => {
+                        if let Some(i) = self.prepared.iter().position(|(x, _, _)| *x == xid) {
+                            let (_, rows, _) = self.prepared.remove(i);
+                            if commit {
+                                self.rows.extend(rows);
+                            }
+                        }
+                        true
+                    }
+                    // A transaction of a non-transactional engine ends with a COMMIT statement.
+                    None => query.query_raw().eq_ignore_ascii_case(b"COMMIT"),
+                },
                 _ => false,
             };
             if !commit {
@@ -337,7 +383,7 @@ impl BinlogReader {
             if !self.rows.is_empty() {
                 self.last_report = Instant::now();
                 return Ok(Item::Committed(Committed {
-                    end: self.committed_through.clone(),
+                    end: self.position().clone(),
                     committed_at: DateTime::from_timestamp(header.timestamp().into(), 0)
                         .unwrap_or_else(Utc::now),
                     rows: std::mem::take(&mut self.rows),
@@ -345,7 +391,7 @@ impl BinlogReader {
             }
             if self.last_report.elapsed() >= IDLE_REPORT {
                 self.last_report = Instant::now();
-                return Ok(Item::Idle(self.committed_through.clone()));
+                return Ok(Item::Idle(self.position().clone()));
             }
         }
     }

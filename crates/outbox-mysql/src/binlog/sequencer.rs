@@ -543,6 +543,10 @@ impl Session {
         let trigger_rows_taken: i8 = row.try_get("trigger_rows_taken").map_err(err)?;
         let saved_identity: Option<String> = row.try_get("server_identity").map_err(err)?;
         let identity = server::identity(&inner.pool).await?;
+        // Every row drawn before now may have its position already: the saved binlog position
+        // stops before an XA transaction still prepared, so the stream can carry again rows
+        // committed after it. The stream checks such rows (those below this) before placing.
+        let drawn = next_seq(&inner.pool, &inner.schema).await?;
         let mut s = Self {
             inner: inner.clone(),
             epoch,
@@ -554,7 +558,7 @@ impl Session {
             last_save: Instant::now(),
             sequenced_below,
             trigger_rows_taken: trigger_rows_taken != 0,
-            table_high: sequenced_below,
+            table_high: sequenced_below.max(drawn),
             seal: Seal::Idle {
                 at: Instant::now() + SEAL_EVERY,
             },
