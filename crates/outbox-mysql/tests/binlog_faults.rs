@@ -217,3 +217,62 @@ async fn the_sequencer_checks_the_servers_binlog_settings_at_every_start() {
     sequencer.stop().await;
     drop_db(&pool, &schema).await;
 }
+
+#[tokio::test]
+async fn a_position_saved_on_another_server_is_made_good_like_a_purged_binlog() {
+    let (pool, schema) = routed_outbox().await;
+    let first = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
+    let sequencer = first.sequencer().unwrap();
+    sequencer.start();
+    let mut conn = pool.acquire().await.unwrap();
+    let before = raw_insert(&mut conn, &schema, "k", 1).await;
+    sequencer
+        .wait_until_positioned(before, Duration::from_secs(20))
+        .await
+        .unwrap();
+    sequencer.stop().await;
+    let identity = server::identity(&pool).await.unwrap();
+    let saved: Option<String> = sqlx::query_scalar(
+        &schema.render("SELECT CAST(server_identity AS CHAR) FROM {schema}.outbox_sequencer WHERE id = 1"),
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(saved.as_deref(), Some(identity.as_str()));
+    // As after a failover: the position names another server's binlog (here: an offset in a
+    // file of the same name that means nothing on this one).
+    sqlx::query(&schema.render(
+        "UPDATE {schema}.outbox_sequencer SET server_identity = 'server_id:4242', \
+         binlog_offset = 4 WHERE id = 1",
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let after = raw_insert(&mut conn, &schema, "k", 2).await;
+    let second = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
+    let sequencer = second.sequencer().unwrap();
+    sequencer.start();
+    sequencer
+        .wait_until_positioned(after, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let (from_table, saved): (i64, Option<String>) = sqlx::query_as(&schema.render(
+        "SELECT from_table, CAST(server_identity AS CHAR) FROM {schema}.outbox_sequencer WHERE id = 1",
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(from_table, 1, "the row written meanwhile came from the table");
+    assert_eq!(saved.as_deref(), Some(identity.as_str()));
+    // One position each, in order.
+    let ps: Vec<i64> = sqlx::query_scalar(&schema.render(
+        "SELECT seq FROM {schema}.outbox_sequence WHERE part = ? ORDER BY part_seq",
+    ))
+    .bind(part("k"))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(ps, vec![before, after]);
+    sequencer.stop().await;
+    drop_db(&pool, &schema).await;
+}
