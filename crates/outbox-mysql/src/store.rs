@@ -17,9 +17,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_core::store::MemberStatus;
 use outbox_core::{
-    BlockedKey, ClaimLimits, Error, FailedFilter, FailedMessage, FailedPage,
-    Maintenance, MemberId, Message, NewMessage, OnFailed, Outcome, RedriveScope, Result, Stats,
-    Store,
+    BlockedKey, ClaimLimits, Error, FailedFilter, FailedMessage, FailedPage, Maintenance, MemberId,
+    Message, NewMessage, OnFailed, Outcome, RedriveScope, Result, Stats, Store,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
@@ -984,11 +983,7 @@ impl Store for Engine {
             let all: Vec<Outcome> = if s.failed_in_claim.is_empty() {
                 Vec::new()
             } else {
-                s.failed_in_claim
-                    .iter()
-                    .chain(outcomes)
-                    .cloned()
-                    .collect()
+                s.failed_in_claim.iter().chain(outcomes).cloned().collect()
             };
             let plan = if all.is_empty() {
                 t.plan(outcomes)

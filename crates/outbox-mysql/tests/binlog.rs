@@ -351,7 +351,8 @@ fn through(proxy: &outbox_testkit::proxy::TcpProxy) -> String {
 fn binlog_port() -> u16 {
     let url = binlog_url();
     let host = url.split_once('@').unwrap().1.split('/').next().unwrap();
-    host.rsplit_once(':').map_or(3306, |(_, p)| p.parse().unwrap())
+    host.rsplit_once(':')
+        .map_or(3306, |(_, p)| p.parse().unwrap())
 }
 
 #[tokio::test]

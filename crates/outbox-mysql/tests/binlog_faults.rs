@@ -29,7 +29,8 @@ fn through(url: &str, proxy: &TcpProxy) -> String {
 
 fn port_of(url: &str) -> u16 {
     let host = url.split_once('@').unwrap().1.split('/').next().unwrap();
-    host.rsplit_once(':').map_or(3306, |(_, p)| p.parse().unwrap())
+    host.rsplit_once(':')
+        .map_or(3306, |(_, p)| p.parse().unwrap())
 }
 
 /// An outbox in a database of its own on the binlog server, migrated, the route on.
@@ -82,7 +83,8 @@ async fn a_black_holed_binlog_connection_is_noticed_shown_and_reconnected() {
     let proxy = TcpProxy::start(port_of(&url));
     // The store's own statements go straight to the server; the binlog stream through the
     // proxy, as it would through a network that drops without a reset.
-    let store = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &through(&url, &proxy)).unwrap());
+    let store =
+        Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &through(&url, &proxy)).unwrap());
     let sequencer = store.sequencer().unwrap();
     sequencer.start();
     sequencer
@@ -100,7 +102,11 @@ async fn a_black_holed_binlog_connection_is_noticed_shown_and_reconnected() {
     let mut progress = sequencer.progress();
     tokio::time::timeout(
         Duration::from_secs(30),
-        progress.wait_for(|p| p.error.as_deref().is_some_and(|e| e.contains("sent nothing"))),
+        progress.wait_for(|p| {
+            p.error
+                .as_deref()
+                .is_some_and(|e| e.contains("sent nothing"))
+        }),
     )
     .await
     .expect("the sequencer noticed the dead connection within 30 s (it waited for ever before)")
@@ -108,7 +114,10 @@ async fn a_black_holed_binlog_connection_is_noticed_shown_and_reconnected() {
     assert!(!positioned(&pool, &schema, seq).await);
     // Its lease renewals no longer hide it: the lag in seconds grows while it cannot read.
     let stuck = status::read(&pool, &schema).await.unwrap();
-    assert!(stuck.lag_seconds >= 5.0 && stuck.lag_bytes > Some(0), "{stuck:?}");
+    assert!(
+        stuck.lag_seconds >= 5.0 && stuck.lag_bytes > Some(0),
+        "{stuck:?}"
+    );
 
     // The network comes back: it reconnects on its own and goes on from its saved position.
     proxy.open();
@@ -150,9 +159,10 @@ async fn a_position_without_a_row_does_not_hide_a_row_the_binlog_did_not_carry()
         .execute(&mut *hidden)
         .await
         .unwrap();
-    sqlx::query(&schema.render(
-        "INSERT INTO {schema}.outbox_sequence (seq, part, part_seq) VALUES (?, ?, 1)",
-    ))
+    sqlx::query(
+        &schema
+            .render("INSERT INTO {schema}.outbox_sequence (seq, part, part_seq) VALUES (?, ?, 1)"),
+    )
     .bind(gone)
     .bind(empty)
     .execute(&mut *hidden)
@@ -232,9 +242,9 @@ async fn a_position_saved_on_another_server_is_made_good_like_a_purged_binlog() 
         .unwrap();
     sequencer.stop().await;
     let identity = server::identity(&pool).await.unwrap();
-    let saved: Option<String> = sqlx::query_scalar(
-        &schema.render("SELECT CAST(server_identity AS CHAR) FROM {schema}.outbox_sequencer WHERE id = 1"),
-    )
+    let saved: Option<String> = sqlx::query_scalar(&schema.render(
+        "SELECT CAST(server_identity AS CHAR) FROM {schema}.outbox_sequencer WHERE id = 1",
+    ))
     .fetch_one(&pool)
     .await
     .unwrap();
@@ -262,12 +272,15 @@ async fn a_position_saved_on_another_server_is_made_good_like_a_purged_binlog() 
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(from_table, 1, "the row written meanwhile came from the table");
+    assert_eq!(
+        from_table, 1,
+        "the row written meanwhile came from the table"
+    );
     assert_eq!(saved.as_deref(), Some(identity.as_str()));
     // One position each, in order.
-    let ps: Vec<i64> = sqlx::query_scalar(&schema.render(
-        "SELECT seq FROM {schema}.outbox_sequence WHERE part = ? ORDER BY part_seq",
-    ))
+    let ps: Vec<i64> = sqlx::query_scalar(
+        &schema.render("SELECT seq FROM {schema}.outbox_sequence WHERE part = ? ORDER BY part_seq"),
+    )
     .bind(part("k"))
     .fetch_all(&pool)
     .await

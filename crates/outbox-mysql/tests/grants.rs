@@ -52,8 +52,16 @@ async fn the_relay_and_a_writer_run_with_exactly_the_documented_grants() {
             sqlx::raw_sql(&sql).execute(&root).await.unwrap();
         }
     }
-    let relay_url = url_as(&format!("relay_{suffix:08x}"), "pw-test-only", schema.as_str());
-    let writer_url = url_as(&format!("writer_{suffix:08x}"), "pw-test-only", schema.as_str());
+    let relay_url = url_as(
+        &format!("relay_{suffix:08x}"),
+        "pw-test-only",
+        schema.as_str(),
+    );
+    let writer_url = url_as(
+        &format!("writer_{suffix:08x}"),
+        "pw-test-only",
+        schema.as_str(),
+    );
 
     // The writer: a plain insert, nothing else.
     let writes = connect_pool(&writer_url, 2).await.unwrap();

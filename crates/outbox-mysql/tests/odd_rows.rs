@@ -55,8 +55,14 @@ async fn odd_rows_fail_alone(store: Arc<MysqlStore>, pool: &MySqlPool, schema: &
     // Migration 4's checks refuse these now; rows from before it are what this is about.
     for (id, at) in [
         ("01HZX3K9QW7N2M5R8T1V4Y6B0C", "2026-12-06 10:00:00"),
-        ("5f0c2a8e-3b1d-4c7e-9a2f-1d3e5b7c9a0b", "0000-00-00 00:00:00"),
-        ("5f0c2a8e-3b1d-4c7e-9a2f-1d3e5b7c9a0b", "2026-00-10 00:00:00"),
+        (
+            "5f0c2a8e-3b1d-4c7e-9a2f-1d3e5b7c9a0b",
+            "0000-00-00 00:00:00",
+        ),
+        (
+            "5f0c2a8e-3b1d-4c7e-9a2f-1d3e5b7c9a0b",
+            "2026-00-10 00:00:00",
+        ),
     ] {
         let refused = sqlx::query(&schema.render(
             "INSERT INTO {schema}.outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at) \
@@ -72,8 +78,24 @@ async fn odd_rows_fail_alone(store: Arc<MysqlStore>, pool: &MySqlPool, schema: &
         .execute(&mut *conn)
         .await
         .unwrap();
-    let ulid = insert(&mut conn, schema, "odd-id", 1, Some("01HZX3K9QW7N2M5R8T1V4Y6B0C"), None).await;
-    let zero = insert(&mut conn, schema, "odd-date", 2, None, Some("0000-00-00 00:00:00")).await;
+    let ulid = insert(
+        &mut conn,
+        schema,
+        "odd-id",
+        1,
+        Some("01HZX3K9QW7N2M5R8T1V4Y6B0C"),
+        None,
+    )
+    .await;
+    let zero = insert(
+        &mut conn,
+        schema,
+        "odd-date",
+        2,
+        None,
+        Some("0000-00-00 00:00:00"),
+    )
+    .await;
     // The odd keys' next messages, and other keys before and after.
     let behind = insert(&mut conn, schema, "odd-id", 3, None, None).await;
     let mut good = BTreeSet::new();
@@ -126,7 +148,10 @@ async fn odd_rows_fail_alone(store: Arc<MysqlStore>, pool: &MySqlPool, schema: &
             .unwrap_or_else(|| panic!("row {seq} is not failed: {failed:?}"))
     };
     let e = error_of(ulid);
-    assert!(e.contains("`id`") && e.contains("01HZX3K9QW7N2M5R8T1V4Y6B0C"), "{e}");
+    assert!(
+        e.contains("`id`") && e.contains("01HZX3K9QW7N2M5R8T1V4Y6B0C"),
+        "{e}"
+    );
     let e = error_of(zero);
     assert!(e.contains("`created_at`"), "{e}");
     store.release(&member).await.unwrap();

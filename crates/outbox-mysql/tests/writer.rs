@@ -386,7 +386,10 @@ async fn the_migration_runs_again_whole_without_harm_and_a_row_never_goes_unposi
         .execute(&db.pool)
         .await
         .unwrap();
-    assert_eq!(migrate(&db.pool, &db.schema).await.unwrap(), vec![1, 2, 3, 4]);
+    assert_eq!(
+        migrate(&db.pool, &db.schema).await.unwrap(),
+        vec![1, 2, 3, 4]
+    );
     let mut tx = db.pool.begin().await.unwrap();
     enqueue(&mut tx, &db.schema, &msg("k", 2)).await.unwrap();
     tx.commit().await.unwrap();

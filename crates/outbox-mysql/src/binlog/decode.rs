@@ -134,12 +134,22 @@ mod tests {
 
     #[test]
     fn the_layout_finds_each_column_by_name_and_refuses_a_table_without_one() {
-        let names = ["extra", "seq", "id", "aggregate_type", "aggregate_id", "later"];
+        let names = [
+            "extra",
+            "seq",
+            "id",
+            "aggregate_type",
+            "aggregate_id",
+            "later",
+        ];
         let layout = Layout::from_columns(&columns(&names)).unwrap();
         assert_eq!(layout.index, [1, 4]);
         let err = Layout::from_columns(&columns(&["seq", "id"])).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Schema);
-        assert!(err.to_string().contains("no `aggregate_id` column"), "{err}");
+        assert!(
+            err.to_string().contains("no `aggregate_id` column"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -147,7 +157,10 @@ mod tests {
         assert_eq!(int(Value::Int(7), "seq").unwrap(), Some(7));
         assert_eq!(int(Value::NULL, "seq").unwrap(), None);
         assert!(int(Value::UInt(u64::MAX), "seq").is_err());
-        assert_eq!(text(Value::Bytes(b"k".to_vec()), "aggregate_id").unwrap(), "k");
+        assert_eq!(
+            text(Value::Bytes(b"k".to_vec()), "aggregate_id").unwrap(),
+            "k"
+        );
         let err = text(Value::Bytes(vec![0xff]), "aggregate_id").unwrap_err();
         assert!(err.to_string().contains("`aggregate_id`"), "{err}");
     }

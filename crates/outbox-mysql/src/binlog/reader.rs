@@ -357,7 +357,10 @@ impl BinlogReader {
                         continue;
                     }
                     None => {
-                        return Err(decode_error(&self.at, "an XA prepare event shorter than it says"))
+                        return Err(decode_error(
+                            &self.at,
+                            "an XA prepare event shorter than it says",
+                        ))
                     }
                 },
                 Some(EventData::QueryEvent(query)) => match xa::outcome(query.query_raw()) {

@@ -328,7 +328,11 @@ async fn lead(inner: &Arc<Inner>) -> Result<()> {
     server::settings(&inner.pool)
         .await?
         .check()
-        .map_err(|why| Error::config(format!("the binlog sequencer cannot read this server: {why}")))?;
+        .map_err(|why| {
+            Error::config(format!(
+                "the binlog sequencer cannot read this server: {why}"
+            ))
+        })?;
     let epoch = acquire(inner).await?;
     let mut s = Session::start(inner, epoch).await?;
     let from = match s.position.clone() {
@@ -422,7 +426,6 @@ async fn recover(
     warn!(%position, %message, "the binlog the outbox's sequencer stopped at was purged: the rows since its last seal are taken from the table (in seq order, not commit order), then the binlog is read from its end");
     s.take_from_table("a purged binlog").await
 }
-
 
 fn read_error(e: ReadError) -> Error {
     match e {
@@ -583,7 +586,12 @@ impl Session {
     }
 
     /// Adds what the reader handed back to the batch in hand.
-    fn take(&mut self, item: Item, rows: &mut Vec<(i64, String)>, end: &mut Option<BinlogPosition>) {
+    fn take(
+        &mut self,
+        item: Item,
+        rows: &mut Vec<(i64, String)>,
+        end: &mut Option<BinlogPosition>,
+    ) {
         match item {
             Item::Committed(c) => {
                 rows.extend(c.rows.into_iter().map(|r| (r.seq, r.aggregate_id)));
@@ -985,7 +993,9 @@ impl Session {
         binds.push(Bind::Int(below));
         self.fenced_update(
             &mut tx,
-            &format!("{set}, sequenced_below = GREATEST(sequenced_below, ?), trigger_rows_taken = 1"),
+            &format!(
+                "{set}, sequenced_below = GREATEST(sequenced_below, ?), trigger_rows_taken = 1"
+            ),
             &binds,
         )
         .await?;

@@ -77,7 +77,10 @@ mod tests {
             outcome(b"XA COMMIT X'7831',X'62',1"),
             Some((true, p.xid.clone()))
         );
-        assert_eq!(outcome(b"xa rollback X'7831',X'62',1"), Some((false, p.xid)));
+        assert_eq!(
+            outcome(b"xa rollback X'7831',X'62',1"),
+            Some((false, p.xid))
+        );
         assert_eq!(outcome(b"COMMIT"), None);
         assert_eq!(outcome(b"XA END X'7831',X'',1"), None);
         assert_eq!(prepared(&body[..10]), None);
