@@ -266,12 +266,20 @@ async fn a_position_saved_on_another_server_is_made_good_like_a_purged_binlog() 
         .wait_until_positioned(after, Duration::from_secs(30))
         .await
         .unwrap();
-    let (from_table, saved): (i64, Option<String>) = sqlx::query_as(&schema.render(
-        "SELECT from_table, CAST(server_identity AS CHAR) FROM {schema}.outbox_sequencer WHERE id = 1",
-    ))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    // The new identity is saved with the position, just after the rows' positions.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let (from_table, saved) = loop {
+        let (from_table, saved): (i64, Option<String>) = sqlx::query_as(&schema.render(
+            "SELECT from_table, CAST(server_identity AS CHAR) FROM {schema}.outbox_sequencer WHERE id = 1",
+        ))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if saved.as_deref() == Some(identity.as_str()) || std::time::Instant::now() > until {
+            break (from_table, saved);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(
         from_table, 1,
         "the row written meanwhile came from the table"
@@ -286,6 +294,80 @@ async fn a_position_saved_on_another_server_is_made_good_like_a_purged_binlog() 
     .await
     .unwrap();
     assert_eq!(ps, vec![before, after]);
+    sequencer.stop().await;
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn a_restart_while_an_xa_transaction_is_prepared_positions_every_row_once() {
+    let (pool, schema) = routed_outbox().await;
+    let first = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
+    let sequencer = first.sequencer().unwrap();
+    sequencer.start();
+    sequencer
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    let mut xa = pool.acquire().await.unwrap();
+    let mut plain = pool.acquire().await.unwrap();
+    sqlx::raw_sql("XA START 'held'")
+        .execute(&mut *xa)
+        .await
+        .unwrap();
+    let prepared = raw_insert(&mut xa, &schema, "a", 1).await;
+    sqlx::raw_sql("XA END 'held'; XA PREPARE 'held'")
+        .execute(&mut *xa)
+        .await
+        .unwrap();
+    // Committed after the prepare: positioned now, while the saved position stays before the
+    // prepared group.
+    let mut after = Vec::new();
+    for n in 2..5 {
+        after.push(raw_insert(&mut plain, &schema, "b", n).await);
+    }
+    for seq in &after {
+        sequencer
+            .wait_until_positioned(*seq, Duration::from_secs(20))
+            .await
+            .unwrap();
+    }
+    assert!(!positioned(&pool, &schema, prepared).await);
+    // A restart: the stream reads again from before the prepared group.
+    sequencer.stop().await;
+    let second = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
+    let sequencer = second.sequencer().unwrap();
+    sequencer.start();
+    sqlx::raw_sql("XA COMMIT 'held'")
+        .execute(&mut *xa)
+        .await
+        .unwrap();
+    let last = raw_insert(&mut plain, &schema, "b", 5).await;
+    sequencer
+        .wait_until_positioned(prepared, Duration::from_secs(30))
+        .await
+        .unwrap();
+    sequencer
+        .wait_until_positioned(last, Duration::from_secs(30))
+        .await
+        .unwrap();
+    // Every row once; key b in commit order.
+    let counts: Vec<(i64, i64)> = sqlx::query_as(&schema.render(
+        "SELECT seq, COUNT(*) FROM {schema}.outbox_sequence GROUP BY seq HAVING COUNT(*) > 1",
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(counts.is_empty(), "rows positioned twice: {counts:?}");
+    let b: Vec<i64> = sqlx::query_scalar(
+        &schema.render("SELECT seq FROM {schema}.outbox_sequence WHERE part = ? ORDER BY part_seq"),
+    )
+    .bind(part("b"))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut want = after.clone();
+    want.push(last);
+    assert_eq!(b, want);
     sequencer.stop().await;
     drop_db(&pool, &schema).await;
 }

@@ -251,6 +251,12 @@ impl BinlogReader {
             .map_or(&self.committed_through, |(_, _, from)| from)
     }
 
+    /// Whether an XA transaction with outbox rows is prepared and not yet resolved: the
+    /// [`position`](Self::position) handed back stays before its group meanwhile.
+    pub fn holding(&self) -> bool {
+        !self.prepared.is_empty()
+    }
+
     /// Waits for the next committed transaction with outbox rows, or an idle report. Fails
     /// with a connection error when the server sends nothing, not even a heartbeat, for
     /// [`ReadOptions::silence`]. Cancel-safe: a call dropped while it waits loses nothing, and

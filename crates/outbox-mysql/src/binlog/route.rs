@@ -175,6 +175,7 @@ async fn set_up(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<()>
 const SEQUENCER_COLUMNS: &[(&str, &str)] = &[
     ("server_identity", "VARCHAR(255) NULL"),
     ("advanced_at", "DATETIME(6) NULL"),
+    ("reread_below", "BIGINT NULL"),
 ];
 
 /// Brings the sequencer's table of an outbox switched by an older version up to this one
@@ -211,8 +212,10 @@ pub async fn upgrade(pool: &MySqlPool, schema: &Schema) -> Result<()> {
 /// sequenced, and `sequenced_below`: every row with a lower `seq` is sequenced or was rolled
 /// back (raised by the seal, see the sequencer). `server_identity` names the server whose
 /// binlog that position is in ([`super::server::identity`]; a position read on another server
-/// means nothing), and `advanced_at` is when the position last moved (how long a stuck reader
-/// has been stuck: `updated_at` moves with every lease renewal).
+/// means nothing), `advanced_at` is when the position last moved (how long a stuck reader
+/// has been stuck: `updated_at` moves with every lease renewal), and `reread_below`, set while
+/// the position stops before an XA transaction still prepared: rows below it may be carried
+/// again after a restart, and are checked.
 const SEQUENCER_SQL: &str = "CREATE TABLE IF NOT EXISTS {schema}.outbox_sequencer (
     id              TINYINT      NOT NULL PRIMARY KEY,
     owner           VARCHAR(255) NULL,
@@ -226,7 +229,8 @@ const SEQUENCER_SQL: &str = "CREATE TABLE IF NOT EXISTS {schema}.outbox_sequence
     trigger_rows_taken TINYINT   NOT NULL DEFAULT 0,
     updated_at      DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     server_identity VARCHAR(255) NULL,
-    advanced_at     DATETIME(6)  NULL
+    advanced_at     DATETIME(6)  NULL,
+    reread_below    BIGINT       NULL
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 INSERT IGNORE INTO {schema}.outbox_sequencer (id) VALUES (1);";
 

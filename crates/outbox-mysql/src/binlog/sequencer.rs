@@ -387,6 +387,7 @@ async fn lead(inner: &Arc<Inner>) -> Result<()> {
                     }
                 }
                 if let Some(end) = end {
+                    s.holding = reader.holding();
                     s.save(rows, end).await?;
                 }
                 if let Some(e) = failed {
@@ -523,6 +524,11 @@ struct Session {
     /// report): until a little after, a save counts as caught up even if the position did not
     /// move. A reader that stopped hearing from the server stops refreshing it.
     last_idle: Option<Instant>,
+    /// The reader holds an XA transaction still prepared: the position saved stays before its
+    /// group, so after a restart the stream carries again rows positioned since.
+    holding: bool,
+    /// The highest seq this session positioned.
+    max_placed: i64,
 }
 
 /// How long after an idle report a save still counts the sequencer as caught up: a few
@@ -534,8 +540,8 @@ impl Session {
         let err = |e| map_sqlx_error("reading the binlog sequencer's state", e);
         let row = sqlx::query(&inner.schema.render(
             "SELECT CAST(binlog_file AS CHAR) AS file, binlog_offset, sequenced_below, \
-             trigger_rows_taken, CAST(server_identity AS CHAR) AS server_identity \
-             FROM {schema}.outbox_sequencer WHERE id = 1",
+             trigger_rows_taken, CAST(server_identity AS CHAR) AS server_identity, \
+             reread_below FROM {schema}.outbox_sequencer WHERE id = 1",
         ))
         .fetch_one(&inner.pool)
         .await
@@ -546,10 +552,10 @@ impl Session {
         let trigger_rows_taken: i8 = row.try_get("trigger_rows_taken").map_err(err)?;
         let saved_identity: Option<String> = row.try_get("server_identity").map_err(err)?;
         let identity = server::identity(&inner.pool).await?;
-        // Every row drawn before now may have its position already: the saved binlog position
-        // stops before an XA transaction still prepared, so the stream can carry again rows
-        // committed after it. The stream checks such rows (those below this) before placing.
-        let drawn = next_seq(&inner.pool, &inner.schema).await?;
+        // Set when the saved position stopped before an XA transaction still prepared: the
+        // stream then carries again rows positioned after it, all below this; it checks them
+        // before placing.
+        let reread_below: Option<i64> = row.try_get("reread_below").map_err(err)?;
         let mut s = Self {
             inner: inner.clone(),
             epoch,
@@ -561,7 +567,7 @@ impl Session {
             last_save: Instant::now(),
             sequenced_below,
             trigger_rows_taken: trigger_rows_taken != 0,
-            table_high: sequenced_below.max(drawn),
+            table_high: sequenced_below.max(reread_below.unwrap_or(0)),
             seal: Seal::Idle {
                 at: Instant::now() + SEAL_EVERY,
             },
@@ -569,6 +575,8 @@ impl Session {
             identity,
             saved_identity,
             last_idle: None,
+            holding: false,
+            max_placed: 0,
         };
         s.read_counters().await?;
         inner.progress.send_modify(|p| {
@@ -610,10 +618,15 @@ impl Session {
     /// server was idle).
     fn position_set(&self, p: &BinlogPosition) -> (&'static str, Vec<Bind>) {
         let caught_up = self.last_idle.is_some_and(|t| t.elapsed() < CAUGHT_UP);
+        // While the reader holds a prepared XA group, rows positioned since lie below this.
+        let reread_below = self
+            .holding
+            .then(|| self.table_high.max(self.max_placed + 1))
+            .unwrap_or(0);
         (
             "advanced_at = IF(? OR NOT (binlog_file <=> ? AND binlog_offset <=> ?), \
              UTC_TIMESTAMP(6), advanced_at), binlog_file = ?, binlog_offset = ?, \
-             server_identity = ?",
+             server_identity = ?, reread_below = NULLIF(?, 0)",
             vec![
                 Bind::Int(i64::from(caught_up)),
                 Bind::Text(p.file.clone()),
@@ -621,6 +634,7 @@ impl Session {
                 Bind::Text(p.file.clone()),
                 Bind::Int(p.offset as i64),
                 Bind::Text(self.identity.clone()),
+                Bind::Int(reread_below),
             ],
         )
     }
@@ -676,6 +690,8 @@ impl Session {
         let mut counters = self.counters.clone();
         let placed = place(&mut counters, rows);
         insert_positions(&mut tx, &self.inner.schema, &placed).await?;
+        let top = placed.iter().map(|(seq, _, _)| *seq).max().unwrap_or(0);
+        self.max_placed = self.max_placed.max(top);
         let (set, binds) = self.position_set(&end);
         self.fenced_update(&mut tx, set, &binds).await?;
         tx.commit().await.map_err(err)?;
