@@ -619,10 +619,11 @@ impl Session {
     fn position_set(&self, p: &BinlogPosition) -> (&'static str, Vec<Bind>) {
         let caught_up = self.last_idle.is_some_and(|t| t.elapsed() < CAUGHT_UP);
         // While the reader holds a prepared XA group, rows positioned since lie below this.
-        let reread_below = self
-            .holding
-            .then(|| self.table_high.max(self.max_placed + 1))
-            .unwrap_or(0);
+        let reread_below = if self.holding {
+            self.table_high.max(self.max_placed + 1)
+        } else {
+            0
+        };
         (
             "advanced_at = IF(? OR NOT (binlog_file <=> ? AND binlog_offset <=> ?), \
              UTC_TIMESTAMP(6), advanced_at), binlog_file = ?, binlog_offset = ?, \
