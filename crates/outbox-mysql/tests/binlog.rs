@@ -461,3 +461,30 @@ async fn xa_rows_come_at_their_commit_go_at_their_rollback_and_hold_the_position
 async fn reader_position_after(db: &Db) -> BinlogPosition {
     server::end_position(&db.pool).await.unwrap()
 }
+
+#[tokio::test]
+async fn a_position_past_the_end_of_its_file_is_reported_as_purged() {
+    let db = Db::start().await;
+    // A binlog tail lost in an OS crash with `sync_binlog = 0`: the saved position lies past
+    // what the file now holds. Only the table can tell what was committed there.
+    let files = server::file_sizes(&db.pool).await.unwrap();
+    let (file, size) = files.last().unwrap().clone();
+    let past = BinlogPosition::new(file, size + 1_000_000);
+    let result = async {
+        let mut reader =
+            BinlogReader::open(&binlog_url(), &db.schema, &past, &ReadOptions::default()).await?;
+        loop {
+            if let Item::Committed(_) = reader.next().await? {
+                continue;
+            }
+        }
+    };
+    let result: Result<(), ReadError> = tokio::time::timeout(Duration::from_secs(10), result)
+        .await
+        .expect("the server refused the position within 10 s");
+    match result {
+        Err(ReadError::Purged { position, .. }) => assert_eq!(position, past),
+        other => panic!("expected the position reported as purged, got {other:?}"),
+    }
+    db.drop().await;
+}

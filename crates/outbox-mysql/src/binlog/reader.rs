@@ -439,16 +439,22 @@ impl BinlogReader {
 
 /// The server's error numbers for a binlog position it cannot serve from its files:
 /// ER_MASTER_FATAL_ERROR_READING_BINLOG ("Could not find first log file name in binary log
-/// index file", "log event entry exceeded max_allowed_packet", ...). Only the first kind is a
-/// purge; the message tells them apart.
+/// index file", "impossible position", "log event entry exceeded max_allowed_packet", ...).
+/// The first two kinds are taken as a purge; the message tells them apart.
 const ER_MASTER_FATAL_ERROR_READING_BINLOG: u16 = 1236;
 
 fn read_error(position: &BinlogPosition, doing: &str, err: mysql_async::Error) -> ReadError {
     if let mysql_async::Error::Server(server) = &err {
+        // A position past the end of its file ("impossible position", MySQL's "position >
+        // file size") is a binlog tail the server no longer has: lost in an OS crash with
+        // `sync_binlog = 0`, or another server's file of the same name. Like a purge, only the
+        // table can tell what was committed there; retrying would fail for ever.
         let purged = server.code == ER_MASTER_FATAL_ERROR_READING_BINLOG
             && (server.message.contains("first log file name")
                 || server.message.contains("binary log index file")
-                || server.message.contains("purged"));
+                || server.message.contains("purged")
+                || server.message.contains("impossible position")
+                || server.message.contains("position > file size"));
         if purged {
             return ReadError::Purged {
                 position: position.clone(),
