@@ -339,7 +339,9 @@ pub struct RelayArgs {
     /// A routing rule: rows it matches go to its sink instead of --sink. `;`-separated
     /// `key=value` pairs: `aggregate_type`, `event_type`, `topic` (globs, `*` matches anything;
     /// every one given must match), `sink` (required), `destination` (a template; default
-    /// --destination), `name`. E.g. `event_type=payment.*; sink=kafka://127.0.0.1:9092;
+    /// --destination), `name`, `envelope` (`outbox` default, `cloudevents` binary mode,
+    /// `cloudevents-structured`; docs/envelopes.md) and `source` (the CloudEvents `source`, a
+    /// URI-reference, default `/outbox`). E.g. `event_type=payment.*; sink=kafka://127.0.0.1:9092;
     /// destination=payments`. Repeat the flag; the first matching rule wins, rows matching none
     /// go to --sink (and end `failed` when there is none). Replaces `[[relay.routes]]`.
     #[arg(long, value_name = "RULE")]

@@ -122,6 +122,10 @@ pub struct RouteSection {
     pub sink: Option<String>,
     /// Destination template.
     pub destination: Option<String>,
+    /// Envelope format: `outbox` (default), `cloudevents`, `cloudevents-structured`.
+    pub envelope: Option<String>,
+    /// CloudEvents `source` (a URI-reference).
+    pub source: Option<String>,
 }
 
 impl RouteSection {
@@ -134,6 +138,8 @@ impl RouteSection {
             ("topic", &self.topic),
             ("sink", &self.sink),
             ("destination", &self.destination),
+            ("envelope", &self.envelope),
+            ("source", &self.source),
         ] {
             if let Some(v) = value {
                 b.set(key, v)?;

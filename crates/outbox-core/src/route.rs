@@ -114,11 +114,15 @@ pub struct RouteSpec {
     pub sink: String,
     /// Destination template of matching rows.
     pub destination: Option<DestinationTemplate>,
+    /// How matching rows are laid out (`envelope=`, with `source=` for CloudEvents).
+    pub envelope: crate::Format,
 }
 
 impl RouteSpec {
     /// Parses the flag form: `;`-separated `key=value` pairs with the keys `name`,
-    /// `aggregate_type`, `event_type`, `topic`, `sink` (required) and `destination`, e.g.
+    /// `aggregate_type`, `event_type`, `topic`, `sink` (required), `destination`, `envelope`
+    /// (`outbox`, `cloudevents`, `cloudevents-structured`) and `source` (the CloudEvents
+    /// `source`, a URI-reference), e.g.
     /// `event_type=payment.*; sink=kafka://127.0.0.1:9092; destination=payments`. Values keep
     /// any `=` or `,` after the first `=` (Kafka URLs list brokers with commas).
     pub fn parse(text: &str, index: usize) -> Result<Self> {
@@ -146,6 +150,8 @@ pub struct RouteBuilder {
     when: RouteMatch,
     sink: Option<String>,
     destination: Option<DestinationTemplate>,
+    envelope: Option<String>,
+    source: Option<String>,
 }
 
 impl RouteBuilder {
@@ -157,6 +163,8 @@ impl RouteBuilder {
             when: RouteMatch::default(),
             sink: None,
             destination: None,
+            envelope: None,
+            source: None,
         }
     }
 
@@ -170,10 +178,12 @@ impl RouteBuilder {
             "topic" => self.when.topic = glob(value)?,
             "sink" => self.sink = Some(value.to_string()),
             "destination" => self.destination = Some(DestinationTemplate::parse(value)?),
+            "envelope" => self.envelope = Some(value.to_string()),
+            "source" => self.source = Some(value.to_string()),
             other => {
                 return Err(Error::config(format!(
                     "route {}: unknown key `{}`; use name, aggregate_type, event_type, topic, \
-                     sink, destination",
+                     sink, destination, envelope, source",
                     self.index,
                     crate::redact::sanitize(other)
                 )))
@@ -188,11 +198,17 @@ impl RouteBuilder {
         let sink = self
             .sink
             .ok_or_else(|| Error::config(format!("route `{name}`: no `sink`")))?;
+        let envelope = crate::Format::parse(
+            self.envelope.as_deref().unwrap_or("outbox"),
+            self.source.as_deref(),
+        )
+        .map_err(|e| Error::config(format!("route `{name}`: {e}")))?;
         Ok(RouteSpec {
             name,
             when: self.when,
             sink,
             destination: self.destination,
+            envelope,
         })
     }
 }
@@ -275,6 +291,9 @@ mod tests {
             .unwrap()
             .when
             .is_catch_all());
+        let ce = RouteSpec::parse("sink=stdout:; envelope=cloudevents; source=urn:shop", 4).unwrap();
+        assert_eq!(ce.envelope.name(), "cloudevents");
+        assert!(RouteSpec::parse("sink=stdout:", 5).unwrap().envelope.is_outbox());
     }
 
     #[test]
@@ -285,6 +304,9 @@ mod tests {
             ("event_type;sink=stdout:", "has no `=`"),
             ("event_type=;sink=stdout:", "empty pattern"),
             ("sink=stdout:;destination={nope}", "unknown placeholder"),
+            ("sink=stdout:;envelope=avro", "unknown envelope `avro`"),
+            ("sink=stdout:;envelope=cloudevents;source=a b", "not a URI-reference"),
+            ("sink=stdout:;source=/x", "needs envelope=cloudevents"),
         ] {
             let e = RouteSpec::parse(text, 1).unwrap_err().to_string();
             assert!(e.contains(says), "{text}: {e}");
