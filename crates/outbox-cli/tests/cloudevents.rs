@@ -1,0 +1,324 @@
+//! CloudEvents 1.0 end to end, judged by the official Python SDK (`cloudevents`, installed in
+//! /opt/outbox-venv by scripts/services.sh): the relay publishes rows with `envelope=
+//! cloudevents` (binary) and `cloudevents-structured` on Kafka (tansu), HTTP, RabbitMQ, MQTT
+//! and NATS; an independent reader takes each message off the real broker; the SDK reads it
+//! (`tests/cloudevents/sdk_read.py`, which fails on anything it rejects) and every attribute
+//! is checked against the row it came from. Then the inbox reads events the SDK produced
+//! (`tests/cloudevents/sdk_write.py`), deduping by their `id`.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "common/inbox.rs"]
+mod inboxkit;
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::World;
+use outbox_core::{Envelope, Format, Formatted, NewMessage, Sink, Store};
+use outbox_inbox::{Inbox, InboxSchema};
+use outbox_testkit::source_suite::{fetch_until, open, publish_with, SourceFixture};
+use outbox_sinks::read::{scratch, Delivered, ScratchOptions};
+use outbox_testkit::relay::{read_distinct, RunningRelay};
+use tokio::io::AsyncWriteExt;
+
+const PYTHON: &str = "/opt/outbox-venv/bin/python";
+const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+fn env(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn script(name: &str) -> String {
+    format!("{}/tests/cloudevents/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs `script` with `input` on stdin and returns its stdout as JSON; its failure (the SDK
+/// rejecting a message) fails the test with the SDK's own words.
+async fn python(script: &str, input: serde_json::Value) -> serde_json::Value {
+    let mut child = tokio::process::Command::new(PYTHON)
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the CloudEvents SDK's venv (scripts/services.sh makes /opt/outbox-venv)");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(input.to_string().as_bytes())
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{script} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The rows every case publishes: two keys, one with the W3C trace context, one with an
+/// aggregate id that needs percent-encoding in HTTP headers.
+fn rows() -> Vec<NewMessage> {
+    let mut out = Vec::new();
+    for n in 0..3 {
+        out.push(
+            NewMessage::new(
+                "payment",
+                "pay-1",
+                "payment.created",
+                serde_json::json!({"n": n, "note": "ça va"}),
+            )
+            .trace_context(TRACEPARENT, Some("vendor=1"))
+            .unwrap(),
+        );
+        out.push(NewMessage::new(
+            "payment",
+            "pay 2/é",
+            "payment.refunded",
+            serde_json::json!({"n": n}),
+        ));
+    }
+    out
+}
+
+/// The SDK's reading of `got`, message by message.
+async fn sdk_read(binding: &str, got: &[Delivered]) -> Vec<serde_json::Value> {
+    let messages: Vec<_> = got
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "headers": d.headers,
+                "key": d.key,
+                "body_b64": base64::engine::general_purpose::STANDARD.encode(&d.payload),
+            })
+        })
+        .collect();
+    let out = python(
+        &script("sdk_read.py"),
+        serde_json::json!({"binding": binding, "messages": messages}),
+    )
+    .await;
+    out.as_array().unwrap().clone()
+}
+
+/// Publishes [`rows`] through `url`'s sink in `envelope`, reads every message back from the
+/// broker, and checks each attribute the SDK read against its row.
+async fn case(binding: &str, url: &str, envelope: &str) {
+    let w = World::with_stream(false).await;
+    let mut s = scratch(url, &ScratchOptions::new(&format!("ce{binding}")))
+        .await
+        .unwrap_or_else(|e| panic!("{binding} must be running: {e}"));
+    let rows = rows();
+    w.store().insert(&rows).await.unwrap();
+    let created: HashMap<uuid::Uuid, chrono::DateTime<chrono::Utc>> =
+        sqlx::query_as::<_, (uuid::Uuid, chrono::DateTime<chrono::Utc>)>(
+            &w.schema.render("SELECT id, created_at FROM {schema}.outbox"),
+        )
+        .fetch_all(&w.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let sink = outbox_sinks::connect(&s.sink_url).await.unwrap();
+    let format = Format::parse(envelope, Some("urn:outbox:test/payments")).unwrap();
+    let sink: Arc<dyn Sink> = Arc::new(Formatted::new(sink, format));
+    let relay = RunningRelay::start(w.dyn_store(), sink, w.relay_config_to(&s.destination));
+    w.wait_drained(Duration::from_secs(30)).await;
+    relay.stop().await;
+    let got = read_distinct(s.reader.as_mut(), rows.len(), Duration::from_secs(30)).await;
+    let mut firsts: Vec<Delivered> = Vec::new();
+    for d in got {
+        if !firsts.iter().any(|f| f.id == d.id) {
+            firsts.push(d);
+        }
+    }
+    assert_eq!(firsts.len(), rows.len(), "{binding} {envelope}: every row arrived");
+    let events = sdk_read(binding, &firsts).await;
+    for (d, ev) in firsts.iter().zip(&events) {
+        let row = rows.iter().find(|r| r.id == d.id).unwrap();
+        let a = &ev["attributes"];
+        let what = format!("{binding} {envelope} {}", row.id);
+        assert_eq!(a["specversion"], "1.0", "{what}");
+        assert_eq!(a["id"], row.id.to_string(), "{what}");
+        assert_eq!(a["source"], "urn:outbox:test/payments", "{what}");
+        assert_eq!(a["type"], row.event_type.as_str(), "{what}");
+        assert_eq!(a["subject"], row.aggregate_id.as_str(), "{what}");
+        assert_eq!(a["datacontenttype"], "application/json", "{what}");
+        let time = chrono::DateTime::parse_from_rfc3339(a["time"].as_str().unwrap()).unwrap();
+        assert_eq!(time, created[&row.id], "{what}: time is created_at");
+        assert_eq!(ev["data"], row.payload, "{what}: data is the payload");
+        let traced = row.headers.contains_key("traceparent");
+        assert_eq!(
+            a.get("traceparent").and_then(|v| v.as_str()),
+            traced.then_some(TRACEPARENT),
+            "{what}"
+        );
+        assert_eq!(
+            a.get("tracestate").and_then(|v| v.as_str()),
+            traced.then_some("vendor=1"),
+            "{what}"
+        );
+        if binding == "kafka" {
+            assert_eq!(a["partitionkey"], row.aggregate_id.as_str(), "{what}");
+            assert_eq!(d.key, row.aggregate_id, "{what}: the record key");
+        } else {
+            assert!(a.get("partitionkey").is_none(), "{what}");
+        }
+        let ct = d.header("content-type").unwrap_or_default();
+        if envelope == "cloudevents-structured" {
+            assert!(ct.starts_with("application/cloudevents+json"), "{what}: {ct}");
+        } else {
+            assert!(ct.starts_with("application/json"), "{what}: {ct}");
+        }
+    }
+    s.reader.cleanup().await;
+    w.drop_all().await;
+}
+
+fn kafka() -> String {
+    env("OUTBOX_TEST_KAFKA_URL", "kafka://127.0.0.1:9092")
+}
+fn http() -> String {
+    // Signed: the receiver checks the Standard Webhooks signature over what was posted.
+    "http://127.0.0.1/#secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_string()
+}
+fn amqp() -> String {
+    env(
+        "OUTBOX_TEST_AMQP_URL",
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+    )
+}
+fn mqtt() -> String {
+    env("OUTBOX_TEST_MQTT_URL", "mqtt://127.0.0.1:1883")
+}
+fn nats() -> String {
+    env("OUTBOX_TEST_NATS_URL", "nats://127.0.0.1:4222")
+}
+
+macro_rules! sdk_reads {
+    ($($name:ident: $binding:literal, $url:expr, $envelope:literal;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            case($binding, &$url, $envelope).await;
+        }
+    )*};
+}
+
+sdk_reads! {
+    the_python_sdk_reads_kafka_binary: "kafka", kafka(), "cloudevents";
+    the_python_sdk_reads_kafka_structured: "kafka", kafka(), "cloudevents-structured";
+    the_python_sdk_reads_http_binary: "http", http(), "cloudevents";
+    the_python_sdk_reads_http_structured: "http", http(), "cloudevents-structured";
+    the_python_sdk_reads_amqp_binary: "amqp", amqp(), "cloudevents";
+    the_python_sdk_reads_amqp_structured: "amqp", amqp(), "cloudevents-structured";
+    the_python_sdk_reads_mqtt_binary: "mqtt", mqtt(), "cloudevents";
+    the_python_sdk_reads_mqtt_structured: "mqtt", mqtt(), "cloudevents-structured";
+    the_python_sdk_reads_nats_binary: "nats", nats(), "cloudevents";
+    the_python_sdk_reads_nats_structured: "nats", nats(), "cloudevents-structured";
+}
+
+/// The SDK lays out two events for `binding` in `mode` (MQTT and Redis/SQS, where the SDK has no
+/// binding, structured only: the SDK's JSON event format) (one with a UUID `id`, one with an `id`
+/// that is not a UUID); each is published twice (a producer's retry: the broker delivers both
+/// copies); the inbox's source reads all four, takes `id`, `type`, `subject` and `data` from
+/// the event, and records each event once.
+async fn inbox_case(fixture: &dyn SourceFixture, binding: &str, mode: &str) {
+    let mut ch = fixture.channel(&format!("cein{binding}")).await;
+    let uuid_id = uuid::Uuid::now_v7();
+    let events = serde_json::json!([
+        {"id": uuid_id.to_string(), "source": "urn:shop", "type": "order.placed",
+         "subject": "o-7", "data": {"n": 1, "note": "ça va"}},
+        {"id": "order-8@shop", "source": "urn:shop", "type": "order.shipped",
+         "subject": "o-8", "data": {"n": 2}},
+    ]);
+    let sdk_binding = match binding {
+        "redis" | "sqs" => "json",
+        other => other,
+    };
+    let produced = python(
+        &script("sdk_write.py"),
+        serde_json::json!({"binding": sdk_binding, "mode": mode, "events": events}),
+    )
+    .await;
+    let mut envelopes = Vec::new();
+    for (m, e) in produced.as_array().unwrap().iter().zip(events.as_array().unwrap()) {
+        let headers: Vec<(String, String)> = serde_json::from_value(m["headers"].clone()).unwrap();
+        let payload = base64::engine::general_purpose::STANDARD
+            .decode(m["body_b64"].as_str().unwrap())
+            .unwrap();
+        for _copy in 0..2 {
+            envelopes.push(Envelope {
+                // A broker-level id of its own per copy: only the event's `id` says they are one.
+                id: uuid::Uuid::now_v7(),
+                destination: ch.destination(),
+                key: m["key"].as_str().unwrap_or(e["subject"].as_str().unwrap()).to_string(),
+                headers: headers.clone(),
+                payload: bytes::Bytes::from(payload.clone()),
+                created_at: chrono::Utc::now(),
+            });
+        }
+    }
+    let sink = outbox_sinks::connect(&ch.sink_url()).await.unwrap();
+    publish_with(sink.as_ref(), &envelopes).await;
+    let mut source = open(&ch.source_url(), 10).await;
+    let got = fetch_until(source.as_mut(), 4, 10, Duration::from_secs(60)).await;
+    let what = format!("{binding} {mode}");
+    let v5 = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, b"cloudevents:urn:shop\norder-8@shop");
+    for d in &got {
+        let m = &d.message;
+        let (ty, key, n) = if m.id == uuid_id {
+            ("order.placed", "o-7", 1)
+        } else {
+            assert_eq!(m.id, v5, "{what}: a non-UUID id becomes the UUIDv5 of source and id");
+            ("order.shipped", "o-8", 2)
+        };
+        assert_eq!(m.message_type, ty, "{what}");
+        assert_eq!(m.key, key, "{what}");
+        assert_eq!(m.payload["n"], n, "{what}: the payload is the event's data");
+        assert_eq!(m.header("ce-source"), Some("urn:shop"), "{what}");
+    }
+    // Recorded once per event id, whichever copy comes first.
+    let w = World::with_stream(false).await;
+    let schema = InboxSchema::new(w.schema.as_str()).unwrap();
+    outbox_inbox::migrate_postgres(&w.pool, &schema).await.unwrap();
+    let inbox = Inbox::new(schema);
+    let mut tx = w.pool.begin().await.unwrap();
+    let mut recorded = 0;
+    for d in &got {
+        if inbox.ingest(&mut tx, &d.message).await.unwrap() {
+            recorded += 1;
+        }
+    }
+    tx.commit().await.unwrap();
+    assert_eq!(recorded, 2, "{what}: two events, four deliveries");
+    drop(source);
+    ch.cleanup().await;
+    w.drop_all().await;
+}
+
+macro_rules! inbox_reads {
+    ($($name:ident: $fixture:expr, $binding:literal, $mode:literal;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            inbox_case(&$fixture, $binding, $mode).await;
+        }
+    )*};
+}
+
+inbox_reads! {
+    the_inbox_ingests_sdk_events_from_kafka_binary: inboxkit::Kafka::new(), "kafka", "binary";
+    the_inbox_ingests_sdk_events_from_kafka_structured: inboxkit::Kafka::new(), "kafka", "structured";
+    the_inbox_ingests_sdk_events_from_amqp_binary: inboxkit::Amqp::new(), "amqp", "binary";
+    the_inbox_ingests_sdk_events_from_amqp_structured: inboxkit::Amqp::new(), "amqp", "structured";
+    the_inbox_ingests_sdk_events_from_nats_binary: inboxkit::Nats::new(), "nats", "binary";
+    the_inbox_ingests_sdk_events_from_nats_structured: inboxkit::Nats::new(), "nats", "structured";
+    the_inbox_ingests_sdk_events_from_mqtt_structured: inboxkit::Mqtt::new(), "mqtt", "structured";
+    the_inbox_ingests_sdk_events_from_redis_structured: inboxkit::Redis::new(), "redis", "structured";
+    the_inbox_ingests_sdk_events_from_sqs_structured: inboxkit::Sqs::fifo(), "sqs", "structured";
+}
