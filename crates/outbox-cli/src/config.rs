@@ -126,6 +126,9 @@ pub struct RouteSection {
     pub envelope: Option<String>,
     /// CloudEvents `source` (a URI-reference).
     pub source: Option<String>,
+    /// With `envelope = "debezium"`: the Event Router's options by their own names
+    /// (`"route.by.field" = "type"`, …).
+    pub debezium: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl RouteSection {
@@ -144,6 +147,15 @@ impl RouteSection {
             if let Some(v) = value {
                 b.set(key, v)?;
             }
+        }
+        for (key, value) in self.debezium.iter().flatten() {
+            if !(key.starts_with("route.") || key.starts_with("table.")) {
+                return Err(outbox_core::Error::config(format!(
+                    "route {index}: debezium.`{key}` is not an Event Router option (route.*, \
+                     table.*)"
+                )));
+            }
+            b.set(key, value)?;
         }
         b.build()
     }

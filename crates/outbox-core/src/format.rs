@@ -1,6 +1,6 @@
 //! Envelope formats a route publishes in (`envelope=` of `--route`): the relay's own (the
 //! default: the payload and the `outbox-*` headers), CloudEvents 1.0 in binary or structured
-//! mode. [`Formatted`] wraps a sink and lays each envelope out in the route's format just
+//! mode, Debezium's Outbox Event Router. [`Formatted`] wraps a sink and lays each envelope out in the route's format just
 //! before it publishes, so every sink gets it the same way and no sink knows about formats
 //! beyond moving `content-type` to its protocol's own property.
 
@@ -17,10 +17,12 @@ pub enum Format {
     Outbox,
     /// CloudEvents 1.0 (docs/envelopes.md).
     CloudEvents(CloudEvents),
+    /// What Debezium's Outbox Event Router produces (docs/migrating-from-debezium.md).
+    Debezium(crate::debezium::Debezium),
 }
 
 /// The `envelope=` values a route takes.
-pub const FORMAT_NAMES: &str = "outbox, cloudevents, cloudevents-structured";
+pub const FORMAT_NAMES: &str = "outbox, cloudevents, cloudevents-structured, debezium";
 
 impl Format {
     /// The format named `name` (`outbox`, `cloudevents`, `cloudevents-structured`), with the
@@ -38,6 +40,14 @@ impl Format {
             }
             "cloudevents" | "cloudevents-binary" => Mode::Binary,
             "cloudevents-structured" => Mode::Structured,
+            "debezium" => {
+                return match source {
+                    None => Ok(Self::Debezium(crate::debezium::Debezium::from_options([])?)),
+                    Some(_) => Err("`source` is a CloudEvents attribute; envelope=debezium \
+                                    takes the Event Router's options"
+                        .into()),
+                }
+            }
             other => {
                 return Err(format!(
                     "unknown envelope `{}`; use {FORMAT_NAMES}",
@@ -54,6 +64,7 @@ impl Format {
             Self::Outbox => "outbox",
             Self::CloudEvents(c) if c.mode == Mode::Binary => "cloudevents",
             Self::CloudEvents(_) => "cloudevents-structured",
+            Self::Debezium(_) => "debezium",
         }
     }
 
@@ -67,6 +78,7 @@ impl Format {
         match self {
             Self::Outbox => Ok(e.clone()),
             Self::CloudEvents(c) => c.apply(binding, e),
+            Self::Debezium(d) => d.apply(e),
         }
     }
 }

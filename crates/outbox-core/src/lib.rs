@@ -5,6 +5,7 @@
 //! (`outbox-sinks`) implement the traits, and `outbox-relay` drives them.
 
 pub mod cloudevents;
+pub mod debezium;
 pub mod error;
 pub mod flow;
 pub mod format;

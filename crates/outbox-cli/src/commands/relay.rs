@@ -81,7 +81,7 @@ pub async fn run(s: RelaySettings, args: &crate::cli::RelayArgs) -> anyhow::Resu
                 "envelope": rt.envelope.name(),
                 "source": match &rt.envelope {
                     Format::CloudEvents(c) => Some(c.source()),
-                    Format::Outbox => None,
+                    Format::Outbox | Format::Debezium(_) => None,
                 },
             })).collect::<Vec<_>>(),
             "destination": r.destination.as_str(),
