@@ -184,6 +184,16 @@ pub struct MigrateArgs {
     /// MySQL/MariaDB (an account, `user` or `user@host`).
     #[arg(long, value_name = "PART=ROLE", conflicts_with = "inbox")]
     pub grant: Vec<outbox_core::Grant>,
+    /// Adopt a Debezium outbox table (PostgreSQL): `name` or `schema.name`, laid out as
+    /// Debezium documents it (id, aggregatetype, aggregateid, type, payload, optional
+    /// tracingspancontext, any additional columns). An AFTER INSERT trigger copies each row
+    /// into --schema's outbox in the writer's transaction, so the application's INSERTs stay
+    /// as they are (docs/migrating-from-debezium.md). Idempotent.
+    #[arg(long, value_name = "TABLE", conflicts_with_all = ["inbox", "release_debezium"])]
+    pub adopt_debezium: Option<String>,
+    /// Remove what --adopt-debezium installed on TABLE (the rollback). Idempotent.
+    #[arg(long, value_name = "TABLE", conflicts_with = "inbox")]
+    pub release_debezium: Option<String>,
 }
 
 /// Where `outbox relay` reads messages from.

@@ -120,3 +120,36 @@ pub async fn inbox(db: DbSettings) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `--adopt-debezium` / `--release-debezium`: the copy trigger on a Debezium outbox table.
+pub async fn debezium(
+    db: &DbSettings,
+    adopt: Option<&str>,
+    release: Option<&str>,
+) -> anyhow::Result<()> {
+    let Some(table) = adopt.or(release) else {
+        return Ok(());
+    };
+    let database = outbox_db::open(&db.url, &db.schema, 2).await?;
+    let outbox_db::Database::Postgres(store) = &database else {
+        anyhow::bail!(
+            "--adopt-debezium installs a PostgreSQL trigger; {} is not PostgreSQL",
+            database.place()
+        );
+    };
+    let table = outbox_postgres::debezium::TableName::parse(table)?;
+    let shown = outbox_core::text::terminal(&table.qualified()).into_owned();
+    if adopt.is_some() {
+        let a = outbox_postgres::debezium::adopt(store.pool(), store.schema(), &table).await?;
+        println!(
+            "debezium table `{shown}` adopted: each INSERT is copied into the outbox in its own \
+             transaction (trace context: {}; additional columns as headers: {})",
+            if a.tracing { "tracingspancontext" } else { "none" },
+            if a.additional.is_empty() { "none".to_string() } else { a.additional.join(", ") }
+        );
+    } else {
+        outbox_postgres::debezium::release(store.pool(), store.schema(), &table).await?;
+        println!("debezium table `{shown}` released: its INSERTs are no longer copied");
+    }
+    Ok(())
+}
