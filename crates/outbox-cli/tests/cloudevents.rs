@@ -229,7 +229,7 @@ sdk_reads! {
 /// copies); the inbox's source reads all four, takes `id`, `type`, `subject` and `data` from
 /// the event, and records each event once.
 async fn inbox_case(fixture: &dyn SourceFixture, binding: &str, mode: &str) {
-    let mut ch = fixture.channel(&format!("cein{binding}")).await;
+    let ch = fixture.channel(&format!("cein{binding}")).await;
     let uuid_id = uuid::Uuid::now_v7();
     let events = serde_json::json!([
         {"id": uuid_id.to_string(), "source": "urn:shop", "type": "order.placed",

@@ -16,6 +16,7 @@ import json
 import sys
 
 from cloudevents.core.bindings import amqp, http, kafka
+from cloudevents.core.bindings.common import decode_header_value
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 
@@ -40,7 +41,8 @@ def read(binding, headers, key, body):
     if binding == "mqtt":
         if structured or ct is None:
             return FMT.read(CloudEvent, body)
-        attrs = {k: v for k, v in headers if k in ATTRIBUTES}
+        # The SDK's own decoding of a header value (`time` to a datetime).
+        attrs = {k: decode_header_value(k, v) for k, v in headers if k in ATTRIBUTES}
         attrs["datacontenttype"] = ct
         return CloudEvent(attrs, FMT.read_data(body, ct))
     raise SystemExit(f"unknown binding {binding}")
