@@ -267,6 +267,7 @@ async fn inbox_case(fixture: &dyn SourceFixture, binding: &str, mode: &str) {
     let sink = outbox_sinks::connect(&ch.sink_url()).await.unwrap();
     publish_with(sink.as_ref(), &envelopes).await;
     let mut source = open(&ch.source_url(), 10).await;
+    source.recover().await.unwrap();
     let got = fetch_until(source.as_mut(), 4, 10, Duration::from_secs(60)).await;
     let what = format!("{binding} {mode}");
     let v5 = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, b"cloudevents:urn:shop\norder-8@shop");
