@@ -49,6 +49,18 @@ moto() {
   fi
 }
 moto
+# The official CloudEvents JavaScript SDK (npm `cloudevents`), for the CloudEvents tests beside
+# the Python one (crates/outbox-cli/tests/cloudevents/sdk_read.js).
+cloudevents_js() {
+  local dir=/opt/outbox-node
+  if [ ! -f "$dir/node_modules/cloudevents/package.json" ]; then
+    echo "services: installing the cloudevents JavaScript SDK into $dir"
+    command -v npm >/dev/null || apt-get install -y nodejs npm
+    mkdir -p "$dir"
+    npm install --prefix "$dir" --no-audit --no-fund --silent cloudevents@10.0.0
+  fi
+}
+cloudevents_js
 
 wait_port PostgreSQL 5432
 wait_port NATS 4222

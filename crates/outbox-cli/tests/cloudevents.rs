@@ -1,5 +1,6 @@
 //! CloudEvents 1.0 end to end, judged by the official Python SDK (`cloudevents`, installed in
-//! /opt/outbox-venv by scripts/services.sh): the relay publishes rows with `envelope=
+//! /opt/outbox-venv by scripts/services.sh) and the official JavaScript SDK (npm `cloudevents`,
+//! in /opt/outbox-node): the relay publishes rows with `envelope=
 //! cloudevents` (binary) and `cloudevents-structured` on Kafka (tansu), HTTP, RabbitMQ, MQTT
 //! and NATS; an independent reader takes each message off the real broker; the SDK reads it
 //! (`tests/cloudevents/sdk_read.py`, which fails on anything it rejects) and every attribute
@@ -21,12 +22,13 @@ use base64::Engine as _;
 use common::World;
 use outbox_core::{Envelope, Format, Formatted, NewMessage, Sink, Store};
 use outbox_inbox::{Inbox, InboxSchema};
-use outbox_testkit::source_suite::{fetch_until, open, publish_with, SourceFixture};
 use outbox_sinks::read::{scratch, Delivered, ScratchOptions};
 use outbox_testkit::relay::{read_distinct, RunningRelay};
+use outbox_testkit::source_suite::{fetch_until, open, publish_with, SourceFixture};
 use tokio::io::AsyncWriteExt;
 
 const PYTHON: &str = "/opt/outbox-venv/bin/python";
+const NODE: &str = "node";
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
 fn env(name: &str, default: &str) -> String {
@@ -40,18 +42,20 @@ fn script(name: &str) -> String {
 /// Runs `script` with `input` on stdin and returns its stdout as JSON; its failure (the SDK
 /// rejecting a message) fails the test with the SDK's own words.
 async fn python(script: &str, input: serde_json::Value) -> serde_json::Value {
-    let mut child = tokio::process::Command::new(PYTHON)
+    run(PYTHON, script, input).await
+}
+
+/// Runs `script` with the interpreter `program` (see [`python`]).
+async fn run(program: &str, script: &str, input: serde_json::Value) -> serde_json::Value {
+    let mut child = tokio::process::Command::new(program)
         .arg(script)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("the CloudEvents SDK's venv (scripts/services.sh makes /opt/outbox-venv)");
+        .unwrap_or_else(|e| panic!("{program} (scripts/services.sh installs the SDKs): {e}"));
     let mut stdin = child.stdin.take().unwrap();
-    stdin
-        .write_all(input.to_string().as_bytes())
-        .await
-        .unwrap();
+    stdin.write_all(input.to_string().as_bytes()).await.unwrap();
     drop(stdin);
     let out = child.wait_with_output().await.unwrap();
     assert!(
@@ -87,8 +91,8 @@ fn rows() -> Vec<NewMessage> {
     out
 }
 
-/// The SDK's reading of `got`, message by message.
-async fn sdk_read(binding: &str, got: &[Delivered]) -> Vec<serde_json::Value> {
+/// Each SDK's reading of `got`, message by message: (SDK, events).
+async fn sdk_read(binding: &str, got: &[Delivered]) -> Vec<(&'static str, Vec<serde_json::Value>)> {
     let messages: Vec<_> = got
         .iter()
         .map(|d| {
@@ -99,12 +103,13 @@ async fn sdk_read(binding: &str, got: &[Delivered]) -> Vec<serde_json::Value> {
             })
         })
         .collect();
-    let out = python(
-        &script("sdk_read.py"),
-        serde_json::json!({"binding": binding, "messages": messages}),
-    )
-    .await;
-    out.as_array().unwrap().clone()
+    let input = serde_json::json!({"binding": binding, "messages": messages});
+    let py = python(&script("sdk_read.py"), input.clone()).await;
+    let js = run(NODE, &script("sdk_read.js"), input).await;
+    vec![
+        ("python", py.as_array().unwrap().clone()),
+        ("javascript", js.as_array().unwrap().clone()),
+    ]
 }
 
 /// Publishes [`rows`] through `url`'s sink in `envelope`, reads every message back from the
@@ -118,7 +123,8 @@ async fn case(binding: &str, url: &str, envelope: &str) {
     w.store().insert(&rows).await.unwrap();
     let created: HashMap<uuid::Uuid, chrono::DateTime<chrono::Utc>> =
         sqlx::query_as::<_, (uuid::Uuid, chrono::DateTime<chrono::Utc>)>(
-            &w.schema.render("SELECT id, created_at FROM {schema}.outbox"),
+            &w.schema
+                .render("SELECT id, created_at FROM {schema}.outbox"),
         )
         .fetch_all(&w.pool)
         .await
@@ -138,43 +144,71 @@ async fn case(binding: &str, url: &str, envelope: &str) {
             firsts.push(d);
         }
     }
-    assert_eq!(firsts.len(), rows.len(), "{binding} {envelope}: every row arrived");
-    let events = sdk_read(binding, &firsts).await;
-    for (d, ev) in firsts.iter().zip(&events) {
-        let row = rows.iter().find(|r| r.id == d.id).unwrap();
-        let a = &ev["attributes"];
-        let what = format!("{binding} {envelope} {}", row.id);
-        assert_eq!(a["specversion"], "1.0", "{what}");
-        assert_eq!(a["id"], row.id.to_string(), "{what}");
-        assert_eq!(a["source"], "urn:outbox:test/payments", "{what}");
-        assert_eq!(a["type"], row.event_type.as_str(), "{what}");
-        assert_eq!(a["subject"], row.aggregate_id.as_str(), "{what}");
-        assert_eq!(a["datacontenttype"], "application/json", "{what}");
-        let time = chrono::DateTime::parse_from_rfc3339(a["time"].as_str().unwrap()).unwrap();
-        assert_eq!(time, created[&row.id], "{what}: time is created_at");
-        assert_eq!(ev["data"], row.payload, "{what}: data is the payload");
-        let traced = row.headers.contains_key("traceparent");
-        assert_eq!(
-            a.get("traceparent").and_then(|v| v.as_str()),
-            traced.then_some(TRACEPARENT),
-            "{what}"
-        );
-        assert_eq!(
-            a.get("tracestate").and_then(|v| v.as_str()),
-            traced.then_some("vendor=1"),
-            "{what}"
-        );
-        if binding == "kafka" {
-            assert_eq!(a["partitionkey"], row.aggregate_id.as_str(), "{what}");
-            assert_eq!(d.key, row.aggregate_id, "{what}: the record key");
-        } else {
-            assert!(a.get("partitionkey").is_none(), "{what}");
-        }
-        let ct = d.header("content-type").unwrap_or_default();
-        if envelope == "cloudevents-structured" {
-            assert!(ct.starts_with("application/cloudevents+json"), "{what}: {ct}");
-        } else {
-            assert!(ct.starts_with("application/json"), "{what}: {ct}");
+    assert_eq!(
+        firsts.len(),
+        rows.len(),
+        "{binding} {envelope}: every row arrived"
+    );
+    for (sdk, events) in sdk_read(binding, &firsts).await {
+        assert_eq!(events.len(), firsts.len(), "{sdk}");
+        for (d, ev) in firsts.iter().zip(&events) {
+            let row = rows.iter().find(|r| r.id == d.id).unwrap();
+            let a = &ev["attributes"];
+            let what = format!("{sdk} {binding} {envelope} {}", row.id);
+            assert_eq!(a["specversion"], "1.0", "{what}");
+            assert_eq!(a["id"], row.id.to_string(), "{what}");
+            assert_eq!(a["source"], "urn:outbox:test/payments", "{what}");
+            assert_eq!(a["type"], row.event_type.as_str(), "{what}");
+            assert_eq!(a["subject"], row.aggregate_id.as_str(), "{what}");
+            if (sdk, binding, envelope) == ("javascript", "mqtt", "cloudevents") {
+                // The JavaScript SDK's MQTT binding (10.0.0) does not map the Content Type
+                // property to `datacontenttype` in binary mode, as the binding requires; the
+                // property itself is checked below.
+                assert!(a
+                    .get("datacontenttype")
+                    .is_none_or(|v| v == "application/json"));
+            } else {
+                assert_eq!(a["datacontenttype"], "application/json", "{what}");
+            }
+            let time = chrono::DateTime::parse_from_rfc3339(a["time"].as_str().unwrap()).unwrap();
+            if sdk == "javascript" {
+                // Its CloudEvent keeps `time` as a JavaScript Date: milliseconds.
+                assert_eq!(
+                    time.timestamp_millis(),
+                    created[&row.id].timestamp_millis(),
+                    "{what}: time is created_at"
+                );
+            } else {
+                assert_eq!(time, created[&row.id], "{what}: time is created_at");
+            }
+            assert_eq!(ev["data"], row.payload, "{what}: data is the payload");
+            let traced = row.headers.contains_key("traceparent");
+            assert_eq!(
+                a.get("traceparent").and_then(|v| v.as_str()),
+                traced.then_some(TRACEPARENT),
+                "{what}"
+            );
+            assert_eq!(
+                a.get("tracestate").and_then(|v| v.as_str()),
+                traced.then_some("vendor=1"),
+                "{what}"
+            );
+            // The JavaScript SDK's Kafka binding adds no `partitionkey` of its own; both read ours.
+            if binding == "kafka" {
+                assert_eq!(a["partitionkey"], row.aggregate_id.as_str(), "{what}");
+                assert_eq!(d.key, row.aggregate_id, "{what}: the record key");
+            } else {
+                assert!(a.get("partitionkey").is_none(), "{what}");
+            }
+            let ct = d.header("content-type").unwrap_or_default();
+            if envelope == "cloudevents-structured" {
+                assert!(
+                    ct.starts_with("application/cloudevents+json"),
+                    "{what}: {ct}"
+                );
+            } else {
+                assert!(ct.starts_with("application/json"), "{what}: {ct}");
+            }
         }
     }
     s.reader.cleanup().await;
@@ -211,16 +245,16 @@ macro_rules! sdk_reads {
 }
 
 sdk_reads! {
-    the_python_sdk_reads_kafka_binary: "kafka", kafka(), "cloudevents";
-    the_python_sdk_reads_kafka_structured: "kafka", kafka(), "cloudevents-structured";
-    the_python_sdk_reads_http_binary: "http", http(), "cloudevents";
-    the_python_sdk_reads_http_structured: "http", http(), "cloudevents-structured";
-    the_python_sdk_reads_amqp_binary: "amqp", amqp(), "cloudevents";
-    the_python_sdk_reads_amqp_structured: "amqp", amqp(), "cloudevents-structured";
-    the_python_sdk_reads_mqtt_binary: "mqtt", mqtt(), "cloudevents";
-    the_python_sdk_reads_mqtt_structured: "mqtt", mqtt(), "cloudevents-structured";
-    the_python_sdk_reads_nats_binary: "nats", nats(), "cloudevents";
-    the_python_sdk_reads_nats_structured: "nats", nats(), "cloudevents-structured";
+    the_sdks_read_kafka_binary: "kafka", kafka(), "cloudevents";
+    the_sdks_read_kafka_structured: "kafka", kafka(), "cloudevents-structured";
+    the_sdks_read_http_binary: "http", http(), "cloudevents";
+    the_sdks_read_http_structured: "http", http(), "cloudevents-structured";
+    the_sdks_read_amqp_binary: "amqp", amqp(), "cloudevents";
+    the_sdks_read_amqp_structured: "amqp", amqp(), "cloudevents-structured";
+    the_sdks_read_mqtt_binary: "mqtt", mqtt(), "cloudevents";
+    the_sdks_read_mqtt_structured: "mqtt", mqtt(), "cloudevents-structured";
+    the_sdks_read_nats_binary: "nats", nats(), "cloudevents";
+    the_sdks_read_nats_structured: "nats", nats(), "cloudevents-structured";
 }
 
 /// The SDK lays out two events for `binding` in `mode` (MQTT and Redis/SQS, where the SDK has no
@@ -247,7 +281,12 @@ async fn inbox_case(fixture: &dyn SourceFixture, binding: &str, mode: &str) {
     )
     .await;
     let mut envelopes = Vec::new();
-    for (m, e) in produced.as_array().unwrap().iter().zip(events.as_array().unwrap()) {
+    for (m, e) in produced
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(events.as_array().unwrap())
+    {
         let headers: Vec<(String, String)> = serde_json::from_value(m["headers"].clone()).unwrap();
         let payload = base64::engine::general_purpose::STANDARD
             .decode(m["body_b64"].as_str().unwrap())
@@ -257,7 +296,10 @@ async fn inbox_case(fixture: &dyn SourceFixture, binding: &str, mode: &str) {
                 // A broker-level id of its own per copy: only the event's `id` says they are one.
                 id: uuid::Uuid::now_v7(),
                 destination: ch.destination(),
-                key: m["key"].as_str().unwrap_or(e["subject"].as_str().unwrap()).to_string(),
+                key: m["key"]
+                    .as_str()
+                    .unwrap_or(e["subject"].as_str().unwrap())
+                    .to_string(),
                 headers: headers.clone(),
                 payload: bytes::Bytes::from(payload.clone()),
                 created_at: chrono::Utc::now(),
@@ -270,13 +312,19 @@ async fn inbox_case(fixture: &dyn SourceFixture, binding: &str, mode: &str) {
     source.recover().await.unwrap();
     let got = fetch_until(source.as_mut(), 4, 10, Duration::from_secs(60)).await;
     let what = format!("{binding} {mode}");
-    let v5 = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, b"cloudevents:urn:shop\norder-8@shop");
+    let v5 = uuid::Uuid::new_v5(
+        &uuid::Uuid::NAMESPACE_URL,
+        b"cloudevents:urn:shop\norder-8@shop",
+    );
     for d in &got {
         let m = &d.message;
         let (ty, key, n) = if m.id == uuid_id {
             ("order.placed", "o-7", 1)
         } else {
-            assert_eq!(m.id, v5, "{what}: a non-UUID id becomes the UUIDv5 of source and id");
+            assert_eq!(
+                m.id, v5,
+                "{what}: a non-UUID id becomes the UUIDv5 of source and id"
+            );
             ("order.shipped", "o-8", 2)
         };
         assert_eq!(m.message_type, ty, "{what}");
@@ -287,7 +335,9 @@ async fn inbox_case(fixture: &dyn SourceFixture, binding: &str, mode: &str) {
     // Recorded once per event id, whichever copy comes first.
     let w = World::with_stream(false).await;
     let schema = InboxSchema::new(w.schema.as_str()).unwrap();
-    outbox_inbox::migrate_postgres(&w.pool, &schema).await.unwrap();
+    outbox_inbox::migrate_postgres(&w.pool, &schema)
+        .await
+        .unwrap();
     let inbox = Inbox::new(schema);
     let mut tx = w.pool.begin().await.unwrap();
     let mut recorded = 0;

@@ -73,7 +73,9 @@ async fn a_debezium_app_and_an_event_router_consumer_work_unchanged_through_the_
             .bind(*key)
             .bind("OrderCreated")
             .bind(serde_json::json!({"n": n, "key": key}).to_string())
-            .bind(format!("#Sat Dec 06\ntraceparent={TRACEPARENT}\ntracestate=v=1\n"))
+            .bind(format!(
+                "#Sat Dec 06\ntraceparent={TRACEPARENT}\ntracestate=v=1\n"
+            ))
             .bind("t9")
             .execute(&mut *tx)
             .await
@@ -145,7 +147,11 @@ async fn a_debezium_app_and_an_event_router_consumer_work_unchanged_through_the_
             assert!(prev.is_none_or(|p| p < *n), "{key}: {prev:?} then {n}");
         }
     }
-    assert_eq!(seen.len(), written.len(), "every event, the rolled-back one not");
+    assert_eq!(
+        seen.len(),
+        written.len(),
+        "every event, the rolled-back one not"
+    );
 
     release(&w.pool, &w.schema, &table).await.unwrap();
     sqlx::query(&format!(
@@ -157,7 +163,11 @@ async fn a_debezium_app_and_an_event_router_consumer_work_unchanged_through_the_
     .execute(&w.pool)
     .await
     .unwrap();
-    assert_eq!(w.stats().await.pending, 0, "released: INSERTs are no longer copied");
+    assert_eq!(
+        w.stats().await.pending,
+        0,
+        "released: INSERTs are no longer copied"
+    );
 
     reader.cleanup().await;
     let _ = delete_topic(&brokers, &topic).await;
@@ -185,11 +195,17 @@ async fn adopting_refuses_what_is_not_debeziums_layout() {
         ("missing", "does not exist"),
     ] {
         let table = TableName::parse(&format!("{app}.{t}")).unwrap();
-        let err = adopt(&w.pool, &w.schema, &table).await.unwrap_err().to_string();
+        let err = adopt(&w.pool, &w.schema, &table)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(says), "{t}: {err}");
     }
     let own = TableName::parse(&format!("{}.outbox", w.schema.as_str())).unwrap();
-    let err = adopt(&w.pool, &w.schema, &own).await.unwrap_err().to_string();
+    let err = adopt(&w.pool, &w.schema, &own)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("relay's own outbox table"), "{err}");
     sqlx::raw_sql(&format!("DROP SCHEMA {app} CASCADE"))
         .execute(&w.pool)

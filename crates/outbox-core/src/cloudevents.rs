@@ -107,9 +107,11 @@ impl Binding {
         matches!(self, Self::Http | Self::Nats)
     }
 
-    /// Whether the relay's `outbox-*` headers travel beside the attributes.
+    /// Whether the relay's `outbox-*` headers travel beside the attributes in binary mode: not
+    /// on SQS/SNS (ten attributes at most) nor on MQTT, where a receiver reads every user
+    /// property as an attribute and `outbox-message-id` is not a valid attribute name.
     fn keeps_relay_headers(self) -> bool {
-        !matches!(self, Self::Attributes)
+        !matches!(self, Self::Attributes | Self::Mqtt)
     }
 }
 
@@ -225,7 +227,7 @@ impl<'e> Attributes<'e> {
                 tracestate = Some(h.1.as_str());
                 continue;
             }
-            if let Some(why) = clash(binding, name) {
+            if let Some(why) = clash(binding, ce.mode, name) {
                 return Err(format!(
                     "the row's `headers` sets `{name}`, which {why} in CloudEvents mode; rename it"
                 ));
@@ -326,8 +328,13 @@ impl<'e> Attributes<'e> {
     }
 }
 
-/// Why a row header named `name` cannot travel with a CloudEvent on `binding`, if it cannot.
-fn clash(binding: Binding, name: &str) -> Option<&'static str> {
+/// Why a row header named `name` cannot travel with a CloudEvent on `binding` in `mode`, if
+/// it cannot.
+fn clash(binding: Binding, mode: Mode, name: &str) -> Option<&'static str> {
+    if crate::sink::is_reserved_header(name) {
+        // The relay's own headers (already checked when the envelope was built).
+        return None;
+    }
     let lower = name.to_ascii_lowercase();
     if lower == HEADER_CONTENT_TYPE {
         return Some("is the event's content type");
@@ -340,6 +347,17 @@ fn clash(binding: Binding, name: &str) -> Option<&'static str> {
     }
     if binding == Binding::Mqtt && ATTRIBUTE_NAMES.contains(&lower.as_str()) {
         return Some("is a CloudEvents attribute's name (MQTT user properties carry them bare)");
+    }
+    let extension_name = !name.is_empty()
+        && name.len() <= 20
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if binding == Binding::Mqtt && mode == Mode::Binary && !extension_name {
+        return Some(
+            "is not a valid CloudEvents attribute name (a-z, 0-9, at most 20), and MQTT binary \
+             mode makes every user property an attribute",
+        );
     }
     None
 }
@@ -538,6 +556,17 @@ mod tests {
             assert!(err.contains(name), "{name}: {err}");
         }
         assert!(ce.apply(Binding::Kafka, &envelope(&[("subject", "x")])).is_ok());
+        // MQTT binary mode: every user property is an attribute, so only attribute names.
+        let err = ce
+            .apply(Binding::Mqtt, &envelope(&[("x-tenant", "7")]))
+            .unwrap_err();
+        assert!(err.contains("x-tenant"), "{err}");
+        let ok = ce.apply(Binding::Mqtt, &envelope(&[("tenant", "7")])).unwrap();
+        assert!(ok.headers.iter().all(|(k, _)| !k.starts_with("outbox-")));
+        let structured = CloudEvents::new(Mode::Structured, "/s").unwrap();
+        assert!(structured
+            .apply(Binding::Mqtt, &envelope(&[("x-tenant", "7")]))
+            .is_ok());
     }
 
     #[test]

@@ -144,8 +144,16 @@ pub async fn debezium(
         println!(
             "debezium table `{shown}` adopted: each INSERT is copied into the outbox in its own \
              transaction (trace context: {}; additional columns as headers: {})",
-            if a.tracing { "tracingspancontext" } else { "none" },
-            if a.additional.is_empty() { "none".to_string() } else { a.additional.join(", ") }
+            if a.tracing {
+                "tracingspancontext"
+            } else {
+                "none"
+            },
+            if a.additional.is_empty() {
+                "none".to_string()
+            } else {
+                a.additional.join(", ")
+            }
         );
     } else {
         outbox_postgres::debezium::release(store.pool(), store.schema(), &table).await?;

@@ -25,10 +25,7 @@ async fn connect_routes(s: &RelaySettings) -> anyhow::Result<Vec<Route>> {
             r.envelope.clone(),
         )
     });
-    let default = s
-        .sink
-        .as_ref()
-        .map(|url| {
+    let default = s.sink.as_ref().map(|url| {
         (
             "default".to_string(),
             RouteMatch::default(),
