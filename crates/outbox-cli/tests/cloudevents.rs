@@ -3,9 +3,9 @@
 //! in /opt/outbox-node): the relay publishes rows with `envelope=
 //! cloudevents` (binary) and `cloudevents-structured` on Kafka (tansu), HTTP, RabbitMQ, MQTT
 //! and NATS; an independent reader takes each message off the real broker; the SDK reads it
-//! (`tests/cloudevents/sdk_read.py`, which fails on anything it rejects) and every attribute
-//! is checked against the row it came from. Then the inbox reads events the SDK produced
-//! (`tests/cloudevents/sdk_write.py`), deduping by their `id`.
+//! (`tests/cloudevents/sdk_read.py` and `sdk_read.js`, which fail on anything the SDK
+//! rejects) and every attribute is checked against the row it came from. Then the inbox reads
+//! events each SDK produced (`sdk_write.py`, `sdk_write.js`), deduping by their `id`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -262,7 +262,7 @@ sdk_reads! {
 /// that is not a UUID); each is published twice (a producer's retry: the broker delivers both
 /// copies); the inbox's source reads all four, takes `id`, `type`, `subject` and `data` from
 /// the event, and records each event once.
-async fn inbox_case(fixture: &dyn SourceFixture, binding: &str, mode: &str) {
+async fn inbox_case(fixture: &dyn SourceFixture, sdk: &str, binding: &str, mode: &str) {
     let ch = fixture.channel(&format!("cein{binding}")).await;
     let uuid_id = uuid::Uuid::now_v7();
     let events = serde_json::json!([
@@ -275,11 +275,11 @@ async fn inbox_case(fixture: &dyn SourceFixture, binding: &str, mode: &str) {
         "redis" | "sqs" => "json",
         other => other,
     };
-    let produced = python(
-        &script("sdk_write.py"),
-        serde_json::json!({"binding": sdk_binding, "mode": mode, "events": events}),
-    )
-    .await;
+    let input = serde_json::json!({"binding": sdk_binding, "mode": mode, "events": events});
+    let produced = match sdk {
+        "python" => python(&script("sdk_write.py"), input).await,
+        _ => run(NODE, &script("sdk_write.js"), input).await,
+    };
     let mut envelopes = Vec::new();
     for (m, e) in produced
         .as_array()
@@ -311,7 +311,7 @@ async fn inbox_case(fixture: &dyn SourceFixture, binding: &str, mode: &str) {
     let mut source = open(&ch.source_url(), 10).await;
     source.recover().await.unwrap();
     let got = fetch_until(source.as_mut(), 4, 10, Duration::from_secs(60)).await;
-    let what = format!("{binding} {mode}");
+    let what = format!("{sdk} {binding} {mode}");
     let v5 = uuid::Uuid::new_v5(
         &uuid::Uuid::NAMESPACE_URL,
         b"cloudevents:urn:shop\norder-8@shop",
@@ -354,22 +354,29 @@ async fn inbox_case(fixture: &dyn SourceFixture, binding: &str, mode: &str) {
 }
 
 macro_rules! inbox_reads {
-    ($($name:ident: $fixture:expr, $binding:literal, $mode:literal;)*) => {$(
+    ($($name:ident: $fixture:expr, $sdk:literal, $binding:literal, $mode:literal;)*) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
-            inbox_case(&$fixture, $binding, $mode).await;
+            inbox_case(&$fixture, $sdk, $binding, $mode).await;
         }
     )*};
 }
 
 inbox_reads! {
-    the_inbox_ingests_sdk_events_from_kafka_binary: inboxkit::Kafka::new(), "kafka", "binary";
-    the_inbox_ingests_sdk_events_from_kafka_structured: inboxkit::Kafka::new(), "kafka", "structured";
-    the_inbox_ingests_sdk_events_from_amqp_binary: inboxkit::Amqp::new(), "amqp", "binary";
-    the_inbox_ingests_sdk_events_from_amqp_structured: inboxkit::Amqp::new(), "amqp", "structured";
-    the_inbox_ingests_sdk_events_from_nats_binary: inboxkit::Nats::new(), "nats", "binary";
-    the_inbox_ingests_sdk_events_from_nats_structured: inboxkit::Nats::new(), "nats", "structured";
-    the_inbox_ingests_sdk_events_from_mqtt_structured: inboxkit::Mqtt::new(), "mqtt", "structured";
-    the_inbox_ingests_sdk_events_from_redis_structured: inboxkit::Redis::new(), "redis", "structured";
-    the_inbox_ingests_sdk_events_from_sqs_structured: inboxkit::Sqs::fifo(), "sqs", "structured";
+    the_inbox_ingests_python_sdk_events_from_kafka_binary: inboxkit::Kafka::new(), "python", "kafka", "binary";
+    the_inbox_ingests_python_sdk_events_from_kafka_structured: inboxkit::Kafka::new(), "python", "kafka", "structured";
+    the_inbox_ingests_python_sdk_events_from_amqp_binary: inboxkit::Amqp::new(), "python", "amqp", "binary";
+    the_inbox_ingests_python_sdk_events_from_amqp_structured: inboxkit::Amqp::new(), "python", "amqp", "structured";
+    the_inbox_ingests_python_sdk_events_from_nats_binary: inboxkit::Nats::new(), "python", "nats", "binary";
+    the_inbox_ingests_python_sdk_events_from_nats_structured: inboxkit::Nats::new(), "python", "nats", "structured";
+    the_inbox_ingests_python_sdk_events_from_mqtt_structured: inboxkit::Mqtt::new(), "python", "mqtt", "structured";
+    the_inbox_ingests_python_sdk_events_from_redis_structured: inboxkit::Redis::new(), "python", "redis", "structured";
+    the_inbox_ingests_python_sdk_events_from_sqs_structured: inboxkit::Sqs::fifo(), "python", "sqs", "structured";
+    the_inbox_ingests_javascript_sdk_events_from_kafka_binary: inboxkit::Kafka::new(), "javascript", "kafka", "binary";
+    the_inbox_ingests_javascript_sdk_events_from_kafka_structured: inboxkit::Kafka::new(), "javascript", "kafka", "structured";
+    the_inbox_ingests_javascript_sdk_events_from_mqtt_binary: inboxkit::Mqtt::new(), "javascript", "mqtt", "binary";
+    the_inbox_ingests_javascript_sdk_events_from_mqtt_structured: inboxkit::Mqtt::new(), "javascript", "mqtt", "structured";
+    the_inbox_ingests_javascript_sdk_events_from_nats_binary: inboxkit::Nats::new(), "javascript", "nats", "binary";
+    the_inbox_ingests_javascript_sdk_events_from_nats_structured: inboxkit::Nats::new(), "javascript", "nats", "structured";
+    the_inbox_ingests_javascript_sdk_events_from_amqp_structured: inboxkit::Amqp::new(), "javascript", "amqp", "structured";
 }
