@@ -299,7 +299,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
                 .await
                 .context("logging in as the owner role")?;
             workload::prepare(&owner, &shape, cdc && !switch, binlog).await?;
-            workload::grant_ledger(&owner, &l.writer.0).await?;
+            workload::grant_ledger(&owner, &l.writer.0, shape.debezium).await?;
             l.grant(&db).await?;
         }
         None => workload::prepare(&db, &shape, cdc && !switch, binlog).await?,
