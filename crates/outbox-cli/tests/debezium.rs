@@ -80,7 +80,7 @@ async fn a_debezium_app_and_an_event_router_consumer_work_unchanged_through_the_
             .execute(&mut *tx)
             .await
             .unwrap();
-            if (n as usize + k) % 2 == 0 {
+            if (n as usize + k).is_multiple_of(2) {
                 sqlx::query(&format!("DELETE FROM {app}.outbox WHERE id = $1"))
                     .bind(id)
                     .execute(&mut *tx)

@@ -163,7 +163,10 @@ impl CloudEvents {
                 for (name, value) in a.pairs() {
                     headers.push((format!("{prefix}{name}"), encode(value)));
                 }
-                headers.push((HEADER_CONTENT_TYPE.to_string(), DATA_CONTENT_TYPE.to_string()));
+                headers.push((
+                    HEADER_CONTENT_TYPE.to_string(),
+                    DATA_CONTENT_TYPE.to_string(),
+                ));
                 headers.extend(a.rest(binding, true));
                 out.headers = headers;
             }
@@ -374,7 +377,12 @@ pub fn percent_encode(value: &str) -> String {
 /// only before two hex digits, and a scheme (when one is given) of a letter followed by
 /// letters, digits, `+`, `-` or `.`.
 pub fn check_uri_reference(s: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("source `{}` is not a URI-reference: {why}", shown(s)));
+    let bad = |why: &str| {
+        Err(format!(
+            "source `{}` is not a URI-reference: {why}",
+            shown(s)
+        ))
+    };
     if s.is_empty() {
         return bad("it is empty");
     }
@@ -382,7 +390,10 @@ pub fn check_uri_reference(s: &str) -> Result<(), String> {
     for (i, &b) in bytes.iter().enumerate() {
         let ok = b.is_ascii_alphanumeric() || b"-._~:/?#[]@!$&'()*+,;=%".contains(&b);
         if !ok {
-            return bad(&format!("the character {:?} must be percent-encoded", b as char));
+            return bad(&format!(
+                "the character {:?} must be percent-encoded",
+                b as char
+            ));
         }
         if b == b'%'
             && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
@@ -394,13 +405,18 @@ pub fn check_uri_reference(s: &str) -> Result<(), String> {
     let head_end = s.find(['/', '?', '#']).unwrap_or(s.len());
     if let Some(colon) = s[..head_end].find(':') {
         let scheme = &s[..colon];
-        let valid = scheme.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        let valid = scheme
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic())
             && scheme
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
         if !valid {
-            return bad("the part before the first `:` is not a scheme (a relative reference \
-                        with a `:` in its first segment must start with `./`)");
+            return bad(
+                "the part before the first `:` is not a scheme (a relative reference \
+                        with a `:` in its first segment must start with `./`)",
+            );
         }
     }
     Ok(())
@@ -465,7 +481,11 @@ mod tests {
     #[test]
     fn kafka_binary_mode_maps_every_attribute_to_a_ce_header() {
         let ce = CloudEvents::new(Mode::Binary, "/payments/eu").unwrap();
-        let e = envelope(&[("traceparent", TP), ("tracestate", "a=1"), ("x-tenant", "7")]);
+        let e = envelope(&[
+            ("traceparent", TP),
+            ("tracestate", "a=1"),
+            ("x-tenant", "7"),
+        ]);
         let out = ce.apply(Binding::Kafka, &e).unwrap();
         for (name, value) in [
             ("ce_specversion", "1.0"),
@@ -485,7 +505,10 @@ mod tests {
         ] {
             assert_eq!(header(&out, name), Some(value), "{name}");
         }
-        assert_eq!(out.payload, e.payload, "binary mode leaves the payload as it is");
+        assert_eq!(
+            out.payload, e.payload,
+            "binary mode leaves the payload as it is"
+        );
         assert_eq!(out.key, e.key);
     }
 
@@ -503,12 +526,17 @@ mod tests {
         let mqtt = ce.apply(Binding::Mqtt, &e).unwrap();
         assert_eq!(header(&mqtt, "specversion"), Some("1.0"));
         assert_eq!(header(&mqtt, "id"), Some(e.id.to_string().as_str()));
-        let sqs = ce.apply(Binding::Attributes, &envelope(&[("traceparent", TP)])).unwrap();
+        let sqs = ce
+            .apply(Binding::Attributes, &envelope(&[("traceparent", TP)]))
+            .unwrap();
         assert_eq!(header(&sqs, "ce-id"), Some(e.id.to_string().as_str()));
         assert!(sqs.headers.len() <= 10, "{:?}", sqs.headers);
         assert!(sqs.headers.iter().all(|(k, _)| !k.starts_with("outbox-")));
         let redis = ce.apply(Binding::Fields, &e).unwrap();
-        assert_eq!(header(&redis, "ce_time"), Some("2026-12-06T09:30:01.123456Z"));
+        assert_eq!(
+            header(&redis, "ce_time"),
+            Some("2026-12-06T09:30:01.123456Z")
+        );
     }
 
     #[test]
@@ -555,13 +583,17 @@ mod tests {
             let err = ce.apply(binding, &envelope(&[(name, "x")])).unwrap_err();
             assert!(err.contains(name), "{name}: {err}");
         }
-        assert!(ce.apply(Binding::Kafka, &envelope(&[("subject", "x")])).is_ok());
+        assert!(ce
+            .apply(Binding::Kafka, &envelope(&[("subject", "x")]))
+            .is_ok());
         // MQTT binary mode: every user property is an attribute, so only attribute names.
         let err = ce
             .apply(Binding::Mqtt, &envelope(&[("x-tenant", "7")]))
             .unwrap_err();
         assert!(err.contains("x-tenant"), "{err}");
-        let ok = ce.apply(Binding::Mqtt, &envelope(&[("tenant", "7")])).unwrap();
+        let ok = ce
+            .apply(Binding::Mqtt, &envelope(&[("tenant", "7")]))
+            .unwrap();
         assert!(ok.headers.iter().all(|(k, _)| !k.starts_with("outbox-")));
         let structured = CloudEvents::new(Mode::Structured, "/s").unwrap();
         assert!(structured

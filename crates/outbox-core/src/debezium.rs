@@ -105,8 +105,9 @@ impl Debezium {
         if self.topic_replacement.contains(['{', '}'].as_slice())
             && !self.topic_replacement.contains("${routedByValue}")
         {
-            return Err("route.topic.replacement may hold `${routedByValue}` and no other braces"
-                .into());
+            return Err(
+                "route.topic.replacement may hold `${routedByValue}` and no other braces".into(),
+            );
         }
         let template = self.topic_replacement.replace("${routedByValue}", field);
         DestinationTemplate::parse(&template).map_err(|e| format!("route.topic.replacement: {e}"))
@@ -116,9 +117,11 @@ impl Debezium {
     pub fn apply(&self, e: &Envelope) -> Result<Envelope, String> {
         let mut out = e.clone();
         if e.headers.iter().any(|(k, _)| k == HEADER_ID) {
-            return Err("the row's `headers` sets `id`, the Event Router's event id header; \
+            return Err(
+                "the row's `headers` sets `id`, the Event Router's event id header; \
                         rename it"
-                .into());
+                    .into(),
+            );
         }
         let payload_text = std::str::from_utf8(&e.payload)
             .map_err(|_| "the payload is not UTF-8 text".to_string())?;
@@ -256,7 +259,10 @@ mod tests {
     #[test]
     fn defaults_are_the_event_routers() {
         let d = Debezium::from_options([]).unwrap();
-        assert_eq!(d.destination().unwrap().as_str(), "outbox.event.{aggregate_type}");
+        assert_eq!(
+            d.destination().unwrap().as_str(),
+            "outbox.event.{aggregate_type}"
+        );
         let e = envelope();
         let out = d.apply(&e).unwrap();
         assert_eq!(header(&out, "id"), Some(e.id.to_string().as_str()));
@@ -293,7 +299,11 @@ mod tests {
     fn what_the_relay_cannot_do_is_refused_at_start() {
         for (k, v, says) in [
             ("route.by.field", "payload", "route.by.field"),
-            ("table.fields.additional.placement", "type:partition", "partition"),
+            (
+                "table.fields.additional.placement",
+                "type:partition",
+                "partition",
+            ),
             ("table.fields.additional.placement", "type", "column:header"),
             ("route.topic.regex", "x", "not an Event Router option"),
             ("route.topic.replacement", "a.{x}", "braces"),

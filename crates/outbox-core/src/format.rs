@@ -163,7 +163,9 @@ mod tests {
         assert!(Format::parse("outbox", Some("/x"))
             .unwrap_err()
             .contains("needs envelope=cloudevents"));
-        assert!(Format::parse("avro", None).unwrap_err().contains("unknown envelope"));
+        assert!(Format::parse("avro", None)
+            .unwrap_err()
+            .contains("unknown envelope"));
         assert!(Format::parse("cloudevents", Some("a b"))
             .unwrap_err()
             .contains("not a URI-reference"));

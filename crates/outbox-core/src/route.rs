@@ -210,18 +210,22 @@ impl RouteBuilder {
         let mut destination = self.destination;
         let envelope = if kind == "debezium" {
             if self.source.is_some() {
-                return Err(fail("`source` is a CloudEvents attribute, not an Event Router \
+                return Err(fail(
+                    "`source` is a CloudEvents attribute, not an Event Router \
                                  option"
-                    .into()));
+                        .into(),
+                ));
             }
             let options = self.debezium.iter().map(|(k, v)| (k.as_str(), v.as_str()));
             let d = crate::debezium::Debezium::from_options(options).map_err(fail)?;
             let routes_itself = self.debezium.iter().any(|(k, _)| k.starts_with("route."));
             match &destination {
                 Some(_) if routes_itself => {
-                    return Err(fail("give either `destination` or the Event Router's \
+                    return Err(fail(
+                        "give either `destination` or the Event Router's \
                                      route.* options, not both"
-                        .into()))
+                            .into(),
+                    ))
                 }
                 Some(_) => {}
                 None => destination = Some(d.destination().map_err(fail)?),
@@ -324,9 +328,13 @@ mod tests {
             .unwrap()
             .when
             .is_catch_all());
-        let ce = RouteSpec::parse("sink=stdout:; envelope=cloudevents; source=urn:shop", 4).unwrap();
+        let ce =
+            RouteSpec::parse("sink=stdout:; envelope=cloudevents; source=urn:shop", 4).unwrap();
         assert_eq!(ce.envelope.name(), "cloudevents");
-        assert!(RouteSpec::parse("sink=stdout:", 5).unwrap().envelope.is_outbox());
+        assert!(RouteSpec::parse("sink=stdout:", 5)
+            .unwrap()
+            .envelope
+            .is_outbox());
         let dbz = RouteSpec::parse("sink=stdout:; envelope=debezium", 6).unwrap();
         assert_eq!(
             dbz.destination.unwrap().as_str(),
@@ -350,14 +358,23 @@ mod tests {
             ("event_type=;sink=stdout:", "empty pattern"),
             ("sink=stdout:;destination={nope}", "unknown placeholder"),
             ("sink=stdout:;envelope=avro", "unknown envelope `avro`"),
-            ("sink=stdout:;envelope=cloudevents;source=a b", "not a URI-reference"),
+            (
+                "sink=stdout:;envelope=cloudevents;source=a b",
+                "not a URI-reference",
+            ),
             ("sink=stdout:;source=/x", "needs envelope=cloudevents"),
-            ("sink=stdout:;route.by.field=type", "needs envelope=debezium"),
+            (
+                "sink=stdout:;route.by.field=type",
+                "needs envelope=debezium",
+            ),
             (
                 "sink=stdout:;envelope=debezium;destination=x;route.by.field=type",
                 "not both",
             ),
-            ("sink=stdout:;envelope=debezium;route.by.field=payload", "route.by.field"),
+            (
+                "sink=stdout:;envelope=debezium;route.by.field=payload",
+                "route.by.field",
+            ),
         ] {
             let e = RouteSpec::parse(text, 1).unwrap_err().to_string();
             assert!(e.contains(says), "{text}: {e}");

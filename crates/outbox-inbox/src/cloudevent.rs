@@ -226,10 +226,16 @@ mod tests {
     fn structured_mode_is_read_from_the_body_and_a_string_id_gets_a_stable_uuid() {
         let body = br#"{"specversion":"1.0","id":"A234-1234","source":"urn:x","type":"t",
             "partitionkey":"k1","subject":"s","data":{"n":1}}"#;
-        let declared = h(&[("content-type", "application/cloudevents+json; charset=utf-8")]);
+        let declared = h(&[(
+            "content-type",
+            "application/cloudevents+json; charset=utf-8",
+        )]);
         let a = read(&declared, body).unwrap();
         let b = read(&[], body).unwrap();
-        assert_eq!(a, b, "NATS and MQTT carry no content type: the body says it");
+        assert_eq!(
+            a, b,
+            "NATS and MQTT carry no content type: the body says it"
+        );
         assert_eq!(a.id, read(&[], body).unwrap().id, "same event, same id");
         assert_eq!(a.key.as_deref(), Some("k1"), "partitionkey before subject");
         assert_eq!(a.data.as_deref(), Some(&br#"{"n":1}"#[..]));
@@ -246,6 +252,9 @@ mod tests {
     fn ordinary_messages_are_not_events() {
         assert!(read(&h(&[("outbox-message-id", "x")]), br#"{"id":"1"}"#).is_none());
         assert!(read(&[], b"plain").is_none());
-        assert!(read(&h(&[("ce_specversion", "1.0")]), b"{}").is_none(), "no id");
+        assert!(
+            read(&h(&[("ce_specversion", "1.0")]), b"{}").is_none(),
+            "no id"
+        );
     }
 }

@@ -283,7 +283,10 @@ mod tests {
             "subject.x",
             None,
         );
-        assert_eq!((m.id, m.message_type.as_str(), m.key.as_str()), (id, "order.placed", "o-9"));
+        assert_eq!(
+            (m.id, m.message_type.as_str(), m.key.as_str()),
+            (id, "order.placed", "o-9")
+        );
         assert_eq!(m.payload, serde_json::json!({"n": 2}));
         assert_eq!(m.header("ce-time"), Some("2026-12-06T09:00:00Z"));
         let binary = InboxMessage::from_broker(
@@ -300,7 +303,10 @@ mod tests {
             Some("kafka-key"),
         );
         assert_ne!(binary.id, Uuid::nil());
-        assert_eq!((binary.message_type.as_str(), binary.key.as_str()), ("t", "kafka-key"));
+        assert_eq!(
+            (binary.message_type.as_str(), binary.key.as_str()),
+            ("t", "kafka-key")
+        );
         assert_eq!(binary.payload, serde_json::json!({"n": 3}));
     }
 

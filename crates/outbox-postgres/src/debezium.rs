@@ -106,7 +106,9 @@ pub async fn adopt(pool: &PgPool, schema: &Schema, table: &TableName) -> Result<
     .await
     .map_err(|e| map_sqlx_error(&format!("reading the columns of `{shown}`"), e))?;
     if columns.is_empty() {
-        return Err(Error::config(format!("debezium table `{shown}` does not exist")));
+        return Err(Error::config(format!(
+            "debezium table `{shown}` does not exist"
+        )));
     }
     let ty = |name: &str| {
         columns
@@ -164,7 +166,10 @@ pub async fn adopt(pool: &PgPool, schema: &Schema, table: &TableName) -> Result<
     let headers = if pairs.is_empty() {
         "'{}'::jsonb".to_string()
     } else {
-        format!("jsonb_strip_nulls(jsonb_build_object({}))", pairs.join(", "))
+        format!(
+            "jsonb_strip_nulls(jsonb_build_object({}))",
+            pairs.join(", ")
+        )
     };
     let s = schema.as_str();
     let sql = format!(
@@ -225,8 +230,14 @@ mod tests {
 
     #[test]
     fn table_names_are_plain_identifiers() {
-        assert_eq!(TableName::parse("outbox").unwrap().qualified(), "public.outbox");
-        assert_eq!(TableName::parse("app.outbox").unwrap().qualified(), "app.outbox");
+        assert_eq!(
+            TableName::parse("outbox").unwrap().qualified(),
+            "public.outbox"
+        );
+        assert_eq!(
+            TableName::parse("app.outbox").unwrap().qualified(),
+            "app.outbox"
+        );
         for bad in ["", "Outbox", "a.b.c", "x;drop", "1a", ".x"] {
             assert!(TableName::parse(bad).is_err(), "{bad}");
         }

@@ -134,7 +134,10 @@ fn delivered(d: &lapin::message::Delivery) -> Option<Delivered> {
     let mut headers = delivery_headers(d);
     // The `content_type` property, as the `content-type` a CloudEvents reader looks for.
     if let Some(ct) = d.properties.content_type().as_ref() {
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
             headers.push(("content-type".to_string(), ct.as_str().to_string()));
         }
     }

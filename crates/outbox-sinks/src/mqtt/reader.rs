@@ -47,7 +47,10 @@ fn delivered(p: &rumqttc::v5::mqttbytes::v5::Publish) -> Option<Delivered> {
         .unwrap_or_default();
     // The Content Type property, as the `content-type` a CloudEvents reader looks for.
     if let Some(ct) = p.properties.as_ref().and_then(|pr| pr.content_type.clone()) {
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
             headers.push(("content-type".to_string(), ct));
         }
     }
