@@ -184,7 +184,8 @@ pub struct MigrateArgs {
     /// MySQL/MariaDB (an account, `user` or `user@host`).
     #[arg(long, value_name = "PART=ROLE", conflicts_with = "inbox")]
     pub grant: Vec<outbox_core::Grant>,
-    /// Adopt a Debezium outbox table (PostgreSQL): `name` or `schema.name`, laid out as
+    /// Adopt a Debezium outbox table (PostgreSQL, MySQL/MariaDB): `name` or `schema.name`
+    /// (`database.name` on MySQL), laid out as
     /// Debezium documents it (id, aggregatetype, aggregateid, type, payload, optional
     /// tracingspancontext, any additional columns). An AFTER INSERT trigger copies each row
     /// into --schema's outbox in the writer's transaction, so the application's INSERTs stay
