@@ -657,6 +657,36 @@ mod tests {
     }
 
     #[test]
+    fn file_routes_take_envelopes_and_the_event_routers_options() {
+        let f: FileConfig = toml::from_str(
+            "[[relay.routes]]\nsink = \"stdout:\"\nenvelope = \"cloudevents-structured\"\n\
+             source = \"urn:shop\"\n\
+             [[relay.routes]]\nsink = \"kafka://k:9092\"\nenvelope = \"debezium\"\n\
+             [relay.routes.debezium]\n\"route.by.field\" = \"type\"\n",
+        )
+        .unwrap();
+        let routes = f.relay.routes.unwrap();
+        let ce = routes[0].spec(1).unwrap();
+        assert_eq!(ce.envelope.name(), "cloudevents-structured");
+        let dbz = routes[1].spec(2).unwrap();
+        assert_eq!(dbz.envelope.name(), "debezium");
+        assert_eq!(
+            dbz.destination.unwrap().as_str(),
+            "outbox.event.{event_type}"
+        );
+        let bad: FileConfig = toml::from_str(
+            "[[relay.routes]]\nsink = \"stdout:\"\nenvelope = \"debezium\"\n\
+             [relay.routes.debezium]\nname = \"x\"\n",
+        )
+        .unwrap();
+        let err = bad.relay.routes.unwrap()[0]
+            .spec(1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not an Event Router option"), "{err}");
+    }
+
+    #[test]
     fn durations_parse_and_bad_ones_say_why() {
         assert_eq!(
             "250ms".parse::<Dur>().unwrap().0,
