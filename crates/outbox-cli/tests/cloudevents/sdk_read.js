@@ -19,6 +19,13 @@ function read(binding, headers, key, body) {
   const ct = headers.find(([k]) => k.toLowerCase() === "content-type")?.[1];
   const structured = !!ct && ct.toLowerCase().startsWith("application/cloudevents");
   switch (binding) {
+    case "redis":
+      // The `ce_` entries of the headers field, read by the Kafka binding (no record key).
+      return Kafka.toEvent({ headers: h, key: undefined, value: body, body });
+    case "sqs":
+    case "sns":
+      // `ce-` message attributes, read by the HTTP binding.
+      return HTTP.toEvent({ headers: h, body });
     case "kafka":
       return Kafka.toEvent({ headers: h, key, value: body, body });
     case "http":
@@ -55,7 +62,7 @@ process.stdin.on("end", () => {
     for (const [k, v] of Object.entries(ev)) {
       if (k === "data" || k === "data_base64" || v === undefined) continue;
       let value = v instanceof Date ? v.toISOString() : v;
-      if (["http", "nats"].includes(req.binding) && typeof value === "string" && /%[0-9A-Fa-f]{2}/.test(value)) {
+      if (["http", "nats", "sqs", "sns"].includes(req.binding) && typeof value === "string" && /%[0-9A-Fa-f]{2}/.test(value)) {
         undecoded.push(k);
         value = decodeURIComponent(value);
       }

@@ -28,6 +28,12 @@ ATTRIBUTES = ("specversion", "id", "source", "type", "subject", "time", "datacon
 def read(binding, headers, key, body):
     ct = next((v for k, v in headers if k.lower() == "content-type"), None)
     structured = ct is not None and ct.lower().startswith("application/cloudevents")
+    if binding == "redis":
+        # The `ce_` entries of the headers field, read by the Kafka binding (no record key).
+        binding, key = "kafka", None
+    if binding in ("sqs", "sns"):
+        # `ce-` message attributes, read by the HTTP binding.
+        binding = "http"
     if binding == "kafka":
         msg = kafka.KafkaMessage(headers={k: v.encode() for k, v in headers}, key=key, value=body)
         return kafka.from_kafka(msg, FMT)
