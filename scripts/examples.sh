@@ -35,7 +35,7 @@ case "$DATABASE_KIND" in
   mysql | mariadb)
     mysql=1
     DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/test}
-    langs=(java php) ;;
+    langs=(java php debezium) ;;
   *) echo "examples: DATABASE_KIND must be postgres, mariadb or mysql" >&2; exit 2 ;;
 esac
 NATS_URL=${NATS_URL:-nats://127.0.0.1:4222}
@@ -118,6 +118,10 @@ say "schema $schema, stream $stream on $prefix.>"
 if [ -n "$mysql" ]; then
   "$python" scripts/examples_check.py mysql-script --database-url "$DATABASE_URL" --schema "$schema" \
     --file examples/schema-mysql.sql
+  "$python" scripts/examples_check.py mysql-script --database-url "$DATABASE_URL" --schema "$schema" \
+    --file examples/debezium/schema-mysql.sql
+  "$OUTBOX_BIN" migrate --database-url "$DATABASE_URL" --schema "$schema" \
+    --adopt-debezium "$schema.debezium_outbox" >/dev/null
   # The producers' URL names the scratch database, which holds the outbox and the ledger.
   producer_url="${DATABASE_URL%/*}/$schema"
 else
@@ -158,7 +162,9 @@ for lang in "${langs[@]}"; do
       java) exec java -cp "$jdbc_jar:$run/java" Producer ;;
       php) exec php examples/php/producer.php ;;
       python) exec "$python" examples/python/producer.py ;;
-      debezium) exec "$python" examples/debezium/producer.py ;;
+      debezium)
+        if [ -n "$mysql" ]; then exec php examples/debezium/producer_mysql.php
+        else exec "$python" examples/debezium/producer.py; fi ;;
     esac
   ) >"$run/$lang.out" 2>"$run/$lang.err" &
   pids+=($!)
