@@ -299,7 +299,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
                 .await
                 .context("logging in as the owner role")?;
             workload::prepare(&owner, &shape, cdc && !switch, binlog).await?;
-            workload::grant_ledger(&owner, &l.writer.0).await?;
+            workload::grant_ledger(&owner, &l.writer.0, shape.debezium).await?;
             if cdc {
                 // What a superuser does once for CDC mode: pg_walinspect, so a lost slot's
                 // emit messages can be read back (the owner may not install it).
