@@ -186,3 +186,36 @@ kafka
 wait_port PostgreSQL 5432
 wait_port NATS 4222
 wait_port "tansu (Kafka)" 9092
+
+# TLS and authentication (docs/sinks.md#tls-and-credentials): a test CA and certificates, then
+# the shared PostgreSQL gets TLS with them and a client-certificate user, by a reload (no
+# restart: ssl settings and pg_hba.conf are reloadable since PostgreSQL 10), and private TLS
+# listeners of the brokers start beside the shared ones.
+scripts/tls-certs.sh
+tls_dir=${OUTBOX_TLS_DIR:-/var/tmp/outbox-tls}
+pg_tls() {
+  local hba want changed=0
+  hba=$(psql -h 127.0.0.1 -U postgres -d postgres -Atc "SHOW hba_file")
+  for setting in "ssl_cert_file=$tls_dir/pg/server.pem" "ssl_key_file=$tls_dir/pg/server.key" \
+    "ssl_ca_file=$tls_dir/pg/ca.pem"; do
+    if [ "$(pg_setting "${setting%%=*}")" != "${setting#*=}" ]; then
+      psql -h 127.0.0.1 -U postgres -d postgres -qc "ALTER SYSTEM SET ${setting%%=*} = '${setting#*=}'"
+      changed=1
+    fi
+  done
+  [ "$(pg_setting ssl)" = on ] || { psql -h 127.0.0.1 -U postgres -d postgres -qc "ALTER SYSTEM SET ssl = on"; changed=1; }
+  # The cert-auth user: TLS only, its client certificate's CN is its name, no password. The
+  # line goes before the file's first rule, which trusts everyone.
+  want="hostssl all outbox_cert 127.0.0.1/32 cert"
+  if ! grep -qxF "$want" "$hba"; then
+    sed -i "0,/^\(local\|host\)/s##$want\n&#" "$hba"
+    changed=1
+  fi
+  [ "$changed" = 0 ] || psql -h 127.0.0.1 -U postgres -d postgres -qAtc "SELECT pg_reload_conf()" >/dev/null
+  psql -h 127.0.0.1 -U postgres -d postgres -qc "DO \$\$BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_cert') THEN
+      CREATE ROLE outbox_cert LOGIN SUPERUSER REPLICATION; END IF; END\$\$"
+  sleep 0.5
+  echo "services: PostgreSQL TLS on 127.0.0.1:5432 (ssl=$(pg_setting ssl)), cert-auth user outbox_cert"
+}
+pg_tls
