@@ -219,3 +219,89 @@ pg_tls() {
   echo "services: PostgreSQL TLS on 127.0.0.1:5432 (ssl=$(pg_setting ssl)), cert-auth user outbox_cert"
 }
 pg_tls
+
+# Redis with TLS only (tls-port 6380, client certificates required) and ACL users: `relay`
+# with a password (in $tls_dir/redis.pass, for password_file=), the default user off.
+redis_tls() {
+  if ! up 6380; then
+    echo "services: starting Redis with TLS and ACL users on 127.0.0.1:6380"
+    [ -s "$tls_dir/redis.pass" ] || head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$tls_dir/redis.pass"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 0 --tls-port 6380 \
+      --tls-cert-file "$tls_dir/server.pem" --tls-key-file "$tls_dir/server.key" \
+      --tls-ca-cert-file "$tls_dir/ca.pem" --tls-auth-clients yes \
+      --save "" --appendonly no --pidfile /var/tmp/outbox-redis-tls.pid \
+      --user default off --user relay on ">$(cat "$tls_dir/redis.pass")" '~*' '&*' '+@all'
+  fi
+  wait_port "Redis (TLS, ACL)" 6380
+}
+redis_tls
+
+# Mosquitto with a TLS listener on 8883 that requires a client certificate of the test CA (its
+# CN is the MQTT user name).
+mosquitto_tls() {
+  local conf=$tls_dir/mosquitto.conf
+  if ! up 8883; then
+    echo "services: starting Mosquitto with TLS and client certificates on 127.0.0.1:8883"
+    cat >"$conf" <<CONF
+user root
+per_listener_settings true
+listener 8883 127.0.0.1
+cafile $tls_dir/ca.pem
+certfile $tls_dir/server.pem
+keyfile $tls_dir/server.key
+require_certificate true
+use_identity_as_username true
+allow_anonymous false
+CONF
+    mosquitto -d -c "$conf"
+  fi
+  wait_port "Mosquitto (TLS)" 8883
+}
+mosquitto_tls
+
+# NATS with TLS (client certificates of the test CA required) on 4223, users with a password
+# (relay, its password in $tls_dir/nats.pass) or an NKey ($tls_dir/nats/user.nk); and on 4224 an
+# operator/account/user JWT setup ($tls_dir/nats/user.creds), as Synadia Cloud runs, made by
+# scripts/nats_keys.py (no `nsc` needed).
+nats_tls() {
+  local d=$tls_dir/nats
+  python3 scripts/nats_keys.py "$d"
+  [ -s "$tls_dir/nats.pass" ] || head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$tls_dir/nats.pass"
+  local tls="tls { cert_file: \"$tls_dir/server.pem\", key_file: \"$tls_dir/server.key\", ca_file: \"$tls_dir/ca.pem\", verify: true }"
+  if ! up 4223; then
+    echo "services: starting NATS with TLS and users on 127.0.0.1:4223"
+    mkdir -p "$d/js-4223"
+    cat >"$d/users.conf" <<CONF
+listen: 127.0.0.1:4223
+jetstream { store_dir: "$d/js-4223" }
+$tls
+authorization {
+  users = [
+    { user: relay, password: "$(cat "$tls_dir/nats.pass")" }
+    { nkey: $(cat "$d/user.pub") }
+  ]
+}
+CONF
+    setsid nohup nats-server -c "$d/users.conf" >"$d/users.log" 2>&1 </dev/null &
+  fi
+  if ! up 4224; then
+    echo "services: starting NATS with TLS and an operator/account/user JWT setup on 127.0.0.1:4224"
+    mkdir -p "$d/js-4224"
+    cat >"$d/operator.conf" <<CONF
+listen: 127.0.0.1:4224
+jetstream { store_dir: "$d/js-4224" }
+tls { cert_file: "$tls_dir/server.pem", key_file: "$tls_dir/server.key" }
+operator: "$d/operator.jwt"
+system_account: $(cat "$d/sys.pub")
+resolver: MEMORY
+resolver_preload: {
+  $(cat "$d/account.pub"): "$(cat "$d/account.jwt")"
+  $(cat "$d/sys.pub"): "$(cat "$d/sys.jwt")"
+}
+CONF
+    setsid nohup nats-server -c "$d/operator.conf" >"$d/operator.log" 2>&1 </dev/null &
+  fi
+  wait_port "NATS (TLS, users)" 4223
+  wait_port "NATS (TLS, JWT)" 4224
+}
+nats_tls

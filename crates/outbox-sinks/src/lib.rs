@@ -290,9 +290,9 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Installs ring as the process's rustls crypto provider, once, before a client builds a TLS
-/// config from the process default (the Redis and MQTT clients do): with both ring and
+/// config from the process default (the NATS, Redis and MQTT clients do): with both ring and
 /// aws-lc-rs in the build, rustls will not choose, and such a client would panic instead.
-#[cfg(any(feature = "redis", feature = "mqtt"))]
+#[cfg(any(feature = "redis", feature = "mqtt", feature = "nats"))]
 pub fn install_tls_provider() {
     // An error only says a provider is already installed, which is all this wants.
     let _ = rustls::crypto::ring::default_provider().install_default();

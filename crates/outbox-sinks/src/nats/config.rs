@@ -197,6 +197,8 @@ impl NatsConfig {
             }
             None => async_nats::ConnectOptions::new(),
         };
+        // A server may ask for TLS on a nats:// URL too (its INFO says so).
+        crate::install_tls_provider();
         if self.url.starts_with("tls://") {
             o = o.require_tls(true);
         }

@@ -56,10 +56,18 @@ impl NatsSink {
             .await
         {
             use async_nats::ConnectErrorKind as K;
-            if matches!(
-                e.kind(),
-                K::Tls | K::Authentication | K::AuthorizationViolation
-            ) {
+            // The client reports a certificate it refused as an I/O error of kind InvalidData
+            // (rustls's own error inside); a refused connection or a reset stays an outage.
+            let bad_certificate = matches!(e.kind(), K::Io)
+                && std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<std::io::Error>())
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData);
+            if bad_certificate
+                || matches!(
+                    e.kind(),
+                    K::Tls | K::Authentication | K::AuthorizationViolation
+                )
+            {
                 return Err(Error::with_source(
                     ErrorKind::Config,
                     format!(
