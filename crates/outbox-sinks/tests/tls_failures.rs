@@ -61,18 +61,29 @@ struct Terminator {
 
 impl Terminator {
     fn start(cert: &str) -> Self {
+        Self::start_for(cert, 6379, false)
+    }
+
+    /// A terminator presenting `cert` in front of 127.0.0.1:`target`; with `client_certs`, it
+    /// refuses a client without a certificate of the test CA (mutual TLS).
+    fn start_for(cert: &str, target: u16, client_certs: bool) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
         let dir = tls_dir();
+        let verify = if client_certs {
+            format!("verify=1,cafile={dir}/ca.pem")
+        } else {
+            "verify=0".to_string()
+        };
         let child = Command::new("socat")
             .arg(format!(
-                "openssl-listen:{port},bind=127.0.0.1,reuseaddr,fork,verify=0,\
+                "openssl-listen:{port},bind=127.0.0.1,reuseaddr,fork,{verify},\
                  cert={dir}/{cert}.pem,key={dir}/{cert}.key"
             ))
-            .arg("tcp:127.0.0.1:6379")
+            .arg(format!("tcp:127.0.0.1:{target}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -187,4 +198,40 @@ async fn a_missing_credentials_file_is_a_configuration_error_naming_it() {
         assert_eq!(e.kind(), ErrorKind::Config, "{url}: {e}");
         assert!(e.to_string().contains(says), "{url}: {e}");
     }
+}
+
+/// Mutual TLS to a webhook receiver: with the client certificate the message arrives; without
+/// it the receiver's terminator refuses the handshake, and the publish is an outage (retried).
+#[tokio::test]
+async fn webhooks_present_a_client_certificate_to_the_receiver() {
+    use outbox_sinks::http::{HttpReader, HttpReceiver};
+    use outbox_sinks::read::Reader;
+    let prefix = outbox_testkit::unique_name("mtls");
+    let receiver = HttpReceiver::start(&prefix, None, None).await.unwrap();
+    let port: u16 = receiver
+        .url()
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let t = Terminator::start_for("server", port, true);
+    let endpoint = format!("https://localhost:{}/{prefix}/{{destination}}", t.port);
+    let with_cert = outbox_sinks::connect(&d(&format!(
+        "{endpoint}#tls_ca={{d}}/ca.pem&tls_cert={{d}}/client.pem&tls_key={{d}}/client.key"
+    )))
+    .await
+    .unwrap();
+    let sent = envelope();
+    let got = with_cert.publish(std::slice::from_ref(&sent)).await;
+    assert!(got[0].is_ok(), "{got:?}");
+    let mut reader = HttpReader::new(receiver);
+    let polled = reader.poll(Duration::from_secs(5)).await;
+    assert_eq!(polled.delivered.len(), 1);
+    assert_eq!(polled.delivered[0].id, sent.id);
+    let e = publish_error(&d(&format!("{endpoint}#tls_ca={{d}}/ca.pem"))).await;
+    assert!(e.contains(&format!("localhost:{}", t.port)), "{e}");
 }
