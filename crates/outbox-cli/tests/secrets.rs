@@ -734,7 +734,10 @@ fn secrets_from_files_and_the_environment_and_tls_keys_never_show() {
             pass_file.display()
         ),
         format!("nats://relay@localhost:4223?{tls}&password_env=OUTBOX_SEC_TEST_PASSWORD"),
-        format!("mqtts://relay@localhost:8883?{tls}&password_file={}", pass_file.display()),
+        format!(
+            "mqtts://relay@localhost:8883?{tls}&password_file={}",
+            pass_file.display()
+        ),
     ];
     for sink in &sinks {
         let (o, text) = run_clean(
@@ -754,7 +757,10 @@ fn secrets_from_files_and_the_environment_and_tls_keys_never_show() {
         );
         assert!(o.status.success(), "{text}");
         for line in &key_lines {
-            assert!(!text.contains(line.as_str()), "the client key shows:\n{text}");
+            assert!(
+                !text.contains(line.as_str()),
+                "the client key shows:\n{text}"
+            );
         }
         // A relay whose broker refuses the password (the file's and the variable's are wrong
         // for these servers), with debug logs: the error names the server and the cause only.
@@ -776,7 +782,10 @@ fn secrets_from_files_and_the_environment_and_tls_keys_never_show() {
             Duration::from_secs(3),
         );
         for line in &key_lines {
-            assert!(!text.contains(line.as_str()), "the client key shows:\n{text}");
+            assert!(
+                !text.contains(line.as_str()),
+                "the client key shows:\n{text}"
+            );
         }
     }
     std::fs::remove_dir_all(&cwd).ok();

@@ -122,7 +122,11 @@ pub fn password(
 }
 
 /// The token of a connection: `token_file=` or `token_env=`, else `in_url`.
-pub fn token(o: &QueryOptions, conn: &str, in_url: Option<Secret>) -> Result<Option<Secret>, Error> {
+pub fn token(
+    o: &QueryOptions,
+    conn: &str,
+    in_url: Option<Secret>,
+) -> Result<Option<Secret>, Error> {
     secret_from(o, conn, "token", in_url)
 }
 
@@ -138,7 +142,8 @@ pub fn secret_from(
     let env_key = format!("{what}_env");
     let file = o.non_empty(&file_key)?;
     let env = o.non_empty(&env_key)?;
-    let given = usize::from(file.is_some()) + usize::from(env.is_some()) + usize::from(in_url.is_some());
+    let given =
+        usize::from(file.is_some()) + usize::from(env.is_some()) + usize::from(in_url.is_some());
     if given > 1 {
         return Err(Error::config(format!(
             "{conn}: give the {what} once: in the URL, {file_key} or {env_key}, not several"
@@ -146,9 +151,8 @@ pub fn secret_from(
     }
     if let Some(path) = file {
         let bytes = read_file(conn, &file_key, Path::new(path))?;
-        let text = String::from_utf8(bytes).map_err(|_| {
-            Error::config(format!("{conn}: {file_key} {path} is not UTF-8 text"))
-        })?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| Error::config(format!("{conn}: {file_key} {path} is not UTF-8 text")))?;
         let value = text.trim_end_matches(['\n', '\r']);
         if value.is_empty() {
             return Err(Error::config(format!("{conn}: {file_key} {path} is empty")));
@@ -226,8 +230,14 @@ mod tests {
 
     #[test]
     fn tls_files_are_checked_when_parsed() {
-        let ca = temp("ca.pem", "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n");
-        let key = temp("k.pem", "-----BEGIN EC PRIVATE KEY-----\nAA==\n-----END EC PRIVATE KEY-----\n");
+        let ca = temp(
+            "ca.pem",
+            "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n",
+        );
+        let key = temp(
+            "k.pem",
+            "-----BEGIN EC PRIVATE KEY-----\nAA==\n-----END EC PRIVATE KEY-----\n",
+        );
         let t = TlsOptions::from_query(
             &opts(&format!(
                 "tls_ca={}&tls_cert={}&tls_key={}",
@@ -243,7 +253,10 @@ mod tests {
         let e = TlsOptions::from_query(&opts("tls_ca=/nonexistent/ca.pem"), "sink x://h")
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("sink x://h: tls_ca /nonexistent/ca.pem cannot be read"), "{e}");
+        assert!(
+            e.starts_with("sink x://h: tls_ca /nonexistent/ca.pem cannot be read"),
+            "{e}"
+        );
         let e = TlsOptions::from_query(&opts(&format!("tls_cert={}", ca.display())), "c")
             .unwrap_err()
             .to_string();
@@ -266,9 +279,13 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(t.expose(), "s3cret-token");
-        let e = token(&opts("token_env=OUTBOX_TLS_UNIT_SURELY_UNSET"), "sink nats://h", None)
-            .unwrap_err()
-            .to_string();
+        let e = token(
+            &opts("token_env=OUTBOX_TLS_UNIT_SURELY_UNSET"),
+            "sink nats://h",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert_eq!(
             e,
             "sink nats://h: token_env: the environment variable OUTBOX_TLS_UNIT_SURELY_UNSET is not set"
@@ -276,7 +293,10 @@ mod tests {
         let e = password(&opts("password_file=/nonexistent/pw"), "c", None)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("password_file /nonexistent/pw cannot be read"), "{e}");
+        assert!(
+            e.contains("password_file /nonexistent/pw cannot be read"),
+            "{e}"
+        );
         let e = password(
             &opts(&format!("password_file={}", f.display())),
             "c",
@@ -284,7 +304,10 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("not several") && !e.contains("hunter2") && !e.contains("inurl"), "{e}");
+        assert!(
+            e.contains("not several") && !e.contains("hunter2") && !e.contains("inurl"),
+            "{e}"
+        );
         assert_eq!(
             password(&opts(""), "c", Some(Secret::new("inurl"))).unwrap(),
             Some(Secret::new("inurl"))

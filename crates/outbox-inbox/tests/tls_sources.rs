@@ -76,9 +76,12 @@ async fn nats_round_trip(server: &str) {
         .unwrap();
     let e = envelope(&format!("{name}.placed"));
     publish(server, &e).await;
-    let mut source = open(&format!("{server}&stream={stream}"), &SourceOptions { batch: 10 })
-        .await
-        .unwrap();
+    let mut source = open(
+        &format!("{server}&stream={stream}"),
+        &SourceOptions { batch: 10 },
+    )
+    .await
+    .unwrap();
     source.recover().await.unwrap();
     assert_eq!(fetch_one(source.as_mut()).await, e.id);
     let _ = js.delete_stream(&stream).await;
@@ -103,14 +106,19 @@ async fn nats_with_a_credentials_file() {
 
 #[tokio::test]
 async fn redis_over_tls_with_an_acl_user() {
-    let server = d("rediss://relay@localhost:6380?tls_ca={d}/ca.pem&tls_cert={d}/client.pem\
-                    &tls_key={d}/client.key&password_file={d}/redis.pass");
+    let server = d(
+        "rediss://relay@localhost:6380?tls_ca={d}/ca.pem&tls_cert={d}/client.pem\
+                    &tls_key={d}/client.key&password_file={d}/redis.pass",
+    );
     let key = outbox_testkit::unique_name("ibx_tls");
     let e = envelope(&key);
     publish(&server, &e).await;
-    let mut source = open(&format!("{server}&stream={key}"), &SourceOptions { batch: 10 })
-        .await
-        .unwrap();
+    let mut source = open(
+        &format!("{server}&stream={key}"),
+        &SourceOptions { batch: 10 },
+    )
+    .await
+    .unwrap();
     source.recover().await.unwrap();
     assert_eq!(fetch_one(source.as_mut()).await, e.id);
 }

@@ -139,5 +139,8 @@ async fn the_replication_stream_uses_the_urls_certificates() {
 async fn prefer_streams_over_tls_when_the_server_offers_it() {
     let url = database_url();
     let (encrypted, _) = stream_over(&url, "tls_cdc_prefer").await;
-    assert!(encrypted, "the replication stream of {url} is not encrypted");
+    assert!(
+        encrypted,
+        "the replication stream of {url} is not encrypted"
+    );
 }

@@ -107,8 +107,10 @@ impl Drop for Terminator {
 
 #[tokio::test]
 async fn a_wrong_ca_is_named_with_the_server() {
-    let url = d("rediss://relay:hunter2@localhost:6380?tls_ca={d}/other-ca.pem\
-                 &tls_cert={d}/client.pem&tls_key={d}/client.key");
+    let url = d(
+        "rediss://relay:hunter2@localhost:6380?tls_ca={d}/other-ca.pem\
+                 &tls_cert={d}/client.pem&tls_key={d}/client.key",
+    );
     let e = publish_error(&url).await;
     assert!(e.contains("localhost:6380"), "{e}");
     assert!(e.contains("UnknownIssuer"), "{e}");
@@ -165,10 +167,8 @@ async fn nats_refuses_to_start_on_a_wrong_ca_or_password_naming_the_cause() {
     assert!(text.contains("localhost:4223"), "{text}");
     assert!(text.contains("UnknownIssuer"), "{text}");
     assert!(!text.contains("hunter2"), "{text}");
-    let e = outbox_sinks::connect(&d(
-        "nats://relay:hunter2@localhost:4223?tls_ca={d}/ca.pem\
-         &tls_cert={d}/client.pem&tls_key={d}/client.key",
-    ))
+    let e = outbox_sinks::connect(&d("nats://relay:hunter2@localhost:4223?tls_ca={d}/ca.pem\
+         &tls_cert={d}/client.pem&tls_key={d}/client.key"))
     .await
     .err()
     .unwrap();

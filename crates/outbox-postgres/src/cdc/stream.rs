@@ -899,15 +899,30 @@ mod tests {
         let n = CdcNames::new(&Schema::default(), "relay").unwrap();
         let tls = |url: &str| replication_config(url, &n, None).unwrap().tls;
         assert_eq!(tls("postgres://u@h/db").mode, SslMode::Prefer);
-        assert_eq!(tls("postgres://u@h/db?sslmode=prefer").mode, SslMode::Prefer);
-        assert_eq!(tls("postgres://u@h/db?sslmode=disable").mode, SslMode::Disable);
+        assert_eq!(
+            tls("postgres://u@h/db?sslmode=prefer").mode,
+            SslMode::Prefer
+        );
+        assert_eq!(
+            tls("postgres://u@h/db?sslmode=disable").mode,
+            SslMode::Disable
+        );
         let full = tls(
             "postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem&sslcert=/c.pem&sslkey=/c.key",
         );
         assert_eq!(full.mode, SslMode::VerifyFull);
-        assert_eq!(full.ca_pem_path.as_deref(), Some(std::path::Path::new("/ca.pem")));
-        assert_eq!(full.client_cert_pem_path.as_deref(), Some(std::path::Path::new("/c.pem")));
-        assert_eq!(full.client_key_pem_path.as_deref(), Some(std::path::Path::new("/c.key")));
+        assert_eq!(
+            full.ca_pem_path.as_deref(),
+            Some(std::path::Path::new("/ca.pem"))
+        );
+        assert_eq!(
+            full.client_cert_pem_path.as_deref(),
+            Some(std::path::Path::new("/c.pem"))
+        );
+        assert_eq!(
+            full.client_key_pem_path.as_deref(),
+            Some(std::path::Path::new("/c.key"))
+        );
         let e = replication_config("postgres://u@h/db?sslmode=require&sslcert=/c.pem", &n, None)
             .unwrap_err()
             .to_string();

@@ -167,7 +167,8 @@ impl HttpConfig {
         } else {
             None
         };
-        let tls = TlsOptions::from_query(&o, &format!("sink {}", outbox_core::redact::url(&endpoint)))?;
+        let tls =
+            TlsOptions::from_query(&o, &format!("sink {}", outbox_core::redact::url(&endpoint)))?;
         if tls.any() && scheme != "https" {
             return Err(Error::config(format!(
                 "sink `{shown}`: tls_ca, tls_cert and tls_key need TLS: write https://"

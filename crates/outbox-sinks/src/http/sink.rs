@@ -55,10 +55,11 @@ impl HttpSink {
             let mut pem = cert;
             pem.extend_from_slice(b"\n");
             pem.extend_from_slice(key.expose().as_bytes());
-            let identity = reqwest::Identity::from_pem(&pem)
-                .map_err(|_| Error::config(format!(
+            let identity = reqwest::Identity::from_pem(&pem).map_err(|_| {
+                Error::config(format!(
                     "http sink {shown}: tls_cert and tls_key are not a certificate and its key"
-                )))?;
+                ))
+            })?;
             builder = builder.identity(identity);
         }
         let client = builder

@@ -105,7 +105,14 @@ impl MqttConfig {
         }
         let (host, port) = match hostport.rsplit_once(':') {
             Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad())?),
-            None => (hostport, if secure { DEFAULT_TLS_PORT } else { DEFAULT_PORT }),
+            None => (
+                hostport,
+                if secure {
+                    DEFAULT_TLS_PORT
+                } else {
+                    DEFAULT_PORT
+                },
+            ),
         };
         if host.is_empty() {
             return Err(bad());

@@ -161,13 +161,13 @@ impl RedisConnection {
             return redis::Client::open(info).map_err(bad);
         }
         crate::install_tls_provider();
-        let client_tls = self
-            .tls
-            .client_pem(&self.display)?
-            .map(|(cert, key)| redis::ClientTlsConfig {
-                client_cert: cert,
-                client_key: key.expose().as_bytes().to_vec(),
-            });
+        let client_tls =
+            self.tls
+                .client_pem(&self.display)?
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert,
+                    client_key: key.expose().as_bytes().to_vec(),
+                });
         let certs = redis::TlsCertificates {
             client_tls,
             root_cert: self.tls.ca_pem(&self.display)?,

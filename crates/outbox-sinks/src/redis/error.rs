@@ -82,7 +82,11 @@ mod tests {
         );
         assert_eq!(e.kind, SinkErrorKind::Rejected);
         assert!(e.message.contains("`orders`") && e.message.contains("another type"));
-        let e = classify("redis://h", "orders", &server("NOPERM", "this user has no permissions"));
+        let e = classify(
+            "redis://h",
+            "orders",
+            &server("NOPERM", "this user has no permissions"),
+        );
         assert_eq!(e.kind, SinkErrorKind::Rejected);
         assert_eq!(
             classify("redis://h", "s", &server("WHATEVER", "?")).kind,
@@ -93,7 +97,10 @@ mod tests {
     #[test]
     fn no_answer_and_try_later_are_outages() {
         let io: RedisError = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
-        assert_eq!(classify("redis://h", "s", &io).kind, SinkErrorKind::Unavailable);
+        assert_eq!(
+            classify("redis://h", "s", &io).kind,
+            SinkErrorKind::Unavailable
+        );
         assert_eq!(
             classify(
                 "redis://h",
