@@ -201,6 +201,31 @@ pub fn available() -> Vec<&'static str> {
     all.to_vec()
 }
 
+/// An error and its causes, `outer: inner: …`: a TLS failure's reason (`invalid peer
+/// certificate: Expired`) sits in the chain, not in the outer text.
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// Installs ring as the process's rustls crypto provider, once, before a client builds a TLS
+/// config from the process default (the NATS, Redis and MQTT clients do): with both ring and
+/// aws-lc-rs in the build, rustls will not choose, and such a client would panic instead.
+#[cfg(any(feature = "redis", feature = "mqtt", feature = "nats"))]
+pub fn install_tls_provider() {
+    // An error only says a provider is already installed, which is all this wants.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -271,29 +296,4 @@ mod tests {
             "sns://?ack_timeout=1000ms"
         );
     }
-}
-
-/// An error and its causes, `outer: inner: …`: a TLS failure's reason (`invalid peer
-/// certificate: Expired`) sits in the chain, not in the outer text.
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = s.source();
-    }
-    text
-}
-
-/// Installs ring as the process's rustls crypto provider, once, before a client builds a TLS
-/// config from the process default (the NATS, Redis and MQTT clients do): with both ring and
-/// aws-lc-rs in the build, rustls will not choose, and such a client would panic instead.
-#[cfg(any(feature = "redis", feature = "mqtt", feature = "nats"))]
-pub fn install_tls_provider() {
-    // An error only says a provider is already installed, which is all this wants.
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -88,13 +88,15 @@ impl Terminator {
             .stderr(Stdio::null())
             .spawn()
             .expect("socat (apt-get install socat) starts");
+        // Owned at once: dropped (killed and waited for) on every path, the panic's included.
+        let t = Self { child, port };
         for _ in 0..100 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Self { child, port };
+                return t;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("socat did not listen on {port}");
+        panic!("socat did not listen on {}", t.port);
     }
 }
 
