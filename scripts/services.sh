@@ -305,3 +305,37 @@ CONF
   wait_port "NATS (TLS, JWT)" 4224
 }
 nats_tls
+
+# A MariaDB that takes TLS connections only (require_secure_transport) on 127.0.0.1:3308, with
+# the test CA's server certificate and a user that logs in by its client certificate
+# (outbox_cert, REQUIRE SUBJECT '/CN=outbox_cert'); root has no password. Data in
+# /var/lib/outbox-mariadb-tls, made once.
+mariadb_tls_server() {
+  local dir=/var/lib/outbox-mariadb-tls
+  if ! up 3308; then
+    if [ ! -d "$dir/data/mysql" ]; then
+      echo "services: making the data directory of the MariaDB with TLS in $dir"
+      rm -rf "$dir/data" && mkdir -p "$dir"
+      mariadb-install-db --no-defaults --datadir="$dir/data" --user="$(id -un)" \
+        --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1
+    fi
+    echo "services: starting MariaDB with TLS only on 127.0.0.1:3308"
+    setsid nohup mariadbd --no-defaults --datadir="$dir/data" --user="$(id -un)" \
+      --bind-address=127.0.0.1 --port=3308 --socket="$dir/mysqld.sock" \
+      --pid-file="$dir/mysqld.pid" --innodb-buffer-pool-size=64M \
+      --ssl-ca="$tls_dir/ca.pem" --ssl-cert="$tls_dir/server.pem" --ssl-key="$tls_dir/server.key" \
+      --require-secure-transport=ON >>"$dir/server.log" 2>&1 </dev/null &
+  fi
+  wait_port "MariaDB (TLS only)" 3308
+  for _ in $(seq 1 30); do
+    if mariadb -S "$dir/mysqld.sock" -u root -e "CREATE DATABASE IF NOT EXISTS test;
+        CREATE USER IF NOT EXISTS outbox_cert@'%' REQUIRE SUBJECT '/CN=outbox_cert';
+        GRANT ALL ON *.* TO outbox_cert@'%'" >/dev/null 2>&1; then
+      return 0
+    fi
+    sleep 1
+  done
+  echo "services: the MariaDB on 127.0.0.1:3308 did not take the setup; its log: $dir/server.log" >&2
+  return 1
+}
+mariadb_tls_server
