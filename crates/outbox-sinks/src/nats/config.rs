@@ -234,6 +234,7 @@ impl NatsConfig {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -254,6 +255,61 @@ mod tests {
         assert!(!format!("{c:?}").contains("hunter2"));
         let t = NatsConfig::from_url("nats://s3cret@127.0.0.1:4222").unwrap();
         assert_eq!(t.auth, Some(NatsAuth::Token(Secret::new("s3cret"))));
+    }
+
+    #[test]
+    fn credentials_come_from_files_and_the_environment() {
+        let dir = std::env::temp_dir().join(format!("outbox-nats-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pass = dir.join("pass");
+        std::fs::write(&pass, "hunter2\n").unwrap();
+        let c = NatsConfig::from_url(&format!(
+            "nats://relay@h:4222?password_file={}",
+            pass.display()
+        ))
+        .unwrap();
+        assert_eq!(
+            c.auth,
+            Some(NatsAuth::UserPassword(
+                "relay".into(),
+                Secret::new("hunter2")
+            ))
+        );
+        let seed = dir.join("seed");
+        std::fs::write(&seed, "not a seed").unwrap();
+        for (url, says) in [
+            (
+                format!("nats://h:4222?password_file={}", pass.display()),
+                "needs a user name",
+            ),
+            (
+                format!("nats://h:4222?nkey_file={}", seed.display()),
+                "holds no NKey seed",
+            ),
+            (
+                format!("nats://h:4222?nkey_file={}&token_env=X", seed.display()),
+                "one way to authenticate",
+            ),
+            (
+                format!("nats://tok@h:4222?creds_file={}", pass.display()),
+                "remove the user or token",
+            ),
+            (
+                format!("nats://h:4222?creds_file={}", pass.display()),
+                "not a NATS credentials file",
+            ),
+        ] {
+            let e = NatsConfig::from_url(&url).unwrap_err().to_string();
+            assert!(e.contains(says), "{url}: {e}");
+            assert!(!e.contains("hunter2"), "{e}");
+        }
+        let t = NatsConfig::from_url("nats://h:4222?tls_ca=/nonexistent/ca.pem")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            t.contains("tls_ca /nonexistent/ca.pem cannot be read"),
+            "{t}"
+        );
     }
 
     #[test]
