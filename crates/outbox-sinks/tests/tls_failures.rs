@@ -237,3 +237,26 @@ async fn webhooks_present_a_client_certificate_to_the_receiver() {
     let e = publish_error(&d(&format!("{endpoint}#tls_ca={{d}}/ca.pem"))).await;
     assert!(e.contains(&format!("localhost:{}", t.port)), "{e}");
 }
+
+/// MQTT over TLS with a CA that did not sign the broker's certificate: the publish is an
+/// outage naming the broker and the refused certificate.
+#[tokio::test]
+async fn mqtt_names_the_refused_certificate() {
+    let url = d("mqtts://localhost:8883?tls_ca={d}/other-ca.pem\
+                 &tls_cert={d}/client.pem&tls_key={d}/client.key");
+    let sink = outbox_sinks::connect(&url).await.unwrap();
+    // The client connects in the background: the first publishes may find no attempt yet.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let e = sink.publish(&[envelope()]).await.remove(0).unwrap_err();
+        assert!(e.is_unavailable(), "{e}");
+        let text = e.to_string();
+        if text.contains("last attempt") {
+            assert!(text.contains("localhost:8883"), "{text}");
+            assert!(text.contains("UnknownIssuer"), "{text}");
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

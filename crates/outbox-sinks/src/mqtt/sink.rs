@@ -52,6 +52,9 @@ struct Shared {
     connected: AtomicBool,
     /// The largest packet the broker accepts (its CONNACK's maximum packet size, if any).
     broker_max_packet: AtomicU32,
+    /// Why the last connection attempt failed (a refused TLS handshake, a refused login),
+    /// until one succeeds: the publishes refused meanwhile say it.
+    last_failure: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -109,6 +112,7 @@ impl MqttSink {
             }),
             connected: AtomicBool::new(false),
             broker_max_packet: AtomicU32::new(u32::MAX),
+            last_failure: Mutex::new(None),
         });
         let task = tokio::spawn(run(shared.clone(), eventloop));
         Ok(Self { shared, task })
@@ -152,6 +156,10 @@ async fn run(shared: Arc<Shared>, mut eventloop: EventLoop) {
                     .unwrap_or(u32::MAX);
                 shared.broker_max_packet.store(max, Ordering::Relaxed);
                 shared.connected.store(true, Ordering::Release);
+                *shared
+                    .last_failure
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = None;
                 info!(sink = "mqtt", broker = %shared.cfg.display, "connected to the MQTT broker");
             }
             Ok(Event::Outgoing(Outgoing::Publish(pkid))) => {
@@ -175,6 +183,10 @@ async fn run(shared: Arc<Shared>, mut eventloop: EventLoop) {
             Err(e) => {
                 let err = error::connection(&shared.cfg.display, &e);
                 warn!(sink = "mqtt", error = %err, "MQTT connection failed; reconnecting");
+                *shared
+                    .last_failure
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(err.message.clone());
                 let (client, fresh) = shared.new_client();
                 let queued = {
                     let mut conn = shared.lock();
@@ -214,10 +226,19 @@ impl Sink for MqttSink {
                     continue;
                 }
                 if !connected {
-                    results[i] = Some(Err(SinkError::unavailable(format!(
-                        "mqtt: not connected to {}",
-                        self.shared.cfg.display
-                    ))));
+                    let why = self
+                        .shared
+                        .last_failure
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    results[i] = Some(Err(SinkError::unavailable(match why {
+                        Some(why) => format!(
+                            "mqtt: not connected to {}; the last attempt: {why}",
+                            self.shared.cfg.display
+                        ),
+                        None => format!("mqtt: not connected to {}", self.shared.cfg.display),
+                    })));
                     continue;
                 }
                 let props = PublishProperties {
