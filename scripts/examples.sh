@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The producer examples of examples/ (TypeScript, Java, PHP, Python), tested: all four write
+# The producer examples of examples/ (TypeScript, Java, PHP, Python, and a Python application
+# written for Debezium's outbox table, adopted), tested: all of them write
 # outbox rows concurrently, over the same keys, into one scratch schema, while `outbox relay`
 # publishes them to a scratch JetStream stream; scripts/examples_check.py then reads the stream
 # with its own consumer and checks that every committed row arrived with its headers, that no
@@ -28,11 +29,13 @@ case "$DATABASE_KIND" in
   postgres)
     mysql=''
     DATABASE_URL=${DATABASE_URL:-postgres://root@127.0.0.1:5432/test}
-    langs=(typescript java php python) ;;
+    # `debezium`: an application written for Debezium's Outbox Event Router (its table and
+    # INSERTs, examples/debezium), adopted by `outbox migrate --adopt-debezium`.
+    langs=(typescript java php python debezium) ;;
   mysql | mariadb)
     mysql=1
     DATABASE_URL=${DATABASE_URL:-mysql://root@127.0.0.1:3306/test}
-    langs=(java php) ;;
+    langs=(java php debezium) ;;
   *) echo "examples: DATABASE_KIND must be postgres, mariadb or mysql" >&2; exit 2 ;;
 esac
 NATS_URL=${NATS_URL:-nats://127.0.0.1:4222}
@@ -115,10 +118,17 @@ say "schema $schema, stream $stream on $prefix.>"
 if [ -n "$mysql" ]; then
   "$python" scripts/examples_check.py mysql-script --database-url "$DATABASE_URL" --schema "$schema" \
     --file examples/schema-mysql.sql
+  "$python" scripts/examples_check.py mysql-script --database-url "$DATABASE_URL" --schema "$schema" \
+    --file examples/debezium/schema-mysql.sql
+  "$OUTBOX_BIN" migrate --database-url "$DATABASE_URL" --schema "$schema" \
+    --adopt-debezium "$schema.debezium_outbox" >/dev/null
   # The producers' URL names the scratch database, which holds the outbox and the ledger.
   producer_url="${DATABASE_URL%/*}/$schema"
 else
   PGOPTIONS="-c search_path=$schema" psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" -f examples/schema.sql
+  PGOPTIONS="-c search_path=$schema" psql -q -v ON_ERROR_STOP=1 "$DATABASE_URL" -f examples/debezium/schema.sql
+  "$OUTBOX_BIN" migrate --database-url "$DATABASE_URL" --schema "$schema" \
+    --adopt-debezium "$schema.debezium_outbox" >/dev/null
   producer_url=$DATABASE_URL
 fi
 "$python" scripts/examples_check.py --nats "$NATS_URL" stream-add --stream "$stream" --prefix "$prefix"
@@ -152,6 +162,9 @@ for lang in "${langs[@]}"; do
       java) exec java -cp "$jdbc_jar:$run/java" Producer ;;
       php) exec php examples/php/producer.php ;;
       python) exec "$python" examples/python/producer.py ;;
+      debezium)
+        if [ -n "$mysql" ]; then exec php examples/debezium/producer_mysql.php
+        else exec "$python" examples/debezium/producer.py; fi ;;
     esac
   ) >"$run/$lang.out" 2>"$run/$lang.err" &
   pids+=($!)

@@ -37,12 +37,30 @@ moto() {
     python3 -m venv "$venv" || { apt-get install -y python3-venv && python3 -m venv "$venv"; }
     "$venv/bin/pip" install --quiet 'moto[server]'
   fi
+  # The official CloudEvents Python SDK: the CloudEvents tests (crates/outbox-cli/tests/
+  # cloudevents.rs) read what the relay publishes with it and produce events for the inbox.
+  if ! "$venv/bin/python" -c 'import cloudevents' 2>/dev/null; then
+    echo "services: installing the cloudevents SDK into $venv"
+    "$venv/bin/pip" install --quiet 'cloudevents==2.2.0'
+  fi
   if ! up 4566; then
     echo "services: starting moto (SQS, SNS)"
     setsid nohup "$venv/bin/moto_server" -H 127.0.0.1 -p 4566 >/var/tmp/moto.log 2>&1 </dev/null &
   fi
 }
 moto
+# The official CloudEvents JavaScript SDK (npm `cloudevents`), for the CloudEvents tests beside
+# the Python one (crates/outbox-cli/tests/cloudevents/sdk_read.js).
+cloudevents_js() {
+  local dir=/opt/outbox-node
+  if [ ! -f "$dir/node_modules/cloudevents/package.json" ]; then
+    echo "services: installing the cloudevents JavaScript SDK into $dir"
+    command -v npm >/dev/null || apt-get install -y nodejs npm
+    mkdir -p "$dir"
+    npm install --prefix "$dir" --no-audit --no-fund --silent cloudevents@10.0.0
+  fi
+}
+cloudevents_js
 
 wait_port PostgreSQL 5432
 wait_port NATS 4222

@@ -184,6 +184,17 @@ pub struct MigrateArgs {
     /// MySQL/MariaDB (an account, `user` or `user@host`).
     #[arg(long, value_name = "PART=ROLE", conflicts_with = "inbox")]
     pub grant: Vec<outbox_core::Grant>,
+    /// Adopt a Debezium outbox table (PostgreSQL, MySQL/MariaDB): `name` or `schema.name`
+    /// (`database.name` on MySQL), laid out as
+    /// Debezium documents it (id, aggregatetype, aggregateid, type, payload, optional
+    /// tracingspancontext, any additional columns). An AFTER INSERT trigger copies each row
+    /// into --schema's outbox in the writer's transaction, so the application's INSERTs stay
+    /// as they are (docs/migrating-from-debezium.md). Idempotent.
+    #[arg(long, value_name = "TABLE", conflicts_with_all = ["inbox", "release_debezium"])]
+    pub adopt_debezium: Option<String>,
+    /// Remove what --adopt-debezium installed on TABLE (the rollback). Idempotent.
+    #[arg(long, value_name = "TABLE", conflicts_with = "inbox")]
+    pub release_debezium: Option<String>,
 }
 
 /// Where `outbox relay` reads messages from.
@@ -339,7 +350,9 @@ pub struct RelayArgs {
     /// A routing rule: rows it matches go to its sink instead of --sink. `;`-separated
     /// `key=value` pairs: `aggregate_type`, `event_type`, `topic` (globs, `*` matches anything;
     /// every one given must match), `sink` (required), `destination` (a template; default
-    /// --destination), `name`. E.g. `event_type=payment.*; sink=kafka://127.0.0.1:9092;
+    /// --destination), `name`, `envelope` (`outbox` default, `cloudevents` binary mode,
+    /// `cloudevents-structured`; docs/envelopes.md) and `source` (the CloudEvents `source`, a
+    /// URI-reference, default `/outbox`). E.g. `event_type=payment.*; sink=kafka://127.0.0.1:9092;
     /// destination=payments`. Repeat the flag; the first matching rule wins, rows matching none
     /// go to --sink (and end `failed` when there is none). Replaces `[[relay.routes]]`.
     #[arg(long, value_name = "RULE")]

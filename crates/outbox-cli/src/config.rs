@@ -122,6 +122,13 @@ pub struct RouteSection {
     pub sink: Option<String>,
     /// Destination template.
     pub destination: Option<String>,
+    /// Envelope format: `outbox` (default), `cloudevents`, `cloudevents-structured`.
+    pub envelope: Option<String>,
+    /// CloudEvents `source` (a URI-reference).
+    pub source: Option<String>,
+    /// With `envelope = "debezium"`: the Event Router's options by their own names
+    /// (`"route.by.field" = "type"`, …).
+    pub debezium: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl RouteSection {
@@ -134,10 +141,21 @@ impl RouteSection {
             ("topic", &self.topic),
             ("sink", &self.sink),
             ("destination", &self.destination),
+            ("envelope", &self.envelope),
+            ("source", &self.source),
         ] {
             if let Some(v) = value {
                 b.set(key, v)?;
             }
+        }
+        for (key, value) in self.debezium.iter().flatten() {
+            if !(key.starts_with("route.") || key.starts_with("table.")) {
+                return Err(outbox_core::Error::config(format!(
+                    "route {index}: debezium.`{key}` is not an Event Router option (route.*, \
+                     table.*)"
+                )));
+            }
+            b.set(key, value)?;
         }
         b.build()
     }
@@ -636,6 +654,36 @@ mod tests {
         assert_eq!(f.relay.batch_bytes, Some(ByteSize(4096)));
         let f: FileConfig = toml::from_str("[relay]\nbatch_bytes = \"1MiB\"\n").unwrap();
         assert_eq!(f.relay.batch_bytes, Some(ByteSize(1 << 20)));
+    }
+
+    #[test]
+    fn file_routes_take_envelopes_and_the_event_routers_options() {
+        let f: FileConfig = toml::from_str(
+            "[[relay.routes]]\nsink = \"stdout:\"\nenvelope = \"cloudevents-structured\"\n\
+             source = \"urn:shop\"\n\
+             [[relay.routes]]\nsink = \"kafka://k:9092\"\nenvelope = \"debezium\"\n\
+             [relay.routes.debezium]\n\"route.by.field\" = \"type\"\n",
+        )
+        .unwrap();
+        let routes = f.relay.routes.unwrap();
+        let ce = routes[0].spec(1).unwrap();
+        assert_eq!(ce.envelope.name(), "cloudevents-structured");
+        let dbz = routes[1].spec(2).unwrap();
+        assert_eq!(dbz.envelope.name(), "debezium");
+        assert_eq!(
+            dbz.destination.unwrap().as_str(),
+            "outbox.event.{event_type}"
+        );
+        let bad: FileConfig = toml::from_str(
+            "[[relay.routes]]\nsink = \"stdout:\"\nenvelope = \"debezium\"\n\
+             [relay.routes.debezium]\nname = \"x\"\n",
+        )
+        .unwrap();
+        let err = bad.relay.routes.unwrap()[0]
+            .spec(1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not an Event Router option"), "{err}");
     }
 
     #[test]

@@ -63,6 +63,11 @@ pub struct SequencerGauges {
     pub unsealed_seqs: i64,
     /// Rows the binlog did not carry, sequenced from the table since the route was turned on.
     pub rows_from_table: i64,
+    /// Seconds the sequencer's position has not moved while the binlog holds more after it
+    /// (0 when caught up): a stuck binlog reader.
+    pub lag_seconds: f64,
+    /// Partitions waiting at a position whose row the relay cannot see.
+    pub stuck_partitions: i64,
 }
 
 /// A CDC relay's replication slot as the server and the relay see it.

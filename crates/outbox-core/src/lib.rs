@@ -4,8 +4,11 @@
 //! Nothing here talks to a database or a broker; backends (`outbox-postgres`, …) and sinks
 //! (`outbox-sinks`) implement the traits, and `outbox-relay` drives them.
 
+pub mod cloudevents;
+pub mod debezium;
 pub mod error;
 pub mod flow;
+pub mod format;
 pub mod gauges;
 pub mod grants;
 pub mod identifier;
@@ -26,6 +29,7 @@ pub mod trace;
 
 pub use bytes::Bytes;
 pub use error::{Error, ErrorKind, Result};
+pub use format::{Format, Formatted};
 pub use gauges::{Gauges, PinAge, SequencerGauges, SlotGauges};
 pub use grants::{Grant, Part};
 pub use journey::{Journey, JourneyQuery, JourneyState, JourneyStep};

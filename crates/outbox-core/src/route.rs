@@ -114,11 +114,15 @@ pub struct RouteSpec {
     pub sink: String,
     /// Destination template of matching rows.
     pub destination: Option<DestinationTemplate>,
+    /// How matching rows are laid out (`envelope=`, with `source=` for CloudEvents).
+    pub envelope: crate::Format,
 }
 
 impl RouteSpec {
     /// Parses the flag form: `;`-separated `key=value` pairs with the keys `name`,
-    /// `aggregate_type`, `event_type`, `topic`, `sink` (required) and `destination`, e.g.
+    /// `aggregate_type`, `event_type`, `topic`, `sink` (required), `destination`, `envelope`
+    /// (`outbox`, `cloudevents`, `cloudevents-structured`) and `source` (the CloudEvents
+    /// `source`, a URI-reference), e.g.
     /// `event_type=payment.*; sink=kafka://127.0.0.1:9092; destination=payments`. Values keep
     /// any `=` or `,` after the first `=` (Kafka URLs list brokers with commas).
     pub fn parse(text: &str, index: usize) -> Result<Self> {
@@ -146,6 +150,10 @@ pub struct RouteBuilder {
     when: RouteMatch,
     sink: Option<String>,
     destination: Option<DestinationTemplate>,
+    envelope: Option<String>,
+    source: Option<String>,
+    /// Event Router options (`route.*`, `table.*`) for `envelope=debezium`.
+    debezium: Vec<(String, String)>,
 }
 
 impl RouteBuilder {
@@ -157,6 +165,9 @@ impl RouteBuilder {
             when: RouteMatch::default(),
             sink: None,
             destination: None,
+            envelope: None,
+            source: None,
+            debezium: Vec::new(),
         }
     }
 
@@ -170,10 +181,16 @@ impl RouteBuilder {
             "topic" => self.when.topic = glob(value)?,
             "sink" => self.sink = Some(value.to_string()),
             "destination" => self.destination = Some(DestinationTemplate::parse(value)?),
+            "envelope" => self.envelope = Some(value.to_string()),
+            "source" => self.source = Some(value.to_string()),
+            k if k.starts_with("route.") || k.starts_with("table.") => {
+                self.debezium.push((k.to_string(), value.to_string()))
+            }
             other => {
                 return Err(Error::config(format!(
                     "route {}: unknown key `{}`; use name, aggregate_type, event_type, topic, \
-                     sink, destination",
+                     sink, destination, envelope, source (and with envelope=debezium the \
+                     Event Router's route.* and table.* options)",
                     self.index,
                     crate::redact::sanitize(other)
                 )))
@@ -188,11 +205,47 @@ impl RouteBuilder {
         let sink = self
             .sink
             .ok_or_else(|| Error::config(format!("route `{name}`: no `sink`")))?;
+        let fail = |e: String| Error::config(format!("route `{name}`: {e}"));
+        let kind = self.envelope.as_deref().unwrap_or("outbox");
+        let mut destination = self.destination;
+        let envelope = if kind == "debezium" {
+            if self.source.is_some() {
+                return Err(fail(
+                    "`source` is a CloudEvents attribute, not an Event Router \
+                                 option"
+                        .into(),
+                ));
+            }
+            let options = self.debezium.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            let d = crate::debezium::Debezium::from_options(options).map_err(fail)?;
+            let routes_itself = self.debezium.iter().any(|(k, _)| k.starts_with("route."));
+            match &destination {
+                Some(_) if routes_itself => {
+                    return Err(fail(
+                        "give either `destination` or the Event Router's \
+                                     route.* options, not both"
+                            .into(),
+                    ))
+                }
+                Some(_) => {}
+                None => destination = Some(d.destination().map_err(fail)?),
+            }
+            crate::Format::Debezium(d)
+        } else {
+            if let Some((k, _)) = self.debezium.first() {
+                return Err(fail(format!(
+                    "`{}` is an Event Router option; it needs envelope=debezium",
+                    crate::redact::sanitize(k)
+                )));
+            }
+            crate::Format::parse(kind, self.source.as_deref()).map_err(fail)?
+        };
         Ok(RouteSpec {
             name,
             when: self.when,
             sink,
-            destination: self.destination,
+            destination,
+            envelope,
         })
     }
 }
@@ -275,6 +328,25 @@ mod tests {
             .unwrap()
             .when
             .is_catch_all());
+        let ce =
+            RouteSpec::parse("sink=stdout:; envelope=cloudevents; source=urn:shop", 4).unwrap();
+        assert_eq!(ce.envelope.name(), "cloudevents");
+        assert!(RouteSpec::parse("sink=stdout:", 5)
+            .unwrap()
+            .envelope
+            .is_outbox());
+        let dbz = RouteSpec::parse("sink=stdout:; envelope=debezium", 6).unwrap();
+        assert_eq!(
+            dbz.destination.unwrap().as_str(),
+            "outbox.event.{aggregate_type}",
+            "the Event Router's default topic"
+        );
+        let by_type = RouteSpec::parse(
+            "sink=stdout:; envelope=debezium; route.by.field=type; route.topic.replacement=ev.${routedByValue}",
+            7,
+        )
+        .unwrap();
+        assert_eq!(by_type.destination.unwrap().as_str(), "ev.{event_type}");
     }
 
     #[test]
@@ -285,6 +357,24 @@ mod tests {
             ("event_type;sink=stdout:", "has no `=`"),
             ("event_type=;sink=stdout:", "empty pattern"),
             ("sink=stdout:;destination={nope}", "unknown placeholder"),
+            ("sink=stdout:;envelope=avro", "unknown envelope `avro`"),
+            (
+                "sink=stdout:;envelope=cloudevents;source=a b",
+                "not a URI-reference",
+            ),
+            ("sink=stdout:;source=/x", "needs envelope=cloudevents"),
+            (
+                "sink=stdout:;route.by.field=type",
+                "needs envelope=debezium",
+            ),
+            (
+                "sink=stdout:;envelope=debezium;destination=x;route.by.field=type",
+                "not both",
+            ),
+            (
+                "sink=stdout:;envelope=debezium;route.by.field=payload",
+                "route.by.field",
+            ),
         ] {
             let e = RouteSpec::parse(text, 1).unwrap_err().to_string();
             assert!(e.contains(says), "{text}: {e}");

@@ -69,6 +69,15 @@ pub struct SequencerStatus {
     /// Rows the binlog did not carry (written with `sql_log_bin = 0`, or logged as statements),
     /// sequenced from the table since the route was turned on.
     pub rows_from_table: i64,
+    /// How long the sequencer's position has not moved while the binlog holds more after it,
+    /// in seconds (0 when it has read everything): a reader stuck on a dead connection shows
+    /// here, while its lease renewals keep `saved_at` fresh.
+    pub lag_seconds: f64,
+    /// Partitions whose next position names a row the relay cannot see (deleted by hand, or
+    /// never committed): the relay waits there, and the partition's later messages with it.
+    /// A moment's wait is normal (a row becomes visible just after its binlog event); one that
+    /// lasts is not.
+    pub stuck_partitions: i64,
 }
 
 /// A CDC replication slot as `outbox status` shows it.
@@ -641,6 +650,20 @@ fn render_sequencer(q: &SequencerStatus, at: DateTime<Utc>, line: &mut impl FnMu
          the table",
         q.sequenced_below, q.next_seq, q.rows_from_table
     ));
+    if q.lag_seconds >= 30.0 {
+        line(format!(
+            "  STUCK: its position has not moved for {:.0} s while the binlog holds more; its \
+             log says why (it reconnects on its own to a server that went silent)",
+            q.lag_seconds
+        ));
+    }
+    if q.stuck_partitions > 0 {
+        line(format!(
+            "  {} partition(s) wait at a position whose row is not visible (a row deleted by \
+             hand, or never committed); their later messages wait too",
+            q.stuck_partitions
+        ));
+    }
     if q.owner.is_none() || q.lease_until.is_none_or(|t| t <= at) {
         line(
             "  NO SEQUENCER: messages written now get no position and are not relayed. Start \
@@ -856,6 +879,8 @@ mod tests {
             sequenced_below: 120,
             next_seq: 131,
             rows_from_table: 2,
+            lag_seconds: 0.0,
+            stuck_partitions: 0,
         };
         let text = |q: &SequencerStatus| {
             let detail = StatusDetail {

@@ -19,6 +19,7 @@
 //! Everything that takes `&mut tx` runs in the caller's `sqlx::Transaction`, PostgreSQL, MySQL
 //! (MariaDB) or SQLite ([`InboxTx`]).
 
+mod cloudevent;
 pub mod daemon;
 mod database;
 pub mod effects;

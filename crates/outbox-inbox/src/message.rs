@@ -103,6 +103,11 @@ impl InboxMessage {
     ///   without a key is ordered with nothing);
     /// - payload: the body, as JSON when it parses, else as text or base64 (see
     ///   [`PayloadFormat`]).
+    ///
+    /// A CloudEvent (binary or structured mode, any binding; see docs/envelopes.md) is read as
+    /// one: its `id` is the id (a UUIDv5 of `source` and `id` when it is not a UUID), its
+    /// `type` the type, its `partitionkey` or `subject` the key, its `data` the payload, and
+    /// its attributes are kept as `ce-<name>` headers.
     pub fn from_broker(
         source: &str,
         body: &[u8],
@@ -117,19 +122,41 @@ impl InboxMessage {
                 .find(|(k, _)| k.eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.clone())
         };
-        let id = find(HEADER_MESSAGE_ID)
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(fallback_id);
+        let event = crate::cloudevent::read(&headers, body);
+        let id = match &event {
+            Some(e) => e.id,
+            None => find(HEADER_MESSAGE_ID)
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(fallback_id),
+        };
         // PostgreSQL text cannot hold a NUL: one in a header or field must not make a message
         // that can never be recorded.
-        let message_type = find(HEADER_EVENT_TYPE)
+        let message_type = event
+            .as_ref()
+            .map(|e| e.ty.clone())
+            .filter(|t| !t.is_empty())
+            .or_else(|| find(HEADER_EVENT_TYPE))
             .unwrap_or_else(|| fallback_type.to_string())
             .replace('\0', "");
         let key = find(HEADER_AGGREGATE_ID)
+            .or_else(|| event.as_ref().and_then(|e| e.key.clone()))
             .or_else(|| fallback_key.map(str::to_string))
             .unwrap_or_else(|| id.to_string())
             .replace('\0', "");
-        let (payload, payload_format) = encode_body(body);
+        let (payload, payload_format) = match event.as_ref().and_then(|e| e.data.as_deref()) {
+            Some(data) => encode_body(data),
+            None => encode_body(body),
+        };
+        let mut headers = headers;
+        if let Some(e) = event {
+            // Structured mode's attributes were in the body: kept as headers, like binary
+            // mode's, under one naming.
+            for a in e.attributes {
+                if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(&a.0)) {
+                    headers.push(a);
+                }
+            }
+        }
         let mut map = serde_json::Map::new();
         for (k, v) in headers {
             // PostgreSQL text and jsonb cannot hold a NUL.
@@ -239,6 +266,48 @@ mod tests {
         assert_eq!(m.payload, serde_json::json!({"n": 1}));
         assert_eq!(m.payload_format, PayloadFormat::Json);
         assert_eq!(m.header("TRACEPARENT"), Some("00-1"));
+    }
+
+    #[test]
+    fn a_cloudevent_gives_id_type_key_and_its_data_as_the_payload() {
+        let id = Uuid::now_v7();
+        let body = format!(
+            r#"{{"specversion":"1.0","id":"{id}","source":"/s","type":"order.placed",
+                "subject":"o-9","time":"2026-12-06T09:00:00Z","data":{{"n":2}}}}"#
+        );
+        let m = InboxMessage::from_broker(
+            "nats:S",
+            body.as_bytes(),
+            vec![],
+            Uuid::nil(),
+            "subject.x",
+            None,
+        );
+        assert_eq!(
+            (m.id, m.message_type.as_str(), m.key.as_str()),
+            (id, "order.placed", "o-9")
+        );
+        assert_eq!(m.payload, serde_json::json!({"n": 2}));
+        assert_eq!(m.header("ce-time"), Some("2026-12-06T09:00:00Z"));
+        let binary = InboxMessage::from_broker(
+            "kafka:t",
+            br#"{"n":3}"#,
+            vec![
+                ("ce_specversion".into(), "1.0".into()),
+                ("ce_id".into(), "evt-1".into()),
+                ("ce_source".into(), "urn:a".into()),
+                ("ce_type".into(), "t".into()),
+            ],
+            Uuid::nil(),
+            "topic",
+            Some("kafka-key"),
+        );
+        assert_ne!(binary.id, Uuid::nil());
+        assert_eq!(
+            (binary.message_type.as_str(), binary.key.as_str()),
+            ("t", "kafka-key")
+        );
+        assert_eq!(binary.payload, serde_json::json!({"n": 3}));
     }
 
     #[test]

@@ -31,7 +31,7 @@ impl fmt::Debug for Key {
     }
 }
 
-/// The two defects the model can plant, each against the fix the protocol uses.
+/// The defects the model can plant, each against the fix the protocol uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Bugs {
     /// Bug 1: the seq floor is read without the sequence's buffer lock (`SELECT last_value FROM
@@ -48,6 +48,23 @@ pub struct Bugs {
     /// span's end and that cursor were never read, so the window passes them. Fixed: the claim
     /// keeps only rows at or below the span's end.
     pub rows_past_the_span: bool,
+    /// Bug 4, the fallback's re-parking (engine review N2): the CDC relay parks a message at a
+    /// fresh seq (`nextval`), and polling, reading the same rows again from its position after
+    /// the fallback, parks a row of a parked key unless that very seq is parked already, so a
+    /// row gets a second, older copy ahead of its key's failed message. Fixed: CDC parks a table
+    /// row at its own seq, and polling skips a row whose id is parked already.
+    pub fallback_reparks: bool,
+    /// Bug 5 (engine review N2b): claim_parked hands out every non-failed row of a key whose
+    /// head is not failed, including rows behind a failed one. Fixed: under block only the rows
+    /// below the key's first failed row. Defence in depth: the relay parks a key in seq order,
+    /// so with bug 4 fixed a failed row is its key's head, and this bug alone loses nothing
+    /// (the model shows it).
+    pub parked_past_failed: bool,
+    /// Bug 6 (engine review N4): compare-and-append checks only that the position a record
+    /// read has no successor; once pruning removed that position and its successor, a record
+    /// abandoned before lands and becomes the latest. Fixed: it appends only behind a position
+    /// that still exists (`FOR KEY SHARE` on it).
+    pub prune_frees_successor: bool,
 }
 
 /// One model run: the transactions, the relay, the bounds and the bugs.
@@ -80,6 +97,20 @@ pub struct Config {
     /// below it are read, and a claim that then finds fewer rows than its batch keeps the window
     /// open with the cursor at the span's end instead of closing it.
     pub walk_span: Option<u8>,
+    /// Handed-out messages the sink may fail for good (`--on-failed block`): each is parked
+    /// `failed` and holds its key until a redrive. With none (and no CDC phase) nothing is ever
+    /// parked and the parking actions are off.
+    pub max_failures: u8,
+    /// Redrives of every failed message (`outbox redrive`) the operator may run.
+    pub max_redrives: u8,
+    /// Whether the run starts with a CDC relay, which publishes committed rows key by key and
+    /// parks what fails (and its key's later rows) until the slot is lost and polling takes over
+    /// from the position the CDC relay left, the migration's first one here (the checkpoint
+    /// trails the slot; one that never moved is the widest re-read).
+    pub cdc: bool,
+    /// Prunes of superseded positions (prune_positions.sql): each removes every position but the
+    /// latest, the most a prune may remove.
+    pub max_prunes: u8,
     /// Which bugs are planted.
     pub bugs: Bugs,
 }
@@ -97,6 +128,10 @@ impl Config {
             segment_width: 2,
             safety_net: false,
             walk_span: None,
+            max_failures: 0,
+            max_redrives: 0,
+            cdc: false,
+            max_prunes: 0,
             bugs: Bugs::default(),
         }
     }
@@ -154,6 +189,47 @@ impl Config {
         }
     }
 
+    /// Three writers racing (one on a, one on a then b, one on b), batches of two rows: the sink
+    /// fails one message for good, whose key's later messages are parked behind it, and the
+    /// operator redrives once.
+    pub fn parking() -> Self {
+        Self {
+            max_failures: 1,
+            max_redrives: 1,
+            ..Self::batches_of_two()
+        }
+    }
+
+    /// Two writers on one key, published first by a CDC relay that may fail one for good (and
+    /// park its key's later message behind it) before its slot is lost; polling then reads the
+    /// same rows again from the position CDC left, and the operator redrives once.
+    pub fn cdc_fallback() -> Self {
+        Self {
+            batch: 2,
+            max_failures: 1,
+            max_redrives: 1,
+            cdc: true,
+            ..Self::new(vec![vec![Key::A], vec![Key::A]])
+        }
+    }
+
+    /// Two writers; the relay gives up on one record, which may land at any later point, and
+    /// maintenance prunes every superseded position once, at any point.
+    pub fn pruning() -> Self {
+        Self {
+            batch: 2,
+            max_records: 3,
+            max_abandons: 1,
+            max_prunes: 1,
+            ..Self::new(vec![vec![Key::A], vec![Key::A, Key::B]])
+        }
+    }
+
+    /// Whether anything can be parked in this run.
+    pub fn parks(&self) -> bool {
+        self.max_failures > 0 || self.cdc
+    }
+
     /// Every configuration the fixed protocol is checked in, by name. Each is small enough to
     /// explore whole in seconds; together they cover writer races, batch sizes and relay faults
     /// (one model with all of them at once has tens of millions of states).
@@ -165,6 +241,16 @@ impl Config {
             ("takeover", Self::takeover()),
             ("abandon and takeover", Self::abandon_and_takeover()),
             ("walk span", Self::walk_span()),
+        ]
+    }
+
+    /// The configurations with parking, the CDC fallback and pruning, by name (checked apart from
+    /// [`Self::portfolio`], so that neither check runs long).
+    pub fn parking_portfolio() -> Vec<(&'static str, Self)> {
+        vec![
+            ("parking", Self::parking()),
+            ("cdc fallback", Self::cdc_fallback()),
+            ("pruning", Self::pruning()),
         ]
     }
 

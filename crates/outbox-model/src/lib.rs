@@ -1,6 +1,6 @@
-//! An explicit-state model of the PostgreSQL relay's window/position protocol (one partition),
-//! checked exhaustively with [stateright](https://docs.rs/stateright) by `cargo test -p
-//! outbox-model`.
+//! An explicit-state model of the PostgreSQL relay's window/position protocol and its parking
+//! (one partition), checked exhaustively with [stateright](https://docs.rs/stateright) by
+//! `cargo test -p outbox-model`.
 //!
 //! # What is modelled
 //!
@@ -49,9 +49,21 @@
 //!   once `b <= pg_snapshot_xmin(done)` of the latest position, and its rows disappear from
 //!   every later claim.
 //!
-//! Left out: parking, reading ahead, batch sharing and byte limits (each only hands out fewer
-//! rows, which keeps a window open), several partitions (each has its own positions), lease
-//! timing, and A3. A3, the safety net under A2's floor (`txid >= done_bound AND seq <=
+//! - **Pruning** (prune_positions.sql): every position but the latest is removed, at any point.
+//!   A record appends only behind a position that still exists (record.sql's `predecessor`).
+//! - **Parking** under `--on-failed block` ([`parking`]): the sink may fail a message for good;
+//!   the record that appends parks it `failed`, and parks `waiting` the rows of its key behind
+//!   it and every row of a key with parked messages (`held`), unless that message is parked
+//!   already. claim_parked hands out each key whose head is not failed up to its first failed
+//!   row; a redrive makes failed messages due.
+//! - **A CDC relay** first ([`Config::cdc`]): it reads committed rows key by key in commit order,
+//!   publishes or parks them at their own seq, may checkpoint the polling position once, and
+//!   loses its slot at any point, after which polling reads the same rows again.
+//!
+//! Left out: reading ahead, batch sharing and byte limits (each only hands out fewer rows, which
+//! keeps a window open), several partitions (each has its own positions), lease timing, the
+//! parking cap, retries that succeed later, the record that carries claim_parked's outcomes
+//! (applied in one step with the publication, by the owner only), and A3. A3, the safety net under A2's floor (`txid >= done_bound AND seq <=
 //! done_floor`), is off by default so that the model shows A2 needs no net once the floor is
 //! read under the lock; [`Config::safety_net`] switches it on.
 //!
@@ -65,20 +77,27 @@
 //! 4. **Positions never move backwards**: each position that becomes the latest has a `done`
 //!    that sees everything the previous latest `done` saw, and with the same `done` continues the
 //!    same window with a cursor no lower.
-//! 5. **Retention** drops only rows that were sent or rolled back, and never a segment a running
-//!    transaction could still insert into.
+//! 5. **Retention** drops only rows that were sent, parked or rolled back, and never a segment
+//!    a running transaction could still insert into.
+//! 6. **No overtaking**: a row is first sent only once every committed row of its key with a
+//!    lower seq was sent.
+//! 7. **A failed message goes out only after a redrive.**
+//!
+//! (Invariant 1 counts a parked row as not lost: it is still the relay's to deliver.)
 //!
 //! Examples (`sometimes`) guard against a vacuous pass: every committed row delivered and
 //! passed; a segment holding a sent row dropped; the new owner recording after a takeover; an
 //! abandoned record running after the position it read was followed; a window whose cursor a
-//! walk's span moved onto a row not sent.
+//! walk's span moved onto a row not sent; a redriven message delivered with its key; a record
+//! naming a pruned position.
 //!
 //! # Results
 //!
-//! The fixed protocol (locked floor, compare-and-append, fence) keeps all five invariants over
-//! the whole state space of each configuration of [`Config::portfolio`] (writer races with
-//! batches of one and two rows, abandoned records, a takeover, both together, walks of one seq:
-//! 0.6 to 1.9 million states each, about 20 seconds in all). The planted bugs are found:
+//! The fixed protocol (locked floor, compare-and-append behind an existing position, fence,
+//! parking at own seqs) keeps all seven invariants over the whole state space of each
+//! configuration of [`Config::portfolio`] and [`Config::parking_portfolio`] (writer races with batches of one and two rows,
+//! abandoned records, a takeover, both together, walks of one seq, parking, the CDC fallback,
+//! pruning: 0.1 to 2.6 million states each, about a minute in all). The planted bugs are found:
 //!
 //! - **Bug 1, unlocked floor** ([`Bugs::unlocked_floor`]): T0 gets txid 2 and is in the middle
 //!   of `nextval` (the tuple shows 2, `last` is 0) when a claim opens a window and reads the
@@ -99,13 +118,28 @@
 //!   (invariant 1; 18 steps). Fixed, the claim keeps only seq 1 and the cursor stops at the
 //!   span's end.
 //!
+//! - **Bug 4, the fallback re-parks** ([`Bugs::fallback_reparks`], engine review N2): T0's
+//!   row a/1 fails under CDC and is parked at a fresh seq 3; a checkpoint passes T0 but not T1
+//!   (a/2); the slot is lost; polling parks a/2 at its own seq 2, ahead of the failed a/1, and
+//!   claim_parked publishes it (invariant 6; 16 steps). [`Bugs::parked_past_failed`]'s fix does
+//!   not help (seq 2 is ahead of the failure); without the checkpoint a/1's own copy is
+//!   published unredriven (invariant 7; 11 steps).
+//! - **Bug 5, past a failed row** ([`Bugs::parked_past_failed`]) is not found: with parking at
+//!   own seqs a failed message is its key's head, so the old rule never meets a row behind one.
+//! - **Bug 6, pruning frees the successor slot** ([`Bugs::prune_frees_successor`], N4): a
+//!   record is abandoned, its retry and a later record land, maintenance prunes the first two
+//!   positions, and the abandoned record lands as the latest with the oldest `done`
+//!   (invariant 4; 12 steps).
+//!
 //! Compare-and-append alone keeps these invariants: with the epoch fence removed, the checks
 //! still pass, since a zombie's record that lands is a valid successor of a batch it did publish.
 //! The fence still matters for what the model leaves out (parked rows written by a member that
 //! lost the partition).
 
 pub mod config;
+pub mod explain;
 pub mod model;
+pub mod parking;
 pub mod properties;
 pub mod snapshot;
 pub mod state;

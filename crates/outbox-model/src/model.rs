@@ -9,10 +9,10 @@
 //! (fence, id, transaction id and append are one statement), so the latest position is always the
 //! last one landed: with the ids drawn when the statement runs, `ORDER BY id DESC` means exactly
 //! that, and it is why a record that runs late becomes the latest in the buggy protocol.
+//! Parking, the CDC relay's steps and the parked claim are in [`crate::parking`]; paths are put
+//! in words by [`crate::explain`].
 
-use std::fmt::Write as _;
-
-use stateright::{Model, Path, Property};
+use stateright::{Model, Property};
 
 use crate::config::{Config, Key};
 use crate::properties;
@@ -60,7 +60,37 @@ pub enum Action {
     Claim {
         /// The member.
         relay: u8,
+        /// Whether the sink fails the first message it is given for good (while failures are
+        /// left): parked `failed`, its key's later rows in the batch parked behind it.
+        fail: bool,
     },
+    /// A relay member hands out the due parked messages (claim_parked.sql) and publishes them;
+    /// what it publishes leaves the parked table, what fails is parked `failed`. One step: the
+    /// model leaves the record that carries these outcomes out (see [`crate`]).
+    ClaimParked {
+        /// The member.
+        relay: u8,
+        /// Whether the sink fails the first message it is given for good.
+        fail: bool,
+    },
+    /// The operator redrives every failed message: each is due again.
+    Redrive,
+    /// The CDC relay reads the next committed row of `key` from its slot and publishes it, or
+    /// parks it behind its key's parked rows, or (failing) parks it `failed`.
+    CdcRead {
+        /// The key.
+        key: Key,
+        /// Whether the sink fails it for good.
+        fail: bool,
+    },
+    /// The CDC relay moves the polling position to a mark its slot has passed
+    /// (cdc_checkpoint.sql), once: a closed window at a snapshot whose every committed row the
+    /// relay has read.
+    Checkpoint,
+    /// The CDC relay's slot is lost: polling takes over from the position CDC left.
+    Fallback,
+    /// Maintenance prunes every position but the latest (prune_positions.sql).
+    Prune,
     /// The claim statement that opened a window reads the seq floor for it. It is a step of its
     /// own because the statement reads it after taking its snapshot (claim_window.sql's `floor`
     /// CTE runs under the statement's snapshot, taken when the statement began), so writers may
@@ -120,8 +150,8 @@ pub struct PlannedRow {
 /// The model of one relay partition.
 #[derive(Clone, Debug)]
 pub struct ProtocolModel {
-    cfg: Config,
-    plan: Vec<PlannedRow>,
+    pub(crate) cfg: Config,
+    pub(crate) plan: Vec<PlannedRow>,
     /// The index in `plan` of each writer's first row.
     first_row: Vec<usize>,
 }
@@ -134,7 +164,7 @@ impl ProtocolModel {
     /// If `cfg` could need more transaction ids or rows than the model tracks, has no writer, a
     /// writer with no row, or a zero batch or segment width.
     pub fn new(cfg: Config) -> Self {
-        let ids = 2 + cfg.writers.len() + usize::from(cfg.max_records);
+        let ids = 2 + cfg.writers.len() + usize::from(cfg.max_records) + usize::from(cfg.cdc);
         assert!(
             ids <= usize::from(MAX_XID),
             "too many transaction ids for the model"
@@ -177,7 +207,7 @@ impl ProtocolModel {
     }
 
     /// The id of a writer's next row.
-    fn row_index(&self, w: usize, s: &State) -> usize {
+    pub(crate) fn row_index(&self, w: usize, s: &State) -> usize {
         self.first_row[w] + usize::from(s.writers[w].next_row)
     }
 
@@ -197,7 +227,7 @@ impl ProtocolModel {
     }
 
     /// The snapshot a statement would take now.
-    fn snapshot_now(s: &State) -> Snapshot {
+    pub(crate) fn snapshot_now(s: &State) -> Snapshot {
         let running = s
             .writers
             .iter()
@@ -208,7 +238,7 @@ impl ProtocolModel {
 
     /// The seq floor as the claim reads it: under the buffer lock `last`; without it, whatever
     /// the tuple shows, `last + wal_ahead` in the middle of a logged `nextval`.
-    fn read_floor(&self, s: &State) -> Seq {
+    pub(crate) fn read_floor(&self, s: &State) -> Seq {
         if self.cfg.bugs.unlocked_floor && s.sequence.drawing.is_some() {
             s.sequence.last + self.cfg.wal_ahead
         } else {
@@ -289,7 +319,16 @@ impl ProtocolModel {
         // B and A1 read at most a batch.
         probed.truncate(batch);
         let reach = cursor.max(p.done_floor).saturating_add(span);
-        let edge = (reach < self.read_floor(s)).then_some(reach);
+        // No row of the window lies above `cur_floor` (read after `cur` was taken), nor above the
+        // floor read now: the walk ends the window past the lower of the two
+        // (`LEAST(seq_high, cur_floor)`). A window this claim opens has no `cur_floor` yet (it is
+        // the floor read by the statement, the next step), so only the floor read now bounds it.
+        let high = if p.cur.is_some() {
+            self.read_floor(s).min(cur.floor)
+        } else {
+            self.read_floor(s)
+        };
+        let edge = (reach < high).then_some(reach);
         let mut found: Vec<(Seq, usize)> = probed
             .into_iter()
             .chain(walked.into_iter().filter(|&(seq, _)| seq <= reach))
@@ -302,7 +341,7 @@ impl ProtocolModel {
 
     /// A claim by `relay` (the action is enabled only for an idle owner, or a member that still
     /// believes it is one).
-    fn claim(&self, s: &mut State, relay: usize) -> Option<()> {
+    fn claim(&self, s: &mut State, relay: usize, fail: bool) -> Option<()> {
         let epoch = s.relays[relay].epoch?;
         let prev = s.latest_id;
         let p = s.latest;
@@ -328,15 +367,29 @@ impl ProtocolModel {
             ),
         };
         let (found, edge) = self.read_window(s, &p, &cur, cursor);
-        for &(seq, i) in &found {
-            if s.was_sent(i) {
-                continue;
-            }
+        // Under block a row whose key has a parked message is `held` (claim_window.sql's
+        // `flagged`): parked behind it, not sent. The first row the sink is given may fail for
+        // good; its key's later rows in the batch are not tried and are parked behind it.
+        let mut park = 0u16;
+        let mut failed = 0u16;
+        let mut stopped = 0u8;
+        let mut fail = fail && s.failures < self.cfg.max_failures;
+        for &(_, i) in &found {
             let key = self.plan[i].key;
-            s.out_of_order |= s.rows.iter().enumerate().any(|(j, r)| {
-                s.was_sent(j) && self.plan[j].key == key && r.is_some_and(|r| r.seq > seq)
-            });
-            s.sent |= 1 << i;
+            let held = stopped & key.bit() != 0
+                || s.parked
+                    .iter()
+                    .any(|k| self.plan[usize::from(k.row)].key == key);
+            if held {
+                park |= 1 << i;
+            } else if fail {
+                fail = false;
+                s.failures += 1;
+                failed |= 1 << i;
+                stopped |= key.bit();
+            } else {
+                self.send(s, i);
+            }
         }
         // Fewer rows than asked for: the window is read to its end (`window_rows` below the
         // limit), unless the walk's span ended first: then the window stays open with the
@@ -359,7 +412,13 @@ impl ProtocolModel {
                 cursor: 0,
             },
         };
-        let claimed = Claimed { prev, epoch, next };
+        let claimed = Claimed {
+            prev,
+            epoch,
+            next,
+            park,
+            fail: failed,
+        };
         s.relays[relay].stage = if opens {
             Stage::ReadingFloor(claimed)
         } else {
@@ -390,14 +449,33 @@ impl ProtocolModel {
         let at = s.in_flight.iter().position(|r| r.id == id)?;
         let rec = s.in_flight.remove(at);
         let fenced_in = rec.claimed.epoch == s.epoch;
-        let successor = rec.claimed.prev == s.latest_id;
-        let lands = fenced_in && (successor || self.cfg.bugs.latest_by_highest_id);
+        let prev = rec.claimed.prev;
+        let successor = prev == s.latest_id;
+        // The chain's positions are the ids `pruned_below..=latest_id`, each following the one
+        // before it: `prev`'s successor is `prev + 1`, gone if pruned.
+        let pruned = prev < s.pruned_below;
+        let followed = prev < s.latest_id && prev + 1 >= s.pruned_below;
+        let lands = fenced_in
+            && (self.cfg.bugs.latest_by_highest_id
+                || (!followed && (!pruned || self.cfg.bugs.prune_frees_successor)));
+        s.pruned_record |= fenced_in && pruned;
         if lands {
             // The recording transaction's id, assigned now: after the claim's snapshot, which
             // is what makes it a bound for A1/A2.
             let xid = s.next_xid;
             s.next_xid += 1;
             s.latest_completed = s.latest_completed.max(xid);
+            // Parking depends on the append (record.sql): failures first, then what waits.
+            for i in 0..s.rows.len() {
+                if rec.claimed.fail & (1 << i) != 0 {
+                    self.park_polled(s, i, true);
+                }
+            }
+            for i in 0..s.rows.len() {
+                if rec.claimed.park & (1 << i) != 0 {
+                    self.park_polled(s, i, false);
+                }
+            }
             let new = rec.claimed.next.land(rec.claimed.epoch, xid);
             s.passed_unsent |= properties::passes_unsent(self, s, &new);
             s.moved_back |= properties::moves_back(&s.latest, &new);
@@ -460,147 +538,6 @@ impl ProtocolModel {
             s.latest_completed = s.latest_completed.max(t);
         }
     }
-
-    /// A readable account of a path: one line per step, with what it did.
-    pub fn explain(&self, path: &Path<State, Action>) -> String {
-        let mut out = String::new();
-        let steps = path.clone().into_vec();
-        for (n, (before, action)) in steps.iter().enumerate() {
-            let Some(action) = action else { continue };
-            let Some((after, _)) = steps.get(n + 1) else {
-                continue;
-            };
-            let _ = writeln!(out, "{:2}. {}", n + 1, self.describe(before, action, after));
-        }
-        out
-    }
-
-    /// A row as `key/seq(xid)`.
-    fn row_text(&self, s: &State, i: usize) -> String {
-        match s.rows[i] {
-            Some(row) => format!("{:?}/{}(x{})", self.plan[i].key, row.seq, row.txid),
-            None => format!("{:?}/-", self.plan[i].key),
-        }
-    }
-
-    /// One step of [`Self::explain`].
-    fn describe(&self, before: &State, action: &Action, after: &State) -> String {
-        let pos = |p: &Position| {
-            let cur = p.cur.map_or(String::from("-"), |w| {
-                format!("{:?} bound {} floor {}", w.snapshot, w.bound, w.floor)
-            });
-            format!(
-                "done {:?} bound {} floor {} | cur {} | cursor {}",
-                p.done, p.done_bound, p.done_floor, cur, p.cursor
-            )
-        };
-        match *action {
-            Action::AssignTxid { writer, key } => format!(
-                "T{writer} locks key {key:?}, gets txid {}",
-                after.writers[usize::from(writer)].txid.unwrap_or_default()
-            ),
-            Action::WalAhead { writer, key } => {
-                let held = before.writers[usize::from(writer)].locks & key.bit() != 0;
-                format!(
-                    "T{writer} {}nextval step 1: the tuple shows {} (last {})",
-                    if held {
-                        String::new()
-                    } else {
-                        format!("locks key {key:?}, ")
-                    },
-                    before.sequence.last + self.cfg.wal_ahead,
-                    before.sequence.last
-                )
-            }
-            Action::Drawn { writer } => {
-                let i = self.row_index(usize::from(writer), before);
-                format!(
-                    "T{writer} nextval step 2: inserts {}",
-                    self.row_text(after, i)
-                )
-            }
-            Action::Commit { writer } => format!("T{writer} commits"),
-            Action::Rollback { writer } => format!("T{writer} rolls back"),
-            Action::Claim { relay } => {
-                let new: Vec<String> = (0..after.rows.len())
-                    .filter(|&i| after.was_sent(i) && !before.was_sent(i))
-                    .map(|i| self.row_text(after, i))
-                    .collect();
-                let (Stage::Published(c) | Stage::ReadingFloor(c)) =
-                    after.relays[usize::from(relay)].stage
-                else {
-                    return format!("relay {relay} claims");
-                };
-                let window = match before.latest.cur {
-                    Some(w) => format!(
-                        "goes on in window cur {:?} after cursor {}",
-                        w.snapshot, before.latest.cursor
-                    ),
-                    None => match c.next.cur {
-                        Some(w) => format!("opens a window at cur {:?}", w.snapshot),
-                        None => format!("opens a window at cur {:?}", c.next.done),
-                    },
-                };
-                let next = match c.next.cur {
-                    Some(_) => format!("keeps it open, cursor {}", c.next.cursor),
-                    None => String::from("read to its end, closes it"),
-                };
-                format!(
-                    "relay {relay} claims from position #{}: {window}; first sends {new:?}; {next}",
-                    c.prev
-                )
-            }
-            Action::ReadFloor { relay } => {
-                format!("relay {relay} reads the floor: {}", self.read_floor(before))
-            }
-            Action::Record { relay } => format!(
-                "relay {relay} starts record #{}",
-                after.records_started.saturating_sub(1)
-            ),
-            Action::Abandon { relay, retry } => format!(
-                "relay {relay} gives up on its record{}",
-                if retry {
-                    " and records the same batch again"
-                } else {
-                    " and claims afresh"
-                }
-            ),
-            Action::Land { record } => {
-                if after.latest_id != before.latest_id {
-                    let mut text = format!(
-                        "record #{record} lands as position #{} (txid {}): {}",
-                        after.latest_id,
-                        after.next_xid - 1,
-                        pos(&after.latest)
-                    );
-                    if after.passed_unsent && !before.passed_unsent {
-                        let unsent: Vec<String> = (0..after.rows.len())
-                            .filter(|&i| {
-                                after.rows[i].is_some_and(|row| {
-                                    self.passed(after, &after.latest, i, &row) && !after.was_sent(i)
-                                })
-                            })
-                            .map(|i| self.row_text(after, i))
-                            .collect();
-                        let _ = write!(text, " -- LOSS: it has passed {unsent:?}, never sent");
-                    }
-                    if after.moved_back && !before.moved_back {
-                        text.push_str(" -- BACKWARDS: behind the position it replaces");
-                    }
-                    text
-                } else {
-                    format!("record #{record} runs late and writes nothing (fence or compare)")
-                }
-            }
-            Action::Takeover { to } => {
-                format!(
-                    "relay {to} takes the partition over (epoch {})",
-                    after.epoch
-                )
-            }
-            Action::DropSegment { below } => format!("retention drops txids below {below}"),
-        }
-    }
 }
 
 impl Model for ProtocolModel {
@@ -653,6 +590,17 @@ impl Model for ProtocolModel {
             dropped_below: 0,
             sent: 0,
             out_of_order: false,
+            overtaken: false,
+            failed_sent: false,
+            parked: Vec::new(),
+            failures: 0,
+            redrives: 0,
+            cdc: self.cfg.cdc,
+            cdc_handled: 0,
+            prunes: 0,
+            pruned_below: 0,
+            pruned_record: false,
+            checkpointed: false,
         }]
     }
 
@@ -664,8 +612,32 @@ impl Model for ProtocolModel {
         for (r, relay) in s.relays.iter().enumerate() {
             let r = r as u8;
             match relay.stage {
-                Stage::Idle if relay.epoch.is_some() && records_left => {
-                    actions.push(Action::Claim { relay: r });
+                Stage::Idle if relay.epoch.is_some() && records_left && !s.cdc => {
+                    actions.push(Action::Claim {
+                        relay: r,
+                        fail: false,
+                    });
+                    let fails_left = s.failures < self.cfg.max_failures;
+                    if fails_left {
+                        actions.push(Action::Claim {
+                            relay: r,
+                            fail: true,
+                        });
+                    }
+                    // Parked messages are the owner's to publish (a zombie's parked outcomes
+                    // are fenced out with its record, which this step leaves out).
+                    if relay.epoch == Some(s.epoch) && !self.due_parked(s).is_empty() {
+                        actions.push(Action::ClaimParked {
+                            relay: r,
+                            fail: false,
+                        });
+                        if fails_left {
+                            actions.push(Action::ClaimParked {
+                                relay: r,
+                                fail: true,
+                            });
+                        }
+                    }
                 }
                 Stage::ReadingFloor(_) => actions.push(Action::ReadFloor { relay: r }),
                 Stage::Published(_) if records_left => actions.push(Action::Record { relay: r }),
@@ -684,6 +656,24 @@ impl Model for ProtocolModel {
         }
         for rec in &s.in_flight {
             actions.push(Action::Land { record: rec.id });
+        }
+        if s.redrives < self.cfg.max_redrives && s.parked.iter().any(|p| p.failed) {
+            actions.push(Action::Redrive);
+        }
+        if s.cdc {
+            for key in [Key::A, Key::B] {
+                actions.push(Action::CdcRead { key, fail: false });
+                if s.failures < self.cfg.max_failures {
+                    actions.push(Action::CdcRead { key, fail: true });
+                }
+            }
+            if !s.checkpointed {
+                actions.push(Action::Checkpoint);
+            }
+            actions.push(Action::Fallback);
+        }
+        if s.prunes < self.cfg.max_prunes && s.pruned_below < s.latest_id {
+            actions.push(Action::Prune);
         }
         if s.takeovers < self.cfg.max_takeovers {
             let owner = s.relays.iter().position(|r| r.epoch == Some(s.epoch));
@@ -727,7 +717,21 @@ impl Model for ProtocolModel {
             Action::Rollback { writer } => {
                 Self::end(&mut s, usize::from(writer), TxStatus::RolledBack);
             }
-            Action::Claim { relay } => self.claim(&mut s, usize::from(relay))?,
+            Action::Claim { relay, fail } => self.claim(&mut s, usize::from(relay), fail)?,
+            Action::ClaimParked { fail, .. } => self.claim_parked(&mut s, fail)?,
+            Action::Redrive => {
+                s.redrives += 1;
+                for p in &mut s.parked {
+                    p.failed = false;
+                }
+            }
+            Action::CdcRead { key, fail } => self.cdc_read(&mut s, key, fail)?,
+            Action::Checkpoint => self.cdc_checkpoint(&mut s)?,
+            Action::Fallback => s.cdc = false,
+            Action::Prune => {
+                s.prunes += 1;
+                s.pruned_below = s.latest_id;
+            }
             Action::ReadFloor { relay } => self.floor_read(&mut s, usize::from(relay))?,
             Action::Record { relay } => {
                 let r = usize::from(relay);

@@ -1,4 +1,4 @@
-//! The properties checked in every reachable state: five invariants (`always`), and examples
+//! The properties checked in every reachable state: seven invariants (`always`), and examples
 //! (`sometimes`) that show the interesting states are reached at all, so that a clean check
 //! cannot come from a model that never gets anywhere.
 
@@ -20,6 +20,13 @@ pub const NEVER_BACKWARDS: &str = "positions never move backwards";
 ///    transaction can still insert into.
 pub const RETENTION: &str = "retention drops only rows that were sent or rolled back";
 
+/// 6. Under block a key's messages go out in order or not at all: a row is first sent only
+///    once every committed row of its key with a lower seq was sent.
+pub const NO_OVERTAKING: &str =
+    "no overtaking: a row goes out only after every earlier committed row of its key";
+/// 7. A message parked as failed goes out only after a redrive.
+pub const FAILED_HELD: &str = "a failed message goes out only after a redrive";
+
 /// Example: every transaction ended, each committed row was sent, and the latest position has
 /// passed them all.
 pub const ALL_DELIVERED: &str = "example: every committed row delivered and passed";
@@ -36,6 +43,13 @@ pub const LATE_RECORD: &str = "example: an abandoned record runs after its posit
 pub const SPAN_END: &str =
     "example: a walk's span ends on a row not sent, and the cursor moves there";
 
+/// Example: a failed message was redriven, and every message went out, none left parked.
+pub const REDRIVEN_DELIVERED: &str =
+    "example: a failed message is redriven and its key delivered in order";
+
+/// Example: a record was refused (or, with the bug, appended) naming a pruned position.
+pub const PRUNED_RECORD: &str = "example: a record lands after the position it read was pruned";
+
 /// Every property, in the order above; the examples of faults only where `cfg` allows them.
 pub fn all(cfg: &Config) -> Vec<Property<ProtocolModel>> {
     let mut all = vec![
@@ -44,6 +58,8 @@ pub fn all(cfg: &Config) -> Vec<Property<ProtocolModel>> {
         Property::always(KEY_ORDER, key_order),
         Property::always(NEVER_BACKWARDS, never_backwards),
         Property::always(RETENTION, retention),
+        Property::always(NO_OVERTAKING, |_, s: &State| !s.overtaken),
+        Property::always(FAILED_HELD, |_, s: &State| !s.failed_sent),
         Property::sometimes(ALL_DELIVERED, all_delivered),
         Property::sometimes(SENT_ROW_DROPPED, sent_row_dropped),
     ];
@@ -56,6 +72,14 @@ pub fn all(cfg: &Config) -> Vec<Property<ProtocolModel>> {
     if cfg.walk_span.is_some() {
         all.push(Property::sometimes(SPAN_END, span_end));
     }
+    if cfg.max_redrives > 0 {
+        all.push(Property::sometimes(REDRIVEN_DELIVERED, redriven_delivered));
+    }
+    if cfg.max_prunes > 0 {
+        all.push(Property::sometimes(PRUNED_RECORD, |_, s: &State| {
+            s.pruned_record
+        }));
+    }
     all
 }
 
@@ -63,11 +87,12 @@ fn sent(s: &State, i: usize) -> bool {
     s.was_sent(i)
 }
 
-/// Whether `p` has passed a committed row of `s` that was not sent.
+/// Whether `p` has passed a committed row of `s` that was not sent and is not parked (a
+/// parked message is still the relay's to deliver, from the parked table).
 pub fn passes_unsent(m: &ProtocolModel, s: &State, p: &Position) -> bool {
     s.rows.iter().enumerate().any(|(i, r)| {
         r.as_ref()
-            .is_some_and(|row| m.passed(s, p, i, row) && !sent(s, i))
+            .is_some_and(|row| m.passed(s, p, i, row) && !sent(s, i) && !s.is_parked(i))
     })
 }
 
@@ -121,7 +146,7 @@ fn retention(m: &ProtocolModel, s: &State) -> bool {
         && s.rows.iter().enumerate().all(|(i, r)| match r {
             Some(row) if row.txid < s.dropped_below => {
                 let w = usize::from(m.plan()[i].writer);
-                s.writers[w].status == TxStatus::RolledBack || sent(s, i)
+                s.writers[w].status == TxStatus::RolledBack || sent(s, i) || s.is_parked(i)
             }
             _ => true,
         })
@@ -140,6 +165,10 @@ fn all_delivered(m: &ProtocolModel, s: &State) -> bool {
         None => true,
     });
     ended && all && committed > 0
+}
+
+fn redriven_delivered(m: &ProtocolModel, s: &State) -> bool {
+    s.redrives > 0 && s.parked.is_empty() && all_delivered(m, s)
 }
 
 fn sent_row_dropped(m: &ProtocolModel, s: &State) -> bool {

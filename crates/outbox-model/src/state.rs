@@ -108,6 +108,18 @@ impl State {
     pub fn was_sent(&self, i: usize) -> bool {
         self.sent & (1 << i) != 0
     }
+
+    /// Whether a copy of row `i` is parked.
+    pub fn is_parked(&self, i: usize) -> bool {
+        self.parked.iter().any(|p| usize::from(p.row) == i)
+    }
+
+    /// Whether a copy of row `i` is parked `failed`.
+    pub fn is_failed(&self, i: usize) -> bool {
+        self.parked
+            .iter()
+            .any(|p| usize::from(p.row) == i && p.failed)
+    }
 }
 
 impl Draft {
@@ -128,6 +140,17 @@ impl Draft {
     }
 }
 
+/// A row of `outbox_parked`: a copy of a message, at a seq of its own (the primary key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Parked {
+    /// The seq it is parked at (ordered first: the table's key order within a key).
+    pub seq: Seq,
+    /// The message: its index in [`State::rows`].
+    pub row: u8,
+    /// `failed` (holds its key until a redrive), else waiting (due).
+    pub failed: bool,
+}
+
 /// A claim whose batch has been published: what its record will carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Claimed {
@@ -137,6 +160,11 @@ pub struct Claimed {
     pub epoch: u8,
     /// The position to append.
     pub next: Draft,
+    /// Rows to park `waiting` (held behind their key's parked rows, or behind a failure in
+    /// this batch): bit `i` for row `i`. Parked only if the record appends.
+    pub park: u16,
+    /// Rows the sink failed for good, to park `failed`.
+    pub fail: u16,
 }
 
 /// What a relay member is doing with its partition.
@@ -227,4 +255,28 @@ pub struct State {
     /// order of first sends within a key matters, so a flag set at each first send replaces the
     /// log of sends (whose interleavings across keys would only multiply states).
     pub out_of_order: bool,
+    /// Set when a row was first sent while a committed row of its key with a lower seq had not
+    /// been sent (under `block`, a key's messages go out in order or not at all).
+    pub overtaken: bool,
+    /// Set when a row was sent while a copy of it was parked `failed` (a failed message goes out
+    /// only after a redrive).
+    pub failed_sent: bool,
+    /// The parked table, in seq order.
+    pub parked: Vec<Parked>,
+    /// Sink failures so far.
+    pub failures: u8,
+    /// Redrives so far.
+    pub redrives: u8,
+    /// The CDC relay still runs (its slot not lost yet): polling has not started.
+    pub cdc: bool,
+    /// Rows the CDC relay has handled (published or parked): bit `i` for row `i`.
+    pub cdc_handled: u16,
+    /// Prunes so far.
+    pub prunes: u8,
+    /// Positions with a lower id have been pruned.
+    pub pruned_below: u8,
+    /// Set when a record naming a pruned position was refused (or, with the bug, appended).
+    pub pruned_record: bool,
+    /// The CDC relay has checkpointed (once at most).
+    pub checkpointed: bool,
 }

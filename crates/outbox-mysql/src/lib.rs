@@ -9,6 +9,7 @@
 //! only after [`Schema::new`] validated it.
 
 pub mod binlog;
+pub mod debezium;
 mod error;
 mod migrate;
 mod queries;

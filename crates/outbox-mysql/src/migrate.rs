@@ -11,10 +11,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "outbox", include_str!("../migrations/0001_outbox.sql")),
     (2, "relay", include_str!("../migrations/0002_relay.sql")),
     (3, "ranges", include_str!("../migrations/0003_ranges.sql")),
+    (4, "checks", include_str!("../migrations/0004_checks.sql")),
 ];
 
 /// The schema version this crate's writer and store need: the last of [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// How long a migrator waits for another one to finish.
 const LOCK_WAIT_SECS: i64 = 60;
@@ -39,6 +40,8 @@ pub async fn migrate(pool: &MySqlPool, schema: &Schema) -> Result<Vec<i32>> {
         &|sql| schema.render(sql),
     )
     .await?;
+    // The binlog route's own table, when it is on, gains what this version reads.
+    crate::binlog::route::upgrade(pool, schema).await?;
     // Ranges ready before the first writer, so none lands in the catch-all.
     crate::ranges::lay_ahead(pool, schema).await?;
     Ok(applied)

@@ -17,9 +17,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_core::store::MemberStatus;
 use outbox_core::{
-    BlockedKey, ClaimLimits, Error, ErrorKind, FailedFilter, FailedMessage, FailedPage,
-    Maintenance, MemberId, Message, NewMessage, OnFailed, Outcome, RedriveScope, Result, Stats,
-    Store,
+    BlockedKey, ClaimLimits, Error, FailedFilter, FailedMessage, FailedPage, Maintenance, MemberId,
+    Message, NewMessage, OnFailed, Outcome, RedriveScope, Result, Stats, Store,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor, MySql, MySqlPool, QueryBuilder, Row};
@@ -105,6 +104,9 @@ struct MemberState {
     parked_next_due: Option<DateTime<Utc>>,
     /// This member parked or released something since it last read them.
     parked_changed: bool,
+    /// The `failed` outcomes of the rows the last claim could not read as stored (withheld
+    /// from the relay), recorded with its batch.
+    failed_in_claim: Vec<Outcome>,
 }
 
 impl MemberState {
@@ -159,10 +161,6 @@ fn utc(t: NaiveDateTime) -> DateTime<Utc> {
     t.and_utc()
 }
 
-fn malformed(text: String) -> Error {
-    Error::new(ErrorKind::Malformed, text)
-}
-
 fn csv(parts: impl IntoIterator<Item = i16>) -> String {
     parts
         .into_iter()
@@ -171,30 +169,121 @@ fn csv(parts: impl IntoIterator<Item = i16>) -> String {
         .join(",")
 }
 
-/// A message from a row selected with [`MESSAGE_COLUMNS`]; `attempts` from the caller.
-fn message_from_row(r: &MySqlRow, attempts: i32) -> Result<(Message, i16, i64)> {
+/// A message from a row selected with [`MESSAGE_COLUMNS`]; `attempts` from the caller, with
+/// its partition and position, and why it cannot be published as stored (`None` when it can).
+///
+/// A column that does not hold what the SQL contract says (an `id` that is not a UUID, a zero
+/// or partly zero `created_at`, text that cannot be read) does not fail the read, which would
+/// stop every partition of the claim, again at every retry: the message comes back with a
+/// stand-in value (the nil UUID, the epoch, empty text) and the reason, naming the column, and
+/// the claim fails that row alone ([`Engine::claim`]). Only the position columns, which the
+/// store itself writes, fail the read.
+fn message_from_row(r: &MySqlRow, attempts: i32) -> Result<(Message, i16, i64, Option<String>)> {
     let get = |e| map_sqlx_error("reading claimed messages", e);
     let seq: i64 = r.try_get("seq").map_err(get)?;
-    let id: String = r.try_get("id").map_err(get)?;
-    let id = uuid::Uuid::parse_str(&id)
-        .map_err(|e| malformed(format!("outbox row {seq}: id `{id}` is not a UUID: {e}")))?;
-    let payload: String = r.try_get("payload").map_err(get)?;
-    let created_at: NaiveDateTime = r.try_get("created_at").map_err(get)?;
+    let part: i16 = r.try_get("part").map_err(get)?;
+    let part_seq: i64 = r.try_get("part_seq").map_err(get)?;
+    let mut problems: Vec<String> = Vec::new();
+    let (id, why) = row_id(r);
+    problems.extend(why);
+    let (created_at, why) = row_time(r);
+    problems.extend(why);
+    let mut text = |column: &str| -> String {
+        r.try_get::<String, _>(column).unwrap_or_else(|e| {
+            problems.push(format!("the column `{column}` cannot be read as text: {e}"));
+            String::new()
+        })
+    };
+    let payload = text("payload");
+    let aggregate_type = text("aggregate_type");
+    let aggregate_id = text("aggregate_id");
+    let event_type = text("event_type");
+    let headers = text("headers");
+    let topic = r.try_get::<Option<String>, _>("topic").unwrap_or_else(|e| {
+        problems.push(format!("the column `topic` cannot be read as text: {e}"));
+        None
+    });
     let message = Message {
         seq,
         id,
-        aggregate_type: r.try_get("aggregate_type").map_err(get)?,
-        aggregate_id: r.try_get("aggregate_id").map_err(get)?,
-        event_type: r.try_get("event_type").map_err(get)?,
+        aggregate_type,
+        aggregate_id,
+        event_type,
         payload: payload.into(),
-        headers: r.try_get("headers").map_err(get)?,
-        topic: r.try_get("topic").map_err(get)?,
-        created_at: utc(created_at),
+        headers,
+        topic,
+        created_at,
         attempts,
     };
-    let part: i16 = r.try_get("part").map_err(get)?;
-    let part_seq: i64 = r.try_get("part_seq").map_err(get)?;
-    Ok((message, part, part_seq))
+    let why = (!problems.is_empty()).then(|| {
+        format!(
+            "outbox row {seq} cannot be published as stored: {}",
+            problems.join("; ")
+        )
+    });
+    Ok((message, part, part_seq, why))
+}
+
+/// The row's `id` as a UUID, or the nil UUID and why (naming the column).
+fn row_id(r: &MySqlRow) -> (uuid::Uuid, Option<String>) {
+    match r.try_get::<String, _>("id") {
+        Ok(id) => match uuid::Uuid::parse_str(&id) {
+            Ok(id) => (id, None),
+            Err(e) => (
+                uuid::Uuid::nil(),
+                Some(format!(
+                    "the column `id` holds `{}`, which is not a UUID (8-4-4-4-12 hexadecimal \
+                     text): {e}",
+                    id.chars().take(64).collect::<String>()
+                )),
+            ),
+        },
+        Err(e) => (
+            uuid::Uuid::nil(),
+            Some(format!("the column `id` cannot be read as text: {e}")),
+        ),
+    }
+}
+
+/// The row's `created_at`, or the epoch and why (naming the column): MariaDB's default
+/// `sql_mode` stores zero and partly zero dates, which are no time at all.
+fn row_time(r: &MySqlRow) -> (DateTime<Utc>, Option<String>) {
+    match r.try_get::<NaiveDateTime, _>("created_at") {
+        Ok(t) => (utc(t), None),
+        Err(e) => (
+            DateTime::<Utc>::UNIX_EPOCH,
+            Some(format!(
+                "the column `created_at` is not a valid time (a zero date?): {e}"
+            )),
+        ),
+    }
+}
+
+/// Splits a claim's messages: those the relay gets, and a `failed` outcome for each row that
+/// cannot be published as stored (`malformed`: `seq`, why). The later messages of such a row's
+/// key in the batch are withheld too (no outcome: they wait behind it, or come again in the
+/// next claim), so a key never overtakes its failed message.
+fn withhold(messages: Vec<Message>, malformed: &[(i64, String)]) -> (Vec<Message>, Vec<Outcome>) {
+    if malformed.is_empty() {
+        return (messages, Vec::new());
+    }
+    let bad: HashMap<i64, &str> = malformed.iter().map(|(s, w)| (*s, w.as_str())).collect();
+    let mut stopped: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut failed = Vec::new();
+    let mut out = Vec::with_capacity(messages.len());
+    for m in messages {
+        if let Some(why) = bad.get(&m.seq) {
+            tracing::warn!(seq = m.seq, error = %why, "an outbox row cannot be published as stored: it goes `failed` alone, other keys flow");
+            failed.push(Outcome::Failed {
+                seq: m.seq,
+                error: (*why).to_string(),
+            });
+            stopped.insert(m.aggregate_id.clone());
+        } else if !stopped.contains(&m.aggregate_id) {
+            out.push(m);
+        }
+    }
+    (out, failed)
 }
 
 /// Shares `budget` rows among partitions with `available` rows each, evenly, giving what a
@@ -310,6 +399,7 @@ impl Engine {
         parts: &[i16],
         on_failed: OnFailed,
         per_key: i64,
+        malformed: &mut Vec<(i64, String)>,
     ) -> Result<(Vec<ParkedKey>, Option<DateTime<Utc>>)> {
         let err = |e| map_sqlx_error("reading parked messages", e);
         let sql = match on_failed {
@@ -370,7 +460,10 @@ impl Engine {
         let mut by_key: BTreeMap<(i16, String), Vec<(Message, i64)>> = BTreeMap::new();
         for r in &rows {
             let attempts: i32 = r.try_get("attempts").map_err(err)?;
-            let (m, part, part_seq) = message_from_row(r, attempts)?;
+            let (m, part, part_seq, why) = message_from_row(r, attempts)?;
+            if let Some(why) = why {
+                malformed.push((m.seq, why));
+            }
             by_key
                 .entry((part, m.aggregate_id.clone()))
                 .or_default()
@@ -404,6 +497,7 @@ impl Engine {
         probe_parked: bool,
         on_failed: OnFailed,
         bytes: Option<usize>,
+        malformed: &mut Vec<(i64, String)>,
     ) -> Result<Vec<WindowRead>> {
         let err = |e| map_sqlx_error("reading the partitions' next messages", e);
         let m = self.messages.as_str();
@@ -481,7 +575,10 @@ impl Engine {
         let mut by_part: BTreeMap<i16, Vec<(Message, i64, bool)>> = BTreeMap::new();
         for r in &rows {
             let held: i64 = r.try_get("held").map_err(err)?;
-            let (m, part, part_seq) = message_from_row(r, 0)?;
+            let (m, part, part_seq, why) = message_from_row(r, 0)?;
+            if let Some(why) = why {
+                malformed.push((m.seq, why));
+            }
             by_part
                 .entry(part)
                 .or_default()
@@ -524,14 +621,16 @@ impl Engine {
         Ok(out)
     }
 
-    /// Reads what `member` may hand out now and remembers it as its ticket.
+    /// Reads what `member` may hand out now and remembers it as its ticket; with the rows
+    /// read that cannot be published as stored (`seq`, why), which are in the ticket too.
     async fn read_claim(
         &self,
         member: &MemberId,
         partitions: &[i32],
         limits: ClaimLimits,
         on_failed: OnFailed,
-    ) -> Result<(Vec<Message>, Ticket)> {
+    ) -> Result<(Vec<Message>, Ticket, Vec<(i64, String)>)> {
+        let mut malformed = Vec::new();
         let positions = self.positions(member, partitions).await?;
         let fences: BTreeMap<i16, Fence> = positions.iter().map(|p| (p.part, p.fence)).collect();
         let now = Utc::now();
@@ -545,7 +644,9 @@ impl Engine {
         let rows = i64::try_from(limits.rows).unwrap_or(i64::MAX);
         let mut parked = Vec::new();
         if read_parked {
-            let (keys, next_due) = self.read_parked(&with_parked, on_failed, rows).await?;
+            let (keys, next_due) = self
+                .read_parked(&with_parked, on_failed, rows, &mut malformed)
+                .await?;
             self.state(member, |s| {
                 s.parked_read_at = Some((Instant::now(), on_failed));
                 s.parked_next_due = next_due;
@@ -578,9 +679,11 @@ impl Engine {
             Vec::new()
         } else {
             let probe = take.iter().any(|(p, _)| p.parked > 0);
-            self.read_windows(&take, probe, on_failed, bytes).await?
+            self.read_windows(&take, probe, on_failed, bytes, &mut malformed)
+                .await?
         };
-        Ok(assemble(parked, windows, limits, on_failed, fences))
+        let (messages, ticket) = assemble(parked, windows, limits, on_failed, fences);
+        Ok((messages, ticket, malformed))
     }
 
     /// Writes `plans` in one transaction, each partition only if its fence still holds (owned
@@ -849,13 +952,15 @@ impl Store for Engine {
         if let Some(sequencer) = &self.sequencer {
             sequencer.start();
         }
-        let (messages, ticket) = self
+        let (messages, ticket, malformed) = self
             .read_claim(member, partitions, limits, on_failed)
             .await?;
+        let (messages, failed) = withhold(messages, &malformed);
         if messages.is_empty() {
             // Nothing to send, but rows held behind parked keys are parked now, else the next
-            // claim would read them again (and the partition's other keys would wait).
-            let plans = ticket.plan(&[]);
+            // claim would read them again (and the partition's other keys would wait); and
+            // rows that cannot be published as stored go `failed`.
+            let plans = ticket.plan(&failed);
             self.state(member, |s| s.ticket = None);
             if !plans.is_empty() {
                 self.record(member, &plans).await?;
@@ -866,13 +971,26 @@ impl Store for Engine {
         self.state(member, |s| {
             s.claims += 1;
             s.ticket = Some((s.claims, ticket));
+            s.failed_in_claim = failed;
         });
         Ok(messages)
     }
 
     async fn complete(&self, member: &MemberId, outcomes: &[Outcome]) -> Result<u64> {
         let Some((number, plans)) = self.state(member, |s| {
-            s.ticket.as_ref().map(|(n, t)| (*n, t.plan(outcomes)))
+            let (n, t) = s.ticket.as_ref()?;
+            // The rows the claim failed itself come with the relay's outcomes.
+            let all: Vec<Outcome> = if s.failed_in_claim.is_empty() {
+                Vec::new()
+            } else {
+                s.failed_in_claim.iter().chain(outcomes).cloned().collect()
+            };
+            let plan = if all.is_empty() {
+                t.plan(outcomes)
+            } else {
+                t.plan(&all)
+            };
+            Some((*n, plan))
         }) else {
             return Ok(0);
         };
@@ -1038,19 +1156,19 @@ impl Store for Engine {
         rows.iter()
             .map(|r| {
                 let seq: i64 = r.try_get("seq").map_err(err)?;
-                let id: String = r.try_get("id").map_err(err)?;
-                let created_at: NaiveDateTime = r.try_get("created_at").map_err(err)?;
+                // A row failed because of its id or time is listed with stand-ins (its
+                // `last_error` says what it holds).
+                let (id, _) = row_id(r);
+                let (created_at, _) = row_time(r);
                 Ok(FailedMessage {
-                    id: uuid::Uuid::parse_str(&id).map_err(|e| {
-                        malformed(format!("outbox row {seq}: id `{id}` is not a UUID: {e}"))
-                    })?,
+                    id,
                     seq,
                     aggregate_type: r.try_get("aggregate_type").map_err(err)?,
                     aggregate_id: r.try_get("aggregate_id").map_err(err)?,
                     event_type: r.try_get("event_type").map_err(err)?,
                     attempts: r.try_get("attempts").map_err(err)?,
                     last_error: r.try_get("last_error").map_err(err)?,
-                    created_at: utc(created_at),
+                    created_at,
                 })
             })
             .collect()
@@ -1084,19 +1202,17 @@ impl Store for Engine {
             let Some(seq) = r.try_get::<Option<i64>, _>("seq").map_err(err)? else {
                 continue;
             };
-            let id: String = r.try_get("id").map_err(err)?;
-            let created_at: NaiveDateTime = r.try_get("created_at").map_err(err)?;
+            let (id, _) = row_id(r);
+            let (created_at, _) = row_time(r);
             page.messages.push(FailedMessage {
-                id: uuid::Uuid::parse_str(&id).map_err(|e| {
-                    malformed(format!("outbox row {seq}: id `{id}` is not a UUID: {e}"))
-                })?,
+                id,
                 seq,
                 aggregate_type: r.try_get("aggregate_type").map_err(err)?,
                 aggregate_id: r.try_get("aggregate_id").map_err(err)?,
                 event_type: r.try_get("event_type").map_err(err)?,
                 attempts: r.try_get("attempts").map_err(err)?,
                 last_error: r.try_get("last_error").map_err(err)?,
-                created_at: utc(created_at),
+                created_at,
             });
         }
         Ok(page)

@@ -269,6 +269,10 @@ pub(crate) const BINLOG_SAVE_AGE: &str = "outbox_binlog_sequencer_save_age_secon
 pub(crate) const BINLOG_LAG_BYTES: &str = "outbox_binlog_sequencer_lag_bytes";
 /// `outbox_binlog_sequencer_purged`.
 pub(crate) const BINLOG_PURGED: &str = "outbox_binlog_sequencer_purged";
+/// `outbox_binlog_sequencer_lag_seconds`.
+pub(crate) const BINLOG_LAG_SECONDS: &str = "outbox_binlog_sequencer_lag_seconds";
+/// `outbox_binlog_stuck_partitions`.
+pub(crate) const BINLOG_STUCK: &str = "outbox_binlog_stuck_partitions";
 /// `outbox_binlog_sequencer_unsealed_seqs`.
 pub(crate) const BINLOG_UNSEALED: &str = "outbox_binlog_sequencer_unsealed_seqs";
 /// `outbox_binlog_sequencer_rows_from_table`.
@@ -294,6 +298,18 @@ pub const BINLOG_CATALOGUE: &[MetricDef] = &[
         &[],
         "Binlog route: binlog bytes between where the sequencer has read through and the \
          binlog's end (the server's whole binlog counts).",
+    ),
+    gauge(
+        BINLOG_LAG_SECONDS,
+        &[],
+        "Binlog route: seconds the sequencer's position has not moved while the binlog holds \
+         more after it (0 when caught up); a stuck binlog reader.",
+    ),
+    gauge(
+        BINLOG_STUCK,
+        &[],
+        "Binlog route: partitions waiting at a position whose row is not visible (deleted by \
+         hand, or never committed).",
     ),
     gauge(
         BINLOG_PURGED,

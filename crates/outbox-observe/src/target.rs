@@ -163,8 +163,8 @@ impl Target {
                 }
                 if let Some(q) = &g.binlog_sequencer {
                     use crate::catalogue::{
-                        BINLOG_FROM_TABLE, BINLOG_LAG_BYTES, BINLOG_LEASED, BINLOG_PURGED,
-                        BINLOG_SAVE_AGE, BINLOG_UNSEALED,
+                        BINLOG_FROM_TABLE, BINLOG_LAG_BYTES, BINLOG_LAG_SECONDS, BINLOG_LEASED,
+                        BINLOG_PURGED, BINLOG_SAVE_AGE, BINLOG_STUCK, BINLOG_UNSEALED,
                     };
                     let flag = |b: bool| if b { 1.0 } else { 0.0 };
                     metrics::gauge!(BINLOG_LEASED).set(flag(q.leased));
@@ -175,6 +175,8 @@ impl Target {
                     }
                     metrics::gauge!(BINLOG_UNSEALED).set(q.unsealed_seqs as f64);
                     metrics::gauge!(BINLOG_FROM_TABLE).set(q.rows_from_table as f64);
+                    metrics::gauge!(BINLOG_LAG_SECONDS).set(q.lag_seconds);
+                    metrics::gauge!(BINLOG_STUCK).set(q.stuck_partitions as f64);
                 }
             }
             Ok(Err(error)) => {

@@ -1,7 +1,8 @@
 -- Parked messages that are due, for the owned partitions that have any: for every parked key
 -- whose head (its lowest parked seq) is due, that key's parked rows in seq order, so a released
 -- key drains in order at batch speed. With $3 (the default `block` policy) a failed head holds
--- its key; with `skip` failed rows are passed over and the rest of the key flows.
+-- its key, and a failed row further down holds every row of its key behind it; with `skip`
+-- failed rows are passed over and the rest of the key flows.
 --
 -- Cost: the heads are found by a loose scan of the (partition, aggregate_id, seq) index, one
 -- probe per parked key, never a read of every parked row (a stuck key with ten thousand rows
@@ -46,10 +47,24 @@ WITH RECURSIVE heads AS (
            count(*) OVER w AS handed_upto
     FROM heads AS h
     CROSS JOIN LATERAL (
-        SELECT * FROM {schema}.outbox_parked AS x
-        WHERE x.partition = h.partition AND x.aggregate_id = h.aggregate_id AND x.state <> 'failed'
-        ORDER BY x.seq
-        LIMIT $2
+        -- The key's rows in seq order. Under block a failed row is read too, and nothing from
+        -- it on is handed out (`behind`): a row parked at a seq after a failed row of its key
+        -- waits for that row's redrive, even when the head ahead of the failure is due. The
+        -- relay parks a key in seq order, so a failure is its key's head; but a layout with a
+        -- due row ahead of a failed one can still be written (a CDC copy parked at another seq
+        -- before N2's fix, a raw writer that took no key lock, a hand-made repair), and the
+        -- rows behind the failure must not overtake it. Under skip failed rows are not read.
+        SELECT y.* FROM (
+            SELECT x.*,
+                   bool_or(x.state = 'failed') OVER (ORDER BY x.seq ROWS UNBOUNDED PRECEDING)
+                       AS behind
+            FROM {schema}.outbox_parked AS x
+            WHERE x.partition = h.partition AND x.aggregate_id = h.aggregate_id
+              AND (x.state <> 'failed' OR $3::boolean)
+            ORDER BY x.seq
+            LIMIT $2
+        ) AS y
+        WHERE NOT y.behind
     ) AS r
     WHERE h.state <> 'failed' AND (h.next_attempt_at IS NULL OR h.next_attempt_at <= now())
     WINDOW w AS (ORDER BY r.seq ROWS UNBOUNDED PRECEDING)

@@ -172,12 +172,18 @@ WITH floor AS MATERIALIZED (
         SELECT lim.*, count(lim.seq) OVER () AS window_rows, edge.scan_to
         FROM (
             -- Where the walk's span ended, if rows of this window can lie past it: it read every
-            -- row up to there, and nothing above. Past the floor read in this statement, after
-            -- its snapshot, there are none. Rows above are not returned (B or A1 rows there
-            -- could sit above A2 rows it never reached), and a window that returns fewer than
-            -- `lim` rows is not read to its end: the record moves its cursor to `scan_to`.
+            -- row up to there, and nothing above. Past `cur_floor` there are none: every row
+            -- visible in `cur` drew its seq before `cur` was taken, and `cur_floor` was read
+            -- after that (for a window this statement opens it is the floor read here, after its
+            -- snapshot). The floor read now only grows past it, so a window already walked to
+            -- its `cur_floor` is not stepped on through seqs it cannot hold, a position
+            -- appended per claim, while other partitions draw seqs faster than a span per claim.
+            -- Rows above are not returned (B or A1 rows there could sit above A2 rows it never
+            -- reached), and a window that returns fewer than `lim` rows is not read to its end:
+            -- the record moves its cursor to `scan_to`.
             SELECT CASE WHEN NOT pos.parked_full
-                             AND GREATEST(pos.cursor, pos.done_floor) + $13 < pos.seq_high
+                             AND GREATEST(pos.cursor, pos.done_floor) + $13
+                                 < LEAST(pos.seq_high, pos.cur_floor)
                         THEN GREATEST(pos.cursor, pos.done_floor) + $13 END AS scan_to
         ) AS edge
         LEFT JOIN LATERAL (

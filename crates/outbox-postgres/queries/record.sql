@@ -7,9 +7,10 @@
 -- move a position. FOR SHARE writes no new row version.
 --
 -- Compare-and-append: each new position names the position its claim read (`prev_id`), and a
--- position has at most one successor (a unique index on (partition, prev_id)). A record that
--- was abandoned at the store deadline and lands after the retry (or after any later record)
--- finds its predecessor already followed: it appends nothing, and everything else it would
+-- position has at most one successor (a unique index on (partition, prev_id)), and a record
+-- appends only while that position still exists. A record that was abandoned at the store
+-- deadline and lands after the retry (or after any later record) finds its predecessor already
+-- followed, or pruned with its successor: it appends nothing, and everything else it would
 -- write for that partition (parking, retries, releases) depends on that append, so nothing
 -- moves back and no released message is parked again. Concurrent appends of one successor
 -- wait on the unique index for each other; one wins.
@@ -34,6 +35,25 @@ WITH fence AS MATERIALIZED (
     JOIN unnest($2::int2[], $3::int8[]) AS f(partition, epoch) ON f.partition = p.partition
     WHERE p.owner = $1 AND p.epoch = f.epoch
     FOR SHARE OF p
+), predecessor AS MATERIALIZED (
+    -- Compare-and-append needs the position the claim read to still exist, not only its
+    -- successor slot to be free: pruning (prune_positions.sql) deletes a superseded position
+    -- together with its successor, which frees the slot, and a record abandoned long before
+    -- would then append behind a position that is no longer the latest and become the latest
+    -- itself, moving the partition back. FOR KEY SHARE makes a concurrent prune of it wait
+    -- until this record commits (it then prunes a position that has a successor, as always),
+    -- or, if the prune deleted it first, leaves it out here. One primary-key probe per
+    -- partition; it conflicts only with DELETE, and positions are never updated. A record's own
+    -- predecessor is the latest position, which no prune deletes; only a record that lands late
+    -- can meet a prune, and if that prune already deleted its predecessor's successor the two
+    -- wait on each other: PostgreSQL's deadlock check ends one (the late record, whose batch
+    -- was recorded by its retry, or the prune, which the next maintenance round runs again).
+    SELECT x.partition, x.id
+    FROM {schema}.outbox_positions AS x
+    JOIN unnest($4::int2[], $28::int8[]) AS q(partition, prev_id)
+      ON x.id = q.prev_id AND x.partition = q.partition
+    WHERE q.partition IN (SELECT partition FROM fence)
+    FOR KEY SHARE OF x
 ), appended AS (
     -- A bound left NULL is this transaction's own id: assigned now, after the snapshot it
     -- bounds was taken, so every id assigned before that snapshot is smaller.
@@ -50,7 +70,7 @@ WITH fence AS MATERIALIZED (
                 $28::int8[], $29::int8[])
          AS n(partition, epoch, done, done_bound, done_floor, done_at, cur, cur_bound, cur_floor,
               cur_at, cursor, published, prev_id, parked)
-    WHERE n.partition IN (SELECT partition FROM fence)
+    WHERE (n.partition, n.prev_id) IN (SELECT partition, id FROM predecessor)
     ON CONFLICT (partition, prev_id) DO NOTHING
     RETURNING partition, id
 ), parked AS (

@@ -6,6 +6,7 @@
 
 mod begin;
 pub mod cdc;
+pub mod debezium;
 mod error;
 mod gauges;
 mod grants;

@@ -54,8 +54,18 @@ impl Delivered {
                 .find(|(k, _)| k.eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.clone())
         };
-        let id = find(HEADER_MESSAGE_ID)?.parse().ok()?;
-        let key = find(HEADER_AGGREGATE_ID).unwrap_or_default();
+        // CloudEvents binary mode on SQS/SNS and MQTT leaves the `outbox-*` duplicates out:
+        // the id and the key are the `ce-id` and `ce-subject` attributes there (`id` and
+        // `subject` user properties on MQTT).
+        let id = find(HEADER_MESSAGE_ID)
+            .or_else(|| find("ce-id"))
+            .or_else(|| find("id"))?
+            .parse()
+            .ok()?;
+        let key = find(HEADER_AGGREGATE_ID)
+            .or_else(|| find("ce-subject"))
+            .or_else(|| find("subject"))
+            .unwrap_or_default();
         Some(Self {
             id,
             destination,

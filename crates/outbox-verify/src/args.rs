@@ -137,6 +137,12 @@ pub struct Args {
     /// from the binlog; the plain-INSERT producers' order counts.
     #[arg(long, conflicts_with_all = ["mode", "through_inbox"])]
     pub binlog: bool,
+    /// PostgreSQL: the plain-INSERT producers write Debezium's documented outbox table
+    /// (`debezium_outbox`: id, aggregatetype, aggregateid, type, payload) with Debezium's
+    /// INSERT, adopted as `outbox migrate --adopt-debezium` does
+    /// (docs/migrating-from-debezium.md); the checks are the same.
+    #[arg(long, conflicts_with_all = ["binlog"])]
+    pub debezium: bool,
     /// CDC mode: producers writing with `emit` (no row), on keys of their own (default 2).
     #[arg(long)]
     pub emit_producers: Option<usize>,
@@ -173,6 +179,7 @@ impl Args {
                 VerifyMode::Cdc => self.emit_producers.unwrap_or(2),
                 VerifyMode::Polling | VerifyMode::Switch => 0,
             },
+            debezium: self.debezium,
         };
         if self.mode == VerifyMode::Polling && self.emit_producers.is_some_and(|e| e > 0) {
             anyhow::bail!("verify: --emit-producers writes logical messages only a CDC relay reads; add --mode cdc");

@@ -117,6 +117,8 @@ pub struct Verdict {
     /// First deliveries of a writer-API key that came after a message of the key that
     /// committed later.
     pub order_violations: usize,
+    /// Up to ten order violations, each as `key: n after m (id)`, so a failed run says where.
+    pub order_sample: Vec<String>,
     /// Writer-API keys committed to by two or more producers (the overlap the order check
     /// needs to mean something).
     pub keys_written_by_several_producers: usize,
@@ -185,6 +187,16 @@ pub fn check(
                 let h = high.entry(key).or_insert(i64::MIN);
                 if c.n < *h {
                     v.order_violations += 1;
+                    if v.order_sample.len() < 10 {
+                        v.order_sample.push(format!(
+                            "{key} ({}): {} first arrived after {} ({}, at {:.1} s)",
+                            c.writer.as_str(),
+                            c.n,
+                            *h,
+                            a.id,
+                            a.at
+                        ));
+                    }
                 } else {
                     *h = c.n;
                 }
@@ -193,6 +205,12 @@ pub fn check(
                 let h = high.entry(key).or_insert(i64::MIN);
                 if c.n < *h {
                     v.raw_order.violations += 1;
+                    if v.order_sample.len() < 10 {
+                        v.order_sample.push(format!(
+                            "{key} (raw): {} first arrived after {} ({}, at {:.1} s)",
+                            c.n, *h, a.id, a.at
+                        ));
+                    }
                 } else {
                     *h = c.n;
                 }

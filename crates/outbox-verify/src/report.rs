@@ -59,6 +59,9 @@ pub struct Report {
     pub phantoms: usize,
     /// Writer-API keys only (must be 0).
     pub order_violations: usize,
+    /// Up to ten order violations (writer API and raw keys), where they were.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub order_sample: Vec<String>,
     /// Arrivals whose key differs from the key their payload names (must be 0).
     pub mismatched: usize,
     /// Items the reader could not read as messages.

@@ -299,7 +299,14 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
                 .await
                 .context("logging in as the owner role")?;
             workload::prepare(&owner, &shape, cdc && !switch, binlog).await?;
-            workload::grant_ledger(&owner, &l.writer.0).await?;
+            workload::grant_ledger(&owner, &l.writer.0, shape.debezium).await?;
+            if cdc {
+                // What a superuser does once for CDC mode: pg_walinspect, so a lost slot's
+                // emit messages can be read back (the owner may not install it).
+                if let Database::Postgres(pg) = &db {
+                    outbox_postgres::cdc::salvage::install(pg.pool()).await?;
+                }
+            }
             l.grant(&db).await?;
         }
         None => workload::prepare(&db, &shape, cdc && !switch, binlog).await?,
@@ -767,7 +774,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     // raw writers' keys are a guarantee, not information.
     // So does CDC mode: the WAL is in commit order, whatever the writer did.
     // Not in a switching run: the polling relays delivered part of them, in no such order.
-    let raw_ordered = db.backend() == Backend::Mysql || (cdc && !switch);
+    // Nor across a failover before PostgreSQL 17: the slot is lost with the old primary, and
+    // the table's messages since the last checkpoint come again by polling (docs/cdc.md).
+    let slot_lost = kinds.iter().any(|k| k == "failover");
+    let raw_ordered = db.backend() == Backend::Mysql || (cdc && !switch && !slot_lost);
     if raw_ordered {
         verdict.count_raw_order();
     }
@@ -797,6 +807,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         lost: verdict.lost,
         phantoms: verdict.phantoms,
         order_violations: verdict.order_violations,
+        order_sample: verdict.order_sample.clone(),
         mismatched: verdict.mismatched,
         unreadable: got.unreadable,
         pending_after_drain: pending,

@@ -65,6 +65,23 @@ const RAW_INSERT: &str = "
     VALUES ($1, $2, $3, $4)
     RETURNING CAST(id AS TEXT)";
 
+/// Debezium's documented outbox table, in the verify schema (Debezium's table name is the
+/// application's choice); `prepare` adopts it.
+const DEBEZIUM_TABLE: &str = "
+    CREATE TABLE IF NOT EXISTS {schema}.debezium_outbox (
+        id uuid NOT NULL PRIMARY KEY,
+        aggregatetype varchar(255) NOT NULL,
+        aggregateid varchar(255) NOT NULL,
+        type varchar(255) NOT NULL,
+        payload jsonb)";
+
+/// The INSERT Debezium documents, the id made by the application (here by the database, read
+/// back for the ledger): the row reaches the outbox through the adoption's copy trigger.
+const DEBEZIUM_INSERT: &str = "
+    INSERT INTO {schema}.debezium_outbox (id, aggregatetype, aggregateid, type, payload)
+    VALUES (gen_random_uuid(), $1, $2, $3, $4)
+    RETURNING CAST(id AS TEXT)";
+
 /// CDC mode's table-less write: the message as a transactional logical message, through
 /// `outbox_emit`, which refuses it (failing the transaction) while the slot is lost.
 const EMIT: &str = "SELECT {schema}.outbox_emit($1)::text";
@@ -156,6 +173,10 @@ pub struct Shape {
     /// CDC mode: producers writing with `emit` (a logical message, no row), on `raw_keys`
     /// keys of their own (`emit-…`), shared as the raw producers share theirs.
     pub emit_producers: usize,
+    /// The raw producers write Debezium's outbox table (`{schema}.debezium_outbox`, adopted
+    /// by `outbox migrate --adopt-debezium`) with Debezium's documented INSERT instead of the
+    /// SQL contract's (PostgreSQL).
+    pub debezium: bool,
 }
 
 impl Shape {
@@ -229,6 +250,21 @@ pub async fn prepare(db: &Database, shape: &Shape, cdc: bool, binlog: bool) -> a
     db.execute_script(dialect.tables)
         .await
         .context("creating the ledger")?;
+    if shape.debezium {
+        let Database::Postgres(store) = db else {
+            anyhow::bail!("verify --debezium adopts a PostgreSQL table; use a postgres:// URL");
+        };
+        db.execute_script(DEBEZIUM_TABLE)
+            .await
+            .context("creating Debezium's outbox table")?;
+        let table = outbox_postgres::debezium::TableName::parse(&format!(
+            "{}.debezium_outbox",
+            store.schema().as_str()
+        ))?;
+        outbox_postgres::debezium::adopt(store.pool(), store.schema(), &table)
+            .await
+            .context("adopting Debezium's outbox table")?;
+    }
     let mut tx = db.begin().await?;
     for key in shape.all_keys() {
         tx.execute(dialect.add_counter, &[key.into()]).await?;
@@ -239,7 +275,7 @@ pub async fn prepare(db: &Database, shape: &Shape, cdc: bool, binlog: bool) -> a
 
 /// Lets the writer login `name` write the ledger and the counters, the business tables a
 /// producer's transaction writes beside its message (the outbox's own grants are its part's).
-pub async fn grant_ledger(db: &Database, name: &str) -> anyhow::Result<()> {
+pub async fn grant_ledger(db: &Database, name: &str, debezium: bool) -> anyhow::Result<()> {
     anyhow::ensure!(
         outbox_core::identifier::is_plain(name, 63),
         "verify: login `{name}` is not a plain identifier"
@@ -248,6 +284,10 @@ pub async fn grant_ledger(db: &Database, name: &str) -> anyhow::Result<()> {
         Backend::Mysql => format!(
             "GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_ledger TO '{name}'@'%';
              GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_counters TO '{name}'@'%'"
+        ),
+        _ if debezium => format!(
+            "GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_ledger, {{schema}}.verify_counters, \
+             {{schema}}.debezium_outbox TO {name}"
         ),
         _ => format!(
             "GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_ledger, {{schema}}.verify_counters \
@@ -272,6 +312,7 @@ pub fn spawn(
     let locked_keys = shape.locked_keys();
     for p in 0..shape.producers {
         let producer = Producer {
+            debezium: shape.debezium,
             db: db.clone(),
             writer: WriterKind::Locked,
             id: p,
@@ -283,6 +324,7 @@ pub fn spawn(
     }
     for j in 0..shape.raw_producers {
         let producer = Producer {
+            debezium: shape.debezium,
             db: db.clone(),
             writer: WriterKind::Raw,
             id: shape.producers + j,
@@ -294,6 +336,7 @@ pub fn spawn(
     }
     for j in 0..shape.emit_producers {
         let producer = Producer {
+            debezium: shape.debezium,
             db: db.clone(),
             writer: WriterKind::Emit,
             id: shape.producers + shape.raw_producers + j,
@@ -334,6 +377,8 @@ pub async fn ledger(db: &Database) -> anyhow::Result<HashMap<Uuid, Committed>> {
 
 /// One producer task.
 struct Producer {
+    /// Raw writes go to Debezium's adopted table ([`Shape::debezium`]).
+    debezium: bool,
     db: Arc<Database>,
     writer: WriterKind,
     id: usize,
@@ -405,6 +450,7 @@ impl Producer {
                     Param::Json(payload),
                 ];
                 let (id,): (String,) = match dialect.raw_id {
+                    None if self.debezium => tx.fetch_one(DEBEZIUM_INSERT, &params).await?,
                     None => tx.fetch_one(dialect.raw_insert, &params).await?,
                     Some(read_id) => {
                         tx.execute(dialect.raw_insert, &params).await?;
@@ -458,6 +504,7 @@ mod tests {
             raw_producers,
             raw_keys,
             emit_producers: 0,
+            debezium: false,
         }
     }
 

@@ -120,3 +120,52 @@ pub async fn inbox(db: DbSettings) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `--adopt-debezium` / `--release-debezium`: the copy trigger on a Debezium outbox table.
+pub async fn debezium(
+    db: &DbSettings,
+    adopt: Option<&str>,
+    release: Option<&str>,
+) -> anyhow::Result<()> {
+    let Some(table) = adopt.or(release) else {
+        return Ok(());
+    };
+    let database = outbox_db::open(&db.url, &db.schema, 2).await?;
+    let shown = outbox_core::text::terminal(table).into_owned();
+    let adopted = match (&database, adopt.is_some()) {
+        (outbox_db::Database::Postgres(store), true) => {
+            let t = outbox_postgres::debezium::TableName::parse(table)?;
+            let a = outbox_postgres::debezium::adopt(store.pool(), store.schema(), &t).await?;
+            Some((a.tracing, a.additional))
+        }
+        (outbox_db::Database::Postgres(store), false) => {
+            let t = outbox_postgres::debezium::TableName::parse(table)?;
+            outbox_postgres::debezium::release(store.pool(), store.schema(), &t).await?;
+            None
+        }
+        (outbox_db::Database::Mysql(store), true) => {
+            let a = outbox_mysql::debezium::adopt(store.pool(), store.schema(), table).await?;
+            Some((a.tracing, a.additional))
+        }
+        (outbox_db::Database::Mysql(store), false) => {
+            outbox_mysql::debezium::release(store.pool(), store.schema(), table).await?;
+            None
+        }
+        _ => anyhow::bail!(
+            "--adopt-debezium installs a trigger on PostgreSQL or MySQL/MariaDB; {} is neither",
+            database.place()
+        ),
+    };
+    match adopted {
+        Some((tracing, additional)) => {
+            println!(
+            "debezium table `{shown}` adopted: each INSERT is copied into the outbox in its own \
+             transaction (trace context: {}; additional columns as headers: {})",
+            if tracing { "tracingspancontext" } else { "none" },
+            if additional.is_empty() { "none".to_string() } else { additional.join(", ") }
+        )
+        }
+        None => println!("debezium table `{shown}` released: its INSERTs are no longer copied"),
+    }
+    Ok(())
+}

@@ -47,7 +47,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 migrate::inbox(db).await
             } else {
                 let cdc = args.cdc.then_some(args.cdc_group.as_str());
-                migrate::run(db, notify, cdc, args.binlog, &args.grant).await
+                let code = migrate::run(db.clone(), notify, cdc, args.binlog, &args.grant).await?;
+                migrate::debezium(
+                    &db,
+                    args.adopt_debezium.as_deref(),
+                    args.release_debezium.as_deref(),
+                )
+                .await?;
+                Ok(code)
             }
         }
         Command::Maintain(args) => {

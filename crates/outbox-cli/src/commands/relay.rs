@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use outbox_core::{RouteMatch, Sink};
+use outbox_core::{Format, Formatted, RouteMatch, Sink};
 use outbox_relay::{Relay, Route};
 use tracing::info;
 
@@ -22,13 +22,19 @@ async fn connect_routes(s: &RelaySettings) -> anyhow::Result<Vec<Route>> {
             r.when.clone(),
             &r.sink,
             r.destination.clone(),
+            r.envelope.clone(),
         )
     });
-    let default = s
-        .sink
-        .as_ref()
-        .map(|url| ("default".to_string(), RouteMatch::default(), url, None));
-    for (name, when, url, destination) in rules.chain(default) {
+    let default = s.sink.as_ref().map(|url| {
+        (
+            "default".to_string(),
+            RouteMatch::default(),
+            url,
+            None,
+            Format::Outbox,
+        )
+    });
+    for (name, when, url, destination, envelope) in rules.chain(default) {
         let sink = match connected.get(url.as_str()) {
             Some(sink) => sink.clone(),
             None => {
@@ -36,6 +42,12 @@ async fn connect_routes(s: &RelaySettings) -> anyhow::Result<Vec<Route>> {
                 connected.insert(url, sink.clone());
                 sink
             }
+        };
+        // The format wraps this route's use of the (possibly shared) connection.
+        let sink: Arc<dyn Sink> = if envelope.is_outbox() {
+            sink
+        } else {
+            Arc::new(Formatted::new(sink, envelope))
         };
         routes.push(Route {
             name,
@@ -63,6 +75,11 @@ pub async fn run(s: RelaySettings, args: &crate::cli::RelayArgs) -> anyhow::Resu
                 "topic": rt.when.topic.as_ref().map(|g| g.as_str()),
                 "sink": outbox_core::redact::url(&rt.sink),
                 "destination": rt.destination.as_ref().map(|d| d.as_str()),
+                "envelope": rt.envelope.name(),
+                "source": match &rt.envelope {
+                    Format::CloudEvents(c) => Some(c.source()),
+                    Format::Outbox | Format::Debezium(_) => None,
+                },
             })).collect::<Vec<_>>(),
             "destination": r.destination.as_str(),
             "allow_destinations": r

@@ -1,7 +1,18 @@
-//! Turning a binlog row event's values into a [`BinlogRow`], by the outbox table's column
-//! numbers.
+//! Reading what the sequencer needs of an outbox row from a binlog row event, and nothing more:
+//! its `seq` and its key (`aggregate_id`), found by column name.
+//!
+//! Why only these two: the sequencer gives a row its partition (the key's hash) and its next
+//! position there, by `seq`; the relay reads everything else from the table. A column the
+//! reader does not decode cannot stop the route: a zero `created_at` (MariaDB's default
+//! `sql_mode` accepts one), an `id` that is not a UUID, a JSON value MySQL keeps as an opaque
+//! scalar, or a column left out of a `MINIMAL` row image. Such a row is positioned like any
+//! other, and the claim fails it alone, naming its column (`store.rs`).
+//!
+//! How a column is found: a row event carries values only for the columns in its image, each
+//! named either by the table map's column names (`binlog_row_metadata=FULL`) or `@<ordinal>`
+//! (its 0-based place in the table when the event was written). The name is taken first; the
+//! ordinal from `information_schema` is the fallback for servers that send no names.
 
-use chrono::{DateTime, NaiveDate, Utc};
 use mysql_async::binlog::row::BinlogRow as RawRow;
 use mysql_async::binlog::value::BinlogValue;
 use mysql_async::Value;
@@ -9,23 +20,11 @@ use outbox_core::{Error, ErrorKind, Result};
 
 use super::BinlogRow;
 
-/// The columns a [`BinlogRow`] is made of, by name, in the order of its fields.
-pub(super) const COLUMNS: [&str; 10] = [
-    "seq",
-    "id",
-    "aggregate_type",
-    "aggregate_id",
-    "event_type",
-    "payload",
-    "headers",
-    "topic",
-    "created_at",
-    "part_seq",
-];
+/// The columns the sequencer reads, by name.
+pub(super) const COLUMNS: [&str; 2] = ["seq", "aggregate_id"];
 
-/// Where each of [`COLUMNS`] sits in the table (0-based). A row event names no columns, only
-/// numbers; migrations only ever add columns at the end, so the numbers of these stay put
-/// and an event written before a later column was added still decodes.
+/// Where each of [`COLUMNS`] sits in the table (0-based), for servers whose table map names no
+/// columns. Migrations only ever add columns at the end, so these places stay put.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Layout {
     index: [usize; COLUMNS.len()],
@@ -55,39 +54,37 @@ impl Layout {
         Ok(Self { index })
     }
 
-    /// How many columns a row event must carry for this layout to read it.
-    pub(super) fn width(&self) -> usize {
-        self.index.iter().max().map_or(0, |i| i + 1)
+    /// Where column `field` of [`COLUMNS`] is among the values of `raw`: by its name, or by
+    /// `@<ordinal>` when the server sent no names.
+    fn place(&self, raw: &RawRow, field: usize) -> Option<usize> {
+        let name = COLUMNS[field];
+        let unnamed = format!("@{}", self.index[field]);
+        let columns = raw.columns_ref();
+        columns
+            .iter()
+            .position(|c| c.name_str().eq_ignore_ascii_case(name))
+            .or_else(|| columns.iter().position(|c| c.name_str() == unnamed))
     }
 
-    /// The message in a row event's after-image.
+    /// The `seq` and key in a row event's after-image; an error names the column it could not
+    /// read.
     pub(super) fn row(&self, mut raw: RawRow) -> Result<BinlogRow> {
         let mut take = |field: usize| -> Result<Value> {
             let name = COLUMNS[field];
-            let value = raw.take(self.index[field]).ok_or_else(|| {
-                malformed(format!(
-                    "the row event has no value for `{name}` (binlog_row_image is not FULL \
-                     for the session that wrote it)"
-                ))
-            })?;
+            let value = self
+                .place(&raw, field)
+                .and_then(|i| raw.take(i))
+                .ok_or_else(|| {
+                    malformed(format!(
+                        "the row event has no value for `{name}` (a row image without it: \
+                         binlog_row_image must be FULL for every session that writes the outbox)"
+                    ))
+                })?;
             plain(value, name)
         };
         let seq = int(take(0)?, "seq")?.ok_or_else(|| malformed("`seq` is NULL".into()))?;
-        Ok(BinlogRow {
-            seq,
-            id: text(take(1)?, "id")?,
-            aggregate_type: text(take(2)?, "aggregate_type")?,
-            aggregate_id: text(take(3)?, "aggregate_id")?,
-            event_type: text(take(4)?, "event_type")?,
-            payload: bytes(take(5)?, "payload")?,
-            headers: bytes(take(6)?, "headers")?,
-            topic: match take(7)? {
-                Value::NULL => None,
-                value => Some(text(value, "topic")?),
-            },
-            created_at: time(take(8)?, "created_at")?,
-            part_seq: int(take(9)?, "part_seq")?.filter(|n| *n > 0),
-        })
+        let aggregate_id = text(take(1)?, "aggregate_id")?;
+        Ok(BinlogRow { seq, aggregate_id })
     }
 }
 
@@ -98,7 +95,7 @@ fn malformed(message: String) -> Error {
     )
 }
 
-/// A binlog value as a plain value: MySQL's binary JSON becomes its text.
+/// A binlog value as a plain value.
 fn plain(value: BinlogValue<'_>, column: &str) -> Result<Value> {
     Value::try_from(value).map_err(|e| malformed(format!("`{column}`: {e}")))
 }
@@ -114,30 +111,12 @@ fn int(value: Value, column: &str) -> Result<Option<i64>> {
     }
 }
 
-fn bytes(value: Value, column: &str) -> Result<Vec<u8>> {
-    match value {
-        Value::Bytes(b) => Ok(b),
-        other => Err(malformed(format!("`{column}` is {other:?}, not text"))),
-    }
-}
-
 fn text(value: Value, column: &str) -> Result<String> {
-    String::from_utf8(bytes(value, column)?)
-        .map_err(|_| malformed(format!("`{column}` is not UTF-8")))
-}
-
-/// A `DATETIME(6)`, which the outbox keeps in UTC.
-fn time(value: Value, column: &str) -> Result<DateTime<Utc>> {
     match value {
-        Value::Date(year, month, day, hour, minute, second, micros) => {
-            NaiveDate::from_ymd_opt(year.into(), month.into(), day.into())
-                .and_then(|d| {
-                    d.and_hms_micro_opt(hour.into(), minute.into(), second.into(), micros)
-                })
-                .map(|t| t.and_utc())
-                .ok_or_else(|| malformed(format!("`{column}` is not a valid time")))
+        Value::Bytes(b) => {
+            String::from_utf8(b).map_err(|_| malformed(format!("`{column}` is not UTF-8")))
         }
-        other => Err(malformed(format!("`{column}` is {other:?}, not a time"))),
+        other => Err(malformed(format!("`{column}` is {other:?}, not text"))),
     }
 }
 
@@ -155,26 +134,34 @@ mod tests {
 
     #[test]
     fn the_layout_finds_each_column_by_name_and_refuses_a_table_without_one() {
-        let mut names = COLUMNS.to_vec();
-        names.insert(1, "extra");
-        names.push("later");
+        let names = [
+            "extra",
+            "seq",
+            "id",
+            "aggregate_type",
+            "aggregate_id",
+            "later",
+        ];
         let layout = Layout::from_columns(&columns(&names)).unwrap();
-        assert_eq!(layout.index[0], 0);
-        assert_eq!(layout.index[1], 2);
-        assert_eq!(layout.width(), 11);
-        let err = Layout::from_columns(&columns(&COLUMNS[..9])).unwrap_err();
+        assert_eq!(layout.index, [1, 4]);
+        let err = Layout::from_columns(&columns(&["seq", "id"])).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Schema);
-        assert!(err.to_string().contains("no `part_seq` column"), "{err}");
+        assert!(
+            err.to_string().contains("no `aggregate_id` column"),
+            "{err}"
+        );
     }
 
     #[test]
     fn values_decode_as_the_outbox_writes_them() {
         assert_eq!(int(Value::Int(7), "seq").unwrap(), Some(7));
-        assert_eq!(int(Value::NULL, "part_seq").unwrap(), None);
+        assert_eq!(int(Value::NULL, "seq").unwrap(), None);
         assert!(int(Value::UInt(u64::MAX), "seq").is_err());
-        let t = time(Value::Date(2026, 12, 5, 15, 4, 5, 123_456), "created_at").unwrap();
-        assert_eq!(t.to_rfc3339(), "2026-12-05T15:04:05.123456+00:00");
-        assert!(time(Value::Date(2026, 2, 30, 0, 0, 0, 0), "created_at").is_err());
-        assert!(text(Value::Bytes(vec![0xff]), "id").is_err());
+        assert_eq!(
+            text(Value::Bytes(b"k".to_vec()), "aggregate_id").unwrap(),
+            "k"
+        );
+        let err = text(Value::Bytes(vec![0xff]), "aggregate_id").unwrap_err();
+        assert!(err.to_string().contains("`aggregate_id`"), "{err}");
     }
 }

@@ -23,6 +23,7 @@ pub mod route;
 pub mod sequencer;
 pub mod server;
 pub mod status;
+mod xa;
 
 pub use position::BinlogPosition;
 pub use reader::{BinlogReader, BinlogRow, Committed, Item, ReadError, ReadOptions};

@@ -7,36 +7,23 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use mysql_async::binlog::events::{EventData, RowsEventData};
 use mysql_async::prelude::Queryable;
-use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts};
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, OptsBuilder};
 use outbox_core::{Error, ErrorKind};
+use tracing::{error, warn};
 
-use super::decode::{Layout, COLUMNS};
+use super::decode::Layout;
+use super::xa;
 use super::BinlogPosition;
 use crate::Schema;
 
-/// An outbox row as the binlog carries it.
+/// What the sequencer needs of an outbox row the binlog carried (the relay reads the rest from
+/// the table): only these two columns are decoded, so no other column can stop the route.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BinlogRow {
     /// Drawn at insert (`AUTO_INCREMENT`): not commit order.
     pub seq: i64,
-    /// The message id (a UUID's text).
-    pub id: String,
-    /// What the message is about (`order`).
-    pub aggregate_type: String,
     /// The key: one key's messages keep their commit order.
     pub aggregate_id: String,
-    /// What happened (`placed`).
-    pub event_type: String,
-    /// The JSON payload's text.
-    pub payload: Vec<u8>,
-    /// The JSON headers' text.
-    pub headers: Vec<u8>,
-    /// The destination the writer named, if any.
-    pub topic: Option<String>,
-    /// When the writer inserted it (UTC).
-    pub created_at: DateTime<Utc>,
-    /// The row's position, if the trigger gave it one (the polling engine relays such rows).
-    pub part_seq: Option<i64>,
 }
 
 /// A committed transaction's outbox rows, in the order its statements wrote them.
@@ -89,6 +76,14 @@ pub struct ReadOptions {
     /// How often an idle server sends a heartbeat (so a dead connection is noticed, and the
     /// reader reports [`Item::Idle`]).
     pub heartbeat: Duration,
+    /// How long the reader waits for the server's next event (a heartbeat counts) before it
+    /// takes the connection as dead and fails with a connection error (the sequencer then
+    /// reconnects): a connection cut without a RST (a network drop, a failover) never ends
+    /// by itself. Several heartbeats long, so a busy server is not mistaken for a dead one.
+    pub silence: Duration,
+    /// TCP keepalive on the replication connection: the kernel probes an idle connection and
+    /// closes one the peer no longer answers.
+    pub keepalive: Duration,
 }
 
 impl Default for ReadOptions {
@@ -96,6 +91,8 @@ impl Default for ReadOptions {
         Self {
             server_id: 0x4f42_0000 | fastrand::u32(..0xffff),
             heartbeat: Duration::from_secs(1),
+            silence: Duration::from_secs(10),
+            keepalive: Duration::from_secs(10),
         }
     }
 }
@@ -122,17 +119,49 @@ pub struct BinlogReader {
     committed_through: BinlogPosition,
     /// The outbox rows of the transaction being read.
     rows: Vec<BinlogRow>,
+    /// Prepared XA transactions with outbox rows, oldest first: each one's xid, its rows, and
+    /// where reading again would read its group again (the end of the transaction before it).
+    /// Their rows come out at their `XA COMMIT`, go at their `XA ROLLBACK`, and no position
+    /// handed back passes the oldest one's group until then.
+    prepared: Vec<(String, Vec<BinlogRow>, BinlogPosition)>,
     last_report: Instant,
     /// The server puts a checksum at the end of every event (`binlog_checksum`).
     checksums: bool,
     /// A format description event was read (the stream's events are understood from then).
     seen_format: bool,
+    /// See [`ReadOptions::silence`].
+    silence: Duration,
+    /// Since when the reader has waited for the server's next event; `None` while the caller
+    /// handles what it was given (a slow save is not the server's silence).
+    waiting_since: Option<Instant>,
 }
 
 impl BinlogReader {
     /// Opens a replication session to `url` and starts reading at `from` (a position a
-    /// previous [`Committed::end`] or [`Item::Idle`] gave, or the server's end).
+    /// previous [`Committed::end`] or [`Item::Idle`] gave, or the server's end). Gives up with
+    /// a connection error when the server does not answer within [`ReadOptions::silence`].
     pub async fn open(
+        url: &str,
+        schema: &Schema,
+        from: &BinlogPosition,
+        options: &ReadOptions,
+    ) -> Result<Self, ReadError> {
+        let limit = options.silence.max(options.heartbeat * 2);
+        match tokio::time::timeout(limit, Self::open_now(url, schema, from, options)).await {
+            Ok(opened) => opened,
+            Err(_) => Err(Error::new(
+                ErrorKind::Connection,
+                format!(
+                    "opening the binlog stream at {from} on {}: no answer within {limit:?}; \
+                     will retry",
+                    outbox_core::redact::url(url)
+                ),
+            )
+            .into()),
+        }
+    }
+
+    async fn open_now(
         url: &str,
         schema: &Schema,
         from: &BinlogPosition,
@@ -145,6 +174,13 @@ impl BinlogReader {
             .ok_or_else(|| Error::config(format!("database URL `{shown}` is not a MySQL URL")))?;
         let opts = Opts::from_url(&format!("mysql://{rest}"))
             .map_err(|e| Error::config(format!("database URL `{shown}`: {e}")))?;
+        let keepalive = u32::try_from(options.keepalive.as_millis()).unwrap_or(u32::MAX);
+        let mut opts = OptsBuilder::from_opts(opts).tcp_keepalive(Some(keepalive.max(1_000)));
+        // mysql_async moves a connection to 127.0.0.1 onto the server's Unix socket unless told
+        // not to: the connection the URL names (a proxy's, say) is the one to read through.
+        if !rest.contains("prefer_socket=") {
+            opts = opts.prefer_socket(false);
+        }
         let mut conn = Conn::new(opts).await.map_err(|e| {
             error(
                 &format!("connecting to MySQL at {shown} to read the binlog"),
@@ -173,6 +209,15 @@ impl BinlogReader {
         conn.query_drop(format!("SET @master_heartbeat_period = {heartbeat}"))
             .await
             .map_err(|e| error("setting the binlog heartbeat", e))?;
+        // MariaDB: a replica that announces no capability is sent old-style events only, and an
+        // XA transaction's GTID event has none: the server ends the stream there ("Failed to
+        // replace GTID event with backwards-compatible event"), so one XA transaction anywhere
+        // on the server would stop the route for good. Announcing GTID support (4, MariaDB
+        // 10.0's) gets the events as they are; the ones this reader does not know (GTID,
+        // annotations, checkpoints) are skipped. A user variable: MySQL ignores it.
+        conn.query_drop("SET @mariadb_slave_capability = 4")
+            .await
+            .map_err(|e| error("announcing the replica's capabilities", e))?;
         let request = BinlogStreamRequest::new(options.server_id)
             .with_filename(from.file.as_bytes())
             .with_pos(from.offset);
@@ -187,22 +232,61 @@ impl BinlogReader {
             at: from.clone(),
             committed_through: from.clone(),
             rows: Vec::new(),
+            prepared: Vec::new(),
             last_report: Instant::now(),
             checksums,
             seen_format: false,
+            silence: options.silence.max(options.heartbeat * 2),
+            waiting_since: None,
         })
     }
 
-    /// The end of the last transaction read whole: reading again from here misses nothing
-    /// and repeats nothing already handed back.
+    /// Where reading again misses nothing: the end of the last transaction read whole, or,
+    /// while an XA transaction with outbox rows is prepared and not yet resolved, the start of
+    /// the oldest such one's group (reading again from there repeats the transactions committed
+    /// since, whose rows the sequencer finds positioned already).
     pub fn position(&self) -> &BinlogPosition {
-        &self.committed_through
+        self.prepared
+            .first()
+            .map_or(&self.committed_through, |(_, _, from)| from)
     }
 
-    /// Waits for the next committed transaction with outbox rows, or an idle report.
+    /// Whether an XA transaction with outbox rows is prepared and not yet resolved: the
+    /// [`position`](Self::position) handed back stays before its group meanwhile.
+    pub fn holding(&self) -> bool {
+        !self.prepared.is_empty()
+    }
+
+    /// Waits for the next committed transaction with outbox rows, or an idle report. Fails
+    /// with a connection error when the server sends nothing, not even a heartbeat, for
+    /// [`ReadOptions::silence`]. Cancel-safe: a call dropped while it waits loses nothing, and
+    /// the silence is counted across such calls.
     pub async fn next(&mut self) -> Result<Item, ReadError> {
+        let item = self.read().await;
+        // Whatever came, the caller handles it before it asks again: not the server's time.
+        self.waiting_since = None;
+        item
+    }
+
+    async fn read(&mut self) -> Result<Item, ReadError> {
         loop {
-            let event = match self.stream.next().await {
+            let since = *self.waiting_since.get_or_insert_with(Instant::now);
+            let next = tokio::time::timeout_at((since + self.silence).into(), self.stream.next());
+            let Ok(next) = next.await else {
+                return Err(Error::new(
+                    ErrorKind::Connection,
+                    format!(
+                        "the server sent nothing on the binlog connection (not even a heartbeat) \
+                         for {:?} at {}: the connection is taken as dead (a network drop or a \
+                         failover without a reset); will reconnect",
+                        self.silence, self.at
+                    ),
+                )
+                .into());
+            };
+            // An event: the server is alive; the next wait starts now.
+            self.waiting_since = Some(Instant::now());
+            let event = match next {
                 Some(Ok(event)) => event,
                 Some(Err(e)) => return Err(read_error(&self.at, "reading the binlog", e)),
                 None => {
@@ -239,12 +323,19 @@ impl BinlogReader {
                 }
                 Some(EventData::FormatDescriptionEvent(_)) => {
                     self.seen_format = true;
+                    // A group never spans files, and a server that restarted begins a new
+                    // file: rows left buffered belong to a group its crash left unfinished,
+                    // which never committed.
+                    if !self.rows.is_empty() {
+                        warn!(at = %self.at, rows = self.rows.len(), "the binlog holds an unfinished transaction (a server crash): its outbox rows never committed and are dropped");
+                        self.rows.clear();
+                    }
                     continue;
                 }
                 Some(EventData::HeartbeatEvent) => {
                     if self.rows.is_empty() {
                         self.last_report = Instant::now();
-                        return Ok(Item::Idle(self.committed_through.clone()));
+                        return Ok(Item::Idle(self.position().clone()));
                     }
                     continue;
                 }
@@ -259,10 +350,39 @@ impl BinlogReader {
                     false
                 }
                 Some(EventData::XidEvent(_)) => true,
-                // A transaction of a non-transactional engine ends with a COMMIT statement.
-                Some(EventData::QueryEvent(query)) => {
-                    query.query_raw().eq_ignore_ascii_case(b"COMMIT")
-                }
+                Some(EventData::XaPrepareLogEvent(body)) => match xa::prepared(&body) {
+                    Some(p) if p.one_phase => true,
+                    Some(p) => {
+                        // The group ends here, uncommitted: its rows wait for its outcome.
+                        if !self.rows.is_empty() {
+                            let rows = std::mem::take(&mut self.rows);
+                            self.prepared
+                                .push((p.xid, rows, self.committed_through.clone()));
+                        }
+                        self.committed_through = self.at.clone();
+                        continue;
+                    }
+                    None => {
+                        return Err(decode_error(
+                            &self.at,
+                            "an XA prepare event shorter than it says",
+                        ))
+                    }
+                },
+                Some(EventData::QueryEvent(query)) => match xa::outcome(query.query_raw()) {
+                    // Its own group: a prepared transaction's rows come out now, or go.
+                    Some((commit, xid)) => {
+                        if let Some(i) = self.prepared.iter().position(|(x, _, _)| *x == xid) {
+                            let (_, rows, _) = self.prepared.remove(i);
+                            if commit {
+                                self.rows.extend(rows);
+                            }
+                        }
+                        true
+                    }
+                    // A transaction of a non-transactional engine ends with a COMMIT statement.
+                    None => query.query_raw().eq_ignore_ascii_case(b"COMMIT"),
+                },
                 _ => false,
             };
             if !commit {
@@ -272,7 +392,7 @@ impl BinlogReader {
             if !self.rows.is_empty() {
                 self.last_report = Instant::now();
                 return Ok(Item::Committed(Committed {
-                    end: self.committed_through.clone(),
+                    end: self.position().clone(),
                     committed_at: DateTime::from_timestamp(header.timestamp().into(), 0)
                         .unwrap_or_else(Utc::now),
                     rows: std::mem::take(&mut self.rows),
@@ -280,7 +400,7 @@ impl BinlogReader {
             }
             if self.last_report.elapsed() >= IDLE_REPORT {
                 self.last_report = Instant::now();
-                return Ok(Item::Idle(self.committed_through.clone()));
+                return Ok(Item::Idle(self.position().clone()));
             }
         }
     }
@@ -299,21 +419,18 @@ impl BinlogReader {
         if table.table_name() != "outbox" || table.database_name() != self.schema.as_str() {
             return Ok(());
         }
-        let width = usize::try_from(table.columns_count()).unwrap_or(usize::MAX);
-        if width < self.layout.width() {
-            return Err(decode_error(
-                &self.at,
-                &format!(
-                    "the outbox table had {width} columns when this row was written, fewer \
-                     than the {} the columns {COLUMNS:?} need",
-                    self.layout.width()
-                ),
-            ));
-        }
         for row in event.rows(table) {
             let (_, after) = row.map_err(|e| decode_error(&self.at, &format!("a row: {e}")))?;
             if let Some(after) = after {
-                self.rows.push(self.layout.row(after)?);
+                match self.layout.row(after) {
+                    Ok(row) => self.rows.push(row),
+                    // Left to the seal's net, which takes every row below its bound that has
+                    // no position from the table (late, in seq order, but not lost); the route
+                    // goes on.
+                    Err(e) => {
+                        error!(at = %self.at, error = %e, "an outbox row in the binlog cannot be read; it is left for the sequencer's seal to take from the table")
+                    }
+                }
             }
         }
         Ok(())
@@ -322,16 +439,22 @@ impl BinlogReader {
 
 /// The server's error numbers for a binlog position it cannot serve from its files:
 /// ER_MASTER_FATAL_ERROR_READING_BINLOG ("Could not find first log file name in binary log
-/// index file", "log event entry exceeded max_allowed_packet", ...). Only the first kind is a
-/// purge; the message tells them apart.
+/// index file", "impossible position", "log event entry exceeded max_allowed_packet", ...).
+/// The first two kinds are taken as a purge; the message tells them apart.
 const ER_MASTER_FATAL_ERROR_READING_BINLOG: u16 = 1236;
 
 fn read_error(position: &BinlogPosition, doing: &str, err: mysql_async::Error) -> ReadError {
     if let mysql_async::Error::Server(server) = &err {
+        // A position past the end of its file ("impossible position", MySQL's "position >
+        // file size") is a binlog tail the server no longer has: lost in an OS crash with
+        // `sync_binlog = 0`, or another server's file of the same name. Like a purge, only the
+        // table can tell what was committed there; retrying would fail for ever.
         let purged = server.code == ER_MASTER_FATAL_ERROR_READING_BINLOG
             && (server.message.contains("first log file name")
                 || server.message.contains("binary log index file")
-                || server.message.contains("purged"));
+                || server.message.contains("purged")
+                || server.message.contains("impossible position")
+                || server.message.contains("position > file size"));
         if purged {
             return ReadError::Purged {
                 position: position.clone(),

@@ -170,10 +170,52 @@ async fn set_up(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<()>
     Ok(())
 }
 
+/// Columns of `outbox_sequencer` added after it was first made: (name, definition). See
+/// [`SEQUENCER_SQL`] for what each holds.
+const SEQUENCER_COLUMNS: &[(&str, &str)] = &[
+    ("server_identity", "VARCHAR(255) NULL"),
+    ("advanced_at", "DATETIME(6) NULL"),
+    ("reread_below", "BIGINT NULL"),
+];
+
+/// Brings the sequencer's table of an outbox switched by an older version up to this one
+/// (`outbox migrate` runs it; nothing when the route is off). Idempotent.
+pub async fn upgrade(pool: &MySqlPool, schema: &Schema) -> Result<()> {
+    let err = |e| map_sqlx_error("upgrading the binlog sequencer's table", e);
+    let have: Vec<String> = sqlx::query_scalar(
+        "SELECT CAST(COLUMN_NAME AS CHAR) FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox_sequencer'",
+    )
+    .bind(schema.as_str())
+    .fetch_all(pool)
+    .await
+    .map_err(err)?;
+    if have.is_empty() {
+        return Ok(());
+    }
+    for (name, definition) in SEQUENCER_COLUMNS {
+        if have.iter().any(|c| c.eq_ignore_ascii_case(name)) {
+            continue;
+        }
+        sqlx::query(&schema.render(&format!(
+            "ALTER TABLE {{schema}}.outbox_sequencer ADD COLUMN {name} {definition}"
+        )))
+        .execute(pool)
+        .await
+        .map_err(err)?;
+    }
+    Ok(())
+}
+
 /// The sequencer's row: who holds the lease (and under which epoch, bumped at each new owner,
 /// so a sequencer that lost it writes nothing more), how far in the binlog every outbox row is
 /// sequenced, and `sequenced_below`: every row with a lower `seq` is sequenced or was rolled
-/// back (raised by the seal, see the sequencer).
+/// back (raised by the seal, see the sequencer). `server_identity` names the server whose
+/// binlog that position is in ([`super::server::identity`]; a position read on another server
+/// means nothing), `advanced_at` is when the position last moved (how long a stuck reader
+/// has been stuck: `updated_at` moves with every lease renewal), and `reread_below`, set while
+/// the position stops before an XA transaction still prepared: rows below it may be carried
+/// again after a restart, and are checked.
 const SEQUENCER_SQL: &str = "CREATE TABLE IF NOT EXISTS {schema}.outbox_sequencer (
     id              TINYINT      NOT NULL PRIMARY KEY,
     owner           VARCHAR(255) NULL,
@@ -185,7 +227,10 @@ const SEQUENCER_SQL: &str = "CREATE TABLE IF NOT EXISTS {schema}.outbox_sequence
     sequenced_below BIGINT       NOT NULL DEFAULT 0,
     from_table      BIGINT       NOT NULL DEFAULT 0,
     trigger_rows_taken TINYINT   NOT NULL DEFAULT 0,
-    updated_at      DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+    updated_at      DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    server_identity VARCHAR(255) NULL,
+    advanced_at     DATETIME(6)  NULL,
+    reread_below    BIGINT       NULL
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 INSERT IGNORE INTO {schema}.outbox_sequencer (id) VALUES (1);";
 

@@ -322,9 +322,26 @@ async fn stop_asked(stop: &mut watch::Receiver<bool>) {
 
 /// Takes the lease (waiting while another sequencer holds it), then sequences until an error.
 async fn lead(inner: &Arc<Inner>) -> Result<()> {
+    // Checked at every start, not only at the switch: a server set otherwise since (a DBA
+    // shrinking the binlog, a restart with another configuration) would make rows reach the
+    // sequencer late or never; refused here with what to set, rather than relayed out of order.
+    server::settings(&inner.pool)
+        .await?
+        .check()
+        .map_err(|why| {
+            Error::config(format!(
+                "the binlog sequencer cannot read this server: {why}"
+            ))
+        })?;
     let epoch = acquire(inner).await?;
     let mut s = Session::start(inner, epoch).await?;
     let from = match s.position.clone() {
+        // The position was read on another server (a failover, a restore): it means nothing
+        // here, so it is made good as a purged binlog is.
+        Some(p) if s.identity_changed() => {
+            warn!(position = %p, saved = s.saved_identity.as_deref().unwrap_or(""), now = %s.identity, "the binlog position the sequencer saved was read on another server (a failover or a restore): the rows since its last seal are taken from the table (in seq order), then this server's binlog is read from its end");
+            s.take_from_table("another server").await?
+        }
         Some(p) => {
             if !s.trigger_rows_taken {
                 s.take_trigger_rows().await?;
@@ -349,7 +366,7 @@ async fn lead(inner: &Arc<Inner>) -> Result<()> {
                 let mut end = None;
                 let mut failed = None;
                 match item {
-                    Ok(item) => take(item, &mut rows, &mut end),
+                    Ok(item) => s.take(item, &mut rows, &mut end),
                     // The server says so at the first read: nothing was taken from it yet.
                     Err(ReadError::Purged { position, message }) => {
                         let from = recover(&mut s, &position, &message).await?;
@@ -361,7 +378,7 @@ async fn lead(inner: &Arc<Inner>) -> Result<()> {
                 // What else is ready, up to a batch: one transaction for all of it.
                 while rows.len() < BATCH {
                     match reader.next().now_or_never() {
-                        Some(Ok(item)) => take(item, &mut rows, &mut end),
+                        Some(Ok(item)) => s.take(item, &mut rows, &mut end),
                         Some(Err(e)) => {
                             failed = Some(e);
                             break;
@@ -370,6 +387,7 @@ async fn lead(inner: &Arc<Inner>) -> Result<()> {
                     }
                 }
                 if let Some(end) = end {
+                    s.holding = reader.holding();
                     s.save(rows, end).await?;
                 }
                 if let Some(e) = failed {
@@ -408,16 +426,6 @@ async fn recover(
 ) -> Result<BinlogPosition> {
     warn!(%position, %message, "the binlog the outbox's sequencer stopped at was purged: the rows since its last seal are taken from the table (in seq order, not commit order), then the binlog is read from its end");
     s.take_from_table("a purged binlog").await
-}
-
-fn take(item: Item, rows: &mut Vec<(i64, String)>, end: &mut Option<BinlogPosition>) {
-    match item {
-        Item::Committed(c) => {
-            rows.extend(c.rows.into_iter().map(|r| (r.seq, r.aggregate_id)));
-            *end = Some(c.end);
-        }
-        Item::Idle(p) => *end = Some(p),
-    }
 }
 
 fn read_error(e: ReadError) -> Error {
@@ -508,14 +516,32 @@ struct Session {
     seal: Seal,
     /// Rows sequenced since the last seal began.
     since_seal: u64,
+    /// The server this session reads ([`server::identity`]), and the one the saved position
+    /// was read on (`None`: not recorded yet).
+    identity: String,
+    saved_identity: Option<String>,
+    /// When the reader last said it had read everything the server had written (an idle
+    /// report): until a little after, a save counts as caught up even if the position did not
+    /// move. A reader that stopped hearing from the server stops refreshing it.
+    last_idle: Option<Instant>,
+    /// The reader holds an XA transaction still prepared: the position saved stays before its
+    /// group, so after a restart the stream carries again rows positioned since.
+    holding: bool,
+    /// The highest seq this session positioned.
+    max_placed: i64,
 }
+
+/// How long after an idle report a save still counts the sequencer as caught up: a few
+/// heartbeats.
+const CAUGHT_UP: Duration = Duration::from_secs(3);
 
 impl Session {
     async fn start(inner: &Arc<Inner>, epoch: i64) -> Result<Self> {
         let err = |e| map_sqlx_error("reading the binlog sequencer's state", e);
         let row = sqlx::query(&inner.schema.render(
             "SELECT CAST(binlog_file AS CHAR) AS file, binlog_offset, sequenced_below, \
-             trigger_rows_taken FROM {schema}.outbox_sequencer WHERE id = 1",
+             trigger_rows_taken, CAST(server_identity AS CHAR) AS server_identity, \
+             reread_below FROM {schema}.outbox_sequencer WHERE id = 1",
         ))
         .fetch_one(&inner.pool)
         .await
@@ -524,6 +550,12 @@ impl Session {
         let offset: Option<i64> = row.try_get("binlog_offset").map_err(err)?;
         let sequenced_below: i64 = row.try_get("sequenced_below").map_err(err)?;
         let trigger_rows_taken: i8 = row.try_get("trigger_rows_taken").map_err(err)?;
+        let saved_identity: Option<String> = row.try_get("server_identity").map_err(err)?;
+        let identity = server::identity(&inner.pool).await?;
+        // Set when the saved position stopped before an XA transaction still prepared: the
+        // stream then carries again rows positioned after it, all below this; it checks them
+        // before placing.
+        let reread_below: Option<i64> = row.try_get("reread_below").map_err(err)?;
         let mut s = Self {
             inner: inner.clone(),
             epoch,
@@ -535,11 +567,16 @@ impl Session {
             last_save: Instant::now(),
             sequenced_below,
             trigger_rows_taken: trigger_rows_taken != 0,
-            table_high: sequenced_below,
+            table_high: sequenced_below.max(reread_below.unwrap_or(0)),
             seal: Seal::Idle {
                 at: Instant::now() + SEAL_EVERY,
             },
             since_seal: 0,
+            identity,
+            saved_identity,
+            last_idle: None,
+            holding: false,
+            max_placed: 0,
         };
         s.read_counters().await?;
         inner.progress.send_modify(|p| {
@@ -547,6 +584,60 @@ impl Session {
             p.sequenced_below = sequenced_below;
         });
         Ok(s)
+    }
+
+    /// Whether the saved position was read on another server than this one.
+    fn identity_changed(&self) -> bool {
+        self.saved_identity
+            .as_deref()
+            .is_some_and(|saved| saved != self.identity)
+    }
+
+    /// Adds what the reader handed back to the batch in hand.
+    fn take(
+        &mut self,
+        item: Item,
+        rows: &mut Vec<(i64, String)>,
+        end: &mut Option<BinlogPosition>,
+    ) {
+        match item {
+            Item::Committed(c) => {
+                rows.extend(c.rows.into_iter().map(|r| (r.seq, r.aggregate_id)));
+                *end = Some(c.end);
+            }
+            Item::Idle(p) => {
+                self.last_idle = Some(Instant::now());
+                *end = Some(p);
+            }
+        }
+    }
+
+    /// The `SET` part and binds that save binlog position `p` read on this session's server:
+    /// `advanced_at` moves when the position does, or while the reader is caught up (so how
+    /// long it has not moved is how long a stuck reader has been stuck, not how long the
+    /// server was idle).
+    fn position_set(&self, p: &BinlogPosition) -> (&'static str, Vec<Bind>) {
+        let caught_up = self.last_idle.is_some_and(|t| t.elapsed() < CAUGHT_UP);
+        // While the reader holds a prepared XA group, rows positioned since lie below this.
+        let reread_below = if self.holding {
+            self.table_high.max(self.max_placed + 1)
+        } else {
+            0
+        };
+        (
+            "advanced_at = IF(? OR NOT (binlog_file <=> ? AND binlog_offset <=> ?), \
+             UTC_TIMESTAMP(6), advanced_at), binlog_file = ?, binlog_offset = ?, \
+             server_identity = ?, reread_below = NULLIF(?, 0)",
+            vec![
+                Bind::Int(i64::from(caught_up)),
+                Bind::Text(p.file.clone()),
+                Bind::Int(p.offset as i64),
+                Bind::Text(p.file.clone()),
+                Bind::Int(p.offset as i64),
+                Bind::Text(self.identity.clone()),
+                Bind::Int(reread_below),
+            ],
+        )
     }
 
     /// The last position of each partition: the highest sequenced, the trigger's last one, or
@@ -600,13 +691,12 @@ impl Session {
         let mut counters = self.counters.clone();
         let placed = place(&mut counters, rows);
         insert_positions(&mut tx, &self.inner.schema, &placed).await?;
-        self.fenced_update(
-            &mut tx,
-            "binlog_file = ?, binlog_offset = ?",
-            &[Bind::Text(end.file.clone()), Bind::Int(end.offset as i64)],
-        )
-        .await?;
+        let top = placed.iter().map(|(seq, _, _)| *seq).max().unwrap_or(0);
+        self.max_placed = self.max_placed.max(top);
+        let (set, binds) = self.position_set(&end);
+        self.fenced_update(&mut tx, set, &binds).await?;
         tx.commit().await.map_err(err)?;
+        self.saved_identity = Some(self.identity.clone());
         self.counters = counters;
         self.position = Some(end.clone());
         self.position_saved = true;
@@ -676,12 +766,8 @@ impl Session {
             let mut tx = self.inner.pool.begin().await.map_err(err)?;
             match self.position.clone() {
                 Some(p) => {
-                    self.fenced_update(
-                        &mut tx,
-                        "binlog_file = ?, binlog_offset = ?",
-                        &[Bind::Text(p.file), Bind::Int(p.offset as i64)],
-                    )
-                    .await?
+                    let (set, binds) = self.position_set(&p);
+                    self.fenced_update(&mut tx, set, &binds).await?
                 }
                 None => self.fenced_update(&mut tx, "id = id", &[]).await?,
             }
@@ -769,32 +855,22 @@ impl Session {
         Ok(())
     }
 
-    /// Every row below `below` that the binlog carried is sequenced: the table's count over the
-    /// window says whether it holds more, and those are sequenced from it; then
-    /// `sequenced_below` is raised.
+    /// Every row below `below` that the binlog carried is sequenced: any row of the window
+    /// the table holds without a position (the binlog did not carry it) is sequenced from the
+    /// table now, row by row; then `sequenced_below` is raised.
+    ///
+    /// Row by row, not by comparing counts: a position without a row (a row deleted by hand,
+    /// an unfinished group a crash left) would balance one row the binlog did not carry, and
+    /// that row, never positioned, would be dropped by retention with its range: a loss. The
+    /// anti-join costs the same range scan the two counts did.
     async fn close_seal(&mut self, below: i64) -> Result<()> {
         if below <= self.sequenced_below {
             return Ok(());
         }
-        let (lo, pool, schema) = (self.sequenced_below, &self.inner.pool, &self.inner.schema);
-        let count = |table: &str| {
-            let sql = schema.render(&format!(
-                "SELECT COUNT(*) FROM {{schema}}.{table} WHERE seq >= ? AND seq < ?"
-            ));
-            async move {
-                sqlx::query_scalar::<_, i64>(&sql)
-                    .bind(lo)
-                    .bind(below)
-                    .fetch_one(pool)
-                    .await
-                    .map_err(|e| map_sqlx_error("counting the rows of a sealed window", e))
-            }
-        };
-        let in_table = count("outbox").await?;
-        let in_sequence = count("outbox_sequence").await?;
-        if in_table > in_sequence {
-            let n = self.sequence_table(lo, below, false).await?;
-            warn!(rows = n, from = lo, below, "rows the binlog did not carry (written with sql_log_bin = 0, or logged as statements) were taken from the table; they are relayed now, in seq order, after their keys' later messages that the binlog carried");
+        let lo = self.sequenced_below;
+        let n = self.sequence_table(lo, below, false).await?;
+        if n > 0 {
+            warn!(rows = n, from = lo, below, "rows the binlog did not carry (written with sql_log_bin = 0, logged as statements, or unreadable in the binlog) were taken from the table; they are relayed now, in seq order, after their keys' later messages that the binlog carried");
         }
         self.raise_sequenced_below(below).await
     }
@@ -930,18 +1006,18 @@ impl Session {
         // The stream starts at `end`; saved with the seal, so a restart begins there too.
         let err = |e| map_sqlx_error("saving where the binlog sequencer starts", e);
         let mut tx = pool.begin().await.map_err(err)?;
+        let (set, mut binds) = self.position_set(&end);
+        binds.push(Bind::Int(below));
         self.fenced_update(
             &mut tx,
-            "binlog_file = ?, binlog_offset = ?, sequenced_below = GREATEST(sequenced_below, ?), \
-             trigger_rows_taken = 1",
-            &[
-                Bind::Text(end.file.clone()),
-                Bind::Int(end.offset as i64),
-                Bind::Int(below),
-            ],
+            &format!(
+                "{set}, sequenced_below = GREATEST(sequenced_below, ?), trigger_rows_taken = 1"
+            ),
+            &binds,
         )
         .await?;
         tx.commit().await.map_err(err)?;
+        self.saved_identity = Some(self.identity.clone());
         self.position = Some(end.clone());
         self.position_saved = true;
         self.sequenced_below = self.sequenced_below.max(below);

@@ -18,6 +18,10 @@ pub struct BinlogSettings {
     pub format: String,
     /// `binlog_row_image`: `FULL`, `NOBLOB` or `MINIMAL` (MariaDB also `FULL_NODUP`).
     pub row_image: String,
+    /// MariaDB's `log_bin_compress`: large events are written compressed, as event types a
+    /// replication client that announces no MariaDB capability is never sent (the server sends
+    /// a dummy in their place). Always off on MySQL, which has no such setting.
+    pub compress: bool,
 }
 
 impl BinlogSettings {
@@ -51,6 +55,15 @@ impl BinlogSettings {
                 self.row_image
             ));
         }
+        if self.compress {
+            return Err(
+                "log_bin_compress is ON: MariaDB writes large row events compressed, which \
+                 the binlog reader is never sent (those rows would be relayed late, out of \
+                 their keys' order); set log_bin_compress=OFF on the server (SET GLOBAL and in \
+                 its configuration), or relay by polling"
+                    .into(),
+            );
+        }
         Ok(())
     }
 }
@@ -64,10 +77,17 @@ pub async fn settings(pool: &MySqlPool) -> Result<BinlogSettings> {
     .fetch_one(pool)
     .await
     .map_err(|e| map_sqlx_error("reading the server's binlog settings", e))?;
+    // MariaDB only: MySQL knows no such variable (an error, read as off).
+    let compress: Option<i64> =
+        sqlx::query_scalar("SELECT CAST(@@GLOBAL.log_bin_compress AS SIGNED)")
+            .fetch_one(pool)
+            .await
+            .ok();
     Ok(BinlogSettings {
         log_bin: row.try_get::<i64, _>(0).unwrap_or(0) != 0,
         format: row.try_get(1).unwrap_or_default(),
         row_image: row.try_get(2).unwrap_or_default(),
+        compress: compress.unwrap_or(0) != 0,
     })
 }
 
@@ -114,6 +134,29 @@ pub async fn end_position_on(conn: &mut sqlx::MySqlConnection) -> Result<BinlogP
         )
     })?;
     position_of(row, "reading where the binlog ends")
+}
+
+/// Which server wrote the binlog being read, saved with the sequencer's position: a binlog
+/// position means nothing on another server. MySQL names itself by `server_uuid`; MariaDB has
+/// none, so its `server_id` stands for it. (After a failover, a restore or `RESET MASTER`, a
+/// file of the same name may exist at a meaningless offset: an identity that changed is
+/// treated as a purged binlog.) `RESET MASTER` on the same MariaDB server keeps its
+/// `server_id`; its binlog then starts again at file 1, which is caught as a position past the
+/// file's end or a missing file.
+pub async fn identity(pool: &MySqlPool) -> Result<String> {
+    let uuid: Option<String> = sqlx::query_scalar("SELECT CAST(@@GLOBAL.server_uuid AS CHAR)")
+        .fetch_one(pool)
+        .await
+        .ok()
+        .flatten();
+    if let Some(uuid) = uuid.filter(|u| !u.is_empty()) {
+        return Ok(format!("uuid:{uuid}"));
+    }
+    let id: i64 = sqlx::query_scalar("SELECT CAST(@@GLOBAL.server_id AS SIGNED)")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading the server's server_id", e))?;
+    Ok(format!("server_id:{id}"))
 }
 
 /// The binlog files the server still holds, oldest first (`SHOW BINARY LOGS`).
@@ -185,6 +228,7 @@ mod tests {
             log_bin,
             format: format.into(),
             row_image: row_image.into(),
+            compress: false,
         }
     }
 

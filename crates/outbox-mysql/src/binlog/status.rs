@@ -1,6 +1,7 @@
 //! What `outbox status` and a metrics scrape show of the binlog route's sequencer: who holds
-//! its lease, how far it has read the binlog, and how far the seal is. Read-only, three cheap
-//! statements (its row, the binlog's files, the outbox's next `seq`), none on the outbox rows.
+//! its lease, how far it has read the binlog (in bytes and in seconds), how far the seal is,
+//! and how many partitions wait at a row they cannot see. Read-only, four cheap statements
+//! (its row, the binlog's files, the outbox's next `seq`, one probe per partition).
 
 use chrono::{DateTime, NaiveDateTime, Utc};
 use outbox_core::status::SequencerStatus;
@@ -24,17 +25,28 @@ pub async fn read(pool: &MySqlPool, schema: &Schema) -> Result<SequencerStatus> 
         i64,
         i64,
         NaiveDateTime,
+        Option<NaiveDateTime>,
     );
     let row: Row = sqlx::query_as(&schema.render(
         "SELECT CAST(owner AS CHAR), epoch, lease_until, updated_at, CAST(binlog_file AS CHAR), \
-         binlog_offset, sequenced_below, from_table, UTC_TIMESTAMP(6) \
+         binlog_offset, sequenced_below, from_table, UTC_TIMESTAMP(6), advanced_at \
          FROM {schema}.outbox_sequencer WHERE id = 1",
     ))
     .fetch_one(pool)
     .await
     .map_err(err)?;
-    let (owner, epoch, lease_until, saved_at, file, offset, sequenced_below, from_table, db_now) =
-        row;
+    let (
+        owner,
+        epoch,
+        lease_until,
+        saved_at,
+        file,
+        offset,
+        sequenced_below,
+        from_table,
+        db_now,
+        advanced_at,
+    ) = row;
     // The server's times, on this host's clock (the lease runs on the server's).
     let skew = Utc::now() - db_now.and_utc();
     let here = |t: NaiveDateTime| (t.and_utc().timestamp() > 0).then(|| t.and_utc() + skew);
@@ -56,6 +68,22 @@ pub async fn read(pool: &MySqlPool, schema: &Schema) -> Result<SequencerStatus> 
         None => Some(0),
     }
     .map(|b| i64::try_from(b).unwrap_or(i64::MAX));
+    // Behind (or its file gone) and not moving: since it last moved, or was last saved.
+    let lag_seconds = if lag_bytes == Some(0) {
+        0.0
+    } else {
+        let moved = advanced_at.unwrap_or(saved_at);
+        ((db_now - moved).num_milliseconds().max(0) as f64) / 1000.0
+    };
+    // A partition's next position whose row is not visible: one index probe per partition.
+    let stuck_partitions: i64 = sqlx::query_scalar(&schema.render(
+        "SELECT COUNT(*) FROM {schema}.outbox_positions AS p \
+         JOIN {schema}.outbox_sequence AS q ON q.part = p.part AND q.part_seq = p.passed + 1 \
+         WHERE NOT EXISTS (SELECT 1 FROM {schema}.outbox AS o WHERE o.seq = q.seq)",
+    ))
+    .fetch_one(pool)
+    .await
+    .map_err(|e| map_sqlx_error("counting the partitions stuck at a missing row", e))?;
     Ok(SequencerStatus {
         owner,
         epoch,
@@ -67,6 +95,8 @@ pub async fn read(pool: &MySqlPool, schema: &Schema) -> Result<SequencerStatus> 
         sequenced_below,
         next_seq: super::sequencer::next_seq(pool, schema).await?,
         rows_from_table: from_table,
+        lag_seconds,
+        stuck_partitions,
     })
 }
 
@@ -79,5 +109,7 @@ pub fn gauges(s: &SequencerStatus, now: DateTime<Utc>) -> SequencerGauges {
         lag_bytes: s.lag_bytes,
         unsealed_seqs: (s.next_seq - s.sequenced_below).max(0),
         rows_from_table: s.rows_from_table,
+        lag_seconds: s.lag_seconds,
+        stuck_partitions: s.stuck_partitions,
     }
 }

@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::Result;
-use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions as _, Connection as _, PgConnection};
 use tokio::sync::watch;
 
@@ -53,13 +52,14 @@ impl Gate {
         }
     }
 
-    /// Starts the gate's task for `names`' group, connecting with `options` (the pool's, so it
-    /// follows the primary). It ends when every clone of the gate is dropped.
-    pub fn start(options: PgConnectOptions, names: &CdcNames) -> Self {
+    /// Starts the gate's task for `names`' group. It connects as `pool` does, to the server the
+    /// pool uses at each (re)connection, so it follows the primary after a failover; it ends
+    /// when every clone of the gate is dropped.
+    pub fn start(pool: sqlx::PgPool, names: &CdcNames) -> Self {
         let (synced_tx, synced) = watch::channel(0u64);
         let want = Arc::new(watch::channel(0u64).0);
         let prefix = format!("outbox-sync:{}", names.slot);
-        tokio::spawn(run(options, prefix, want.subscribe(), synced_tx));
+        tokio::spawn(run(pool, prefix, want.subscribe(), synced_tx));
         Self { synced, want }
     }
 
@@ -89,7 +89,7 @@ impl Gate {
 /// open (every position passes); with one named, it runs a barrier whenever the relay waits for
 /// a position the last barrier did not cover.
 async fn run(
-    options: PgConnectOptions,
+    pool: sqlx::PgPool,
     prefix: String,
     mut want: watch::Receiver<u64>,
     synced: watch::Sender<u64>,
@@ -101,7 +101,7 @@ async fn run(
         }
         let c = match conn.as_mut() {
             Some(c) => c,
-            None => match options.connect().await {
+            None => match connect(&pool).await {
                 Ok(c) => conn.insert(c),
                 Err(error) => {
                     tracing::warn!(%error, "CDC synchronous-standby gate: cannot connect; will retry");
@@ -163,6 +163,25 @@ async fn run(
             }
         }
     }
+}
+
+/// A connection of the gate's own to the server `pool` uses now (the primary), with no
+/// statement timeout (see the module documentation), refused when that server is a standby.
+async fn connect(pool: &sqlx::PgPool) -> std::result::Result<PgConnection, sqlx::Error> {
+    let options = (*pool.connect_options())
+        .clone()
+        .options([("statement_timeout", "0")]);
+    let mut conn = options.connect().await?;
+    let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+        .fetch_one(&mut conn)
+        .await?;
+    if standby {
+        let _ = conn.close().await;
+        return Err(sqlx::Error::Protocol(
+            "the server is a standby; waiting for the primary".into(),
+        ));
+    }
+    Ok(conn)
 }
 
 /// Whether `synchronous_standby_names` names any standby.

@@ -131,7 +131,16 @@ fn header_text(v: &AMQPValue) -> String {
 /// A delivery as the checker sees it: the id from `message_id` (the broker's dedupe field),
 /// else the `outbox-message-id` header; the destination as the sink's template names it.
 fn delivered(d: &lapin::message::Delivery) -> Option<Delivered> {
-    let headers = delivery_headers(d);
+    let mut headers = delivery_headers(d);
+    // The `content_type` property, as the `content-type` a CloudEvents reader looks for.
+    if let Some(ct) = d.properties.content_type().as_ref() {
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
+            headers.push(("content-type".to_string(), ct.as_str().to_string()));
+        }
+    }
     let destination = if d.exchange.as_str().is_empty() {
         d.routing_key.as_str().to_string()
     } else {

@@ -236,6 +236,10 @@ impl AmqpSink {
         }
         let mut headers = FieldTable::default();
         for (k, v) in &e.headers {
+            // A CloudEvents envelope's content type is the `content_type` property below.
+            if k.eq_ignore_ascii_case(outbox_core::cloudevents::HEADER_CONTENT_TYPE) {
+                continue;
+            }
             if ROUTING_HEADERS.iter().any(|r| r.eq_ignore_ascii_case(k)) {
                 return Err(SinkError::invalid(format!(
                     "rabbitmq: header `{k}` is RabbitMQ's sender-selected distribution (it \
@@ -251,7 +255,11 @@ impl AmqpSink {
         }
         let mut properties = BasicProperties::default()
             .with_delivery_mode(PERSISTENT)
-            .with_content_type("application/json".into())
+            .with_content_type(
+                outbox_core::cloudevents::content_type(&e.headers)
+                    .unwrap_or("application/json")
+                    .into(),
+            )
             .with_app_id("outbox".into())
             // A UUID: 36 bytes, always a valid short string.
             .with_message_id(ShortString::from(e.id.to_string()))

@@ -29,7 +29,8 @@ const MAX_FIFO_ID: usize = 128;
 /// Each header becomes one `String` attribute when all of them fit: at most
 /// [`MAX_ATTRIBUTES`] and none empty (the services refuse an empty value). Otherwise the
 /// relay's non-empty `outbox-*` headers stay one attribute each (at most four, the message id
-/// always among them) and everything else goes as one JSON object of name → value in
+/// always among them), a CloudEvent's `ce-*` and `content-type` too while they fit, and
+/// everything else goes as one JSON object of name → value in
 /// [`PACKED_HEADERS`]; the readers unpack it. Every row header name must be a valid attribute
 /// name either way, so whether a row publishes does not depend on how many headers it has.
 pub(crate) fn attributes(service: &str, e: &Envelope) -> Result<Vec<(String, String)>, SinkError> {
@@ -52,10 +53,22 @@ pub(crate) fn attributes(service: &str, e: &Envelope) -> Result<Vec<(String, Str
     if fits {
         return Ok(e.headers.clone());
     }
+    // A CloudEvent's attributes (`ce-*`, `content-type`) stay attributes too when they fit
+    // beside the relay's and the packed one, so a CloudEvents consumer still sees them.
+    let cloudevent = |name: &str| {
+        name.get(..3).is_some_and(|p| p.eq_ignore_ascii_case("ce-"))
+            || name.eq_ignore_ascii_case("content-type")
+    };
+    let kept = e
+        .headers
+        .iter()
+        .filter(|(n, v)| (is_relay_header(n) || cloudevent(n)) && !v.is_empty())
+        .count();
+    let keep_events = kept < MAX_ATTRIBUTES;
     let mut attrs = Vec::with_capacity(5);
     let mut packed = serde_json::Map::new();
     for (name, value) in &e.headers {
-        if is_relay_header(name) && !value.is_empty() {
+        if (is_relay_header(name) || (keep_events && cloudevent(name))) && !value.is_empty() {
             attrs.push((name.clone(), value.clone()));
         } else {
             packed.insert(name.clone(), serde_json::Value::String(value.clone()));
@@ -242,6 +255,31 @@ mod tests {
         assert_eq!(a.len(), 5);
         assert!(a.iter().all(|(_, v)| !v.is_empty()));
         assert_eq!(unpack(a), e.headers);
+    }
+
+    #[test]
+    fn a_cloudevents_attributes_stay_attributes_when_row_headers_are_packed() {
+        let mut e = envelope(&[]);
+        e.headers = [
+            "ce-specversion",
+            "ce-id",
+            "ce-source",
+            "ce-type",
+            "ce-subject",
+            "ce-time",
+            "ce-traceparent",
+            "content-type",
+            "h1",
+            "h2",
+            "h3",
+        ]
+        .iter()
+        .map(|n| (n.to_string(), "v".to_string()))
+        .collect();
+        let a = attributes("sqs", &e).unwrap();
+        assert_eq!(a.len(), 9, "{a:?}");
+        assert!(a.iter().any(|(k, _)| k == "ce-id"));
+        assert_eq!(unpack(a).len(), e.headers.len());
     }
 
     #[test]

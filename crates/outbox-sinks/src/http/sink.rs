@@ -115,7 +115,10 @@ impl HttpSink {
         if left.is_zero() {
             return Err(not_sent());
         }
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        // A CloudEvents envelope brought its own (`application/cloudevents+json` when structured).
+        if !headers.contains_key(CONTENT_TYPE) {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
         if let Some(key) = &self.cfg.signing_key {
             let now = chrono::Utc::now().timestamp();
             let sig = sign::signature(key.bytes(), id, now, &body);

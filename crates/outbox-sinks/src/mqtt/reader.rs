@@ -40,11 +40,20 @@ impl Drop for MqttReader {
 
 fn delivered(p: &rumqttc::v5::mqttbytes::v5::Publish) -> Option<Delivered> {
     let topic = String::from_utf8(p.topic.to_vec()).ok()?;
-    let headers = p
+    let mut headers = p
         .properties
         .as_ref()
         .map(|pr| pr.user_properties.clone())
         .unwrap_or_default();
+    // The Content Type property, as the `content-type` a CloudEvents reader looks for.
+    if let Some(ct) = p.properties.as_ref().and_then(|pr| pr.content_type.clone()) {
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
+            headers.push(("content-type".to_string(), ct));
+        }
+    }
     Delivered::from_headers(topic, headers, p.payload.clone())
 }
 

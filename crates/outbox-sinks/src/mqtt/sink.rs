@@ -241,9 +241,20 @@ impl Sink for MqttSink {
                     })));
                     continue;
                 }
+                // A CloudEvents envelope's content type goes to the Content Type property (the
+                // MQTT 5 binding), not to a user property.
+                let content_type = outbox_core::cloudevents::content_type(&e.headers)
+                    .unwrap_or("application/json");
                 let props = PublishProperties {
-                    user_properties: e.headers.clone(),
-                    content_type: Some("application/json".into()),
+                    user_properties: e
+                        .headers
+                        .iter()
+                        .filter(|(k, _)| {
+                            !k.eq_ignore_ascii_case(outbox_core::cloudevents::HEADER_CONTENT_TYPE)
+                        })
+                        .cloned()
+                        .collect(),
+                    content_type: Some(content_type.into()),
                     ..Default::default()
                 };
                 // Queued and paired under one lock: the event loop reports packet ids in the

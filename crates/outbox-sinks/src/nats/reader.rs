@@ -43,35 +43,39 @@ pub async fn create_stream(
     })
 }
 
-/// An ordered, unacknowledged consumer of one stream: every message once, in stream order.
+/// An unacknowledged consumer of one stream: every message once, in stream order.
+///
+/// A caller may leave it unpolled for a long time (`verify` while a fault runs): the server
+/// keeps the consumer for [`INACTIVE_THRESHOLD`] without pull requests, and if its message
+/// stream ends anyway the reader opens a new consumer after the last stream sequence it read,
+/// so nothing is skipped and nothing read twice.
 pub struct NatsReader {
     js: jetstream::Context,
     stream: String,
     messages: consumer::pull::Stream,
+    /// The stream sequence of the last message handed out (0 before the first).
+    last_seq: u64,
 }
+
+/// How long the server keeps an ephemeral consumer nobody pulls from (its default is seconds).
+const INACTIVE_THRESHOLD: Duration = Duration::from_secs(3600);
 
 impl NatsReader {
     /// A reader of `stream` from its first message.
     pub async fn open(js: jetstream::Context, stream: &str) -> Result<Self, Error> {
-        let consumer: consumer::PullConsumer = js
-            .get_stream(stream)
-            .await
-            .map_err(|e| Error::config(format!("nats: no stream {stream}: {e}")))?
-            .create_consumer(consumer::pull::Config {
-                ack_policy: consumer::AckPolicy::None,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| Error::config(format!("nats: consumer on {stream}: {e}")))?;
-        let messages = consumer
-            .messages()
-            .await
-            .map_err(|e| Error::config(format!("nats: reading {stream}: {e}")))?;
+        let messages = consume(&js, stream, 1).await?;
         Ok(Self {
             js,
             stream: stream.to_string(),
             messages,
+            last_seq: 0,
         })
+    }
+
+    /// A new consumer from the message after the last one read, in place of one that ended.
+    async fn reopen(&mut self) -> Result<(), Error> {
+        self.messages = consume(&self.js, &self.stream, self.last_seq + 1).await?;
+        Ok(())
     }
 
     /// Messages the stream holds: what the broker acknowledged, deduplicated by id.
@@ -96,17 +100,25 @@ impl Reader for NatsReader {
         // Bounded, so a caller polling a busy stream gets control back regularly.
         let until = tokio::time::Instant::now() + wait.max(Duration::from_millis(20));
         while tokio::time::Instant::now() < until {
-            let Ok(Some(m)) =
-                tokio::time::timeout(Duration::from_millis(20), self.messages.next()).await
-            else {
-                if out.delivered.is_empty() && out.unreadable == 0 {
-                    continue;
+            let m = match tokio::time::timeout(Duration::from_millis(20), self.messages.next())
+                .await
+            {
+                Err(_) if out.delivered.is_empty() && out.unreadable == 0 => continue,
+                Err(_) => break,
+                // The consumer's stream ended or failed (the server dropped the consumer after
+                // a long quiet spell, a missed heartbeat while the broker restarted): nothing
+                // was consumed; a new consumer from the next sequence, then try again next time.
+                Ok(None) | Ok(Some(Err(_))) => {
+                    if let Err(error) = self.reopen().await {
+                        tracing::warn!(stream = %self.stream, %error, "nats reader: could not open a new consumer; will try again");
+                    }
+                    break;
                 }
-                break;
+                Ok(Some(Ok(m))) => m,
             };
-            // A stream error (missed heartbeat while the broker restarts) consumed nothing:
-            // stop this poll and try again next time.
-            let Ok(m) = m else { break };
+            if let Ok(info) = m.info() {
+                self.last_seq = info.stream_sequence;
+            }
             let headers = m
                 .headers
                 .as_ref()
@@ -136,6 +148,32 @@ impl Reader for NatsReader {
             tracing::warn!(stream = %self.stream, %error, "could not delete a scratch stream");
         }
     }
+}
+
+/// The message stream of a new unacknowledged consumer of `stream`, from sequence `from`.
+async fn consume(
+    js: &jetstream::Context,
+    stream: &str,
+    from: u64,
+) -> Result<consumer::pull::Stream, Error> {
+    let consumer: consumer::PullConsumer = js
+        .get_stream(stream)
+        .await
+        .map_err(|e| Error::config(format!("nats: no stream {stream}: {e}")))?
+        .create_consumer(consumer::pull::Config {
+            ack_policy: consumer::AckPolicy::None,
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: from,
+            },
+            inactive_threshold: INACTIVE_THRESHOLD,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| Error::config(format!("nats: consumer on {stream}: {e}")))?;
+    consumer
+        .messages()
+        .await
+        .map_err(|e| Error::config(format!("nats: reading {stream}: {e}")))
 }
 
 /// A stream `OUTBOX_<TAG>_<suffix>` capturing `outbox_<tag>_<suffix>.>`, and a reader of it;

@@ -149,13 +149,18 @@ impl SqsReader {
                 .find(|(k, _)| k.eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.clone())
         };
-        let id = find(HEADER_MESSAGE_ID)?.parse().ok()?;
+        // CloudEvents binary mode leaves the `outbox-*` duplicates out: `ce-id` is the id.
+        let id = find(HEADER_MESSAGE_ID)
+            .or_else(|| find("ce-id"))?
+            .parse()
+            .ok()?;
         let group = m
             .attributes()
             .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
             .cloned();
         let key = group
             .or_else(|| find(HEADER_AGGREGATE_ID))
+            .or_else(|| find("ce-subject"))
             .unwrap_or_default();
         Some(Delivered {
             id,

@@ -205,6 +205,10 @@ struct State {
     last_published: Option<Instant>,
     /// The slot's read position (restart, confirmed) last written to `outbox_settings`.
     persisted: Option<(u64, u64)>,
+    /// `confirmed` when the read position was last written by [`CdcStore::save_soon`], and
+    /// when.
+    saved_confirmed: u64,
+    saved_at: Option<Instant>,
 }
 
 /// A point the polling positions may move to once the slot confirmed `lsn` (cdc_mark.sql).
@@ -232,7 +236,12 @@ pub struct CdcStore {
     /// The slot is lost (missing, invalidated, dropped over its limit): calls go to the polling
     /// engine until the slot is made again and what it had not delivered is salvaged (see
     /// [`CdcStore::recover`]); then the catch-up, then the stream.
-    recovering: AtomicBool,
+    recovering: Arc<AtomicBool>,
+    /// A recovery task runs (see `recover.rs`).
+    recovery_running: Arc<AtomicBool>,
+    /// While recovering: the positions' parked counts are right (the stream parks without
+    /// them), so the polling engine may claim without passing a parked key's head.
+    recounted: Arc<AtomicBool>,
     /// When recovery is tried next.
     next_recovery: std::sync::Mutex<Instant>,
     /// The synchronous-standby gate (see [`crate::cdc::sync`]).
@@ -247,13 +256,13 @@ pub struct CdcStore {
     /// `/readyz` and `outbox status`; `None` while it reads or may.
     refusal: std::sync::Mutex<Option<String>>,
     /// WAL bytes whose `emit` messages could not be read back after a slot was lost.
-    unread_wal: std::sync::atomic::AtomicU64,
+    unread_wal: Arc<std::sync::atomic::AtomicU64>,
     /// Write a heartbeat after this long without stream items (`None`: never).
     heartbeat: Option<Duration>,
     /// Messages written before the slot was created are not in its stream: until the polling
     /// positions have passed every one of them, the relay delivers by polling (the catch-up),
     /// then reads the stream. See [`CdcStore::new`].
-    catching_up: AtomicBool,
+    catching_up: Arc<AtomicBool>,
     /// When the catch-up next asks whether it is done (at most every [`CATCH_UP_CHECK`]).
     next_catch_up_check: std::sync::Mutex<Instant>,
     /// WAL bytes after which an idle relay runs maintenance (see [`MAINTAIN_AFTER_WAL`]).
@@ -318,8 +327,7 @@ impl CdcStore {
         .await
         .map_err(|e| map_sqlx_error("reading the segment width", e))?;
         let inner = PgStore::new(pool.clone(), names.schema.clone());
-        let pool_options = (*pool.connect_options()).clone();
-        let names_for_gate = names.clone();
+        let gate = Gate::start(pool.clone(), &names);
         let store = Self {
             maintain_after_wal: maintain_after_wal(width),
             pool,
@@ -329,17 +337,19 @@ impl CdcStore {
             state: Mutex::new(State::default()),
             doorbell: Arc::new(watch::channel(0).0),
             more: AtomicBool::new(false),
-            recovering: AtomicBool::new(false),
+            recovering: Arc::new(AtomicBool::new(false)),
+            recovery_running: Arc::new(AtomicBool::new(false)),
+            recounted: Arc::new(AtomicBool::new(false)),
             next_recovery: std::sync::Mutex::new(Instant::now()),
-            gate: Gate::start(pool_options, &names_for_gate),
+            gate,
             probe: Arc::new(watch::channel(0).0),
             park_after: DEFAULT_PARK_AFTER,
             silence: stream::SILENCE,
             refusal: std::sync::Mutex::new(None),
-            unread_wal: std::sync::atomic::AtomicU64::new(0),
+            unread_wal: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             heartbeat: None,
             max_retained: None,
-            catching_up: AtomicBool::new(false),
+            catching_up: Arc::new(AtomicBool::new(false)),
             next_catch_up_check: std::sync::Mutex::new(Instant::now() + CATCH_UP_CHECK),
         };
         if crate::cdc::setup::slot_lost_now(&store.pool, &store.names.slot).await? != Some(false) {
@@ -374,29 +384,12 @@ impl CdcStore {
     /// is not recorded (a setup older than the checkpoints: the catch-up cannot tell, and does
     /// not run, as before).
     async fn before_slot(&self) -> Result<Option<i64>> {
-        let Some(start) = self.slot_start().await? else {
-            return Ok(None);
-        };
-        sqlx::query_scalar(&self.names.schema.render(BEFORE_SLOT_SQL))
-            .bind(&start)
-            .fetch_one(&self.pool)
-            .await
-            .map(Some)
-            .map_err(|e| map_sqlx_error("looking for messages written before the CDC slot", e))
+        before_slot(&self.pool, &self.names).await
     }
 
     /// The snapshot taken just after the slot was created (recorded by `outbox migrate --cdc`).
     async fn slot_start(&self) -> Result<Option<String>> {
-        sqlx::query_scalar(
-            &self
-                .names
-                .schema
-                .render("SELECT value FROM {schema}.outbox_settings WHERE name = $1"),
-        )
-        .bind(self.names.start_setting())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| map_sqlx_error("reading where the CDC slot starts", e))
+        slot_start(&self.pool, &self.names).await
     }
 
     /// Whether the store still delivers messages written before the slot was created, by
@@ -592,13 +585,29 @@ impl CdcStore {
             return Err(e);
         }
         self.refuse_no_more();
-        // The server the pool uses now: after a failover, the new primary.
-        let at = self.pool.connect_options();
-        let config = stream::replication_config(
-            &self.url,
-            &self.names,
-            Some((at.get_host(), at.get_port())),
-        )?;
+        // Another relay of the group may have just made the slot again: its stream may start
+        // only once the lost slot's emit messages are parked and the table's messages before
+        // the slot delivered, or a key could come out of order. Checked at every connection.
+        if self.recovery_running().await? {
+            return Err(Error::new(
+                ErrorKind::Connection,
+                "another relay of the group is making the slot again; waiting for it",
+            ));
+        }
+        if self.before_slot().await?.is_some_and(|n| n > 0) {
+            self.catching_up.store(true, Ordering::Relaxed);
+            return Err(Error::new(
+                ErrorKind::Connection,
+                "the table holds messages written before the slot that no relay delivered yet: \
+                 delivering them by polling first",
+            ));
+        }
+        // A URL naming several servers: the one the pool uses now, after a failover the new
+        // primary (the pool follows it).
+        let now = self.pool.connect_options();
+        let at = (!crate::servers::Servers::parse(&self.url)?.is_single())
+            .then(|| (now.get_host(), now.get_port()));
+        let config = stream::replication_config(&self.url, &self.names, at)?;
         let started = stream::start(
             config,
             self.names.clone(),
@@ -692,35 +701,8 @@ impl CdcStore {
 
     /// Writes `rows` into `outbox_parked` in stream order, once each (by id). Returns where
     /// each came from, to resolve once the write committed.
-    async fn park(&self, mut rows: Vec<ToPark>) -> Result<Vec<Origin>> {
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        // A key's failure first, then what waits behind it.
-        rows.sort_by_key(|r| r.held.order);
-        let origins = rows.iter().map(|r| r.held.origin).collect();
-        let mut cols = ParkColumns::with_capacity(rows.len());
-        for r in rows {
-            cols.push(r);
-        }
-        sqlx::query(&self.names.schema.render(PARK_SQL))
-            .bind(&cols.keys)
-            .bind(&cols.ids)
-            .bind(&cols.types)
-            .bind(&cols.events)
-            .bind(&cols.payloads)
-            .bind(&cols.headers)
-            .bind(&cols.topics)
-            .bind(&cols.created)
-            .bind(&cols.states)
-            .bind(&cols.attempts)
-            .bind(&cols.errors)
-            .bind(&cols.seqs)
-            .bind(&cols.next_attempts)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map_sqlx_error("parking messages the CDC relay could not publish", e))?;
-        Ok(origins)
+    async fn park(&self, rows: Vec<ToPark>) -> Result<Vec<Origin>> {
+        park_rows(&self.pool, &self.names, rows).await
     }
 
     /// Marks the transaction of `origin` one message closer to confirmable.
@@ -901,6 +883,67 @@ struct ParkedRow {
     attempts: i32,
 }
 
+/// Writes `rows` into `outbox_parked` in stream order, once each (by id). Returns where each
+/// came from, to resolve once the write committed.
+async fn park_rows(pool: &PgPool, names: &CdcNames, mut rows: Vec<ToPark>) -> Result<Vec<Origin>> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    // A key's failure first, then what waits behind it.
+    rows.sort_by_key(|r| r.held.order);
+    let origins = rows.iter().map(|r| r.held.origin).collect();
+    let mut cols = ParkColumns::with_capacity(rows.len());
+    for r in rows {
+        cols.push(r);
+    }
+    sqlx::query(&names.schema.render(PARK_SQL))
+        .bind(&cols.keys)
+        .bind(&cols.ids)
+        .bind(&cols.types)
+        .bind(&cols.events)
+        .bind(&cols.payloads)
+        .bind(&cols.headers)
+        .bind(&cols.topics)
+        .bind(&cols.created)
+        .bind(&cols.states)
+        .bind(&cols.attempts)
+        .bind(&cols.errors)
+        .bind(&cols.seqs)
+        .bind(&cols.next_attempts)
+        .execute(pool)
+        .await
+        .map_err(|e| map_sqlx_error("parking messages the CDC relay could not publish", e))?;
+    Ok(origins)
+}
+
+/// How many partitions hold a message written before the slot was created that the polling
+/// positions have not passed (cdc_before_slot.sql); `None` where the slot's start is not
+/// recorded.
+async fn before_slot(pool: &PgPool, names: &CdcNames) -> Result<Option<i64>> {
+    let Some(start) = slot_start(pool, names).await? else {
+        return Ok(None);
+    };
+    sqlx::query_scalar(&names.schema.render(BEFORE_SLOT_SQL))
+        .bind(&start)
+        .fetch_one(pool)
+        .await
+        .map(Some)
+        .map_err(|e| map_sqlx_error("looking for messages written before the CDC slot", e))
+}
+
+/// The snapshot taken just after the slot was created (recorded by `outbox migrate --cdc`).
+async fn slot_start(pool: &PgPool, names: &CdcNames) -> Result<Option<String>> {
+    sqlx::query_scalar(
+        &names
+            .schema
+            .render("SELECT value FROM {schema}.outbox_settings WHERE name = $1"),
+    )
+    .bind(names.start_setting())
+    .fetch_optional(pool)
+    .await
+    .map_err(|e| map_sqlx_error("reading where the CDC slot starts", e))
+}
+
 /// `outbox_parked` rows as the arrays of one `INSERT … SELECT FROM unnest(…)`.
 struct ParkColumns {
     keys: Vec<String>,
@@ -983,9 +1026,13 @@ impl Store for CdcStore {
     async fn rebalance(&self, member: &MemberId, lease: Duration) -> Result<Vec<i32>> {
         // The catch-up may end here too: a member the polling engine gives no partition never
         // claims. Like a claim, a rebalance comes between batches.
-        if self.recovering_now(member).await?
-            || (self.catching_up() && !self.catch_up_done(member).await?)
-        {
+        if self.recovering_now(member).await? {
+            if !self.recounted.load(Ordering::Acquire) {
+                return Ok(Vec::new());
+            }
+            return self.inner.rebalance(member, lease).await;
+        }
+        if self.catching_up() && !self.catch_up_done(member).await? {
             return self.inner.rebalance(member, lease).await;
         }
         // The slot is the lease: whoever streams it owns every partition.
@@ -1014,9 +1061,11 @@ impl Store for CdcStore {
         limits: ClaimLimits,
         on_failed: OnFailed,
     ) -> Result<Vec<Message>> {
-        if self.recovering_now(_member).await?
-            || (self.catching_up() && !self.catch_up_done(_member).await?)
-        {
+        let recovering = self.recovering_now(_member).await?;
+        if recovering && !self.recounted.load(Ordering::Acquire) {
+            return Ok(Vec::new());
+        }
+        if recovering || (self.catching_up() && !self.catch_up_done(_member).await?) {
             return self
                 .inner
                 .claim(_member, _partitions, limits, on_failed)
@@ -1228,6 +1277,7 @@ impl Store for CdcStore {
                 return Err(e);
             }
         }
+        self.save_soon(&mut s);
         let more = !gated && s.stream.as_ref().is_some_and(|st| !st.items.is_empty());
         self.more.store(more, Ordering::Relaxed);
         Ok(out)
@@ -1364,6 +1414,7 @@ impl Store for CdcStore {
             s.next_parked_poll.get_or_insert(now + PARKED_POLL);
         }
         Self::advance(&mut s);
+        self.save_soon(&mut s);
         Ok(changed)
     }
 

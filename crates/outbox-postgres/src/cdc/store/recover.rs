@@ -20,16 +20,37 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use outbox_core::{Error, ErrorKind, MemberId, Result, Store as _};
+use outbox_core::{Error, ErrorKind, MemberId, Result};
 use tracing::{error, info, warn};
 
-use super::{CdcStore, Held, Origin, State, ToPark, RECOUNT_SQL};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+use sqlx::PgPool;
+
+use super::{before_slot, park_rows, CdcStore, Held, Origin, State, ToPark, RECOUNT_SQL};
 use crate::cdc::salvage::{self, lsn_text};
+use crate::cdc::setup::CdcNames;
 use crate::cdc::stream::Item;
 use crate::error::map_sqlx_error;
 
 /// How long after a failed recovery (the server down, a privilege missing) it is tried again.
 const RECOVERY_RETRY: Duration = Duration::from_secs(5);
+
+/// How often, at most, the slot's read position is written while the relay confirms.
+const SAVE_EVERY: Duration = Duration::from_secs(1);
+
+/// Writes the slot's restart and confirmed positions, as the server has them, to
+/// `outbox_settings` (see `queries/cdc_read_position_save.sql`).
+async fn save_position(pool: &PgPool, names: &CdcNames) -> Result<()> {
+    sqlx::query(&names.schema.render(READ_SETTING_SQL))
+        .bind(names.read_setting())
+        .bind(&names.slot)
+        .execute(pool)
+        .await
+        .map_err(|e| map_sqlx_error("recording where the CDC slot stands", e))?;
+    Ok(())
+}
 
 const READ_SETTING_SQL: &str = include_str!("../../../queries/cdc_read_position_save.sql");
 
@@ -55,152 +76,88 @@ impl CdcStore {
         *s = State::default();
         s.confirmed = confirmed;
         s.persisted = persisted;
+        self.recounted.store(false, Ordering::Release);
         self.recovering.store(true, Ordering::Relaxed);
         *self.next_recovery.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }
 
-    /// While the slot is lost: tries the recovery when due; `true` while calls must still go to
-    /// the polling engine for it (the catch-up that follows is the caller's to run).
-    pub(super) async fn recovering_now(&self, member: &MemberId) -> Result<bool> {
+    /// While the slot is lost: starts the recovery when due, on a task of its own (a relay's
+    /// call is abandoned at its store deadline, and making a slot waits for every transaction
+    /// then running: it must not be cut off half-way); `true` while calls must still go to the
+    /// polling engine for it (the catch-up that follows is the caller's to run).
+    pub(super) async fn recovering_now(&self, _member: &MemberId) -> Result<bool> {
         if !self.recovering() {
             return Ok(false);
         }
         {
             let mut next = self.next_recovery.lock().unwrap_or_else(|e| e.into_inner());
-            if Instant::now() < *next {
+            if Instant::now() < *next || self.recovery_running.swap(true, Ordering::AcqRel) {
                 return Ok(true);
             }
             *next = Instant::now() + RECOVERY_RETRY;
         }
-        match self.recover().await {
-            Ok(()) => {
-                // The polling engine may hold partitions of this member's: the catch-up keeps
-                // them, or hands them back when there is nothing to catch up.
-                if !self.catching_up() {
-                    self.inner.release(member).await?;
-                }
-                Ok(false)
-            }
-            Err(e) => {
-                warn!(slot = %self.names.slot, error = %e, "CDC slot recovery failed; delivering by polling meanwhile, will try again");
-                Ok(true)
-            }
-        }
-    }
-
-    /// Makes the slot again and parks what the lost one had not delivered (see the module
-    /// documentation). Then the catch-up runs if the table holds messages before the new slot
-    /// that the polling positions have not passed.
-    async fn recover(&self) -> Result<()> {
-        let (mut from, mut confirmed) = {
+        let (confirmed, persisted) = {
             let s = self.state.lock().await;
-            (s.persisted.map_or(s.confirmed, |(r, _)| r), s.confirmed)
+            (s.confirmed, s.persisted)
         };
-        if let Some((restart, saved)) = self.saved_read_position().await? {
-            from = if from == 0 {
-                restart
-            } else {
-                from.min(restart)
-            };
-            confirmed = confirmed.max(saved);
-        }
-        let made = crate::cdc::setup::make_slot(&self.pool, &self.names).await?;
-        let until = match made.start_lsn {
-            Some(lsn) => lsn,
-            None => self.wal_now().await?,
+        let task = Recovery {
+            pool: self.pool.clone(),
+            names: self.names.clone(),
+            recovering: self.recovering.clone(),
+            recounted: self.recounted.clone(),
+            catching_up: self.catching_up.clone(),
+            unread_wal: self.unread_wal.clone(),
+            confirmed,
+            persisted,
         };
-        if from == 0 {
-            warn!(
-                slot = %self.names.slot,
-                "where the lost slot stood is not known (no maintenance round recorded it): emit \
-                 messages it had not delivered cannot be read back"
-            );
-        } else {
-            self.park_salvage(from, confirmed, until).await?;
-        }
-        self.recount_parked().await;
-        let behind = self.before_slot().await?.is_some_and(|n| n > 0);
-        self.catching_up.store(behind, Ordering::Relaxed);
-        self.recovering.store(false, Ordering::Relaxed);
-        info!(
-            slot = %self.names.slot,
-            catching_up = behind,
-            "CDC slot made again; {}",
-            if behind {
-                "delivering the table's messages before it by polling, then the stream"
-            } else {
-                "reading the stream"
+        let running = self.recovery_running.clone();
+        tokio::spawn(async move {
+            let slot = task.names.slot.clone();
+            if let Err(e) = task.run().await {
+                warn!(slot = %slot, error = %e, "CDC slot recovery failed; delivering by polling meanwhile, will try again");
             }
-        );
-        Ok(())
+            running.store(false, Ordering::Release);
+        });
+        Ok(true)
     }
 
-    /// Reads `[from, until)` of the WAL and parks this schema's `emit` messages committed there
-    /// after `confirmed`, in commit order; names what could not be read.
-    async fn park_salvage(&self, from: u64, confirmed: u64, until: u64) -> Result<()> {
-        let found = salvage::salvage(&self.pool, &self.names, from, confirmed, until).await?;
-        if let Some((lost_from, lost_to, why)) = &found.unread {
-            self.unread_wal
-                .fetch_add(lost_to.saturating_sub(*lost_from), Ordering::Relaxed);
-            error!(
-                slot = %self.names.slot,
-                from = %lsn_text(*lost_from),
-                to = %lsn_text(*lost_to),
-                error = %why,
-                "EMIT MESSAGES LOST: the WAL between these positions could not be read back, so \
-                 the emit messages committed there and not yet published are gone (table rows \
-                 are not: polling delivers them). Keep max_slot_wal_keep_size above the longest \
-                 outage, or write through the table"
-            );
-        }
-        let mut rows = Vec::with_capacity(found.items.len());
-        let now = Instant::now();
-        for (order, item) in found.items.into_iter().enumerate() {
-            let (message, malformed) = match item {
-                Item::Message(m) => (*m, None),
-                Item::Malformed(m, why) => (*m, Some(why)),
-                _ => continue,
-            };
-            let held = Held {
-                message,
-                origin: Origin::Stream(0),
-                due: now,
-                taken: now,
-                order: order as u64,
-                malformed,
-                row_seq: None,
-            };
-            rows.push(ToPark::new(held, "retrying", None));
-        }
-        let n = rows.len();
-        self.park(rows).await?;
-        if n > 0 {
-            info!(slot = %self.names.slot, messages = n, "emit messages the lost slot had not delivered, read back from the WAL and parked to publish");
-        }
-        Ok(())
+    /// Whether a relay of the group holds the recovery lock now (making the slot again).
+    pub(super) async fn recovery_running(&self) -> Result<bool> {
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| map_sqlx_error("looking at the CDC recovery lock", e))?;
+        let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
+            .bind(recovery_key(&self.names))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx_error("looking at the CDC recovery lock", e))?;
+        let _ = tx.rollback().await;
+        Ok(!free)
     }
 
-    /// Where the slot stood at the last maintenance round (restart, confirmed), as the
-    /// relay wrote it in `outbox_settings`: what survives the relay's restart and a failover.
-    async fn saved_read_position(&self) -> Result<Option<(u64, u64)>> {
-        let text: Option<String> = sqlx::query_scalar(
-            &self
-                .names
-                .schema
-                .render("SELECT value FROM {schema}.outbox_settings WHERE name = $1"),
-        )
-        .bind(self.names.read_setting())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| map_sqlx_error("reading where the CDC slot stood", e))?;
-        Ok(text.and_then(|t| {
-            let (r, c) = t.split_once(' ')?;
-            Some((super::parse_lsn(r)?, super::parse_lsn(c)?))
-        }))
+    /// Writes the slot's read position soon after the relay confirmed more, at most once a
+    /// second and off the claim's path: what a failover or an invalidation leaves to read back
+    /// is then a second of WAL at most behind the slot.
+    pub(super) fn save_soon(&self, s: &mut State) {
+        if s.confirmed == s.saved_confirmed
+            || s.saved_at.is_some_and(|at| at.elapsed() < SAVE_EVERY)
+        {
+            return;
+        }
+        s.saved_confirmed = s.confirmed;
+        s.saved_at = Some(Instant::now());
+        let (pool, names) = (self.pool.clone(), self.names.clone());
+        tokio::spawn(async move {
+            if let Err(e) = save_position(&pool, &names).await {
+                tracing::debug!(error = %e, "the CDC slot's position was not recorded; the next one will");
+            }
+        });
     }
 
-    /// Writes the slot's read position (restart, confirmed) to `outbox_settings` when it moved
-    /// since the last write: one statement per maintenance round at most.
+    /// Writes the slot's read position (restart, confirmed) to `outbox_settings` at a
+    /// maintenance round, when it moved since the last write.
     pub(super) async fn save_read_position(&self) -> Result<()> {
         let position: Option<(String, String)> = sqlx::query_as(
             "SELECT restart_lsn::text, confirmed_flush_lsn::text FROM pg_replication_slots \
@@ -221,44 +178,9 @@ impl CdcStore {
         if self.state.lock().await.persisted == Some(now) {
             return Ok(());
         }
-        sqlx::query(&self.names.schema.render(READ_SETTING_SQL))
-            .bind(self.names.read_setting())
-            .bind(format!("{r} {c}"))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| map_sqlx_error("recording where the CDC slot stands", e))?;
+        save_position(&self.pool, &self.names).await?;
         self.state.lock().await.persisted = Some(now);
         Ok(())
-    }
-
-    /// The server's WAL insert position now.
-    async fn wal_now(&self) -> Result<u64> {
-        let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| map_sqlx_error("reading the WAL position", e))?;
-        super::parse_lsn(&lsn).ok_or_else(|| {
-            Error::new(
-                ErrorKind::Database,
-                format!("the server's WAL position `{lsn}` is not an LSN"),
-            )
-        })
-    }
-
-    /// Sets the positions' parked counts right after the slot was lost (the stream parks
-    /// without them), once.
-    pub(super) async fn recount_parked(&self) {
-        match sqlx::query(&self.names.schema.render(RECOUNT_SQL))
-            .execute(&self.pool)
-            .await
-        {
-            Ok(_) => {}
-            Err(e) => warn!(
-                error = %map_sqlx_error("recounting parked messages", e),
-                "the polling engine may not see messages the CDC relay parked until this \
-                 succeeds; will try again"
-            ),
-        }
     }
 
     /// When the slot's own lag (WAL written since its confirmed position) is over `limit`:
@@ -342,5 +264,192 @@ impl CdcStore {
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
+    }
+}
+
+/// The recovery lock's key: one relay of the group makes the slot again at a time.
+fn recovery_key(names: &CdcNames) -> String {
+    format!("outbox-cdc-recover:{}", names.slot)
+}
+
+/// One recovery, on a task of its own: what it needs of the store, shared.
+struct Recovery {
+    pool: PgPool,
+    names: CdcNames,
+    recovering: Arc<AtomicBool>,
+    recounted: Arc<AtomicBool>,
+    catching_up: Arc<AtomicBool>,
+    unread_wal: Arc<AtomicU64>,
+    /// What this relay confirmed, and the position it last wrote (if any).
+    confirmed: u64,
+    persisted: Option<(u64, u64)>,
+}
+
+impl Recovery {
+    /// Makes the slot again and parks what the lost one had not delivered (see the module
+    /// documentation), holding the group's recovery lock (a transaction's, so it is let go
+    /// whatever happens to this task); then the catch-up runs if the table holds messages
+    /// before the new slot that the polling positions have not passed. Another relay holding
+    /// the lock: nothing now, tried again later.
+    async fn run(self) -> Result<()> {
+        let mut lock = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| map_sqlx_error("taking the CDC recovery lock", e))?;
+        // Making a slot waits for every transaction running then: no statement timeout.
+        sqlx::query("SET LOCAL statement_timeout = 0")
+            .execute(&mut *lock)
+            .await
+            .map_err(|e| map_sqlx_error("taking the CDC recovery lock", e))?;
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
+            .bind(recovery_key(&self.names))
+            .fetch_one(&mut *lock)
+            .await
+            .map_err(|e| map_sqlx_error("taking the CDC recovery lock", e))?;
+        if !got {
+            return Err(Error::new(
+                ErrorKind::Connection,
+                "another relay of the group is making the slot again; will look again",
+            ));
+        }
+        // The polling engine trusts the positions' parked counts to know which keys wait
+        // behind a parked message: set right first, then it may deliver the table meanwhile.
+        recount_parked(&self.pool, &self.names).await;
+        self.recounted.store(true, Ordering::Release);
+        let mut from = self.persisted.map_or(self.confirmed, |(r, _)| r);
+        let mut confirmed = self.confirmed;
+        if let Some((restart, saved)) = saved_read_position(&self.pool, &self.names).await? {
+            from = if from == 0 {
+                restart
+            } else {
+                from.min(restart)
+            };
+            confirmed = confirmed.max(saved);
+        }
+        let made = crate::cdc::setup::make_slot(&self.pool, &self.names).await?;
+        let until = match made.start_lsn {
+            Some(lsn) => lsn,
+            None => wal_now(&self.pool).await?,
+        };
+        if from == 0 {
+            warn!(
+                slot = %self.names.slot,
+                "where the lost slot stood is not known (no relay recorded it): emit messages it \
+                 had not delivered cannot be read back"
+            );
+        } else {
+            self.park_salvage(from, confirmed, until).await?;
+        }
+        recount_parked(&self.pool, &self.names).await;
+        let behind = before_slot(&self.pool, &self.names)
+            .await?
+            .is_some_and(|n| n > 0);
+        self.catching_up.store(behind, Ordering::Relaxed);
+        self.recovering.store(false, Ordering::Relaxed);
+        let _ = lock.commit().await;
+        info!(
+            slot = %self.names.slot,
+            catching_up = behind,
+            "CDC slot made again; {}",
+            if behind {
+                "delivering the table's messages before it by polling, then the stream"
+            } else {
+                "reading the stream"
+            }
+        );
+        Ok(())
+    }
+
+    /// Reads `[from, until)` of the WAL and parks this schema's `emit` messages committed there
+    /// after `confirmed`, in commit order; names what could not be read.
+    async fn park_salvage(&self, from: u64, confirmed: u64, until: u64) -> Result<()> {
+        let found = salvage::salvage(&self.pool, &self.names, from, confirmed, until).await?;
+        if let Some((lost_from, lost_to, why)) = &found.unread {
+            self.unread_wal
+                .fetch_add(lost_to.saturating_sub(*lost_from), Ordering::Relaxed);
+            error!(
+                slot = %self.names.slot,
+                from = %lsn_text(*lost_from),
+                to = %lsn_text(*lost_to),
+                error = %why,
+                "EMIT MESSAGES LOST: the WAL between these positions could not be read back, so \
+                 the emit messages committed there and not yet published are gone (table rows \
+                 are not: polling delivers them). Keep max_slot_wal_keep_size above the longest \
+                 outage, or write through the table"
+            );
+        }
+        let mut rows = Vec::with_capacity(found.items.len());
+        let now = Instant::now();
+        for (order, item) in found.items.into_iter().enumerate() {
+            let (message, malformed) = match item {
+                Item::Message(m) => (*m, None),
+                Item::Malformed(m, why) => (*m, Some(why)),
+                _ => continue,
+            };
+            let held = Held {
+                message,
+                origin: Origin::Stream(0),
+                due: now,
+                taken: now,
+                order: order as u64,
+                malformed,
+                row_seq: None,
+            };
+            rows.push(ToPark::new(held, "retrying", None));
+        }
+        let n = rows.len();
+        park_rows(&self.pool, &self.names, rows).await?;
+        if n > 0 {
+            info!(slot = %self.names.slot, messages = n, "emit messages the lost slot had not delivered, read back from the WAL and parked to publish");
+        }
+        Ok(())
+    }
+}
+
+/// Where the slot stood when a relay last wrote it (restart, confirmed), in `outbox_settings`:
+/// what survives the relay's restart and a failover.
+async fn saved_read_position(pool: &PgPool, names: &CdcNames) -> Result<Option<(u64, u64)>> {
+    let text: Option<String> = sqlx::query_scalar(
+        &names
+            .schema
+            .render("SELECT value FROM {schema}.outbox_settings WHERE name = $1"),
+    )
+    .bind(names.read_setting())
+    .fetch_optional(pool)
+    .await
+    .map_err(|e| map_sqlx_error("reading where the CDC slot stood", e))?;
+    Ok(text.and_then(|t| {
+        let (r, c) = t.split_once(' ')?;
+        Some((super::parse_lsn(r)?, super::parse_lsn(c)?))
+    }))
+}
+
+/// The server's flushed WAL position now.
+async fn wal_now(pool: &PgPool) -> Result<u64> {
+    let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading the WAL position", e))?;
+    super::parse_lsn(&lsn).ok_or_else(|| {
+        Error::new(
+            ErrorKind::Database,
+            format!("the server's WAL position `{lsn}` is not an LSN"),
+        )
+    })
+}
+
+/// Sets the positions' parked counts right after the slot was lost (the stream parks without
+/// them).
+async fn recount_parked(pool: &PgPool, names: &CdcNames) {
+    if let Err(e) = sqlx::query(&names.schema.render(RECOUNT_SQL))
+        .execute(pool)
+        .await
+    {
+        warn!(
+            error = %map_sqlx_error("recounting parked messages", e),
+            "the polling engine may not see messages the CDC relay parked until this succeeds; \
+             will try again"
+        );
     }
 }

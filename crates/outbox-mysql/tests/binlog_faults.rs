@@ -1,0 +1,389 @@
+//! The binlog route when production does what tests usually do not, against real MariaDB
+//! servers: a binlog connection black-holed (no RST), a position without a row next to a row
+//! the binlog did not carry, and a server whose binlog the sequencer cannot read. Each test in a
+//! database of its own.
+
+#![allow(clippy::unwrap_used)] // tests
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_mysql::binlog::{route, server, status};
+use outbox_mysql::{MysqlStore, Schema};
+use outbox_testkit::proxy::TcpProxy;
+use sqlx::MySqlPool;
+
+mod common;
+
+fn binlog_url() -> String {
+    std::env::var("OUTBOX_TEST_MYSQL_BINLOG_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3307/test".into())
+}
+
+/// `url` through `proxy`: the same server, user and database, another port.
+fn through(url: &str, proxy: &TcpProxy) -> String {
+    let (head, rest) = url.split_once('@').unwrap();
+    let (_, path) = rest.split_once('/').unwrap();
+    format!("{head}@127.0.0.1:{}/{path}", proxy.port())
+}
+
+fn port_of(url: &str) -> u16 {
+    let host = url.split_once('@').unwrap().1.split('/').next().unwrap();
+    host.rsplit_once(':')
+        .map_or(3306, |(_, p)| p.parse().unwrap())
+}
+
+/// An outbox in a database of its own on the binlog server, migrated, the route on.
+async fn routed_outbox() -> (MySqlPool, Schema) {
+    outbox_testkit::init_test_log();
+    let (pool, schema) = common::migrated_outbox(&binlog_url(), 8).await;
+    route::enable(&pool, &schema).await.unwrap();
+    (pool, schema)
+}
+
+async fn drop_db(pool: &MySqlPool, schema: &Schema) {
+    let _ = sqlx::raw_sql(&schema.render("DROP DATABASE {schema}"))
+        .execute(pool)
+        .await;
+}
+
+/// The plain four-column insert of `key` carrying `n`, on `conn`; its `seq`.
+async fn raw_insert(conn: &mut sqlx::MySqlConnection, schema: &Schema, key: &str, n: u64) -> i64 {
+    sqlx::query(&schema.render(
+        "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('order', ?, 'placed', JSON_OBJECT('n', ?))",
+    ))
+    .bind(key)
+    .bind(n)
+    .execute(&mut *conn)
+    .await
+    .unwrap()
+    .last_insert_id() as i64
+}
+
+async fn positioned(pool: &MySqlPool, schema: &Schema, seq: i64) -> bool {
+    sqlx::query_scalar::<_, bool>(
+        &schema.render("SELECT EXISTS (SELECT 1 FROM {schema}.outbox_sequence WHERE seq = ?)"),
+    )
+    .bind(seq)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// The partition of `key`, as the sequencer computes it.
+fn part(key: &str) -> i16 {
+    outbox_mysql::binlog::sequencer::partition(key)
+}
+
+#[tokio::test]
+async fn a_black_holed_binlog_connection_is_noticed_shown_and_reconnected() {
+    let (pool, schema) = routed_outbox().await;
+    let url = binlog_url();
+    let proxy = TcpProxy::start(port_of(&url));
+    // The store's own statements go straight to the server; the binlog stream through the
+    // proxy, as it would through a network that drops without a reset.
+    let store =
+        Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &through(&url, &proxy)).unwrap());
+    let sequencer = store.sequencer().unwrap();
+    sequencer.start();
+    sequencer
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    // Caught up: no lag in seconds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = status::read(&pool, &schema).await.unwrap();
+    assert!(before.lag_seconds < 5.0, "{before:?}");
+
+    proxy.go_silent();
+    let mut conn = pool.acquire().await.unwrap();
+    let seq = raw_insert(&mut conn, &schema, "k", 1).await;
+    let mut progress = sequencer.progress();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        progress.wait_for(|p| {
+            p.error
+                .as_deref()
+                .is_some_and(|e| e.contains("sent nothing"))
+        }),
+    )
+    .await
+    .expect("the sequencer noticed the dead connection within 30 s (it waited for ever before)")
+    .unwrap();
+    assert!(!positioned(&pool, &schema, seq).await);
+    // Its lease renewals no longer hide it: the lag in seconds grows while it cannot read.
+    let stuck = status::read(&pool, &schema).await.unwrap();
+    assert!(
+        stuck.lag_seconds >= 5.0 && stuck.lag_bytes > Some(0),
+        "{stuck:?}"
+    );
+
+    // The network comes back: it reconnects on its own and goes on from its saved position.
+    proxy.open();
+    sequencer
+        .wait_until_positioned(seq, Duration::from_secs(30))
+        .await
+        .unwrap();
+    sequencer.stop().await;
+    drop(proxy);
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn a_position_without_a_row_does_not_hide_a_row_the_binlog_did_not_carry() {
+    let (pool, schema) = routed_outbox().await;
+    let store = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
+    let sequencer = store.sequencer().unwrap();
+    sequencer.start();
+    sequencer
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    // A partition no key of this test hashes to, for the position without a row.
+    let empty = (0..64i16)
+        .find(|p| ![part("k"), part("gone")].contains(p))
+        .unwrap();
+    // One transaction the binlog does not carry (a maintenance session): a row of `k`, and a
+    // row that is deleted again, whose seq gets a position by hand (a row deleted after it was
+    // positioned, or an unfinished group a crash left: a position without a row).
+    let mut hidden = pool.acquire().await.unwrap();
+    sqlx::raw_sql("SET SESSION sql_log_bin = 0; BEGIN")
+        .execute(&mut *hidden)
+        .await
+        .unwrap();
+    let unseen = raw_insert(&mut hidden, &schema, "k", 1).await;
+    let gone = raw_insert(&mut hidden, &schema, "gone", 2).await;
+    sqlx::query(&schema.render("DELETE FROM {schema}.outbox WHERE seq = ?"))
+        .bind(gone)
+        .execute(&mut *hidden)
+        .await
+        .unwrap();
+    sqlx::query(
+        &schema
+            .render("INSERT INTO {schema}.outbox_sequence (seq, part, part_seq) VALUES (?, ?, 1)"),
+    )
+    .bind(gone)
+    .bind(empty)
+    .execute(&mut *hidden)
+    .await
+    .unwrap();
+    sqlx::raw_sql("COMMIT; SET SESSION sql_log_bin = 1")
+        .execute(&mut *hidden)
+        .await
+        .unwrap();
+    drop(hidden);
+    let mut progress = sequencer.progress();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        progress.wait_for(|p| p.sequenced_below > gone),
+    )
+    .await
+    .expect("the seal passed both rows")
+    .unwrap();
+    // The counts balanced (one position without a row, one row without a position): the old
+    // seal raised itself past the row, which retention would then drop unrelayed.
+    assert!(
+        positioned(&pool, &schema, unseen).await,
+        "the row the binlog did not carry was sealed without a position: lost"
+    );
+    // The position without a row is a stuck partition, and shown as one.
+    let q = status::read(&pool, &schema).await.unwrap();
+    assert_eq!(q.stuck_partitions, 1, "{q:?}");
+    sequencer.stop().await;
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn the_sequencer_checks_the_servers_binlog_settings_at_every_start() {
+    outbox_testkit::init_test_log();
+    // This machine's own server runs without a binlog, as MariaDB ships: a server the route
+    // was switched on elsewhere, or restarted without its binlog since.
+    let (pool, schema) = common::migrated_outbox(&common::server_url(), 4).await;
+    let settings = server::settings(&pool).await.unwrap();
+    assert!(
+        settings.check().is_err(),
+        "the server at {} must run without a row binlog for this test",
+        common::server_url()
+    );
+    let store = MysqlStore::binlog(pool.clone(), schema.clone(), &common::server_url()).unwrap();
+    let sequencer = store.sequencer().unwrap();
+    sequencer.start();
+    let mut progress = sequencer.progress();
+    let error = tokio::time::timeout(
+        Duration::from_secs(20),
+        progress.wait_for(|p| p.error.is_some()),
+    )
+    .await
+    .expect("the sequencer refused within 20 s")
+    .unwrap()
+    .error
+    .clone()
+    .unwrap();
+    assert!(
+        error.contains("cannot read this server") && error.contains("log_bin is OFF"),
+        "{error}"
+    );
+    sequencer.stop().await;
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn a_position_saved_on_another_server_is_made_good_like_a_purged_binlog() {
+    let (pool, schema) = routed_outbox().await;
+    let first = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
+    let sequencer = first.sequencer().unwrap();
+    sequencer.start();
+    let mut conn = pool.acquire().await.unwrap();
+    let before = raw_insert(&mut conn, &schema, "k", 1).await;
+    sequencer
+        .wait_until_positioned(before, Duration::from_secs(20))
+        .await
+        .unwrap();
+    sequencer.stop().await;
+    let identity = server::identity(&pool).await.unwrap();
+    let saved: Option<String> = sqlx::query_scalar(&schema.render(
+        "SELECT CAST(server_identity AS CHAR) FROM {schema}.outbox_sequencer WHERE id = 1",
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(saved.as_deref(), Some(identity.as_str()));
+    // As after a failover: the position names another server's binlog (here: an offset in a
+    // file of the same name that means nothing on this one).
+    sqlx::query(&schema.render(
+        "UPDATE {schema}.outbox_sequencer SET server_identity = 'server_id:4242', \
+         binlog_offset = 4 WHERE id = 1",
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let after = raw_insert(&mut conn, &schema, "k", 2).await;
+    let second = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
+    let sequencer = second.sequencer().unwrap();
+    sequencer.start();
+    sequencer
+        .wait_until_positioned(after, Duration::from_secs(30))
+        .await
+        .unwrap();
+    // The new identity is saved with the position, just after the rows' positions.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let (from_table, saved) = loop {
+        let (from_table, saved): (i64, Option<String>) = sqlx::query_as(&schema.render(
+            "SELECT from_table, CAST(server_identity AS CHAR) FROM {schema}.outbox_sequencer WHERE id = 1",
+        ))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if saved.as_deref() == Some(identity.as_str()) || std::time::Instant::now() > until {
+            break (from_table, saved);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        from_table, 1,
+        "the row written meanwhile came from the table"
+    );
+    assert_eq!(saved.as_deref(), Some(identity.as_str()));
+    // One position each, in order.
+    let ps: Vec<i64> = sqlx::query_scalar(
+        &schema.render("SELECT seq FROM {schema}.outbox_sequence WHERE part = ? ORDER BY part_seq"),
+    )
+    .bind(part("k"))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(ps, vec![before, after]);
+    sequencer.stop().await;
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn a_restart_while_an_xa_transaction_is_prepared_positions_every_row_once() {
+    // A prepared XA transaction outlives its session and holds every binlog seal on the
+    // server: whatever happens in the body, it is not left behind.
+    let outcome =
+        futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(xa_restart_body())).await;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .connect(&binlog_url())
+        .await
+        .unwrap();
+    // Committed already is an error here, and that is fine.
+    let _ = sqlx::raw_sql("XA ROLLBACK 'held'").execute(&pool).await;
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e);
+    }
+}
+
+async fn xa_restart_body() {
+    let (pool, schema) = routed_outbox().await;
+    let first = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
+    let sequencer = first.sequencer().unwrap();
+    sequencer.start();
+    sequencer
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    let mut xa = pool.acquire().await.unwrap();
+    let mut plain = pool.acquire().await.unwrap();
+    sqlx::raw_sql("XA START 'held'")
+        .execute(&mut *xa)
+        .await
+        .unwrap();
+    let prepared = raw_insert(&mut xa, &schema, "a", 1).await;
+    sqlx::raw_sql("XA END 'held'; XA PREPARE 'held'")
+        .execute(&mut *xa)
+        .await
+        .unwrap();
+    // Committed after the prepare: positioned now, while the saved position stays before the
+    // prepared group.
+    let mut after = Vec::new();
+    for n in 2..5 {
+        after.push(raw_insert(&mut plain, &schema, "b", n).await);
+    }
+    for seq in &after {
+        sequencer
+            .wait_until_positioned(*seq, Duration::from_secs(20))
+            .await
+            .unwrap();
+    }
+    assert!(!positioned(&pool, &schema, prepared).await);
+    // A restart: the stream reads again from before the prepared group.
+    sequencer.stop().await;
+    let second = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
+    let sequencer = second.sequencer().unwrap();
+    sequencer.start();
+    sqlx::raw_sql("XA COMMIT 'held'")
+        .execute(&mut *xa)
+        .await
+        .unwrap();
+    let last = raw_insert(&mut plain, &schema, "b", 5).await;
+    sequencer
+        .wait_until_positioned(prepared, Duration::from_secs(30))
+        .await
+        .unwrap();
+    sequencer
+        .wait_until_positioned(last, Duration::from_secs(30))
+        .await
+        .unwrap();
+    // Every row once; key b in commit order.
+    let counts: Vec<(i64, i64)> = sqlx::query_as(&schema.render(
+        "SELECT seq, COUNT(*) FROM {schema}.outbox_sequence GROUP BY seq HAVING COUNT(*) > 1",
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(counts.is_empty(), "rows positioned twice: {counts:?}");
+    let b: Vec<i64> = sqlx::query_scalar(
+        &schema.render("SELECT seq FROM {schema}.outbox_sequence WHERE part = ? ORDER BY part_seq"),
+    )
+    .bind(part("b"))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut want = after.clone();
+    want.push(last);
+    assert_eq!(b, want);
+    sequencer.stop().await;
+    drop_db(&pool, &schema).await;
+}
