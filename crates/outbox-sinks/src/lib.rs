@@ -54,9 +54,13 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
             amqp::AmqpSink::connect(amqp::AmqpConfig::from_url(url)?).await?,
         )),
         #[cfg(feature = "mqtt")]
-        "mqtt" | "mqtts" => Ok(Arc::new(mqtt::MqttSink::connect(
-            mqtt::MqttConfig::from_url(url)?,
-        )?)),
+        "mqtt" | "mqtts" => {
+            let cfg = mqtt::MqttConfig::from_url(url)?;
+            let wait = cfg.ack_timeout.min(Duration::from_secs(2));
+            let sink = mqtt::MqttSink::connect(cfg)?;
+            sink.wait_connected(wait).await;
+            Ok(Arc::new(sink))
+        }
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Ok(Arc::new(redis::RedisSink::connect(
             redis::RedisConfig::from_url(url)?,

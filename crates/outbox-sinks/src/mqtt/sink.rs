@@ -118,6 +118,18 @@ impl MqttSink {
         Ok(Self { shared, task })
     }
 
+    /// Waits up to `limit` for the first connection (a TLS handshake takes a few round trips
+    /// more than a plain connect), so that the relay's first publishes do not find the sink
+    /// still connecting and count an outage that is none. Returns either way: a broker that is
+    /// down stays an outage of the publishes, not an error here.
+    pub async fn wait_connected(&self, limit: Duration) {
+        let until = tokio::time::Instant::now() + limit;
+        while !self.shared.connected.load(Ordering::Acquire) && tokio::time::Instant::now() < until
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// A topic MQTT accepts for a publish: not empty, no wildcard (`+`, `#`), no NUL, at most
     /// 65,535 bytes.
     fn check(&self, e: &Envelope) -> Result<(), SinkError> {
