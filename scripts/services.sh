@@ -204,3 +204,156 @@ kafka
 wait_port PostgreSQL 5432
 wait_port NATS 4222
 wait_port "tansu (Kafka)" 9092
+
+# TLS and authentication (docs/sinks.md#tls-and-credentials): a test CA and certificates, then
+# the shared PostgreSQL gets TLS with them and a client-certificate user, by a reload (no
+# restart: ssl settings and pg_hba.conf are reloadable since PostgreSQL 10), and private TLS
+# listeners of the brokers start beside the shared ones.
+scripts/tls-certs.sh
+tls_dir=${OUTBOX_TLS_DIR:-/var/tmp/outbox-tls}
+pg_tls() {
+  local hba want changed=0
+  hba=$(psql -h 127.0.0.1 -U postgres -d postgres -Atc "SHOW hba_file")
+  for setting in "ssl_cert_file=$tls_dir/pg/server.pem" "ssl_key_file=$tls_dir/pg/server.key" \
+    "ssl_ca_file=$tls_dir/pg/ca.pem"; do
+    if [ "$(pg_setting "${setting%%=*}")" != "${setting#*=}" ]; then
+      psql -h 127.0.0.1 -U postgres -d postgres -qc "ALTER SYSTEM SET ${setting%%=*} = '${setting#*=}'"
+      changed=1
+    fi
+  done
+  [ "$(pg_setting ssl)" = on ] || { psql -h 127.0.0.1 -U postgres -d postgres -qc "ALTER SYSTEM SET ssl = on"; changed=1; }
+  # The cert-auth user: TLS only, its client certificate's CN is its name, no password. The
+  # line goes before the file's first rule, which trusts everyone.
+  want="hostssl all outbox_cert 127.0.0.1/32 cert"
+  if ! grep -qxF "$want" "$hba"; then
+    sed -i "0,/^\(local\|host\)/s##$want\n&#" "$hba"
+    changed=1
+  fi
+  [ "$changed" = 0 ] || psql -h 127.0.0.1 -U postgres -d postgres -qAtc "SELECT pg_reload_conf()" >/dev/null
+  psql -h 127.0.0.1 -U postgres -d postgres -qc "DO \$\$BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_cert') THEN
+      CREATE ROLE outbox_cert LOGIN SUPERUSER REPLICATION; END IF; END\$\$"
+  sleep 0.5
+  echo "services: PostgreSQL TLS on 127.0.0.1:5432 (ssl=$(pg_setting ssl)), cert-auth user outbox_cert"
+}
+pg_tls
+
+# Redis with TLS only (tls-port 6380, client certificates required) and ACL users: `relay`
+# with a password (in $tls_dir/redis.pass, for password_file=), the default user off.
+redis_tls() {
+  if ! up 6380; then
+    echo "services: starting Redis with TLS and ACL users on 127.0.0.1:6380"
+    [ -s "$tls_dir/redis.pass" ] || head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$tls_dir/redis.pass"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 0 --tls-port 6380 \
+      --tls-cert-file "$tls_dir/server.pem" --tls-key-file "$tls_dir/server.key" \
+      --tls-ca-cert-file "$tls_dir/ca.pem" --tls-auth-clients yes \
+      --save "" --appendonly no --pidfile /var/tmp/outbox-redis-tls.pid \
+      --user default off --user relay on ">$(cat "$tls_dir/redis.pass")" '~*' '&*' '+@all'
+  fi
+  wait_port "Redis (TLS, ACL)" 6380
+}
+redis_tls
+
+# Mosquitto with a TLS listener on 8883 that requires a client certificate of the test CA (its
+# CN is the MQTT user name).
+mosquitto_tls() {
+  local conf=$tls_dir/mosquitto.conf
+  if ! up 8883; then
+    echo "services: starting Mosquitto with TLS and client certificates on 127.0.0.1:8883"
+    cat >"$conf" <<CONF
+user root
+per_listener_settings true
+listener 8883 127.0.0.1
+cafile $tls_dir/ca.pem
+certfile $tls_dir/server.pem
+keyfile $tls_dir/server.key
+require_certificate true
+use_identity_as_username true
+allow_anonymous false
+CONF
+    mosquitto -d -c "$conf"
+  fi
+  wait_port "Mosquitto (TLS)" 8883
+}
+mosquitto_tls
+
+# NATS with TLS (client certificates of the test CA required) on 4223, users with a password
+# (relay, its password in $tls_dir/nats.pass) or an NKey ($tls_dir/nats/user.nk); and on 4224 an
+# operator/account/user JWT setup ($tls_dir/nats/user.creds), as Synadia Cloud runs, made by
+# scripts/nats_keys.py (no `nsc` needed).
+nats_tls() {
+  local d=$tls_dir/nats
+  python3 scripts/nats_keys.py "$d"
+  [ -s "$tls_dir/nats.pass" ] || head -c 18 /dev/urandom | base64 | tr -d '/+=' >"$tls_dir/nats.pass"
+  local tls="tls { cert_file: \"$tls_dir/server.pem\", key_file: \"$tls_dir/server.key\", ca_file: \"$tls_dir/ca.pem\", verify: true }"
+  if ! up 4223; then
+    echo "services: starting NATS with TLS and users on 127.0.0.1:4223"
+    mkdir -p "$d/js-4223"
+    cat >"$d/users.conf" <<CONF
+listen: 127.0.0.1:4223
+jetstream { store_dir: "$d/js-4223" }
+$tls
+authorization {
+  users = [
+    { user: relay, password: "$(cat "$tls_dir/nats.pass")" }
+    { nkey: $(cat "$d/user.pub") }
+  ]
+}
+CONF
+    setsid nohup nats-server -c "$d/users.conf" >"$d/users.log" 2>&1 </dev/null &
+  fi
+  if ! up 4224; then
+    echo "services: starting NATS with TLS and an operator/account/user JWT setup on 127.0.0.1:4224"
+    mkdir -p "$d/js-4224"
+    cat >"$d/operator.conf" <<CONF
+listen: 127.0.0.1:4224
+jetstream { store_dir: "$d/js-4224" }
+tls { cert_file: "$tls_dir/server.pem", key_file: "$tls_dir/server.key" }
+operator: "$d/operator.jwt"
+system_account: $(cat "$d/sys.pub")
+resolver: MEMORY
+resolver_preload: {
+  $(cat "$d/account.pub"): "$(cat "$d/account.jwt")"
+  $(cat "$d/sys.pub"): "$(cat "$d/sys.jwt")"
+}
+CONF
+    setsid nohup nats-server -c "$d/operator.conf" >"$d/operator.log" 2>&1 </dev/null &
+  fi
+  wait_port "NATS (TLS, users)" 4223
+  wait_port "NATS (TLS, JWT)" 4224
+}
+nats_tls
+
+# A MariaDB that takes TLS connections only (require_secure_transport) on 127.0.0.1:3308, with
+# the test CA's server certificate and a user that logs in by its client certificate
+# (outbox_cert, REQUIRE SUBJECT '/CN=outbox_cert'); root has no password. Data in
+# /var/lib/outbox-mariadb-tls, made once.
+mariadb_tls_server() {
+  local dir=/var/lib/outbox-mariadb-tls
+  if ! up 3308; then
+    if [ ! -d "$dir/data/mysql" ]; then
+      echo "services: making the data directory of the MariaDB with TLS in $dir"
+      rm -rf "$dir/data" && mkdir -p "$dir"
+      mariadb-install-db --no-defaults --datadir="$dir/data" --user="$(id -un)" \
+        --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1
+    fi
+    echo "services: starting MariaDB with TLS only on 127.0.0.1:3308"
+    setsid nohup mariadbd --no-defaults --datadir="$dir/data" --user="$(id -un)" \
+      --bind-address=127.0.0.1 --port=3308 --socket="$dir/mysqld.sock" \
+      --pid-file="$dir/mysqld.pid" --innodb-buffer-pool-size=64M \
+      --ssl-ca="$tls_dir/ca.pem" --ssl-cert="$tls_dir/server.pem" --ssl-key="$tls_dir/server.key" \
+      --require-secure-transport=ON >>"$dir/server.log" 2>&1 </dev/null &
+  fi
+  wait_port "MariaDB (TLS only)" 3308
+  for _ in $(seq 1 30); do
+    if mariadb -S "$dir/mysqld.sock" -u root -e "CREATE DATABASE IF NOT EXISTS test;
+        CREATE USER IF NOT EXISTS outbox_cert@'%' REQUIRE SUBJECT '/CN=outbox_cert';
+        GRANT ALL ON *.* TO outbox_cert@'%'" >/dev/null 2>&1; then
+      return 0
+    fi
+    sleep 1
+  done
+  echo "services: the MariaDB on 127.0.0.1:3308 did not take the setup; its log: $dir/server.log" >&2
+  return 1
+}
+mariadb_tls_server

@@ -21,6 +21,10 @@ const NATS_PASSWORD: &str = "NatsPa55Y8";
 const QUERY_SECRET: &str = "QuerySecretW4";
 /// The tail of a password with an unencoded `/` and `@`.
 const SLASH_TAIL: &str = "Tai1AfterSlashV6";
+/// A password read from a file (`password_file=`).
+const FILE_SECRET: &str = "FilePa55wordK2";
+/// A password read from the environment (`password_env=`).
+const ENV_SECRET: &str = "EnvPa55wordJ9";
 
 const ALL: &[&str] = &[
     PG_SECRET,
@@ -28,6 +32,8 @@ const ALL: &[&str] = &[
     NATS_PASSWORD,
     QUERY_SECRET,
     SLASH_TAIL,
+    FILE_SECRET,
+    ENV_SECRET,
 ];
 
 /// The test database, reached with a password the server ignores.
@@ -693,5 +699,94 @@ fn inbox_commands_never_show_secrets() {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
+    std::fs::remove_dir_all(&cwd).ok();
+}
+
+fn tls_dir() -> String {
+    std::env::var("OUTBOX_TLS_DIR").unwrap_or_else(|_| "/var/tmp/outbox-tls".into())
+}
+
+/// The body of the test client key (scripts/tls-certs.sh): no output may hold any of it.
+fn client_key_lines() -> Vec<String> {
+    std::fs::read_to_string(format!("{}/client.key", tls_dir()))
+        .expect("scripts/tls-certs.sh made the test certificates")
+        .lines()
+        .filter(|l| !l.starts_with("-----") && l.len() > 16)
+        .map(str::to_string)
+        .collect()
+}
+
+/// Secrets from files and the environment, and TLS keys, stay out of `--print-config`, the
+/// logs and the errors of relays whose broker refuses their login (the TLS listeners
+/// scripts/services.sh starts: Redis with ACL users on 6380, NATS with users on 4223).
+#[test]
+fn secrets_from_files_and_the_environment_and_tls_keys_never_show() {
+    let cwd = tmp("sec-tls");
+    let schema = Schema::new(&cwd);
+    let d = tls_dir();
+    let pass_file = cwd.join("password");
+    std::fs::write(&pass_file, format!("{FILE_SECRET}\n")).unwrap();
+    let tls = format!("tls_ca={d}/ca.pem&tls_cert={d}/client.pem&tls_key={d}/client.key");
+    let key_lines = client_key_lines();
+    let sinks = [
+        format!(
+            "rediss://relay@localhost:6380?{tls}&password_file={}",
+            pass_file.display()
+        ),
+        format!("nats://relay@localhost:4223?{tls}&password_env=OUTBOX_SEC_TEST_PASSWORD"),
+        format!(
+            "mqtts://relay@localhost:8883?{tls}&password_file={}",
+            pass_file.display()
+        ),
+    ];
+    for sink in &sinks {
+        let (o, text) = run_clean(
+            "relay --print-config with secrets from a file and the environment",
+            outbox(&cwd)
+                .args([
+                    "relay",
+                    "--print-config",
+                    "--database-url",
+                    &pg_url(),
+                    "--schema",
+                    &schema.0,
+                    "--sink",
+                    sink,
+                ])
+                .env("OUTBOX_SEC_TEST_PASSWORD", ENV_SECRET),
+        );
+        assert!(o.status.success(), "{text}");
+        for line in &key_lines {
+            assert!(
+                !text.contains(line.as_str()),
+                "the client key shows:\n{text}"
+            );
+        }
+        // A relay whose broker refuses the password (the file's and the variable's are wrong
+        // for these servers), with debug logs: the error names the server and the cause only.
+        let text = run_briefly(
+            "relay with a refused login",
+            outbox(&cwd)
+                .args([
+                    "relay",
+                    "--database-url",
+                    &pg_url(),
+                    "--schema",
+                    &schema.0,
+                    "--sink",
+                    sink,
+                    "--lease",
+                    "15s",
+                ])
+                .env("OUTBOX_SEC_TEST_PASSWORD", ENV_SECRET),
+            Duration::from_secs(3),
+        );
+        for line in &key_lines {
+            assert!(
+                !text.contains(line.as_str()),
+                "the client key shows:\n{text}"
+            );
+        }
+    }
     std::fs::remove_dir_all(&cwd).ok();
 }

@@ -24,6 +24,7 @@ pub mod sink;
 pub mod status;
 pub mod store;
 pub mod text;
+pub mod tls;
 pub mod trace;
 
 pub use bytes::Bytes;

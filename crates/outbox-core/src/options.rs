@@ -14,6 +14,8 @@
 //!   percent-decoded (`%20` is a space, `+` stays a plus: MQTT topics use it), a key given twice
 //!   or not known to the scheme is refused, and every error names the option and the scheme, never
 //!   the value of an option whose name says it is a secret.
+//! - **TLS and credentials** (`tls_ca`, `tls_cert`, `tls_key`, `password_file`, …): read from a
+//!   parsed query by [`crate::tls`], the same on every URL that speaks TLS.
 
 use std::collections::BTreeMap;
 use std::fmt::Display;

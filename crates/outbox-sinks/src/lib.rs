@@ -54,11 +54,15 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
             amqp::AmqpSink::connect(amqp::AmqpConfig::from_url(url)?).await?,
         )),
         #[cfg(feature = "mqtt")]
-        "mqtt" => Ok(Arc::new(mqtt::MqttSink::connect(
-            mqtt::MqttConfig::from_url(url)?,
-        )?)),
+        "mqtt" | "mqtts" => {
+            let cfg = mqtt::MqttConfig::from_url(url)?;
+            let wait = cfg.ack_timeout.min(Duration::from_secs(2));
+            let sink = mqtt::MqttSink::connect(cfg)?;
+            sink.wait_connected(wait).await;
+            Ok(Arc::new(sink))
+        }
         #[cfg(feature = "redis")]
-        "redis" => Ok(Arc::new(redis::RedisSink::connect(
+        "redis" | "rediss" => Ok(Arc::new(redis::RedisSink::connect(
             redis::RedisConfig::from_url(url)?,
         )?)),
         #[cfg(feature = "sqs")]
@@ -124,9 +128,9 @@ pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
         #[cfg(feature = "amqp")]
         "amqp" | "amqps" => Ok(Some(amqp::AmqpConfig::from_url(url)?.ack_timeout)),
         #[cfg(feature = "redis")]
-        "redis" => Ok(Some(redis::RedisConfig::from_url(url)?.ack_timeout)),
+        "redis" | "rediss" => Ok(Some(redis::RedisConfig::from_url(url)?.ack_timeout)),
         #[cfg(feature = "mqtt")]
-        "mqtt" => Ok(Some(mqtt::MqttConfig::from_url(url)?.ack_timeout)),
+        "mqtt" | "mqtts" => Ok(Some(mqtt::MqttConfig::from_url(url)?.ack_timeout)),
         #[cfg(feature = "sqs")]
         "sqs" => Ok(Some(sqs::SqsConfig::sqs_from_url(url)?.ack_timeout)),
         #[cfg(feature = "sns")]
@@ -146,7 +150,17 @@ pub fn with_default_ack_timeout(url: &str, ack_timeout: Duration) -> String {
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
     let has_setting = matches!(
         scheme,
-        "nats" | "tls" | "kafka" | "amqp" | "amqps" | "redis" | "mqtt" | "sqs" | "sns"
+        "nats"
+            | "tls"
+            | "kafka"
+            | "amqp"
+            | "amqps"
+            | "redis"
+            | "rediss"
+            | "mqtt"
+            | "mqtts"
+            | "sqs"
+            | "sns"
     );
     // A webhook's options are in the fragment: its query belongs to the endpoint.
     let webhook = matches!(scheme, "http" | "https");
@@ -189,6 +203,31 @@ pub fn available() -> Vec<&'static str> {
         "stdout:",
     ];
     all.to_vec()
+}
+
+/// An error and its causes, `outer: inner: …`: a TLS failure's reason (`invalid peer
+/// certificate: Expired`) sits in the chain, not in the outer text.
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// Installs ring as the process's rustls crypto provider, once, before a client builds a TLS
+/// config from the process default (the NATS, Redis and MQTT clients do): with both ring and
+/// aws-lc-rs in the build, rustls will not choose, and such a client would panic instead.
+#[cfg(any(feature = "redis", feature = "mqtt", feature = "nats"))]
+pub fn install_tls_provider() {
+    // An error only says a provider is already installed, which is all this wants.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 #[cfg(test)]

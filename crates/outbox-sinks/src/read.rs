@@ -165,9 +165,9 @@ pub async fn scratch(url: &str, options: &ScratchOptions) -> Result<Scratch, Err
         #[cfg(feature = "amqp")]
         "amqp" | "amqps" => crate::amqp::scratch(url, options).await,
         #[cfg(feature = "redis")]
-        "redis" => crate::redis::scratch(url, options).await,
+        "redis" | "rediss" => crate::redis::scratch(url, options).await,
         #[cfg(feature = "mqtt")]
-        "mqtt" => crate::mqtt::scratch(url, options).await,
+        "mqtt" | "mqtts" => crate::mqtt::scratch(url, options).await,
         #[cfg(feature = "sqs")]
         "sqs" => crate::sqs::scratch(url, options).await,
         #[cfg(feature = "sns")]

@@ -57,6 +57,62 @@ sink_conformance_suite!(file, File::new, sqlite;
     except [oversized_message_fails_at_once, rejection_does_not_open_the_circuit,
             broker_down_mid_stream_with_messages_in_flight, deadline]);
 
+/// The TLS listeners scripts/services.sh starts beside the shared brokers, with the test CA and
+/// client certificate of scripts/tls-certs.sh (in `OUTBOX_TLS_DIR`, else /var/tmp/outbox-tls),
+/// and the brokers' own authentication: the same cases over TLS with credentials.
+fn tls_url(url: &str) -> String {
+    let d = std::env::var("OUTBOX_TLS_DIR").unwrap_or_else(|_| "/var/tmp/outbox-tls".into());
+    url.replace("{d}", &d)
+}
+
+/// NATS on 4223: TLS with a client certificate, user `relay` with its password from a file.
+fn nats_tls() -> Nats {
+    Nats::at(tls_url(
+        "nats://relay@localhost:4223?tls_ca={d}/ca.pem&tls_cert={d}/client.pem\
+         &tls_key={d}/client.key&password_file={d}/nats.pass",
+    ))
+}
+
+/// NATS on 4224: TLS, an operator/account/user JWT setup, the user's credentials file.
+fn nats_jwt() -> Nats {
+    Nats::at(tls_url(
+        "tls://localhost:4224?tls_ca={d}/ca.pem&creds_file={d}/nats/user.creds",
+    ))
+}
+
+/// Redis on 6380: `rediss://`, a client certificate, ACL user `relay` with its password from a
+/// file (the default user is off).
+fn redis_tls() -> Redis {
+    Redis::at(tls_url(
+        "rediss://relay@localhost:6380?tls_ca={d}/ca.pem&tls_cert={d}/client.pem\
+         &tls_key={d}/client.key&password_file={d}/redis.pass",
+    ))
+}
+
+/// Mosquitto on 8883: `mqtts://`, a client certificate required (its CN is the user name).
+fn mqtt_tls() -> Mqtt {
+    Mqtt::at(tls_url(
+        "mqtts://localhost:8883?tls_ca={d}/ca.pem&tls_cert={d}/client.pem&tls_key={d}/client.key",
+    ))
+}
+
+// Over TLS, the cases that exercise the connection: round trip, order, the size limit and (for
+// NATS and Redis) a refusal. The outage cases stop a private broker of the case's own; TLS does
+// not change what the sink does when its broker goes away, and the plaintext modules above run
+// them on the same sink code.
+sink_conformance_suite!(nats_tls, nats_tls, sqlite;
+    except [broker_down_mid_stream_with_messages_in_flight, deadline]);
+sink_conformance_suite!(nats_jwt, nats_jwt, sqlite;
+    except [broker_down_mid_stream_with_messages_in_flight, deadline]);
+sink_conformance_suite!(redis_tls, redis_tls, sqlite;
+    // The refusal (WRONGTYPE) is set up by a plaintext client of the shared Redis.
+    except [rejection_does_not_open_the_circuit,
+            broker_down_mid_stream_with_messages_in_flight, deadline]);
+sink_conformance_suite!(mqtt_tls, mqtt_tls, sqlite;
+    // The refusal needs a broker with an ACL: a private plaintext one, as in `mqtt`.
+    except [rejection_does_not_open_the_circuit,
+            broker_down_mid_stream_with_messages_in_flight, deadline]);
+
 /// The `stdout` module's sink runs in a child process (this test binary, on this test), so
 /// its standard output can be read back.
 #[test]

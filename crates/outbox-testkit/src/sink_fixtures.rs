@@ -33,6 +33,11 @@ macro_rules! shared_broker {
             pub fn new() -> Self {
                 Self(env_or($env, $default))
             }
+
+            /// The broker at `url` (a TLS listener beside the shared one, say).
+            pub fn at(url: impl Into<String>) -> Self {
+                Self(url.into())
+            }
         }
 
         impl Default for $name {

@@ -56,10 +56,22 @@ impl AmqpSourceConfig {
     /// `connection_timeout`, `frame_max`, `channel_max`).
     pub fn from_url(url: &str) -> Result<Self> {
         // The sink's connection options, read for the source (errors say "source option").
-        let known: Vec<&str> = ["queue", "name", "ack_timeout", "connection_name"]
-            .into_iter()
-            .chain(outbox_sinks::amqp::URI_OPTIONS.iter().copied())
-            .collect();
+        let known: Vec<&str> = [
+            "queue",
+            "name",
+            "ack_timeout",
+            "connection_name",
+            // TLS and credentials, as the sink reads them.
+            "tls_ca",
+            "tls_cert",
+            "tls_key",
+            "password_file",
+            "password_env",
+            "auth_mechanism",
+        ]
+        .into_iter()
+        .chain(outbox_sinks::amqp::URI_OPTIONS.iter().copied())
+        .collect();
         let (base, o) = QueryOptions::from_url(Role::Source, url, &known)?;
         let queue = o.str("queue").map(str::to_string);
         let name = o.non_empty("name")?;

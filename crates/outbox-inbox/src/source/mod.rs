@@ -151,7 +151,7 @@ pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>>
             KafkaSource::connect(KafkaSourceConfig::from_url(url)?).await?,
         )),
         #[cfg(feature = "mqtt")]
-        "mqtt" => Ok(Box::new(MqttSource::new(
+        "mqtt" | "mqtts" => Ok(Box::new(MqttSource::new(
             MqttSourceConfig::from_url(url)?,
             options.batch,
         ))),
@@ -178,7 +178,7 @@ pub fn check(url: &str) -> Result<()> {
         #[cfg(feature = "kafka")]
         "kafka" => KafkaSourceConfig::from_url(url).map(|_| ()),
         #[cfg(feature = "mqtt")]
-        "mqtt" => MqttSourceConfig::from_url(url).map(|_| ()),
+        "mqtt" | "mqtts" => MqttSourceConfig::from_url(url).map(|_| ()),
         #[cfg(feature = "sqs")]
         "sqs" => SqsSourceConfig::from_url(url).map(|_| ()),
         _ => Err(unknown_scheme(url, scheme)),

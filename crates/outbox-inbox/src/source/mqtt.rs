@@ -78,6 +78,12 @@ impl MqttSourceConfig {
                 "keep_alive",
                 "ack_timeout",
                 "name",
+                // The sink's TLS and credential options mean the same here.
+                "tls_ca",
+                "tls_cert",
+                "tls_key",
+                "password_file",
+                "password_env",
             ],
         )?;
         // `+` is MQTT's one-level wildcard in a topic filter: options keep it (a space is %20).

@@ -56,12 +56,13 @@ impl NatsSourceConfig {
     /// Parses `nats://[user:pass@]host:port?stream=S[&durable=D][&subject=F][&ack_wait=30s]
     /// [&name=N]`.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (base, o) = QueryOptions::from_url(
-            Role::Source,
-            url,
-            &["stream", "durable", "subject", "ack_wait", "name"],
-        )?;
-        let server = NatsConfig::from_url(base)?;
+        // The sink's options (TLS, credentials) mean the same here.
+        let known: Vec<&str> = ["stream", "durable", "subject", "ack_wait", "name"]
+            .into_iter()
+            .chain(outbox_sinks::nats::OPTIONS.iter().copied())
+            .collect();
+        let (base, o) = QueryOptions::from_url(Role::Source, url, &known)?;
+        let server = NatsConfig::from_options(base, &o)?;
         let stream = o.str("stream");
         let durable = o
             .non_empty("durable")?

@@ -34,6 +34,8 @@ pub const DEFAULT_CONSUMER: &str = "outbox-inbox";
 pub struct RedisSourceConfig {
     /// The server URL without the source options (may hold credentials: never printed).
     url: String,
+    /// TLS and the password from a file or variable.
+    connection: outbox_sinks::redis::RedisConnection,
     /// The stream key.
     pub stream: String,
     /// The consumer group (created at `start` when missing, with the stream).
@@ -51,11 +53,13 @@ impl RedisSourceConfig {
     /// Parses `redis://[user:pass@]host:port[/db]?stream=K[&group=G][&consumer=C][&start=0]
     /// [&name=N]`.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (base, o) = QueryOptions::from_url(
-            Role::Source,
-            url,
-            &["stream", "group", "consumer", "start", "name"],
-        )?;
+        // The sink's TLS and credential options mean the same here.
+        let known: Vec<&str> = ["stream", "group", "consumer", "start", "name"]
+            .into_iter()
+            .chain(outbox_sinks::redis::CONNECTION_OPTIONS.iter().copied())
+            .collect();
+        let (base, o) = QueryOptions::from_url(Role::Source, url, &known)?;
+        let connection = outbox_sinks::redis::RedisConnection::from_options(base, &o)?;
         let stream = o.str("stream");
         let group = o.non_empty("group")?.unwrap_or(DEFAULT_GROUP).to_string();
         let consumer = o
@@ -76,6 +80,7 @@ impl RedisSourceConfig {
         })?;
         Ok(Self {
             url: base.to_string(),
+            connection,
             name: name.map_or_else(|| format!("redis:{stream}"), str::to_string),
             stream: stream.to_string(),
             group,
@@ -180,12 +185,7 @@ fn read_reply(v: &Value) -> Vec<Entry> {
 impl RedisSource {
     /// Connects (reconnecting by itself later) and creates the group when missing.
     pub async fn connect(cfg: RedisSourceConfig) -> Result<Self> {
-        let client = redis::Client::open(cfg.url.as_str()).map_err(|e| {
-            Error::config(format!(
-                "redis source: {}",
-                outbox_core::redact::sanitize(&e.to_string())
-            ))
-        })?;
+        let client = cfg.connection.client(&cfg.url)?;
         let mut conn = ConnectionManager::new(client)
             .await
             .map_err(|e| redis_error("connecting", e))?;

@@ -121,12 +121,7 @@ pub(crate) fn replication_config(
         None => options,
     };
     let password = url_password(url)?.unwrap_or_default();
-    let tls = match options.get_ssl_mode() {
-        PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => TlsConfig::disabled(),
-        PgSslMode::Require => TlsConfig::require(),
-        PgSslMode::VerifyCa => TlsConfig::verify_ca(None),
-        PgSslMode::VerifyFull => TlsConfig::verify_full(None),
-    };
+    let tls = replication_tls(url, options.get_ssl_mode())?;
     let database = options.get_database().unwrap_or(options.get_username());
     let config = ReplicationConfig::new(
         options.get_host(),
@@ -150,6 +145,52 @@ pub(crate) fn replication_config(
     .with_buffer_size(EVENTS_BUFFERED)
     .with_application_name(crate::cdc::checks::application_name(names));
     Ok(config)
+}
+
+/// The replication connection's TLS, as the pool's: the URL's `sslmode` (PostgreSQL's default
+/// `prefer` when absent) and its `sslrootcert`, `sslcert` and `sslkey` (or libpq's
+/// `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, as sqlx reads them).
+///
+/// `prefer` (and `allow`) ask for TLS and fall back to plaintext only when the server has none:
+/// the pool does the same, so the WAL never travels in clear text beside a pool that encrypts.
+/// `verify-ca` and `verify-full` check the server's certificate against `sslrootcert` (the
+/// system's roots when absent); `verify-full` its name too.
+fn replication_tls(url: &str, mode: PgSslMode) -> Result<TlsConfig> {
+    let param = |name: &str, env: &str| -> Option<std::path::PathBuf> {
+        url::Url::parse(url)
+            .ok()
+            .and_then(|u| {
+                u.query_pairs()
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.into_owned())
+            })
+            .or_else(|| std::env::var(env).ok())
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    };
+    let root = param("sslrootcert", "PGSSLROOTCERT");
+    let mut tls = match mode {
+        PgSslMode::Disable => return Ok(TlsConfig::disabled()),
+        PgSslMode::Allow | PgSslMode::Prefer => TlsConfig {
+            mode: pgwire_replication::SslMode::Prefer,
+            ..TlsConfig::default()
+        },
+        PgSslMode::Require => TlsConfig::require(),
+        PgSslMode::VerifyCa => TlsConfig::verify_ca(root),
+        PgSslMode::VerifyFull => TlsConfig::verify_full(root),
+    };
+    match (param("sslcert", "PGSSLCERT"), param("sslkey", "PGSSLKEY")) {
+        (Some(cert), Some(key)) => tls = tls.with_client_cert(cert, key),
+        (None, None) => {}
+        _ => {
+            return Err(Error::config(format!(
+                "database URL {}: sslcert and sslkey go together (a client certificate needs \
+                 its key); give both or neither",
+                outbox_core::redact::url(url)
+            )))
+        }
+    }
+    Ok(tls)
 }
 
 /// The password a database URL holds, percent-decoded (`None` when it has none): what a
@@ -846,5 +887,45 @@ mod tests {
             ("db.example", 6543, "u", "p@ss", "app")
         );
         assert_eq!(c.slot, "outbox_public_relay");
+        assert_eq!(c.tls.mode, pgwire_replication::SslMode::Require);
+    }
+
+    /// The stream follows the URL's TLS settings as the pool does: before, `prefer` (the default)
+    /// streamed in plaintext beside an encrypted pool, and `sslrootcert`, `sslcert` and `sslkey`
+    /// were ignored.
+    #[test]
+    fn the_stream_takes_the_urls_tls_settings() {
+        use pgwire_replication::SslMode;
+        let n = CdcNames::new(&Schema::default(), "relay").unwrap();
+        let tls = |url: &str| replication_config(url, &n, None).unwrap().tls;
+        assert_eq!(tls("postgres://u@h/db").mode, SslMode::Prefer);
+        assert_eq!(
+            tls("postgres://u@h/db?sslmode=prefer").mode,
+            SslMode::Prefer
+        );
+        assert_eq!(
+            tls("postgres://u@h/db?sslmode=disable").mode,
+            SslMode::Disable
+        );
+        let full = tls(
+            "postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem&sslcert=/c.pem&sslkey=/c.key",
+        );
+        assert_eq!(full.mode, SslMode::VerifyFull);
+        assert_eq!(
+            full.ca_pem_path.as_deref(),
+            Some(std::path::Path::new("/ca.pem"))
+        );
+        assert_eq!(
+            full.client_cert_pem_path.as_deref(),
+            Some(std::path::Path::new("/c.pem"))
+        );
+        assert_eq!(
+            full.client_key_pem_path.as_deref(),
+            Some(std::path::Path::new("/c.key"))
+        );
+        let e = replication_config("postgres://u@h/db?sslmode=require&sslcert=/c.pem", &n, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sslcert and sslkey go together"), "{e}");
     }
 }

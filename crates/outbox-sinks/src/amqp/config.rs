@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use outbox_core::options::{Bounds, QueryOptions, Role};
+use outbox_core::tls::{self, TlsOptions};
 use outbox_core::{Error, Secret};
 
 /// Default wait for the publisher confirms of one call.
@@ -22,6 +23,12 @@ pub const OPTIONS: &[&str] = &[
     "ack_timeout",
     "max_message_size",
     "connection_name",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+    "password_file",
+    "password_env",
+    "auth_mechanism",
 ];
 /// Options of the AMQP URI itself, passed on to the client.
 pub const URI_OPTIONS: &[&str] = &[
@@ -47,6 +54,24 @@ pub struct AmqpConfig {
     pub max_message_size: u64,
     /// Connection name the broker shows for the relay's connection.
     pub connection_name: String,
+    /// `amqps://`: the CA (PEM text) and client certificate, read when the URL was parsed.
+    tls: AmqpTls,
+}
+
+/// The TLS material of an `amqps://` connection; the key never prints.
+#[derive(Clone, Default, PartialEq, Eq)]
+struct AmqpTls {
+    ca: Option<String>,
+    client: Option<(Vec<u8>, Secret)>,
+}
+
+impl std::fmt::Debug for AmqpTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpTls")
+            .field("ca", &self.ca.is_some())
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
 }
 
 impl AmqpConfig {
@@ -79,8 +104,46 @@ impl AmqpConfig {
         valid_exchange(exchange).map_err(|why| {
             Error::config(format!("amqp sink option exchange=`{exchange}`: {why}"))
         })?;
+        let role = match o.role() {
+            Role::Sink => "sink",
+            Role::Source => "source",
+        };
+        let conn = format!("{role} {shown}");
+        let secure = base.starts_with("amqps://");
+        let tls = TlsOptions::from_query(o, &conn)?;
+        if tls.any() && !secure {
+            return Err(Error::config(format!(
+                "{conn}: tls_ca, tls_cert and tls_key need TLS: write amqps://"
+            )));
+        }
+        let tls = AmqpTls {
+            ca: tls
+                .ca_pem(&conn)?
+                .map(|pem| String::from_utf8_lossy(&pem).into_owned()),
+            client: tls.client_pem(&conn)?,
+        };
+        // EXTERNAL: the broker takes the client certificate's name as the user (RabbitMQ's
+        // rabbitmq_auth_mechanism_ssl); PLAIN (the default) the URL's user and password.
+        let mechanism = o.one_of(
+            "auth_mechanism",
+            &[
+                ("plain", "plain"),
+                ("amqplain", "amqplain"),
+                ("external", "external"),
+            ],
+        )?;
+        if mechanism == Some("external") && tls.client.is_none() {
+            return Err(Error::config(format!(
+                "{conn}: auth_mechanism=external logs in with a client certificate: give \
+                 tls_cert and tls_key"
+            )));
+        }
+        let base = &with_password(base, o, &conn)?;
         // The AMQP URI's own options go to the client, checked as whole numbers first.
         let mut passed = Vec::new();
+        if let Some(m) = mechanism {
+            passed.push(format!("auth_mechanism={m}"));
+        }
         for name in URI_OPTIONS {
             if let Some(n) = o.int(name, Bounds::new(0u64, u64::from(u32::MAX)))? {
                 passed.push(format!("{name}={n}"));
@@ -105,6 +168,7 @@ impl AmqpConfig {
                 .non_empty("connection_name")?
                 .unwrap_or(DEFAULT_CONNECTION_NAME)
                 .to_string(),
+            tls,
         };
         // The client's own parser has the last word on host, port and vhost.
         cfg.uri
@@ -123,6 +187,49 @@ impl AmqpConfig {
     pub(crate) fn uri(&self) -> &str {
         self.uri.expose()
     }
+
+    /// Connects to the broker with the URI, its credentials and, for `amqps://`, the CA and
+    /// client certificate given.
+    pub(crate) async fn open(
+        &self,
+        props: lapin::ConnectionProperties,
+    ) -> Result<lapin::Connection, lapin::Error> {
+        let tls = lapin::tcp::OwnedTLSConfig {
+            identity: self.tls.client.as_ref().map(|(cert, key)| {
+                lapin::tcp::OwnedIdentity::PKCS8 {
+                    pem: cert.clone(),
+                    key: key.expose().as_bytes().to_vec(),
+                }
+            }),
+            cert_chain: self.tls.ca.clone(),
+        };
+        let runtime = lapin::runtime::default_runtime()?;
+        lapin::Connection::connect_with_config(self.uri(), props, tls, runtime).await
+    }
+}
+
+/// `base` with the password of `password_file`/`password_env` in its userinfo (percent-encoded),
+/// when one is given; `base` as it is otherwise.
+fn with_password(base: &str, o: &QueryOptions, conn: &str) -> Result<String, Error> {
+    if !(o.has("password_file") || o.has("password_env")) {
+        return Ok(base.to_string());
+    }
+    let (scheme, rest) = base.split_once("://").unwrap_or(("amqp", base));
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return Err(Error::config(format!(
+            "{conn}: a password needs a user name: amqps://USER@host?password_file=…"
+        )));
+    };
+    let (user, in_url) = match userinfo.split_once(':') {
+        Some((u, p)) => (u, Some(Secret::new(p))),
+        None => (userinfo, None),
+    };
+    let password = tls::password(o, conn, in_url)?.unwrap_or_else(|| Secret::new(""));
+    let encoded = percent_encoding::utf8_percent_encode(
+        password.expose(),
+        percent_encoding::NON_ALPHANUMERIC,
+    );
+    Ok(format!("{scheme}://{user}:{encoded}@{host}"))
 }
 
 /// Checks an exchange name: AMQP 0-9-1 allows letters, digits, `-`, `_`, `.` and `:`, at most

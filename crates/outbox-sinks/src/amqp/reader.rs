@@ -90,7 +90,7 @@ impl AmqpReader {
 /// sink's URL, TLS and credentials handling.
 pub async fn connect(cfg: &AmqpConfig, name: &str, limit: Duration) -> Result<Connection, Error> {
     let props = ConnectionProperties::default().with_connection_name(name.to_string().into());
-    tokio::time::timeout(limit, Connection::connect(cfg.uri(), props))
+    tokio::time::timeout(limit, cfg.open(props))
         .await
         .map_err(|_| {
             Error::new(

@@ -100,22 +100,19 @@ impl AmqpSink {
         self.idle_channels().clear();
         let props = ConnectionProperties::default()
             .with_connection_name(LongString::from(self.cfg.connection_name.as_str()));
-        let conn = tokio::time::timeout(
-            self.cfg.ack_timeout,
-            Connection::connect(self.cfg.uri(), props),
-        )
-        .await
-        .map_err(|_| {
-            SinkError::unavailable(format!(
-                "rabbitmq: connecting to {} took longer than {:?}",
-                self.cfg.display, self.cfg.ack_timeout
-            ))
-        })?
-        .map_err(|e| {
-            let mut err = classify(&self.cfg.display, &e, false);
-            err.message = format!("rabbitmq: cannot connect to {}: {e}", self.cfg.display);
-            err
-        })?;
+        let conn = tokio::time::timeout(self.cfg.ack_timeout, self.cfg.open(props))
+            .await
+            .map_err(|_| {
+                SinkError::unavailable(format!(
+                    "rabbitmq: connecting to {} took longer than {:?}",
+                    self.cfg.display, self.cfg.ack_timeout
+                ))
+            })?
+            .map_err(|e| {
+                let mut err = classify(&self.cfg.display, &e, false);
+                err.message = format!("rabbitmq: cannot connect to {}: {e}", self.cfg.display);
+                err
+            })?;
         info!(sink = "amqp", broker = %self.cfg.display, "connected to RabbitMQ");
         let conn = Arc::new(conn);
         *guard = Some(conn.clone());

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use outbox_core::options::{Bounds, QueryOptions, Role};
+use outbox_core::tls::TlsOptions;
 use outbox_core::{Error, Secret};
 
 /// Default longest wait for one request's response.
@@ -24,6 +25,9 @@ const OPTIONS: &[&str] = &[
     "secret",
     "secret_env",
     "secret_file",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
 ];
 
 /// The raw bytes of a signing key; never printed.
@@ -69,6 +73,10 @@ pub struct HttpConfig {
     pub max_in_flight: usize,
     /// The Standard Webhooks signing key (the bytes behind `whsec_…`); `None`: unsigned.
     pub signing_key: Option<SigningKey>,
+    /// `#tls_ca=` (trust only that CA, not the system's roots) and `#tls_cert=`/`#tls_key=`
+    /// (a client certificate: mutual TLS to the receiver). The receiver's name is always
+    /// checked.
+    pub tls: TlsOptions,
 }
 
 impl std::fmt::Debug for HttpConfig {
@@ -81,6 +89,7 @@ impl std::fmt::Debug for HttpConfig {
             .field("ack_timeout", &self.ack_timeout)
             .field("max_in_flight", &self.max_in_flight)
             .field("signed", &self.signing_key.is_some())
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -158,6 +167,13 @@ impl HttpConfig {
         } else {
             None
         };
+        let tls =
+            TlsOptions::from_query(&o, &format!("sink {}", outbox_core::redact::url(&endpoint)))?;
+        if tls.any() && scheme != "https" {
+            return Err(Error::config(format!(
+                "sink `{shown}`: tls_ca, tls_cert and tls_key need TLS: write https://"
+            )));
+        }
         let whole = Bounds::new(1usize, usize::MAX);
         Ok(Self {
             endpoint,
@@ -173,6 +189,7 @@ impl HttpConfig {
                 .int("max_in_flight", whole)?
                 .unwrap_or(DEFAULT_MAX_IN_FLIGHT),
             signing_key,
+            tls,
         })
     }
 }

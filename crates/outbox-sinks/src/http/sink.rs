@@ -36,12 +36,33 @@ pub struct HttpSink {
 impl HttpSink {
     /// A sink for `cfg`; connects lazily, so an endpoint that is down at start is an outage.
     pub fn connect(cfg: HttpConfig) -> Result<Self, Error> {
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(cfg.ack_timeout)
             .connect_timeout(cfg.ack_timeout)
             .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(cfg.max_in_flight)
-            .user_agent(concat!("outbox/", env!("CARGO_PKG_VERSION")))
+            .user_agent(concat!("outbox/", env!("CARGO_PKG_VERSION")));
+        let shown = outbox_core::redact::url(&cfg.endpoint);
+        let bad = |what: &str, e: reqwest::Error| {
+            Error::config(format!("http sink {shown}: {what}: {e}"))
+        };
+        if let Some(ca) = cfg.tls.ca_pem(&shown)? {
+            let certs = reqwest::Certificate::from_pem_bundle(&ca)
+                .map_err(|e| bad("tls_ca holds no usable certificate", e))?;
+            builder = builder.tls_certs_only(certs);
+        }
+        if let Some((cert, key)) = cfg.tls.client_pem(&shown)? {
+            let mut pem = cert;
+            pem.extend_from_slice(b"\n");
+            pem.extend_from_slice(key.expose().as_bytes());
+            let identity = reqwest::Identity::from_pem(&pem).map_err(|_| {
+                Error::config(format!(
+                    "http sink {shown}: tls_cert and tls_key are not a certificate and its key"
+                ))
+            })?;
+            builder = builder.identity(identity);
+        }
+        let client = builder
             .build()
             .map_err(|e| Error::config(format!("http sink: cannot build the client: {e}")))?;
         Ok(Self {

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use outbox_core::options::{Bounds, QueryOptions, Role};
+use outbox_core::tls::{self, TlsOptions};
 use outbox_core::{Error, Secret};
 
 /// Default wait for the PUBACKs of one call.
@@ -13,9 +14,20 @@ pub const DEFAULT_MAX_MESSAGE_SIZE: u64 = 256 << 20;
 /// Default keep-alive: how often the client pings an idle connection.
 pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(30);
 const DEFAULT_PORT: u16 = 1883;
+const DEFAULT_TLS_PORT: u16 = 8883;
 
-/// Options this sink reads from the URL's query.
-pub const OPTIONS: &[&str] = &["client_id", "ack_timeout", "max_message_size", "keep_alive"];
+/// Options this sink reads from the URL's query: its own, TLS and the password.
+pub const OPTIONS: &[&str] = &[
+    "client_id",
+    "ack_timeout",
+    "max_message_size",
+    "keep_alive",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+    "password_file",
+    "password_env",
+];
 
 /// Where and how to publish over MQTT v5.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,10 +49,31 @@ pub struct MqttConfig {
     pub keep_alive: Duration,
     /// The URL with its credentials masked, for logs and errors.
     pub display: String,
+    /// `Some` for `mqtts://`: the CA and client certificate, read when the URL was parsed
+    /// (`None` of each: the system's roots, no client certificate).
+    pub tls: Option<MqttTls>,
+}
+
+/// The TLS material of an `mqtts://` connection.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MqttTls {
+    /// The CA bundle (PEM); `None`: the system's roots.
+    pub ca: Option<Vec<u8>>,
+    /// The client certificate (PEM) and its key.
+    pub client: Option<(Vec<u8>, Secret)>,
+}
+
+impl std::fmt::Debug for MqttTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MqttTls")
+            .field("ca", &self.ca.is_some())
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
 }
 
 impl MqttConfig {
-    /// Parses `mqtt://[user:pass@]host[:port][?client_id=…&ack_timeout=5s&max_message_size=256MiB&keep_alive=30s]`.
+    /// Parses `mqtt[s]://[user:pass@]host[:port][?client_id=…&ack_timeout=5s&max_message_size=256MiB&keep_alive=30s&tls_ca=…&tls_cert=…&tls_key=…&password_file=…]`.
     /// Any other option is a config error naming it.
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let (base, o) = QueryOptions::from_url(Role::Sink, url, OPTIONS)?;
@@ -54,10 +87,14 @@ impl MqttConfig {
         let shown = outbox_core::redact::url(base);
         let bad = || {
             Error::config(format!(
-                "`{shown}`: expected mqtt://[user:pass@]host[:port]"
+                "`{shown}`: expected mqtt[s]://[user:pass@]host[:port]"
             ))
         };
-        let rest = base.strip_prefix("mqtt://").ok_or_else(bad)?;
+        let secure = base.starts_with("mqtts://");
+        let rest = base
+            .strip_prefix("mqtt://")
+            .or_else(|| base.strip_prefix("mqtts://"))
+            .ok_or_else(bad)?;
         let rest = rest.strip_suffix('/').unwrap_or(rest);
         let (userinfo, hostport) = match rest.rsplit_once('@') {
             Some((u, h)) => (Some(u), h),
@@ -68,15 +105,48 @@ impl MqttConfig {
         }
         let (host, port) = match hostport.rsplit_once(':') {
             Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad())?),
-            None => (hostport, DEFAULT_PORT),
+            None => (
+                hostport,
+                if secure {
+                    DEFAULT_TLS_PORT
+                } else {
+                    DEFAULT_PORT
+                },
+            ),
         };
         if host.is_empty() {
             return Err(bad());
         }
-        let credentials = userinfo.map(|u| match u.split_once(':') {
+        let role = match o.role() {
+            Role::Sink => "sink",
+            Role::Source => "source",
+        };
+        let conn = format!("{role} {shown}");
+        let mut credentials = userinfo.map(|u| match u.split_once(':') {
             Some((user, pass)) => (user.to_string(), Secret::new(pass)),
             None => (u.to_string(), Secret::new("")),
         });
+        if o.has("password_file") || o.has("password_env") {
+            let Some((user, in_url)) = credentials.take() else {
+                return Err(Error::config(format!(
+                    "{conn}: a password needs a user name: mqtt[s]://USER@host?password_file=…"
+                )));
+            };
+            let in_url = Some(in_url).filter(|p| !p.expose().is_empty());
+            credentials = tls::password(o, &conn, in_url)?.map(|p| (user, p));
+        }
+        let tls = TlsOptions::from_query(o, &conn)?;
+        if tls.any() && !secure {
+            return Err(Error::config(format!(
+                "{conn}: tls_ca, tls_cert and tls_key need TLS: write mqtts://"
+            )));
+        }
+        if tls.client.is_some() && tls.ca.is_none() {
+            return Err(Error::config(format!(
+                "{conn}: a client certificate (tls_cert, tls_key) needs tls_ca, the CA that \
+                 signed the broker's certificate"
+            )));
+        }
         let client_id = o.non_empty("client_id")?;
         if let Some(id) = client_id.filter(|id| id.len() > 65_535) {
             return Err(o.invalid("client_id", id, "at most 65,535 bytes"));
@@ -100,11 +170,20 @@ impl MqttConfig {
                 )?
                 .unwrap_or(DEFAULT_KEEP_ALIVE),
             display: outbox_core::redact::url(base),
+            tls: if secure {
+                Some(MqttTls {
+                    ca: tls.ca_pem(&conn)?,
+                    client: tls.client_pem(&conn)?,
+                })
+            } else {
+                None
+            },
         })
     }
 
     /// Client options for `client_id`: MQTT v5, the credentials, the keep-alive, a connect
     /// timeout of at least a second, and `max_packet` as the largest packet accepted.
+    /// With `mqtts://`, TLS with the CA and client certificate given.
     pub fn options(&self, client_id: String, max_packet: u32) -> rumqttc::v5::MqttOptions {
         let mut o = rumqttc::v5::MqttOptions::new(client_id, self.host.clone(), self.port);
         o.set_keep_alive(self.keep_alive)
@@ -120,6 +199,21 @@ impl MqttConfig {
         o.set_network_options(net);
         if let Some((user, pass)) = &self.credentials {
             o.set_credentials(user.clone(), pass.expose().to_string());
+        }
+        if let Some(tls) = &self.tls {
+            crate::install_tls_provider();
+            let configuration = match &tls.ca {
+                None => rumqttc::TlsConfiguration::default(),
+                Some(ca) => rumqttc::TlsConfiguration::Simple {
+                    ca: ca.clone(),
+                    alpn: None,
+                    client_auth: tls
+                        .client
+                        .as_ref()
+                        .map(|(cert, key)| (cert.clone(), key.expose().as_bytes().to_vec())),
+                },
+            };
+            o.set_transport(rumqttc::Transport::tls_with_config(configuration));
         }
         o
     }
@@ -162,7 +256,7 @@ mod tests {
             "mqtt://",
             "mqtt://h:port",
             "mqtt://h/topic",
-            "mqtts://h",
+            "ws://h",
         ] {
             assert!(MqttConfig::from_url(bad).is_err(), "{bad}");
         }

@@ -31,19 +31,15 @@ pub(crate) fn puback(topic: &str, reason: &PubAckReason) -> Result<(), SinkError
 
 /// The error every message in flight gets when the connection fails with `err`.
 ///
-/// Refused credentials or authorisation (`BadUserNamePassword`, `NotAuthorized`, `Banned`) are
-/// rejections: retrying cannot fix them and they must not hold the circuit open. The broker
-/// being busy or unavailable, lost or refused connections, timeouts and everything else at the
-/// connection level are outages.
+/// Everything at the connection level is an outage, refused credentials included
+/// (`BadUserNamePassword`, `NotAuthorized`, `Banned`): a password rotated on the broker before
+/// the relay's is the connection's fault, not the messages', and the relay keeps them pending
+/// (the circuit opens) until an operator mends it, rather than failing each after its attempts.
+/// The error names the broker and the cause. A client id the broker refuses stays a rejection.
 pub(crate) fn connection(display: &str, err: &ConnectionError) -> SinkError {
     let kind = match err {
         ConnectionError::ConnectionRefused(
-            ConnectReturnCode::BadUserNamePassword
-            | ConnectReturnCode::NotAuthorized
-            | ConnectReturnCode::Banned
-            | ConnectReturnCode::BadAuthenticationMethod
-            | ConnectReturnCode::ClientIdentifierNotValid
-            | ConnectReturnCode::BadClientId,
+            ConnectReturnCode::ClientIdentifierNotValid | ConnectReturnCode::BadClientId,
         ) => SinkErrorKind::Rejected,
         _ => SinkErrorKind::Unavailable,
     };
@@ -80,10 +76,15 @@ mod tests {
     }
 
     #[test]
-    fn refused_credentials_are_rejections_and_lost_connections_outages() {
+    fn refused_credentials_and_lost_connections_are_outages() {
         let refused = ConnectionError::ConnectionRefused(ConnectReturnCode::BadUserNamePassword);
         assert_eq!(
             connection("mqtt://h", &refused).kind,
+            SinkErrorKind::Unavailable
+        );
+        let bad_id = ConnectionError::ConnectionRefused(ConnectReturnCode::BadClientId);
+        assert_eq!(
+            connection("mqtt://h", &bad_id).kind,
             SinkErrorKind::Rejected
         );
         let busy = ConnectionError::ConnectionRefused(ConnectReturnCode::ServerBusy);

@@ -52,6 +52,9 @@ struct Shared {
     connected: AtomicBool,
     /// The largest packet the broker accepts (its CONNACK's maximum packet size, if any).
     broker_max_packet: AtomicU32,
+    /// Why the last connection attempt failed (a refused TLS handshake, a refused login),
+    /// until one succeeds: the publishes refused meanwhile say it.
+    last_failure: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -109,9 +112,22 @@ impl MqttSink {
             }),
             connected: AtomicBool::new(false),
             broker_max_packet: AtomicU32::new(u32::MAX),
+            last_failure: Mutex::new(None),
         });
         let task = tokio::spawn(run(shared.clone(), eventloop));
         Ok(Self { shared, task })
+    }
+
+    /// Waits up to `limit` for the first connection (a TLS handshake takes a few round trips
+    /// more than a plain connect), so that the relay's first publishes do not find the sink
+    /// still connecting and count an outage that is none. Returns either way: a broker that is
+    /// down stays an outage of the publishes, not an error here.
+    pub async fn wait_connected(&self, limit: Duration) {
+        let until = tokio::time::Instant::now() + limit;
+        while !self.shared.connected.load(Ordering::Acquire) && tokio::time::Instant::now() < until
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// A topic MQTT accepts for a publish: not empty, no wildcard (`+`, `#`), no NUL, at most
@@ -152,6 +168,10 @@ async fn run(shared: Arc<Shared>, mut eventloop: EventLoop) {
                     .unwrap_or(u32::MAX);
                 shared.broker_max_packet.store(max, Ordering::Relaxed);
                 shared.connected.store(true, Ordering::Release);
+                *shared
+                    .last_failure
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = None;
                 info!(sink = "mqtt", broker = %shared.cfg.display, "connected to the MQTT broker");
             }
             Ok(Event::Outgoing(Outgoing::Publish(pkid))) => {
@@ -175,6 +195,10 @@ async fn run(shared: Arc<Shared>, mut eventloop: EventLoop) {
             Err(e) => {
                 let err = error::connection(&shared.cfg.display, &e);
                 warn!(sink = "mqtt", error = %err, "MQTT connection failed; reconnecting");
+                *shared
+                    .last_failure
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(err.message.clone());
                 let (client, fresh) = shared.new_client();
                 let queued = {
                     let mut conn = shared.lock();
@@ -214,10 +238,19 @@ impl Sink for MqttSink {
                     continue;
                 }
                 if !connected {
-                    results[i] = Some(Err(SinkError::unavailable(format!(
-                        "mqtt: not connected to {}",
-                        self.shared.cfg.display
-                    ))));
+                    let why = self
+                        .shared
+                        .last_failure
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    results[i] = Some(Err(SinkError::unavailable(match why {
+                        Some(why) => format!(
+                            "mqtt: not connected to {}; the last attempt: {why}",
+                            self.shared.cfg.display
+                        ),
+                        None => format!("mqtt: not connected to {}", self.shared.cfg.display),
+                    })));
                     continue;
                 }
                 // A CloudEvents envelope's content type goes to the Content Type property (the

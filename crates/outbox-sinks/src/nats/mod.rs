@@ -6,7 +6,7 @@ mod error;
 mod reader;
 mod sink;
 
-pub use config::{NatsAuth, NatsConfig};
+pub use config::{NatsAuth, NatsConfig, OPTIONS};
 pub(crate) use reader::scratch;
 pub use reader::{create_stream, NatsReader};
 pub use sink::NatsSink;

@@ -43,7 +43,42 @@ pub struct NatsSink {
 impl NatsSink {
     /// Connects to the server. If it is down, the client keeps reconnecting in the background
     /// and publishes fail (and are retried) until it is back, rather than failing the relay.
+    ///
+    /// A refused TLS handshake (a wrong CA, an expired certificate or one for another host) or
+    /// refused credentials is not a server that is down: the first attempt reports it at once,
+    /// as a configuration error naming the server and the cause, and the relay does not start
+    /// (its messages stay pending).
     pub async fn connect(cfg: NatsConfig) -> Result<Self, Error> {
+        if let Err(e) = cfg
+            .connect_options()
+            .connection_timeout(std::time::Duration::from_secs(5))
+            .connect(&cfg.url)
+            .await
+        {
+            use async_nats::ConnectErrorKind as K;
+            // The client reports a certificate it refused as an I/O error of kind InvalidData
+            // (rustls's own error inside); a refused connection or a reset stays an outage.
+            let bad_certificate = matches!(e.kind(), K::Io)
+                && std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<std::io::Error>())
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData);
+            if bad_certificate
+                || matches!(
+                    e.kind(),
+                    K::Tls | K::Authentication | K::AuthorizationViolation
+                )
+            {
+                return Err(Error::with_source(
+                    ErrorKind::Config,
+                    format!(
+                        "nats: cannot connect to {}: {}",
+                        outbox_core::redact::url(&cfg.url),
+                        outbox_core::redact::sanitize(&crate::error_chain(&e))
+                    ),
+                    e,
+                ));
+            }
+        }
         let denied = Denied::default();
         let noted = denied.clone();
         let client = cfg

@@ -6,7 +6,9 @@ mod error;
 mod reader;
 mod sink;
 
-pub use config::{RedisConfig, DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_MESSAGE_SIZE};
+pub use config::{
+    RedisConfig, RedisConnection, CONNECTION_OPTIONS, DEFAULT_ACK_TIMEOUT, DEFAULT_MAX_MESSAGE_SIZE,
+};
 pub(crate) use reader::scratch;
 pub use reader::RedisReader;
 pub use sink::RedisSink;

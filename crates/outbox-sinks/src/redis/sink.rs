@@ -193,7 +193,7 @@ impl Sink for RedisSink {
             Ok(Ok(r)) => r,
             Ok(Err(err)) => {
                 for &i in &sent {
-                    results[i] = Err(classify(&batch[i].destination, &err));
+                    results[i] = Err(classify(&self.cfg.display, &batch[i].destination, &err));
                 }
                 return results;
             }
@@ -212,7 +212,7 @@ impl Sink for RedisSink {
                 // An entry id, or nil (`false` from the script): a duplicate inside the window,
                 // already in the stream.
                 Some(Ok(_)) => Ok(()),
-                Some(Err(err)) => Err(classify(&batch[i].destination, err)),
+                Some(Err(err)) => Err(classify(&self.cfg.display, &batch[i].destination, err)),
                 None => Err(SinkError::rejected(format!(
                     "redis: no reply for the XADD to stream `{}`",
                     batch[i].destination
