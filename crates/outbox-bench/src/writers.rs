@@ -85,7 +85,16 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         ctx.options.clients, duration, ctx.options.accounts, ctx.options.payload_bytes
     );
     let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "writers").await?;
-    let result = measure(ctx, &scratch, duration).await;
+    // `emit` goes through `outbox_emit`, which exists with the group's CDC setup and refuses
+    // while the group has no slot: the scratch schema gets both for the run, dropped after it.
+    let names = outbox_postgres::cdc::CdcNames::new(&scratch.schema, "bench")?;
+    let result = match outbox_postgres::cdc::setup::migrate_cdc(&scratch.pool, &names).await {
+        Ok(_) => measure(ctx, &scratch, duration).await,
+        Err(e) => Err(e.into()),
+    };
+    if let Err(error) = outbox_postgres::cdc::setup::drop_cdc(&scratch.pool, &names).await {
+        eprintln!("outbox bench: the writers run's CDC slot could not be dropped: {error}");
+    }
     scratch.drop().await;
     let tps = result?;
     Ok(report(ctx, &tps))
