@@ -23,12 +23,14 @@ BEGIN
       USING ERRCODE = '55000', HINT = 'run outbox migrate --cdc for this schema';
   END IF;
   PERFORM pg_advisory_xact_lock_shared(hashtext('outbox-cdc-slot:' || slot));
+  -- The columns PostgreSQL 16 and 17 added are read from one JSON image of the row (a column
+  -- an older server lacks reads as NULL), built once per call: this runs in every emit.
   IF NOT EXISTS (
-      SELECT 1 FROM pg_replication_slots AS s
+      SELECT 1 FROM pg_replication_slots AS s, LATERAL (SELECT to_jsonb(s) AS j) AS r
       WHERE s.slot_name = slot AND s.database = current_database()
         AND s.wal_status IS DISTINCT FROM 'lost'
-        AND (to_jsonb(s) ->> 'invalidation_reason') IS NULL
-        AND NOT coalesce((to_jsonb(s) ->> 'conflicting')::boolean, false)) THEN
+        AND (r.j ->> 'invalidation_reason') IS NULL
+        AND NOT coalesce((r.j ->> 'conflicting')::boolean, false)) THEN
     RAISE EXCEPTION 'outbox_emit: the CDC slot % is missing or lost, so this message would never be published', slot
       USING ERRCODE = '55000',
             HINT = 'the relay makes the slot again within seconds (docs/cdc.md, "When the slot is lost"); retry the transaction';

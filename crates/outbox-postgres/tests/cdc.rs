@@ -140,6 +140,26 @@ async fn drain_n(s: &CdcStore, n: usize, within: Duration) -> Vec<Message> {
     all
 }
 
+/// Claims and publishes until the numbers handed out so far satisfy `done`, failing the test
+/// past `within`: for a message that may come after redeliveries of earlier ones.
+async fn drain_until(
+    s: &CdcStore,
+    within: Duration,
+    done: impl Fn(&[u64]) -> bool,
+) -> Vec<Message> {
+    let until = Instant::now() + within;
+    let mut got = Vec::new();
+    while !done(&numbers(&got)) {
+        assert!(
+            Instant::now() < until,
+            "not yet after {within:?}: {:?}",
+            numbers(&got)
+        );
+        got.extend(drain_n(s, 1, Duration::from_secs(1)).await);
+    }
+    got
+}
+
 async fn publish(s: &CdcStore, got: &[Message]) {
     let outcomes: Vec<Outcome> = got
         .iter()
@@ -1604,15 +1624,7 @@ async fn a_key_whose_sink_stays_down_is_parked_so_the_slot_moves() {
     // The slot confirms past the held key's transaction now.
     // (A `busy` message written in the loop's last round may come first.)
     write(&pool, &schema, "busy", 500..501).await;
-    let until = Instant::now() + Duration::from_secs(10);
-    let mut after = Vec::new();
-    while !numbers(&after).contains(&500) {
-        assert!(
-            Instant::now() < until,
-            "the message after the parked key never came"
-        );
-        after.extend(drain_n(&s, 1, Duration::from_secs(1)).await);
-    }
+    drain_until(&s, Duration::from_secs(10), |n| n.contains(&500)).await;
     wait_confirmed(&pool, &s, &names.slot).await;
     // The sink is back: the parked messages go out, in order.
     let back = worker_until_all(&s, 3, Duration::from_secs(30)).await;
@@ -1667,12 +1679,7 @@ async fn a_silent_server_is_given_up_and_the_stream_made_again() {
     proxy.open();
     // 0 and 1 may come again first: their confirmation may not have reached the server before
     // the silence (at least once, same ids).
-    let until = Instant::now() + Duration::from_secs(30);
-    let mut got = Vec::new();
-    while !numbers(&got).ends_with(&[2, 3]) {
-        assert!(Instant::now() < until, "{:?}", numbers(&got));
-        got.extend(drain_n(&s, 1, Duration::from_secs(1)).await);
-    }
+    let got = drain_until(&s, Duration::from_secs(30), |n| n.ends_with(&[2, 3])).await;
     assert!(numbers(&got).iter().all(|n| *n < 4), "{:?}", numbers(&got));
     s.release(&member()).await.unwrap();
     drop(s);
