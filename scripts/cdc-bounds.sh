@@ -63,7 +63,7 @@ backlog)
   end_lsn=$(q "SELECT pg_current_wal_lsn()")
   echo "cdc-bounds: written in $(echo "$(now) - $t0" | bc) s; last commit before $end_lsn"
   t0=$(now)
-  "$bin" relay --database-url "$url" --schema "$schema" --mode cdc --sink stdout \
+  "$bin" relay --database-url "$url" --schema "$schema" --mode cdc --sink stdout: \
     >/dev/null 2>"$work/relay.log" &
   relay_pid=$!
   peak=0
@@ -87,7 +87,7 @@ route-down)
   down_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   "$bin" relay --database-url "$url" --schema "$schema" --mode cdc \
     --route "event_type=down.*; sink=nats://127.0.0.1:$down_port; name=down" \
-    --route "sink=stdout; name=busy" \
+    --route "sink=stdout:; name=busy" \
     >/dev/null 2>"$work/relay.log" &
   relay_pid=$!
   cat >"$work/busy.sql" <<SQL
@@ -102,7 +102,7 @@ VALUES ('pay', 'p' || :k, 'down.created', '{"amount": 1}');
 SQL
   secs=$(( minutes * 60 ))
   echo "cdc-bounds: route 'down' to 127.0.0.1:$down_port (nothing listens) beside 'busy' for $minutes min, 200 tx/s"
-  pgbench -n -q "$url" -c 4 -j 1 -R 200 -T "$secs" -f "$work/busy.sql@99" -f "$work/down.sql@1" \
+  pgbench -n "$url" -c 4 -j 1 -R 200 -T "$secs" -f "$work/busy.sql@99" -f "$work/down.sql@1" \
     >"$work/pgbench.log" 2>&1 &
   bench_pid=$!
   printf '%6s  %14s  %12s  %8s  %8s  %7s\n' "t (s)" "confirmed" "held (KiB)" "RSS MiB" "CPU s" "parked"
@@ -115,7 +115,7 @@ SQL
     parked=$(q "SELECT count(*) FROM $schema.outbox_parked")
     printf '%6s  %14s  %12s  %8s  %8s  %7s\n' "$(( $(date +%s) - start ))" "$c" "$held" "$(rss)" "$(cpu)" "$parked"
   done
-  wait "$bench_pid" || true
+  wait "$bench_pid" || { echo "cdc-bounds: pgbench failed:"; tail -5 "$work/pgbench.log"; exit 1; }
   written=$(q "SELECT count(*) FROM $schema.outbox")
   echo "cdc-bounds: $written messages written; peak relay RSS $(hwm) MiB; relay CPU $(cpu) s" \
     "($(echo "scale=0; $(cpu) * 1000000 / $written" | bc) us per message written)"
