@@ -1,16 +1,75 @@
 //! The least-privilege logins of one `outbox verify` run: a writer, a relay and an operator, each
-//! holding only its part's grants (docs/roles.md), made for the run and dropped after it, so the
-//! guarantees are checked as production runs them, not as a superuser.
+//! holding only its part's grants (docs/roles.md on PostgreSQL; on MySQL/MariaDB the table
+//! "Least privileges" of docs/engine-mysql.md, [`MYSQL_GRANTS`]), made for the run and dropped
+//! after it, so the guarantees are checked as production runs them, not as a superuser.
 
 use anyhow::Context as _;
 use outbox_core::{Grant, Part};
 use outbox_db::Database;
+
+/// The grants of docs/engine-mysql.md's "Least privileges", word for word, with `{db}` the
+/// outbox's database and `{user}` the account; `{monitor}` is MariaDB's `BINLOG MONITOR`
+/// (MySQL's `REPLICATION CLIENT`). The writer's grant names a table, so it is given once the
+/// operator made it. `tests/grants.rs` of outbox-mysql checks the same list.
+pub struct MysqlGrants {
+    /// The writer: the plain insert (the trigger runs with its definer's rights).
+    pub writer: &'static [&'static str],
+    /// The relay, either route.
+    pub relay: &'static [&'static str],
+    /// The relay on the binlog route, beside `relay`.
+    pub relay_binlog: &'static [&'static str],
+    /// The operator (`outbox migrate`).
+    pub operator: &'static [&'static str],
+    /// The operator of `outbox migrate --binlog`, beside `operator`.
+    pub operator_binlog: &'static [&'static str],
+    /// The operator, where the server writes a binlog and does not trust function creators:
+    /// `CREATE TRIGGER` needs it.
+    pub operator_binlog_on: &'static [&'static str],
+}
+
+/// See [`MysqlGrants`].
+pub const MYSQL_GRANTS: MysqlGrants = MysqlGrants {
+    writer: &["GRANT INSERT ON {db}.outbox TO {user}"],
+    relay: &[
+        "GRANT SELECT, INSERT, UPDATE, DELETE, ALTER, DROP ON {db}.* TO {user}",
+        "GRANT PROCESS ON *.* TO {user}",
+    ],
+    relay_binlog: &["GRANT REPLICATION SLAVE, {monitor} ON *.* TO {user}"],
+    operator: &[
+        "GRANT CREATE, ALTER, DROP, INDEX, TRIGGER, CREATE VIEW, SELECT, INSERT, UPDATE, DELETE \
+         ON {db}.* TO {user}",
+    ],
+    operator_binlog: &["GRANT {monitor} ON *.* TO {user}"],
+    operator_binlog_on: &["GRANT SUPER ON *.* TO {user}"],
+};
+
+impl MysqlGrants {
+    /// `grants` for account `user` (already quoted, `'name'@'%'`) on database `db`.
+    pub fn render(grants: &[&str], db: &str, user: &str, mariadb: bool) -> Vec<String> {
+        let monitor = if mariadb {
+            "BINLOG MONITOR"
+        } else {
+            "REPLICATION CLIENT"
+        };
+        grants
+            .iter()
+            .map(|g| {
+                g.replace("{db}", db)
+                    .replace("{user}", user)
+                    .replace("{monitor}", monitor)
+            })
+            .collect()
+    }
+}
 
 /// A login's name and password.
 pub type Login = (String, String);
 
 /// The run's logins (the URL's own user, an administrator, made them).
 pub struct Logins {
+    /// MySQL/MariaDB: the run's database (the logins' URLs name it), whether the server is
+    /// MariaDB; `None` on PostgreSQL.
+    mysql: Option<(String, bool)>,
     /// Owns the outbox tables and runs the migrations, as docs/roles.md has it: a role of its
     /// own that may create a schema (and, for CDC mode, replicate).
     pub owner: Login,
@@ -32,6 +91,7 @@ impl Logins {
             )
         };
         let logins = Self {
+            mysql: None,
             owner: login("owner"),
             writer: login("writer"),
             relay: login("relay"),
@@ -48,10 +108,87 @@ impl Logins {
         Ok(logins)
     }
 
+    /// MySQL/MariaDB: creates the writer, the relay and the operator as accounts (`'name'@'%'`)
+    /// and gives the relay and the operator their grants ([`MYSQL_GRANTS`]); the operator owns
+    /// the outbox (it runs `outbox migrate`, which creates the database). `binlog`: the grants
+    /// of the binlog route too. The writer's grant waits for the table ([`Logins::grant`]).
+    pub async fn make_mysql(db: &Database, binlog: bool) -> anyhow::Result<Self> {
+        let schema = db.schema().to_string();
+        let login = |part: &str| {
+            (
+                format!("{schema}_{part}"),
+                format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
+            )
+        };
+        let (version, log_bin, trusted): (String, i64, i64) = db
+            .fetch_one(
+                "SELECT @@version, CAST(@@log_bin AS SIGNED), \
+                 CAST(@@log_bin_trust_function_creators AS SIGNED)",
+                &[],
+            )
+            .await
+            .context("reading the server's version and binlog settings")?;
+        let mariadb = version.contains("MariaDB");
+        let operator = login("operator");
+        let logins = Self {
+            mysql: Some((schema.clone(), mariadb)),
+            owner: operator.clone(),
+            writer: login("writer"),
+            relay: login("relay"),
+            operator,
+        };
+        let g = &MYSQL_GRANTS;
+        let mut relay: Vec<&str> = g.relay.to_vec();
+        let mut operator: Vec<&str> = g.operator.to_vec();
+        if binlog {
+            relay.extend(g.relay_binlog);
+            operator.extend(g.operator_binlog);
+        }
+        if log_bin == 1 && trusted == 0 {
+            operator.extend(g.operator_binlog_on);
+        }
+        for ((name, password), grants) in [
+            (&logins.writer, &[][..]),
+            (&logins.relay, &relay[..]),
+            (&logins.operator, &operator[..]),
+        ] {
+            let user = account(name)?;
+            // `{schema}` is rendered by `execute_script`; the password is random hex.
+            db.execute_script(&format!("CREATE USER {user} IDENTIFIED BY '{password}'"))
+                .await
+                .with_context(|| format!("creating the account {user}"))?;
+            for sql in MysqlGrants::render(grants, &schema, &user, mariadb) {
+                db.execute_script(&sql)
+                    .await
+                    .with_context(|| format!("`{sql}`"))?;
+            }
+        }
+        Ok(logins)
+    }
+
+    /// MySQL/MariaDB: the owner's (the operator's) URL naming no database: `outbox migrate`
+    /// creates it.
+    pub fn owner_url(&self, url: &str) -> anyhow::Result<String> {
+        let as_owner = outbox_db::url_as(url, &self.owner.0, &self.owner.1)?;
+        Ok(match &self.mysql {
+            Some(_) => with_database(&as_owner, ""),
+            None => as_owner,
+        })
+    }
+
     /// Grants each login its part, once the owner made the tables (again after the CDC setup:
     /// the relay's REPLICATION). `db` is the administrator's: the relay's membership of the
-    /// owner role takes one.
+    /// owner role takes one (on MySQL/MariaDB, the grants on the tables).
     pub async fn grant(&self, db: &Database) -> anyhow::Result<()> {
+        if let Some((schema, mariadb)) = &self.mysql {
+            let user = account(&self.writer.0)?;
+            for sql in MysqlGrants::render(MYSQL_GRANTS.writer, schema, &user, *mariadb) {
+                db.execute_script(&sql)
+                    .await
+                    .with_context(|| format!("`{sql}`"))?;
+            }
+            return Ok(());
+        }
         let grants = [
             Grant::new(Part::Writer, &self.writer.0)?,
             Grant::new(Part::Relay, &self.relay.0)?,
@@ -67,13 +204,33 @@ impl Logins {
         Ok(())
     }
 
-    /// `url` logging in as `login`.
+    /// `url` logging in as `login` (on MySQL/MariaDB, in the run's database: a login may not
+    /// open the URL's own).
     pub fn url(&self, url: &str, login: &Login) -> anyhow::Result<String> {
-        Ok(outbox_db::url_as(url, &login.0, &login.1)?)
+        let as_login = outbox_db::url_as(url, &login.0, &login.1)?;
+        Ok(match &self.mysql {
+            Some((schema, _)) => with_database(&as_login, schema),
+            None => as_login,
+        })
     }
 
     /// Drops every login (after the run's schema is gone, or with what they hold in it).
     pub async fn drop_all(&self, db: &Database) {
+        if self.mysql.is_some() {
+            for (name, _) in [&self.writer, &self.relay, &self.operator] {
+                let dropped = match account(name) {
+                    Ok(user) => db
+                        .execute_script(&format!("DROP USER IF EXISTS {user}"))
+                        .await
+                        .map_err(anyhow::Error::from),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = dropped {
+                    eprintln!("verify: the account `{name}` was not dropped: {e:#}");
+                }
+            }
+            return;
+        }
         for (name, _) in self.all() {
             if let Err(e) = db.drop_login(name).await {
                 eprintln!("verify: the login `{name}` was not dropped: {e}");
@@ -83,5 +240,59 @@ impl Logins {
 
     fn all(&self) -> [&Login; 4] {
         [&self.writer, &self.relay, &self.operator, &self.owner]
+    }
+}
+
+/// `'name'@'%'`, for a plain name (validated: it goes into the statement).
+fn account(name: &str) -> anyhow::Result<String> {
+    anyhow::ensure!(
+        outbox_core::identifier::is_plain(name, 32),
+        "verify: account `{name}` is not a plain identifier of at most 32 characters"
+    );
+    Ok(format!("'{name}'@'%'"))
+}
+
+/// `url` with its path (the database) replaced by `database` (none when empty), its query kept.
+fn with_database(url: &str, database: &str) -> String {
+    let Some((scheme, after)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = after.find(['/', '?', '#']).unwrap_or(after.len());
+    let (authority, rest) = after.split_at(end);
+    let query = rest.find(['?', '#']).map_or("", |q| &rest[q..]);
+    format!("{scheme}://{authority}/{database}{query}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_login_url_names_the_runs_database_and_keeps_the_query() {
+        assert_eq!(
+            with_database("mysql://u:p@127.0.0.1:3307/test?ssl-mode=disabled", "run_1"),
+            "mysql://u:p@127.0.0.1:3307/run_1?ssl-mode=disabled"
+        );
+        assert_eq!(
+            with_database("mysql://u:p@h:3306", "run_1"),
+            "mysql://u:p@h:3306/run_1"
+        );
+        assert_eq!(
+            with_database("mysql://u:p@h:3306/test", ""),
+            "mysql://u:p@h:3306/"
+        );
+    }
+
+    #[test]
+    fn the_grants_name_the_database_the_account_and_the_servers_monitor_privilege() {
+        let g = MysqlGrants::render(MYSQL_GRANTS.relay_binlog, "shop", "'r'@'%'", true);
+        assert_eq!(
+            g,
+            ["GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO 'r'@'%'"]
+        );
+        let g = MysqlGrants::render(MYSQL_GRANTS.operator_binlog, "shop", "'o'@'%'", false);
+        assert_eq!(g, ["GRANT REPLICATION CLIENT ON *.* TO 'o'@'%'"]);
+        assert!(account("outbox_verify_0123abcd_operator").is_ok());
+        assert!(account("x'; DROP").is_err());
     }
 }
