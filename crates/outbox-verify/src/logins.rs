@@ -12,7 +12,8 @@ use outbox_db::Database;
 /// (MySQL's `REPLICATION CLIENT`). The writer's grant names a table, so it is given once the
 /// operator made it. `tests/grants.rs` of outbox-mysql checks the same list.
 pub struct MysqlGrants {
-    /// The writer: the plain insert (the trigger runs with its definer's rights).
+    /// The writer: the plain insert (the trigger runs with its definer's rights), and the
+    /// position counters the writer API's batch over several keys locks first.
     pub writer: &'static [&'static str],
     /// The relay, either route.
     pub relay: &'static [&'static str],
@@ -29,7 +30,10 @@ pub struct MysqlGrants {
 
 /// See [`MysqlGrants`].
 pub const MYSQL_GRANTS: MysqlGrants = MysqlGrants {
-    writer: &["GRANT INSERT ON {db}.outbox TO {user}"],
+    writer: &[
+        "GRANT INSERT ON {db}.outbox TO {user}",
+        "GRANT SELECT ON {db}.outbox_part_seq TO {user}",
+    ],
     relay: &[
         "GRANT SELECT, INSERT, UPDATE, DELETE, ALTER, DROP ON {db}.* TO {user}",
         "GRANT PROCESS ON *.* TO {user}",
