@@ -1,70 +1,12 @@
 //! The least-privilege logins of one `outbox verify` run: a writer, a relay and an operator, each
 //! holding only its part's grants (docs/roles.md on PostgreSQL; on MySQL/MariaDB the table
-//! "Least privileges" of docs/engine-mysql.md, [`MYSQL_GRANTS`]), made for the run and dropped
+//! "Least privileges" of docs/engine-mysql.md, [`outbox_mysql::grants::DOCUMENTED`]), made for the run and dropped
 //! after it, so the guarantees are checked as production runs them, not as a superuser.
 
 use anyhow::Context as _;
 use outbox_core::{Grant, Part};
 use outbox_db::Database;
-
-/// The grants of docs/engine-mysql.md's "Least privileges", word for word, with `{db}` the
-/// outbox's database and `{user}` the account; `{monitor}` is MariaDB's `BINLOG MONITOR`
-/// (MySQL's `REPLICATION CLIENT`). The writer's grant names a table, so it is given once the
-/// operator made it. `tests/grants.rs` of outbox-mysql checks the same list.
-pub struct MysqlGrants {
-    /// The writer: the plain insert (the trigger runs with its definer's rights), and the
-    /// position counters the writer API's batch over several keys locks first.
-    pub writer: &'static [&'static str],
-    /// The relay, either route.
-    pub relay: &'static [&'static str],
-    /// The relay on the binlog route, beside `relay`.
-    pub relay_binlog: &'static [&'static str],
-    /// The operator (`outbox migrate`).
-    pub operator: &'static [&'static str],
-    /// The operator of `outbox migrate --binlog`, beside `operator`.
-    pub operator_binlog: &'static [&'static str],
-    /// The operator, where the server writes a binlog and does not trust function creators:
-    /// `CREATE TRIGGER` needs it.
-    pub operator_binlog_on: &'static [&'static str],
-}
-
-/// See [`MysqlGrants`].
-pub const MYSQL_GRANTS: MysqlGrants = MysqlGrants {
-    writer: &[
-        "GRANT INSERT ON {db}.outbox TO {user}",
-        "GRANT SELECT ON {db}.outbox_part_seq TO {user}",
-    ],
-    relay: &[
-        "GRANT SELECT, INSERT, UPDATE, DELETE, ALTER, DROP ON {db}.* TO {user}",
-        "GRANT PROCESS ON *.* TO {user}",
-    ],
-    relay_binlog: &["GRANT REPLICATION SLAVE, {monitor} ON *.* TO {user}"],
-    operator: &[
-        "GRANT CREATE, ALTER, DROP, INDEX, TRIGGER, CREATE VIEW, SELECT, INSERT, UPDATE, DELETE \
-         ON {db}.* TO {user}",
-    ],
-    operator_binlog: &["GRANT {monitor} ON *.* TO {user}"],
-    operator_binlog_on: &["GRANT SUPER ON *.* TO {user}"],
-};
-
-impl MysqlGrants {
-    /// `grants` for account `user` (already quoted, `'name'@'%'`) on database `db`.
-    pub fn render(grants: &[&str], db: &str, user: &str, mariadb: bool) -> Vec<String> {
-        let monitor = if mariadb {
-            "BINLOG MONITOR"
-        } else {
-            "REPLICATION CLIENT"
-        };
-        grants
-            .iter()
-            .map(|g| {
-                g.replace("{db}", db)
-                    .replace("{user}", user)
-                    .replace("{monitor}", monitor)
-            })
-            .collect()
-    }
-}
+use outbox_mysql::grants::{self, DOCUMENTED};
 
 /// A login's name and password.
 pub type Login = (String, String);
@@ -113,10 +55,13 @@ impl Logins {
     }
 
     /// MySQL/MariaDB: creates the writer, the relay and the operator as accounts (`'name'@'%'`)
-    /// and gives the relay and the operator their grants ([`MYSQL_GRANTS`]); the operator owns
+    /// and gives the relay and the operator their grants ([`DOCUMENTED`]); the operator owns
     /// the outbox (it runs `outbox migrate`, which creates the database). `binlog`: the grants
     /// of the binlog route too. The writer's grant waits for the table ([`Logins::grant`]).
     pub async fn make_mysql(db: &Database, binlog: bool) -> anyhow::Result<Self> {
+        let Database::Mysql(store) = db else {
+            anyhow::bail!("verify: MySQL accounts on another database");
+        };
         let schema = db.schema().to_string();
         let login = |part: &str| {
             (
@@ -124,15 +69,7 @@ impl Logins {
                 format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
             )
         };
-        let (version, log_bin, trusted): (String, i64, i64) = db
-            .fetch_one(
-                "SELECT @@version, CAST(@@log_bin AS SIGNED), \
-                 CAST(@@log_bin_trust_function_creators AS SIGNED)",
-                &[],
-            )
-            .await
-            .context("reading the server's version and binlog settings")?;
-        let mariadb = version.contains("MariaDB");
+        let (mariadb, needs_super) = grants::server(store.pool()).await?;
         let operator = login("operator");
         let logins = Self {
             mysql: Some((schema.clone(), mariadb)),
@@ -141,31 +78,24 @@ impl Logins {
             relay: login("relay"),
             operator,
         };
-        let g = &MYSQL_GRANTS;
+        let g = &DOCUMENTED;
         let mut relay: Vec<&str> = g.relay.to_vec();
         let mut operator: Vec<&str> = g.operator.to_vec();
         if binlog {
             relay.extend(g.relay_binlog);
             operator.extend(g.operator_binlog);
         }
-        if log_bin == 1 && trusted == 0 {
+        if needs_super {
             operator.extend(g.operator_binlog_on);
         }
-        for ((name, password), grants) in [
+        for ((name, password), part) in [
             (&logins.writer, &[][..]),
             (&logins.relay, &relay[..]),
             (&logins.operator, &operator[..]),
         ] {
-            let user = account(name)?;
-            // `{schema}` is rendered by `execute_script`; the password is random hex.
-            db.execute_script(&format!("CREATE USER {user} IDENTIFIED BY '{password}'"))
+            grants::create_account(store.pool(), name, password, &schema, part, mariadb)
                 .await
-                .with_context(|| format!("creating the account {user}"))?;
-            for sql in MysqlGrants::render(grants, &schema, &user, mariadb) {
-                db.execute_script(&sql)
-                    .await
-                    .with_context(|| format!("`{sql}`"))?;
-            }
+                .with_context(|| format!("making the account `{name}`"))?;
         }
         Ok(logins)
     }
@@ -185,9 +115,13 @@ impl Logins {
     /// owner role takes one (on MySQL/MariaDB, the grants on the tables).
     pub async fn grant(&self, db: &Database) -> anyhow::Result<()> {
         if let Some((schema, mariadb)) = &self.mysql {
-            let user = account(&self.writer.0)?;
-            for sql in MysqlGrants::render(MYSQL_GRANTS.writer, schema, &user, *mariadb) {
-                db.execute_script(&sql)
+            let Database::Mysql(store) = db else {
+                anyhow::bail!("verify: MySQL accounts on another database");
+            };
+            let user = grants::account(&self.writer.0)?;
+            for sql in grants::render(DOCUMENTED.writer, schema, &user, *mariadb) {
+                sqlx::raw_sql(&sql)
+                    .execute(store.pool())
                     .await
                     .with_context(|| format!("`{sql}`"))?;
             }
@@ -220,17 +154,10 @@ impl Logins {
 
     /// Drops every login (after the run's schema is gone, or with what they hold in it).
     pub async fn drop_all(&self, db: &Database) {
-        if self.mysql.is_some() {
+        if let (Some(_), Database::Mysql(store)) = (&self.mysql, db) {
             for (name, _) in [&self.writer, &self.relay, &self.operator] {
-                let dropped = match account(name) {
-                    Ok(user) => db
-                        .execute_script(&format!("DROP USER IF EXISTS {user}"))
-                        .await
-                        .map_err(anyhow::Error::from),
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = dropped {
-                    eprintln!("verify: the account `{name}` was not dropped: {e:#}");
+                if let Err(e) = grants::drop_account(store.pool(), name).await {
+                    eprintln!("verify: the account `{name}` was not dropped: {e}");
                 }
             }
             return;
@@ -245,15 +172,6 @@ impl Logins {
     fn all(&self) -> [&Login; 4] {
         [&self.writer, &self.relay, &self.operator, &self.owner]
     }
-}
-
-/// `'name'@'%'`, for a plain name (validated: it goes into the statement).
-fn account(name: &str) -> anyhow::Result<String> {
-    anyhow::ensure!(
-        outbox_core::identifier::is_plain(name, 32),
-        "verify: account `{name}` is not a plain identifier of at most 32 characters"
-    );
-    Ok(format!("'{name}'@'%'"))
 }
 
 /// `url` with its path (the database) replaced by `database` (none when empty), its query kept.
@@ -285,18 +203,5 @@ mod tests {
             with_database("mysql://u:p@h:3306/test", ""),
             "mysql://u:p@h:3306/"
         );
-    }
-
-    #[test]
-    fn the_grants_name_the_database_the_account_and_the_servers_monitor_privilege() {
-        let g = MysqlGrants::render(MYSQL_GRANTS.relay_binlog, "shop", "'r'@'%'", true);
-        assert_eq!(
-            g,
-            ["GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO 'r'@'%'"]
-        );
-        let g = MysqlGrants::render(MYSQL_GRANTS.operator_binlog, "shop", "'o'@'%'", false);
-        assert_eq!(g, ["GRANT REPLICATION CLIENT ON *.* TO 'o'@'%'"]);
-        assert!(account("outbox_verify_0123abcd_operator").is_ok());
-        assert!(account("x'; DROP").is_err());
     }
 }
