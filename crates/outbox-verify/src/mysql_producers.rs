@@ -258,7 +258,11 @@ pub async fn write_odd_rows(db: Arc<Database>, rows: usize, stop: CancellationTo
     let mut attempt = 0usize;
     while written < rows && !stop.is_cancelled() {
         tokio::time::sleep(ODD_ROW_EVERY).await;
-        let column = if attempt % 2 == 0 { "id" } else { "created_at" };
+        let column = if attempt.is_multiple_of(2) {
+            "id"
+        } else {
+            "created_at"
+        };
         attempt += 1;
         let key = format!("odd-{attempt}");
         if odd_row(store.pool(), store.schema(), &key, column)
