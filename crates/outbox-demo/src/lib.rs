@@ -7,11 +7,11 @@
 //! lease expires; a ledger consumer records every event in its inbox (a redelivery is absorbed
 //! by message id) and applies every payment exactly once with the inbox processor.
 //!
-//! The faults are `outbox-testkit`'s sink wrappers, the ones the engine's tests use:
-//! [`OutageSink`] takes the broker away, [`CrashingSink`] hangs a relay right after the broker
-//! took its batch.
+//! The faults are sink wrappers of its own (`faults.rs`): [`OutageSink`] takes the broker away,
+//! [`CrashingSink`] hangs a relay right after the broker took its batch.
 
 mod args;
+mod faults;
 mod ledger;
 mod payments;
 
@@ -23,11 +23,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use faults::{CrashingSink, OutageSink};
 use outbox_core::{DestinationTemplate, RetryPolicy, Stats};
 use outbox_db::{Backend, Database};
 use outbox_relay::{Relay, RelayConfig, RelayMetrics};
 use outbox_sinks::read::ScratchOptions;
-use outbox_testkit::sinks::{CrashingSink, OutageSink};
 use tokio_util::sync::CancellationToken;
 
 use ledger::{Consumed, Ledger};
