@@ -262,7 +262,7 @@ pub fn db(loaded: &Loaded, args: &DbArgs) -> Result<DbSettings> {
         loaded.file.schema.clone(),
     )?
     .unwrap_or_else(|| "public".to_string());
-    outbox_postgres::Schema::new(&schema).map_err(|e| ConfigError(format!("schema: {e}")))?;
+    outbox_db::check_schema_name(&url, &schema).map_err(|e| ConfigError(format!("schema: {e}")))?;
     Ok(DbSettings { url, schema })
 }
 

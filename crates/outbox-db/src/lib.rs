@@ -19,6 +19,7 @@ mod backend;
 mod database;
 mod migrations;
 mod roles;
+mod routes;
 mod session;
 mod sql;
 mod sqlx_backend;
@@ -30,6 +31,9 @@ pub use database::{open, open_with_deadline, Database};
 pub use migrations::Migrations;
 /// A validated schema name (a plain lower-case identifier): the only text spliced into SQL.
 pub use outbox_postgres::Schema;
+pub use routes::{
+    check_schema_name, AdoptedTable, CdcNames, CdcOptions, CdcSetup, DEFAULT_PARK_AFTER,
+};
 pub use session::Session;
 pub use sql::{Param, Row};
 pub use sqlx_backend::SqlxBackend;

@@ -57,14 +57,7 @@ pub async fn run(
 
 /// `--cdc`: the publication and the slot, and what the server's settings mean for them.
 async fn cdc(database: &outbox_db::Database, group: &str) -> anyhow::Result<()> {
-    let outbox_db::Database::Postgres(store) = database else {
-        anyhow::bail!(
-            "--cdc reads PostgreSQL's write-ahead log; {} is not PostgreSQL",
-            database.place()
-        );
-    };
-    let names = outbox_postgres::cdc::CdcNames::new(store.schema(), group)?;
-    let setup = outbox_postgres::cdc::setup::migrate_cdc(store.pool(), &names).await?;
+    let (names, setup) = database.migrate_cdc(group).await?;
     let said = |created: bool| if created { "created" } else { "present" };
     println!(
         "CDC: publication `{}` {}, replication slot `{}` {}",
@@ -132,37 +125,19 @@ pub async fn debezium(
     };
     let database = outbox_db::open(&db.url, &db.schema, 2).await?;
     let shown = outbox_core::text::terminal(table).into_owned();
-    let adopted = match (&database, adopt.is_some()) {
-        (outbox_db::Database::Postgres(store), true) => {
-            let t = outbox_postgres::debezium::TableName::parse(table)?;
-            let a = outbox_postgres::debezium::adopt(store.pool(), store.schema(), &t).await?;
-            Some((a.tracing, a.additional))
-        }
-        (outbox_db::Database::Postgres(store), false) => {
-            let t = outbox_postgres::debezium::TableName::parse(table)?;
-            outbox_postgres::debezium::release(store.pool(), store.schema(), &t).await?;
-            None
-        }
-        (outbox_db::Database::Mysql(store), true) => {
-            let a = outbox_mysql::debezium::adopt(store.pool(), store.schema(), table).await?;
-            Some((a.tracing, a.additional))
-        }
-        (outbox_db::Database::Mysql(store), false) => {
-            outbox_mysql::debezium::release(store.pool(), store.schema(), table).await?;
-            None
-        }
-        _ => anyhow::bail!(
-            "--adopt-debezium installs a trigger on PostgreSQL or MySQL/MariaDB; {} is neither",
-            database.place()
-        ),
+    let adopted = if adopt.is_some() {
+        Some(database.adopt_debezium(table).await?)
+    } else {
+        database.release_debezium(table).await?;
+        None
     };
     match adopted {
-        Some((tracing, additional)) => {
+        Some(a) => {
             println!(
             "debezium table `{shown}` adopted: each INSERT is copied into the outbox in its own \
              transaction (trace context: {}; additional columns as headers: {})",
-            if tracing { "tracingspancontext" } else { "none" },
-            if additional.is_empty() { "none".to_string() } else { additional.join(", ") }
+            if a.tracing { "tracingspancontext" } else { "none" },
+            if a.additional.is_empty() { "none".to_string() } else { a.additional.join(", ") }
         )
         }
         None => println!("debezium table `{shown}` released: its INSERTs are no longer copied"),

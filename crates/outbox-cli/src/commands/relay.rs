@@ -132,7 +132,7 @@ pub async fn run(s: RelaySettings, args: &crate::cli::RelayArgs) -> anyhow::Resu
             let max_retained = args.cdc_max_retained_wal.map(|b| b.0 as u64);
             let park_after = args
                 .cdc_park_after
-                .map_or(outbox_postgres::cdc::DEFAULT_PARK_AFTER, |d| d.0);
+                .map_or(outbox_db::DEFAULT_PARK_AFTER, |d| d.0);
             cdc_store(
                 &database,
                 &s.db.url,
@@ -189,19 +189,12 @@ async fn cdc_store(
     ),
     relay: &mut outbox_relay::RelayConfig,
 ) -> anyhow::Result<Arc<dyn outbox_core::Store>> {
-    let outbox_db::Database::Postgres(pg) = database else {
-        anyhow::bail!(
-            "--mode cdc reads PostgreSQL's write-ahead log; {} is not PostgreSQL: use the \
-             polling relay (no --mode)",
-            database.place()
-        );
+    let options = outbox_db::CdcOptions {
+        heartbeat,
+        max_retained,
+        park_after,
     };
-    let names = outbox_postgres::cdc::CdcNames::new(pg.schema(), group)?;
-    let store = outbox_postgres::cdc::CdcStore::new(pg.pool().clone(), url, names)
-        .await?
-        .with_heartbeat(heartbeat)
-        .with_max_retained(max_retained)
-        .with_park_after(park_after);
+    let (store, names) = database.cdc_store(url, group, options).await?;
     if relay.workers != 1 {
         info!(
             workers = relay.workers,
@@ -211,8 +204,8 @@ async fn cdc_store(
     relay.workers = 1;
     relay.listen = true;
     relay.read_ahead = false;
-    info!(slot = %store.names().slot, publication = %store.names().publication, "relay reads the WAL (CDC mode)");
-    Ok(Arc::new(store))
+    info!(slot = %names.slot, publication = %names.publication, "relay reads the WAL (CDC mode)");
+    Ok(store)
 }
 
 /// The options of `--console ADDR`: the console's own defaults and environment
