@@ -146,3 +146,21 @@ pub fn check_schema_name(url: &str, schema: &str) -> Result<()> {
         _ => outbox_postgres::Schema::new(schema).map(drop),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schema_name_is_checked_against_its_own_servers_limit() {
+        let long = "a".repeat(64);
+        assert!(check_schema_name("mysql://root@127.0.0.1/test", &long).is_ok());
+        assert!(check_schema_name("mysql://root@127.0.0.1/test", &"a".repeat(65)).is_err());
+        assert!(check_schema_name("postgres://root@127.0.0.1/test", &long).is_err());
+        assert!(check_schema_name("postgres://root@127.0.0.1/test", &long[..63]).is_ok());
+        for bad in ["Public", "a;drop", "1a", ""] {
+            assert!(check_schema_name("postgres://h/d", bad).is_err(), "{bad}");
+            assert!(check_schema_name("mysql://h/d", bad).is_err(), "{bad}");
+        }
+    }
+}
