@@ -163,11 +163,7 @@ impl InboxDatabase {
     /// otherwise).
     pub async fn check(&self) -> Result<()> {
         self.tables
-            // COUNT(*) is a 64-bit integer on every backend.
-            .fetch_all::<(i64,)>(
-                "SELECT COUNT(*) FROM (SELECT 1 FROM {schema}.inbox_messages LIMIT 1) AS t",
-                &[],
-            )
+            .fetch_all::<(i64,)>(include_str!("../queries/check.sql"), &[])
             .await?;
         self.queue().stats().await.map(drop)
     }

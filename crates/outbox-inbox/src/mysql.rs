@@ -44,34 +44,20 @@ pub const MAX_NAME_CHARS: usize = 255;
 /// Rows per statement: eight placeholders a row, far below MySQL's 65,535.
 const ROWS_PER_STATEMENT: usize = 1000;
 
-const CLAIM: &str = "INSERT IGNORE INTO {schema}.processed_messages (consumer, message_id) \
-                     VALUES (?, ?)";
-const INGEST: &str = "INSERT INTO {schema}.inbox_messages \
-                      (id, source, type, `key`, payload, payload_format, headers, source_position) ";
+const CLAIM: &str = include_str!("../queries/mysql/claim.sql");
+const INGEST: &str = include_str!("../queries/mysql/ingest.sql");
 // Text columns are cast: sqlx reads a `utf8mb4_bin` column as binary.
-const LOAD: &str = "SELECT CAST(id AS CHAR) AS id, CAST(source AS CHAR) AS source, \
-                    CAST(type AS CHAR) AS type, CAST(`key` AS CHAR) AS `key`, \
-                    CAST(payload AS CHAR) AS payload, \
-                    CAST(payload_format AS CHAR) AS payload_format, \
-                    CAST(headers AS CHAR) AS headers, \
-                    CAST(source_position AS CHAR) AS source_position, \
-                    received_at FROM {schema}.inbox_messages WHERE id IN (";
+const LOAD: &str = include_str!("../queries/mysql/load.sql");
 // One exclusive statement: requests under a key queue on it (an `INSERT IGNORE` and then a
 // `FOR UPDATE` would have two waiters each holding a shared lock and both upgrading).
-const KEY_LOCK: &str = "INSERT INTO {schema}.idempotency_key_locks (`key`) VALUES (?) \
-                        ON DUPLICATE KEY UPDATE `key` = `key`";
+const KEY_LOCK: &str = include_str!("../queries/mysql/idempotency_lock.sql");
 // Locking reads: they read the latest committed rows whatever the caller's snapshot, so a
 // request that waited for another under the same key sees what that one stored. The second
 // runs only when the first says the row exists, so it locks that row and no gap.
-const KEY_STORED: &str =
-    "SELECT stored FROM {schema}.idempotency_key_locks WHERE `key` = ? FOR UPDATE";
-const KEY_GET: &str =
-    "SELECT CAST(fingerprint AS CHAR) AS fingerprint, CAST(result AS CHAR) AS result, \
-                       CAST(events AS CHAR) AS events FROM {schema}.idempotency_keys \
-                       WHERE `key` = ? LOCK IN SHARE MODE";
-const KEY_PUT: &str = "INSERT INTO {schema}.idempotency_keys (`key`, fingerprint, result, events) \
-                       VALUES (?, ?, ?, ?)";
-const KEY_MARK: &str = "UPDATE {schema}.idempotency_key_locks SET stored = TRUE WHERE `key` = ?";
+const KEY_STORED: &str = include_str!("../queries/mysql/idempotency_stored.sql");
+const KEY_GET: &str = include_str!("../queries/mysql/idempotency_get.sql");
+const KEY_PUT: &str = include_str!("../queries/mysql/idempotency_put.sql");
+const KEY_MARK: &str = include_str!("../queries/mysql/idempotency_mark.sql");
 
 /// ER_LOCK_WAIT_TIMEOUT and ER_LOCK_DEADLOCK: another request under the key held it too long.
 const LOCK_NOT_TAKEN: [u16; 2] = [1205, 1213];

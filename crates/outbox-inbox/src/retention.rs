@@ -24,44 +24,19 @@ const BATCH: i64 = 10_000;
 
 // One text for every backend: `{schema}` is the inbox tables' place and `$1` the cutoff, bound
 // as each backend stores times. Each deletes at most `$2` rows.
-const MESSAGES: &str = "
-    DELETE FROM {schema}.inbox_messages
-    WHERE id IN (SELECT m.id FROM {schema}.inbox_messages AS m
-                 WHERE m.received_at < $1
-                   AND EXISTS (SELECT 1 FROM {schema}.processed_messages AS p
-                               WHERE p.message_id = m.id)
-                 LIMIT $2)";
-const CLAIMS: &str = "
-    DELETE FROM {schema}.processed_messages
-    WHERE (consumer, message_id) IN (SELECT consumer, message_id FROM {schema}.processed_messages
-                                     WHERE processed_at < $1
-                                     LIMIT $2)";
-const KEYS: &str = "
-    DELETE FROM {schema}.idempotency_keys
-    WHERE key IN (SELECT key FROM {schema}.idempotency_keys
-                  WHERE created_at < $1
-                  LIMIT $2)";
+const MESSAGES: &str = include_str!("../queries/retention_messages.sql");
+const CLAIMS: &str = include_str!("../queries/retention_claims.sql");
+const KEYS: &str = include_str!("../queries/retention_keys.sql");
 
 // MySQL takes neither a LIMIT inside an IN subquery nor a subquery on the table being deleted
 // from, but its single-table DELETE has a LIMIT of its own. `key` is a reserved word there.
-const MYSQL_MESSAGES: &str = "
-    DELETE FROM {schema}.inbox_messages
-    WHERE received_at < $1
-      AND EXISTS (SELECT 1 FROM {schema}.processed_messages AS p
-                  WHERE p.message_id = {schema}.inbox_messages.id)
-    LIMIT $2";
-const MYSQL_CLAIMS: &str =
-    "DELETE FROM {schema}.processed_messages WHERE processed_at < $1 LIMIT $2";
-const MYSQL_KEYS: &str = "DELETE FROM {schema}.idempotency_keys WHERE created_at < $1 LIMIT $2";
+const MYSQL_MESSAGES: &str = include_str!("../queries/mysql/retention_messages.sql");
+const MYSQL_CLAIMS: &str = include_str!("../queries/mysql/retention_claims.sql");
+const MYSQL_KEYS: &str = include_str!("../queries/mysql/retention_keys.sql");
 // The rows a request under a key locks while it runs (MySQL only), kept as long as keys and
 // deleted after them: a row whose key is still stored stays, so its `stored` flag never
 // points at nothing for long and a request never stores a key twice.
-const MYSQL_KEY_LOCKS: &str = "
-    DELETE FROM {schema}.idempotency_key_locks
-    WHERE created_at < $1
-      AND NOT EXISTS (SELECT 1 FROM {schema}.idempotency_keys AS k
-                      WHERE k.`key` = {schema}.idempotency_key_locks.`key`)
-    LIMIT $2";
+const MYSQL_KEY_LOCKS: &str = include_str!("../queries/mysql/retention_key_locks.sql");
 
 /// What a purge deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

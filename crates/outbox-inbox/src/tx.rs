@@ -15,30 +15,18 @@ use crate::database::places;
 use crate::message::{InboxMessage, PayloadFormat};
 use crate::tables::InboxSchema;
 
-const PG_CLAIM: &str = "INSERT INTO {schema}.processed_messages (consumer, message_id) \
-                        VALUES ($1, $2) ON CONFLICT DO NOTHING";
+const PG_CLAIM: &str = include_str!("../queries/postgres/claim.sql");
 const PG_INGEST: &str = include_str!("../queries/postgres/ingest.sql");
-const PG_LOAD: &str = "SELECT id, source, type, key, payload::text AS payload, payload_format, \
-                       headers::text AS headers, source_position, received_at \
-                       FROM {schema}.inbox_messages WHERE id = ANY($1)";
-const PG_IDEM_LOCK: &str =
-    "SELECT pg_try_advisory_xact_lock(hashtextextended('outbox-idempotency:' || $1 || ':' || $2, 0))";
-const PG_IDEM_GET: &str =
-    "SELECT fingerprint, result::text AS result, events FROM {schema}.idempotency_keys WHERE key = $1";
-const PG_IDEM_PUT: &str =
-    "INSERT INTO {schema}.idempotency_keys (key, fingerprint, result, events) \
-                           VALUES ($1, $2, $3::jsonb, $4)";
+const PG_LOAD: &str = include_str!("../queries/postgres/load.sql");
+const PG_IDEM_LOCK: &str = include_str!("../queries/postgres/idempotency_lock.sql");
+const PG_IDEM_GET: &str = include_str!("../queries/postgres/idempotency_get.sql");
+const PG_IDEM_PUT: &str = include_str!("../queries/postgres/idempotency_put.sql");
 
-const SQLITE_CLAIM: &str = "INSERT INTO processed_messages (consumer, message_id) \
-                            VALUES (?1, ?2) ON CONFLICT DO NOTHING";
+const SQLITE_CLAIM: &str = include_str!("../queries/sqlite/claim.sql");
 const SQLITE_INGEST: &str = include_str!("../queries/sqlite/ingest.sql");
-const SQLITE_LOAD: &str = "SELECT id, source, type, key, payload, payload_format, headers, \
-                           source_position, received_at FROM inbox_messages \
-                           WHERE id IN (SELECT value FROM json_each(?1))";
-const SQLITE_IDEM_GET: &str =
-    "SELECT fingerprint, result, events FROM idempotency_keys WHERE key = ?1";
-const SQLITE_IDEM_PUT: &str =
-    "INSERT INTO idempotency_keys (key, fingerprint, result, events) VALUES (?1, ?2, ?3, ?4)";
+const SQLITE_LOAD: &str = include_str!("../queries/sqlite/load.sql");
+const SQLITE_IDEM_GET: &str = include_str!("../queries/sqlite/idempotency_get.sql");
+const SQLITE_IDEM_PUT: &str = include_str!("../queries/sqlite/idempotency_put.sql");
 
 /// A stored idempotency key: the first request's fingerprint, result and events.
 #[derive(Debug, Clone, PartialEq)]

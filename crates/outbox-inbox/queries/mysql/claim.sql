@@ -1,0 +1,1 @@
+INSERT IGNORE INTO {schema}.processed_messages (consumer, message_id) VALUES (?, ?)

@@ -1,0 +1,1 @@
+INSERT INTO {schema}.idempotency_key_locks (`key`) VALUES (?) ON DUPLICATE KEY UPDATE `key` = `key`

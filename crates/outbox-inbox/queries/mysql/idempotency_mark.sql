@@ -1,0 +1,1 @@
+UPDATE {schema}.idempotency_key_locks SET stored = TRUE WHERE `key` = ?

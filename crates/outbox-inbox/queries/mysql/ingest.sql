@@ -1,0 +1,1 @@
+INSERT INTO {schema}.inbox_messages (id, source, type, `key`, payload, payload_format, headers, source_position)

@@ -1,0 +1,1 @@
+DELETE FROM {schema}.processed_messages WHERE processed_at < $1 LIMIT $2

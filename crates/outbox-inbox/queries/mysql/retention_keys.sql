@@ -1,0 +1,1 @@
+DELETE FROM {schema}.idempotency_keys WHERE created_at < $1 LIMIT $2

@@ -1,0 +1,1 @@
+SELECT fingerprint, result::text AS result, events FROM {schema}.idempotency_keys WHERE key = $1

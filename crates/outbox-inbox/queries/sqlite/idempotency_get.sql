@@ -1,0 +1,1 @@
+SELECT fingerprint, result, events FROM idempotency_keys WHERE key = ?1
