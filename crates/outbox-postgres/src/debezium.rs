@@ -96,15 +96,13 @@ pub async fn adopt(pool: &PgPool, schema: &Schema, table: &TableName) -> Result<
              in another schema (--schema)"
         )));
     }
-    let columns: Vec<(String, String)> = sqlx::query_as(
-        "SELECT column_name::text, data_type::text FROM information_schema.columns \
-         WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position",
-    )
-    .bind(&table.schema)
-    .bind(&table.name)
-    .fetch_all(pool)
-    .await
-    .map_err(|e| map_sqlx_error(&format!("reading the columns of `{shown}`"), e))?;
+    let columns: Vec<(String, String)> =
+        sqlx::query_as(include_str!("../queries/debezium_columns.sql"))
+            .bind(&table.schema)
+            .bind(&table.name)
+            .fetch_all(pool)
+            .await
+            .map_err(|e| map_sqlx_error(&format!("reading the columns of `{shown}`"), e))?;
     if columns.is_empty() {
         return Err(Error::config(format!(
             "debezium table `{shown}` does not exist"
@@ -171,19 +169,13 @@ pub async fn adopt(pool: &PgPool, schema: &Schema, table: &TableName) -> Result<
             pairs.join(", ")
         )
     };
-    let s = schema.as_str();
-    let sql = format!(
-        "CREATE OR REPLACE FUNCTION {s}.{FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS $fn$
-BEGIN
-  INSERT INTO {s}.outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
-  VALUES ({id}, NEW.aggregatetype, NEW.aggregateid, NEW.type, {payload}, {headers});
-  RETURN NULL;
-END
-$fn$;
-DROP TRIGGER IF EXISTS {TRIGGER} ON {t};
-CREATE TRIGGER {TRIGGER} AFTER INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION {s}.{FUNCTION}();",
-        t = table.qualified(),
-    );
+    // {table} last: the other expressions are ours, the table's name is quoted by `qualified`.
+    let sql = schema
+        .render(include_str!("../queries/debezium_adopt.sql"))
+        .replace("{id}", id)
+        .replace("{payload}", payload)
+        .replace("{headers}", &headers)
+        .replace("{table}", &table.qualified());
     let mut tx = pool
         .begin()
         .await
@@ -203,11 +195,9 @@ CREATE TRIGGER {TRIGGER} AFTER INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION {s}.{
 
 /// Removes the trigger (the rollback: the table's rows go to Debezium alone again). Idempotent.
 pub async fn release(pool: &PgPool, schema: &Schema, table: &TableName) -> Result<()> {
-    let sql = format!(
-        "DROP TRIGGER IF EXISTS {TRIGGER} ON {t}; DROP FUNCTION IF EXISTS {s}.{FUNCTION}();",
-        t = table.qualified(),
-        s = schema.as_str()
-    );
+    let sql = schema
+        .render(include_str!("../queries/debezium_release.sql"))
+        .replace("{table}", &table.qualified());
     sqlx::raw_sql(&sql)
         .execute(pool)
         .await

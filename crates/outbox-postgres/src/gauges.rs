@@ -61,7 +61,7 @@ pub(crate) async fn read(pool: &PgPool, schema: &Schema, parked_cap: i64) -> Res
 
 /// `SELECT 1` through the pool.
 pub(crate) async fn ping(pool: &PgPool) -> Result<()> {
-    sqlx::query("SELECT 1")
+    sqlx::query(include_str!("../queries/ping.sql"))
         .execute(pool)
         .await
         .map(drop)

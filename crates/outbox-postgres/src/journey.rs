@@ -16,7 +16,7 @@ use crate::error::map_sqlx_error;
 use crate::schema::Schema;
 
 /// How long a lookup may take: a search by id scans the table (ids have no index).
-const LOOKUP_TIMEOUT: &str = "SET LOCAL statement_timeout = '10s'";
+const LOOKUP_TIMEOUT: &str = include_str!("../queries/lookup_timeout.sql");
 
 /// The messages `query` names and what happened to each.
 pub(crate) async fn journey(

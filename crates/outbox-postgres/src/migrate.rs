@@ -59,11 +59,11 @@ pub async fn migrate(pool: &PgPool, schema: &Schema) -> Result<Vec<i32>> {
         .await
         .map_err(|e| map_sqlx_error(&ctx("begin"), e))?;
     // Upgrading copies the backlog: no statement timeout for this transaction.
-    sqlx::raw_sql("SET LOCAL statement_timeout = 0")
+    sqlx::raw_sql(include_str!("../queries/no_statement_timeout.sql"))
         .execute(&mut *tx)
         .await
         .map_err(|e| map_sqlx_error(&ctx("settings"), e))?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+    sqlx::query(include_str!("../queries/advisory_xact_lock.sql"))
         .bind(format!("outbox-migrate:{}", schema.as_str()))
         .execute(&mut *tx)
         .await
@@ -98,7 +98,7 @@ pub async fn check_schema(pool: &PgPool, schema: &Schema) -> Result<()> {
         .await
         .map_err(|e| map_sqlx_error(&format!("checking schema `{name}`"), e))?;
     let ledger: Option<String> =
-        sqlx::query_scalar("SELECT to_regclass(format('%I.outbox_migrations', $1::text))::text")
+        sqlx::query_scalar(include_str!("../queries/migrations_table.sql"))
             .bind(name)
             .fetch_one(&mut *conn)
             .await
@@ -110,7 +110,7 @@ pub async fn check_schema(pool: &PgPool, schema: &Schema) -> Result<()> {
         ));
     }
     let version: Option<i32> =
-        sqlx::query_scalar(&schema.render("SELECT max(version) FROM {schema}.outbox_migrations"))
+        sqlx::query_scalar(&schema.render(include_str!("../queries/schema_version.sql")))
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| map_sqlx_error(&format!("checking schema `{name}`"), e))?;
@@ -139,13 +139,11 @@ pub async fn check_schema(pool: &PgPool, schema: &Schema) -> Result<()> {
 /// (a session would hold values below the floor), increment 1, no cycle.
 async fn check_sequence(conn: &mut PgConnection, schema: &Schema) -> Result<()> {
     let name = schema.as_str();
-    let row: Option<(i64, i64, bool)> = sqlx::query_as(&schema.render(
-        "SELECT seqcache, seqincrement, seqcycle FROM pg_sequence
-         WHERE seqrelid = to_regclass('{schema}.outbox_seq_v2')",
-    ))
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(|e| map_sqlx_error(&format!("checking the sequence of schema `{name}`"), e))?;
+    let row: Option<(i64, i64, bool)> =
+        sqlx::query_as(&schema.render(include_str!("../queries/sequence_settings.sql")))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx_error(&format!("checking the sequence of schema `{name}`"), e))?;
     match row {
         Some((1, 1, false)) | None => Ok(()),
         Some((cache, increment, cycle)) => Err(Error::new(
@@ -173,22 +171,20 @@ pub async fn apply_pending(
     render: impl Fn(&str) -> String,
     ctx: &dyn Fn(&str) -> String,
 ) -> Result<Vec<i32>> {
-    let table = format!("{{schema}}.{ledger}");
-    sqlx::raw_sql(&schema.render(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {{schema}};
-         CREATE TABLE IF NOT EXISTS {table} (
-             version    integer     PRIMARY KEY,
-             name       text        NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now());"
+    // `ledger` is the caller's fixed table name, never configuration.
+    let ledger_sql = |text: &str| schema.render(text).replace("{ledger}", ledger);
+    sqlx::raw_sql(&ledger_sql(include_str!(
+        "../queries/migrations_ledger.sql"
     )))
     .execute(&mut *tx)
     .await
     .map_err(|e| map_sqlx_error(&ctx("creating the schema"), e))?;
-    let done: Vec<i32> =
-        sqlx::query_scalar(&schema.render(&format!("SELECT version FROM {table}")))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
+    let done: Vec<i32> = sqlx::query_scalar(&ledger_sql(include_str!(
+        "../queries/migrations_applied.sql"
+    )))
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
     let mut applied = Vec::new();
     for (version, name, sql) in migrations {
         if done.contains(version) {
@@ -198,8 +194,8 @@ pub async fn apply_pending(
             .execute(&mut *tx)
             .await
             .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
-        sqlx::query(&schema.render(&format!(
-            "INSERT INTO {table} (version, name) VALUES ($1, $2)"
+        sqlx::query(&ledger_sql(include_str!(
+            "../queries/migrations_record.sql"
         )))
         .bind(version)
         .bind(name)
@@ -236,15 +232,9 @@ pub async fn set_notify(pool: &PgPool, schema: &Schema, on: bool) -> Result<()> 
 
 /// Whether `schema`'s outbox has the NOTIFY doorbell installed.
 pub async fn notify_installed(pool: &PgPool, schema: &Schema) -> Result<bool> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_trigger AS t
-                        JOIN pg_class AS c ON c.oid = t.tgrelid
-                        JOIN pg_namespace AS n ON n.oid = c.relnamespace
-                        WHERE n.nspname = $1 AND c.relname = 'outbox'
-                          AND t.tgname = 'outbox_notify')",
-    )
-    .bind(schema.as_str())
-    .fetch_one(pool)
-    .await
-    .map_err(|e| map_sqlx_error("reading the outbox triggers", e))
+    sqlx::query_scalar(include_str!("../queries/notify_installed.sql"))
+        .bind(schema.as_str())
+        .fetch_one(pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading the outbox triggers", e))
 }

@@ -41,7 +41,7 @@ pub async fn run(pool: &PgPool, schema: &Schema, retention: Duration) -> Result<
         .await
         .map_err(|e| map_sqlx_error(&ctx("connecting"), e))?;
     let lock_key = format!("outbox-maintain:{}", schema.as_str());
-    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext($1))")
+    let locked: bool = sqlx::query_scalar(include_str!("../queries/try_advisory_lock.sql"))
         .bind(&lock_key)
         .fetch_one(&mut *conn)
         .await
@@ -50,7 +50,7 @@ pub async fn run(pool: &PgPool, schema: &Schema, retention: Duration) -> Result<
         return Ok(Maintenance::default());
     }
     let result = run_locked(&mut conn, schema, retention).await;
-    let _ = sqlx::query("SELECT pg_advisory_unlock(hashtext($1))")
+    let _ = sqlx::query(include_str!("../queries/advisory_unlock.sql"))
         .bind(&lock_key)
         .execute(&mut *conn)
         .await;
@@ -65,7 +65,7 @@ async fn run_locked(
     let ctx = |what: &str| format!("maintaining schema `{}`: {what}", schema.as_str());
     let mut report = Maintenance::default();
     let made: i32 =
-        sqlx::query_scalar(&schema.render("SELECT {schema}.outbox_ensure_segments($1)"))
+        sqlx::query_scalar(&schema.render(include_str!("../queries/ensure_segments.sql")))
             .bind(LOOKAHEAD_SEGMENTS)
             .fetch_one(&mut *conn)
             .await
@@ -79,27 +79,18 @@ async fn run_locked(
             .map_err(|e| map_sqlx_error(&ctx("finding passed segments"), e))?;
     for name in names {
         // Names come from our own table and were made by our own function; quote anyway.
-        let pending: Option<bool> = sqlx::query_scalar(
-            "SELECT i.inhdetachpending FROM pg_inherits AS i
-             JOIN pg_class AS c ON c.oid = i.inhrelid
-             JOIN pg_namespace AS n ON n.oid = c.relnamespace
-             WHERE n.nspname = $1 AND c.relname = $2",
-        )
-        .bind(schema.as_str())
-        .bind(&name)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("reading segment state"), e))?;
+        let pending: Option<bool> =
+            sqlx::query_scalar(include_str!("../queries/segment_detach_pending.sql"))
+                .bind(schema.as_str())
+                .bind(&name)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(|e| map_sqlx_error(&ctx("reading segment state"), e))?;
         let seg = format!("{}.\"{}\"", schema.as_str(), name.replace('"', ""));
+        let segment_sql = |text: &str| schema.render(text).replace("{segment}", &seg);
         let detach = match pending {
-            Some(true) => format!(
-                "ALTER TABLE {}.outbox DETACH PARTITION {seg} FINALIZE",
-                schema.as_str()
-            ),
-            Some(false) => format!(
-                "ALTER TABLE {}.outbox DETACH PARTITION {seg} CONCURRENTLY",
-                schema.as_str()
-            ),
+            Some(true) => segment_sql(include_str!("../queries/segment_detach_finalize.sql")),
+            Some(false) => segment_sql(include_str!("../queries/segment_detach.sql")),
             None => String::new(),
         };
         if !detach.is_empty() {
@@ -107,10 +98,10 @@ async fn run_locked(
                 .await
                 .map_err(|e| map_sqlx_error(&ctx(&format!("detaching segment {name}")), e))?;
         }
-        conn.execute(format!("DROP TABLE IF EXISTS {seg}").as_str())
+        conn.execute(segment_sql(include_str!("../queries/segment_drop.sql")).as_str())
             .await
             .map_err(|e| map_sqlx_error(&ctx(&format!("dropping segment {name}")), e))?;
-        sqlx::query(&schema.render("DELETE FROM {schema}.outbox_segments WHERE name = $1"))
+        sqlx::query(&schema.render(include_str!("../queries/segment_forget.sql")))
             .bind(&name)
             .execute(&mut *conn)
             .await

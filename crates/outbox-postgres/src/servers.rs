@@ -103,7 +103,8 @@ impl Servers {
 async fn suits(conn: &mut PgConnection, read_write: bool) -> bool {
     let answer = tokio::time::timeout(
         ANSWER_WITHIN,
-        sqlx::query_scalar::<_, bool>("SELECT pg_is_in_recovery()").fetch_one(&mut *conn),
+        sqlx::query_scalar::<_, bool>(include_str!("../queries/in_recovery.sql"))
+            .fetch_one(&mut *conn),
     )
     .await;
     matches!(answer, Ok(Ok(standby)) if !(read_write && standby))

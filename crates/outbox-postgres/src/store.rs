@@ -83,9 +83,7 @@ fn runqueue_wait() -> Option<Duration> {
 /// range, partition or backlog look cheaper. JIT is off here too, whatever pool the store was
 /// given: the disabled paths inflate the plan's cost past any JIT threshold, and compiling a
 /// claim costs a second (measured).
-const CLAIM_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY; SET LOCAL jit = off; \
-     SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off; \
-     SET LOCAL enable_sort = off";
+const CLAIM_BEGIN: &str = include_str!("../queries/claim_begin.sql");
 
 /// How a read of the backlog's figures begins (the status counts, the backlog by type, a
 /// scrape's gauges): read-only, JIT off, bitmap scans and sorts priced out, as a claim's. Each
@@ -93,8 +91,7 @@ const CLAIM_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY; SET 
 /// without statistics yet (a backlog just written) the planner otherwise chose a bitmap scan of
 /// each partition's whole range, and a scrape in the middle of a drain then read every pending
 /// row's heap tuple (1.3 s for 400,000 rows, against 0.2 s walking the index).
-pub(crate) const READ_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY; \
-     SET LOCAL jit = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off";
+pub(crate) const READ_BEGIN: &str = include_str!("../queries/read_begin.sql");
 
 /// A query of the backlog's figures, run by [`read_backlog`].
 pub(crate) type BacklogQuery<'q> =
@@ -297,7 +294,7 @@ async fn connect_followed(
         .after_connect(move |conn, _| {
             Box::pin(async move {
                 if read_write
-                    && sqlx::query_scalar::<_, bool>("SELECT pg_is_in_recovery()")
+                    && sqlx::query_scalar::<_, bool>(include_str!("../queries/in_recovery.sql"))
                         .fetch_one(&mut *conn)
                         .await?
                 {
@@ -955,9 +952,9 @@ impl PgStore {
         let err = |e| map_sqlx_error("explaining a claim", e);
         let mut tx = self.pool.begin_with(CLAIM_BEGIN).await.map_err(err)?;
         let mode = if generic {
-            "SET LOCAL plan_cache_mode = force_generic_plan"
+            include_str!("../queries/explain_generic_plan.sql")
         } else {
-            "SET LOCAL plan_cache_mode = force_custom_plan"
+            include_str!("../queries/explain_custom_plan.sql")
         };
         sqlx::query(mode).execute(&mut *tx).await.map_err(err)?;
         let sql = format!(
@@ -1174,7 +1171,7 @@ impl PgStore {
     async fn write_plan(&self, member: &MemberId, plan: &Plan) -> Result<Vec<(i16, i64)>> {
         let err = |e| map_sqlx_error("recording publish results", e);
         let mut conn = self.pool.acquire().await.map_err(err)?;
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        let pid: i32 = sqlx::query_scalar(include_str!("../queries/backend_pid.sql"))
             .fetch_one(&mut *conn)
             .await
             .map_err(err)?;
@@ -1305,7 +1302,7 @@ impl Drop for CancelOnDrop {
         let (pool, pid) = (self.pool.clone(), self.pid);
         let conn = conn.detach();
         runtime.spawn(async move {
-            let cancelled = sqlx::query("SELECT pg_cancel_backend($1)")
+            let cancelled = sqlx::query(include_str!("../queries/cancel_backend.sql"))
                 .bind(pid)
                 .execute(&pool)
                 .await;

@@ -119,10 +119,11 @@ pub fn application_name(names: &CdcNames) -> String {
 /// for a synchronous standby at all (then the relay publishes a commit only once the standby
 /// has it: see [`crate::cdc::sync`]).
 pub async fn check_synchronous_standbys(pool: &PgPool, names: &CdcNames) -> Result<bool> {
-    let setting: String = sqlx::query_scalar("SELECT current_setting('synchronous_standby_names')")
-        .fetch_one(pool)
-        .await
-        .map_err(|e| map_sqlx_error("reading synchronous_standby_names", e))?;
+    let setting: String =
+        sqlx::query_scalar(include_str!("../../queries/synchronous_standby_names.sql"))
+            .fetch_one(pool)
+            .await
+            .map_err(|e| map_sqlx_error("reading synchronous_standby_names", e))?;
     synchronous_verdict(names, &setting)
 }
 

@@ -20,7 +20,7 @@ use crate::error::map_sqlx_error;
 use crate::schema::Schema;
 
 /// The call every writer makes (see `queries/cdc_emit_function.sql`).
-const EMIT_SQL: &str = "SELECT {schema}.outbox_emit($1)::text";
+const EMIT_SQL: &str = include_str!("../../queries/cdc_emit.sql");
 
 /// The logical message's content: a JSON object with the columns of an outbox row (`id`,
 /// `aggregate_type`, `aggregate_id`, `event_type`, `payload`, `headers`, `topic`). Only

@@ -31,21 +31,18 @@ const CHUNK: u64 = 64 << 20;
 
 /// Makes `pg_walinspect` available when this login may (a superuser); returns whether it is.
 pub async fn install(pool: &PgPool) -> Result<bool> {
-    let (installed, available, superuser): (bool, bool, bool) = sqlx::query_as(
-        "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_walinspect'), \
-                EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pg_walinspect'), \
-                (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(|e| map_sqlx_error("looking for pg_walinspect", e))?;
+    let (installed, available, superuser): (bool, bool, bool) =
+        sqlx::query_as(include_str!("../../queries/cdc_walinspect_available.sql"))
+            .fetch_one(pool)
+            .await
+            .map_err(|e| map_sqlx_error("looking for pg_walinspect", e))?;
     if installed {
         return Ok(true);
     }
     if !(available && superuser) {
         return Ok(false);
     }
-    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    sqlx::query(include_str!("../../queries/cdc_walinspect_create.sql"))
         .execute(pool)
         .await
         .map_err(|e| map_sqlx_error("installing pg_walinspect", e))?;
@@ -54,13 +51,10 @@ pub async fn install(pool: &PgPool) -> Result<bool> {
 
 /// The schema `pg_walinspect`'s functions live in, when installed.
 async fn walinspect_schema(pool: &PgPool) -> Result<Option<String>> {
-    sqlx::query_scalar(
-        "SELECT n.nspname::text FROM pg_extension AS e \
-         JOIN pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = 'pg_walinspect'",
-    )
-    .fetch_optional(pool)
-    .await
-    .map_err(|e| map_sqlx_error("looking for pg_walinspect", e))
+    sqlx::query_scalar(include_str!("../../queries/cdc_walinspect_schema.sql"))
+        .fetch_optional(pool)
+        .await
+        .map_err(|e| map_sqlx_error("looking for pg_walinspect", e))
 }
 
 /// What a salvage found.
@@ -103,18 +97,13 @@ pub(crate) async fn salvage(
              in public"
         )));
     }
-    let sql = format!(
-        "SELECT start_lsn::text, xid::text::bigint, record_type, description \
-         FROM {ns}.pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn) \
-         WHERE resource_manager IN ('LogicalMessage', 'Transaction')"
-    );
+    let sql = include_str!("../../queries/cdc_wal_records.sql").replace("{walinspect}", &ns);
     // Ids derived as the stream derives them (the same message, the same id).
-    let (system, database): (String, String) = sqlx::query_as(
-        "SELECT system_identifier::text, current_database()::text FROM pg_control_system()",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(|e| map_sqlx_error("reading the cluster's identity", e))?;
+    let (system, database): (String, String) =
+        sqlx::query_as(include_str!("../../queries/cdc_server_identity.sql"))
+            .fetch_one(pool)
+            .await
+            .map_err(|e| map_sqlx_error("reading the cluster's identity", e))?;
     let mut reader = Reader::new(names, origin(&system, &database));
     let mut at = from;
     while at < until {

@@ -33,6 +33,15 @@ pub struct CdcNames {
 }
 
 impl CdcNames {
+    /// `sql` with `{schema}`, `{channel}`, `{publication}` and `{slot}` filled in (each a
+    /// validated identifier).
+    pub fn render(&self, sql: &str) -> String {
+        self.schema
+            .render(sql)
+            .replace("{publication}", &self.publication)
+            .replace("{slot}", &self.slot)
+    }
+
     /// The names for `schema` and relay group `group` (a plain identifier). Both names must fit
     /// PostgreSQL's 63 bytes.
     pub fn new(schema: &Schema, group: &str) -> Result<Self> {
@@ -108,7 +117,7 @@ pub struct CdcSetup {
 
 /// Refuses, with the fix, a server whose `wal_level` is not `logical`.
 pub async fn check_wal_level(pool: &PgPool) -> Result<()> {
-    let level: String = sqlx::query_scalar("SELECT current_setting('wal_level')")
+    let level: String = sqlx::query_scalar(include_str!("../../queries/wal_level.sql"))
         .fetch_one(pool)
         .await
         .map_err(|e| map_sqlx_error("reading wal_level", e))?;
@@ -127,12 +136,10 @@ pub async fn check_wal_level(pool: &PgPool) -> Result<()> {
 
 /// `max_slot_wal_keep_size` in MB, `None` when unlimited.
 pub async fn max_slot_wal_keep_mb(pool: &PgPool) -> Result<Option<i64>> {
-    let mb: i64 = sqlx::query_scalar(
-        "SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(|e| map_sqlx_error("reading max_slot_wal_keep_size", e))?;
+    let mb: i64 = sqlx::query_scalar(include_str!("../../queries/max_slot_wal_keep_size.sql"))
+        .fetch_one(pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading max_slot_wal_keep_size", e))?;
     Ok((mb >= 0).then_some(mb))
 }
 
@@ -142,10 +149,11 @@ pub async fn max_slot_wal_keep_mb(pool: &PgPool) -> Result<Option<i64>> {
 /// are the slots its `outbox_settings` records (`cdc_start:<slot>`, written by
 /// [`migrate_cdc`]).
 pub async fn check_one_group(pool: &PgPool, names: &CdcNames) -> Result<()> {
-    let others: Vec<String> = sqlx::query_scalar(&names.schema.render(
-        "SELECT substr(name, length('cdc_start:') + 1) FROM {schema}.outbox_settings \
-         WHERE left(name, length('cdc_start:')) = 'cdc_start:' AND name <> $1 ORDER BY name",
-    ))
+    let others: Vec<String> = sqlx::query_scalar(
+        &names
+            .schema
+            .render(include_str!("../../queries/cdc_other_groups.sql")),
+    )
     .bind(names.start_setting())
     .fetch_all(pool)
     .await
@@ -164,14 +172,12 @@ pub async fn check_one_group(pool: &PgPool, names: &CdcNames) -> Result<()> {
 /// Refuses a slot name another database of the cluster already uses: slot names are
 /// cluster-wide, and the two outboxes would read one stream.
 async fn check_slot_name_free(pool: &PgPool, names: &CdcNames) -> Result<()> {
-    let other: Option<String> = sqlx::query_scalar(
-        "SELECT database::text FROM pg_replication_slots \
-         WHERE slot_name = $1 AND database IS DISTINCT FROM current_database()",
-    )
-    .bind(&names.slot)
-    .fetch_optional(pool)
-    .await
-    .map_err(|e| map_sqlx_error("looking for the CDC slot's name in the cluster", e))?;
+    let other: Option<String> =
+        sqlx::query_scalar(include_str!("../../queries/cdc_slot_database.sql"))
+            .bind(&names.slot)
+            .fetch_optional(pool)
+            .await
+            .map_err(|e| map_sqlx_error("looking for the CDC slot's name in the cluster", e))?;
     match other {
         None => Ok(()),
         Some(db) => Err(Error::config(format!(
@@ -193,19 +199,14 @@ pub async fn migrate_cdc(pool: &PgPool, names: &CdcNames) -> Result<CdcSetup> {
     check_slot_name_free(pool, names).await?;
     let mut notes = Vec::new();
     let publication_exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
+        sqlx::query_scalar(include_str!("../../queries/cdc_publication_exists.sql"))
             .bind(&names.publication)
             .fetch_one(pool)
             .await
             .map_err(|e| map_sqlx_error("looking for the CDC publication", e))?;
     if !publication_exists {
         // Names were validated as plain identifiers: nothing else is spliced in.
-        let sql = format!(
-            "CREATE PUBLICATION {} FOR TABLE {}.outbox \
-             WITH (publish = 'insert', publish_via_partition_root = true)",
-            names.publication,
-            names.schema.as_str()
-        );
+        let sql = names.render(include_str!("../../queries/cdc_publication_create.sql"));
         match sqlx::query(&sql).execute(pool).await {
             Ok(_) => {}
             // Another migrate created it meanwhile.
@@ -275,22 +276,15 @@ fn emit_function_sql(names: &CdcNames, version: i32) -> String {
     if version >= 170_000 {
         valid.push_str(" AND s.invalidation_reason IS NULL");
     }
-    names
-        .schema
-        .render(EMIT_FUNCTION_SQL)
-        .replace("{slot_valid}", &valid)
-        .replace("{slot}", &names.slot)
+    names.render(&EMIT_FUNCTION_SQL.replace("{slot_valid}", &valid))
 }
 
 /// Whether PUBLIC may still call `pg_logical_emit_message` (its default).
 async fn emit_open_to_public(pool: &PgPool) -> Result<bool> {
-    sqlx::query_scalar(
-        "SELECT has_function_privilege('public', \
-                'pg_logical_emit_message(boolean, text, text)', 'EXECUTE')",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(|e| map_sqlx_error("reading who may emit logical messages", e))
+    sqlx::query_scalar(include_str!("../../queries/cdc_emit_open_to_public.sql"))
+        .fetch_one(pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading who may emit logical messages", e))
 }
 
 /// What [`make_slot`] did.
@@ -312,13 +306,13 @@ pub struct MadeSlot {
 /// positions of a partition only once every row visible in it is behind them, and the catch-up
 /// delivers the rows before it. A lost (invalidated) slot is dropped and made again.
 pub async fn make_slot(pool: &PgPool, names: &CdcNames) -> Result<MadeSlot> {
-    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+    let version: i32 = sqlx::query_scalar(include_str!("../../queries/server_version.sql"))
         .fetch_one(pool)
         .await
         .map_err(|e| map_sqlx_error("reading the server version", e))?;
     let failover = version >= 170_000;
     if slot_lost_now(pool, &names.slot).await? == Some(true) {
-        let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+        let _ = sqlx::query(include_str!("../../queries/cdc_drop_slot.sql"))
             .bind(&names.slot)
             .execute(pool)
             .await;
@@ -327,10 +321,9 @@ pub async fn make_slot(pool: &PgPool, names: &CdcNames) -> Result<MadeSlot> {
     let mut start_lsn = None;
     if !exists {
         let create = if failover {
-            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, \
-             false, true)"
+            include_str!("../../queries/cdc_create_failover_slot.sql")
         } else {
-            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+            include_str!("../../queries/cdc_create_slot.sql")
         };
         match sqlx::query_scalar::<_, String>(create)
             .bind(&names.slot)
@@ -343,12 +336,9 @@ pub async fn make_slot(pool: &PgPool, names: &CdcNames) -> Result<MadeSlot> {
         }
     }
     let record = if exists {
-        "INSERT INTO {schema}.outbox_settings (name, value) \
-         VALUES ($1, pg_current_snapshot()::text) ON CONFLICT (name) DO NOTHING"
+        include_str!("../../queries/cdc_start_keep.sql")
     } else {
-        "INSERT INTO {schema}.outbox_settings (name, value) \
-         VALUES ($1, pg_current_snapshot()::text) \
-         ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value"
+        include_str!("../../queries/cdc_start_record.sql")
     };
     sqlx::query(&names.schema.render(record))
         .bind(names.start_setting())
@@ -366,29 +356,20 @@ pub async fn make_slot(pool: &PgPool, names: &CdcNames) -> Result<MadeSlot> {
 /// Whether `slot` is lost (`Some(true)`: WAL it needed is gone, or PostgreSQL invalidated it
 /// for another reason), valid (`Some(false)`), or missing (`None`).
 pub async fn slot_lost_now(pool: &PgPool, slot: &str) -> Result<Option<bool>> {
-    sqlx::query_scalar(
-        "SELECT s.wal_status = 'lost' \
-                OR (to_jsonb(s) ->> 'invalidation_reason') IS NOT NULL \
-                OR coalesce((to_jsonb(s) ->> 'conflicting')::boolean, false) \
-         FROM pg_replication_slots AS s \
-         WHERE s.slot_name = $1 AND s.database = current_database()",
-    )
-    .bind(slot)
-    .fetch_optional(pool)
-    .await
-    .map_err(|e| map_sqlx_error("looking at the CDC slot", e))
+    sqlx::query_scalar(include_str!("../../queries/cdc_slot_lost.sql"))
+        .bind(slot)
+        .fetch_optional(pool)
+        .await
+        .map_err(|e| map_sqlx_error("looking at the CDC slot", e))
 }
 
 /// Whether the logical slot `slot` exists in this database.
 pub async fn slot_exists(pool: &PgPool, slot: &str) -> Result<bool> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_replication_slots \
-         WHERE slot_name = $1 AND database = current_database())",
-    )
-    .bind(slot)
-    .fetch_one(pool)
-    .await
-    .map_err(|e| map_sqlx_error("looking for the CDC replication slot", e))
+    sqlx::query_scalar(include_str!("../../queries/cdc_slot_exists.sql"))
+        .bind(slot)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| map_sqlx_error("looking for the CDC replication slot", e))
 }
 
 /// A row of `pg_replication_slots` as [`slots`] reads it: name, reader pid, `wal_status`, lag,
@@ -405,20 +386,11 @@ type SlotRow = (
 /// The CDC slots of `schema`'s outbox (`outbox_<schema>_<group>`), for `outbox status`.
 pub async fn slots(pool: &PgPool, schema: &Schema) -> Result<Vec<outbox_core::status::SlotStatus>> {
     let prefix = format!("outbox_{}_", schema.as_str());
-    let rows: Vec<SlotRow> = sqlx::query_as(
-        "SELECT slot_name::text, active_pid, wal_status, \
-                    pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, \
-                    pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, \
-                    safe_wal_size \
-             FROM pg_replication_slots \
-             WHERE database = current_database() AND plugin = 'pgoutput' \
-               AND left(slot_name::text, length($1)) = $1 \
-             ORDER BY slot_name",
-    )
-    .bind(&prefix)
-    .fetch_all(pool)
-    .await
-    .map_err(|e| map_sqlx_error("reading the CDC slots", e))?;
+    let rows: Vec<SlotRow> = sqlx::query_as(include_str!("../../queries/cdc_slots.sql"))
+        .bind(&prefix)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading the CDC slots", e))?;
     Ok(rows
         .into_iter()
         .map(|(slot, active_pid, wal_status, lag, retained, safe)| {
@@ -438,7 +410,7 @@ pub async fn slots(pool: &PgPool, schema: &Schema) -> Result<Vec<outbox_core::st
 /// slot held is released. Waits for nothing: a slot in use by a relay cannot be dropped.
 pub async fn drop_cdc(pool: &PgPool, names: &CdcNames) -> Result<()> {
     if slot_exists(pool, &names.slot).await? {
-        sqlx::query("SELECT pg_drop_replication_slot($1)")
+        sqlx::query(include_str!("../../queries/cdc_drop_slot.sql"))
             .bind(&names.slot)
             .execute(pool)
             .await
@@ -447,12 +419,12 @@ pub async fn drop_cdc(pool: &PgPool, names: &CdcNames) -> Result<()> {
     let _ = sqlx::query(
         &names
             .schema
-            .render("DELETE FROM {schema}.outbox_settings WHERE name = $1"),
+            .render(include_str!("../../queries/setting_delete.sql")),
     )
     .bind(names.start_setting())
     .execute(pool)
     .await;
-    sqlx::query(&format!("DROP PUBLICATION IF EXISTS {}", names.publication))
+    sqlx::query(&names.render(include_str!("../../queries/cdc_publication_drop.sql")))
         .execute(pool)
         .await
         .map_err(|e| map_sqlx_error("dropping the CDC publication", e))?;

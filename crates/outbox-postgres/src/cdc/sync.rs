@@ -172,7 +172,7 @@ async fn connect(pool: &sqlx::PgPool) -> std::result::Result<PgConnection, sqlx:
         .clone()
         .options([("statement_timeout", "0")]);
     let mut conn = options.connect().await?;
-    let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+    let standby: bool = sqlx::query_scalar(include_str!("../../queries/in_recovery.sql"))
         .fetch_one(&mut conn)
         .await?;
     if standby {
@@ -186,9 +186,10 @@ async fn connect(pool: &sqlx::PgPool) -> std::result::Result<PgConnection, sqlx:
 
 /// Whether `synchronous_standby_names` names any standby.
 async fn standby_named(conn: &mut PgConnection) -> std::result::Result<bool, sqlx::Error> {
-    let setting: String = sqlx::query_scalar("SELECT current_setting('synchronous_standby_names')")
-        .fetch_one(&mut *conn)
-        .await?;
+    let setting: String =
+        sqlx::query_scalar(include_str!("../../queries/synchronous_standby_names.sql"))
+            .fetch_one(&mut *conn)
+            .await?;
     Ok(!crate::cdc::checks::standby_names(&setting).is_empty())
 }
 
@@ -196,13 +197,13 @@ async fn standby_named(conn: &mut PgConnection) -> std::result::Result<bool, sql
 /// synchronous standby once this returns.
 async fn barrier(conn: &mut PgConnection, prefix: &str) -> std::result::Result<u64, sqlx::Error> {
     let mut tx = conn.begin().await?;
-    sqlx::query("SET LOCAL statement_timeout = 0")
+    sqlx::query(include_str!("../../queries/no_statement_timeout.sql"))
         .execute(&mut *tx)
         .await?;
-    sqlx::query("SET LOCAL synchronous_commit = on")
+    sqlx::query(include_str!("../../queries/synchronous_commit_on.sql"))
         .execute(&mut *tx)
         .await?;
-    let at: String = sqlx::query_scalar("SELECT pg_logical_emit_message(true, $1, '')::text")
+    let at: String = sqlx::query_scalar(include_str!("../../queries/cdc_sync_barrier.sql"))
         .bind(prefix)
         .fetch_one(&mut *tx)
         .await?;

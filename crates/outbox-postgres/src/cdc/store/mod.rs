@@ -292,7 +292,7 @@ impl CdcStore {
         let set_up: bool = sqlx::query_scalar(
             &names
                 .schema
-                .render("SELECT EXISTS (SELECT 1 FROM {schema}.outbox_settings WHERE name = $1)"),
+                .render(include_str!("../../../queries/setting_exists.sql")),
         )
         .bind(names.start_setting())
         .fetch_one(&pool)
@@ -320,9 +320,11 @@ impl CdcStore {
             );
         }
         stream::replication_config(url, &names, None)?;
-        let width: i64 = sqlx::query_scalar(&names.schema.render(
-            "SELECT value::bigint FROM {schema}.outbox_settings WHERE name = 'segment_xids'",
-        ))
+        let width: i64 = sqlx::query_scalar(
+            &names
+                .schema
+                .render(include_str!("../../../queries/segment_xids.sql")),
+        )
         .fetch_one(&pool)
         .await
         .map_err(|e| map_sqlx_error("reading the segment width", e))?;
@@ -497,7 +499,7 @@ impl CdcStore {
         if self.polling() {
             return;
         }
-        let r = sqlx::query("SELECT pg_logical_emit_message(false, $1, '')::text")
+        let r = sqlx::query(include_str!("../../../queries/cdc_heartbeat.sql"))
             .bind(self.names.heartbeat_prefix())
             .execute(&self.pool)
             .await;
@@ -638,12 +640,12 @@ impl CdcStore {
         // Under block a failed row holds its key; under skip only rows still to publish do.
         // The table is read again while it holds any row, failed ones included: a redrive
         // turns one back to `retrying` from another process, under either policy.
-        let rows: Vec<(Option<String>, i64)> = sqlx::query_as(&self.names.schema.render(
-            "SELECT k.aggregate_id, (SELECT count(*) FROM {schema}.outbox_parked) \
-             FROM (SELECT 1) AS one LEFT JOIN LATERAL ( \
-               SELECT DISTINCT aggregate_id FROM {schema}.outbox_parked \
-               WHERE $1 OR state <> 'failed') AS k ON true",
-        ))
+        let rows: Vec<(Option<String>, i64)> = sqlx::query_as(
+            &self
+                .names
+                .schema
+                .render(include_str!("../../../queries/cdc_parked_keys.sql")),
+        )
         .bind(s.on_failed == OnFailed::Block)
         .fetch_all(&self.pool)
         .await
@@ -936,7 +938,7 @@ async fn slot_start(pool: &PgPool, names: &CdcNames) -> Result<Option<String>> {
     sqlx::query_scalar(
         &names
             .schema
-            .render("SELECT value FROM {schema}.outbox_settings WHERE name = $1"),
+            .render(include_str!("../../../queries/setting_get.sql")),
     )
     .bind(names.start_setting())
     .fetch_optional(pool)

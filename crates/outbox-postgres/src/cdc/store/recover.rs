@@ -128,11 +128,12 @@ impl CdcStore {
             .begin()
             .await
             .map_err(|e| map_sqlx_error("looking at the CDC recovery lock", e))?;
-        let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
-            .bind(recovery_key(&self.names))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(|e| map_sqlx_error("looking at the CDC recovery lock", e))?;
+        let free: bool =
+            sqlx::query_scalar(include_str!("../../../queries/try_advisory_xact_lock.sql"))
+                .bind(recovery_key(&self.names))
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(|e| map_sqlx_error("looking at the CDC recovery lock", e))?;
         let _ = tx.rollback().await;
         Ok(!free)
     }
@@ -159,15 +160,12 @@ impl CdcStore {
     /// Writes the slot's read position (restart, confirmed) to `outbox_settings` at a
     /// maintenance round, when it moved since the last write.
     pub(super) async fn save_read_position(&self) -> Result<()> {
-        let position: Option<(String, String)> = sqlx::query_as(
-            "SELECT restart_lsn::text, confirmed_flush_lsn::text FROM pg_replication_slots \
-             WHERE slot_name = $1 AND database = current_database() \
-               AND restart_lsn IS NOT NULL AND confirmed_flush_lsn IS NOT NULL",
-        )
-        .bind(&self.names.slot)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| map_sqlx_error("reading the CDC slot's position", e))?;
+        let position: Option<(String, String)> =
+            sqlx::query_as(include_str!("../../../queries/cdc_slot_read_position.sql"))
+                .bind(&self.names.slot)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| map_sqlx_error("reading the CDC slot's position", e))?;
         let Some((r, c)) = position else {
             return Ok(());
         };
@@ -190,15 +188,12 @@ impl CdcStore {
     /// position: a transaction held open anywhere in the cluster holds the latter back without
     /// the relay being behind (warned about apart).
     pub(super) async fn over_limit_drops(&self, limit: u64) -> Result<bool> {
-        let lag: Option<(Option<i64>, Option<i64>)> = sqlx::query_as(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, \
-                    pg_wal_lsn_diff(confirmed_flush_lsn, restart_lsn)::bigint \
-             FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(&self.names.slot)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| map_sqlx_error("reading the CDC slot's lag", e))?;
+        let lag: Option<(Option<i64>, Option<i64>)> =
+            sqlx::query_as(include_str!("../../../queries/cdc_slot_retained.sql"))
+                .bind(&self.names.slot)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| map_sqlx_error("reading the CDC slot's lag", e))?;
         let Some((Some(lag), held_back)) = lag else {
             return Ok(false); // gone already: the next claim finds out
         };
@@ -238,11 +233,11 @@ impl CdcStore {
     /// transaction (the lock is let go at its end).
     async fn try_drop_slot_locked(&self) -> std::result::Result<(), sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('outbox-cdc-slot:' || $1::text))")
+        sqlx::query(include_str!("../../../queries/cdc_slot_lock.sql"))
             .bind(&self.names.slot)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("SELECT pg_drop_replication_slot($1)")
+        sqlx::query(include_str!("../../../queries/cdc_drop_slot.sql"))
             .bind(&self.names.slot)
             .execute(&mut *tx)
             .await?;
@@ -298,15 +293,16 @@ impl Recovery {
             .await
             .map_err(|e| map_sqlx_error("taking the CDC recovery lock", e))?;
         // Making a slot waits for every transaction running then: no statement timeout.
-        sqlx::query("SET LOCAL statement_timeout = 0")
+        sqlx::query(include_str!("../../../queries/no_statement_timeout.sql"))
             .execute(&mut *lock)
             .await
             .map_err(|e| map_sqlx_error("taking the CDC recovery lock", e))?;
-        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
-            .bind(recovery_key(&self.names))
-            .fetch_one(&mut *lock)
-            .await
-            .map_err(|e| map_sqlx_error("taking the CDC recovery lock", e))?;
+        let got: bool =
+            sqlx::query_scalar(include_str!("../../../queries/try_advisory_xact_lock.sql"))
+                .bind(recovery_key(&self.names))
+                .fetch_one(&mut *lock)
+                .await
+                .map_err(|e| map_sqlx_error("taking the CDC recovery lock", e))?;
         if !got {
             return Err(Error::new(
                 ErrorKind::Connection,
@@ -413,7 +409,7 @@ async fn saved_read_position(pool: &PgPool, names: &CdcNames) -> Result<Option<(
     let text: Option<String> = sqlx::query_scalar(
         &names
             .schema
-            .render("SELECT value FROM {schema}.outbox_settings WHERE name = $1"),
+            .render(include_str!("../../../queries/setting_get.sql")),
     )
     .bind(names.read_setting())
     .fetch_optional(pool)
@@ -427,7 +423,7 @@ async fn saved_read_position(pool: &PgPool, names: &CdcNames) -> Result<Option<(
 
 /// The server's flushed WAL position now.
 async fn wal_now(pool: &PgPool) -> Result<u64> {
-    let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text")
+    let lsn: String = sqlx::query_scalar(include_str!("../../../queries/wal_flush_lsn.sql"))
         .fetch_one(pool)
         .await
         .map_err(|e| map_sqlx_error("reading the WAL position", e))?;

@@ -1,0 +1,1 @@
+SELECT pg_advisory_unlock(hashtext($1))

@@ -1,0 +1,1 @@
+SELECT pg_backend_pid()

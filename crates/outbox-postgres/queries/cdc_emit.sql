@@ -1,0 +1,1 @@
+SELECT {schema}.outbox_emit($1)::text

@@ -1,0 +1,5 @@
+BEGIN ISOLATION LEVEL READ COMMITTED, READ ONLY;
+SET LOCAL jit = off;
+SET LOCAL enable_bitmapscan = off;
+SET LOCAL enable_seqscan = off;
+SET LOCAL enable_sort = off

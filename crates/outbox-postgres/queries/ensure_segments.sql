@@ -1,0 +1,1 @@
+SELECT {schema}.outbox_ensure_segments($1)

@@ -1,0 +1,1 @@
+SELECT pg_is_in_recovery()

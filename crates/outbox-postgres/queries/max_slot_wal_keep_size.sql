@@ -1,0 +1,1 @@
+SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'

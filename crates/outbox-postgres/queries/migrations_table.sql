@@ -1,0 +1,1 @@
+SELECT to_regclass(format('%I.outbox_migrations', $1::text))::text

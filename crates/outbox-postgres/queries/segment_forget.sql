@@ -1,0 +1,1 @@
+DELETE FROM {schema}.outbox_segments WHERE name = $1

@@ -1,0 +1,1 @@
+SELECT value::bigint FROM {schema}.outbox_settings WHERE name = 'segment_xids'

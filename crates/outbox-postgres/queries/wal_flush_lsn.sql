@@ -1,0 +1,1 @@
+SELECT pg_current_wal_flush_lsn()::text

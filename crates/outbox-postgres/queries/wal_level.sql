@@ -1,0 +1,1 @@
+SELECT current_setting('wal_level')
