@@ -233,10 +233,7 @@ async fn a_wrong_ca_is_refused_with_the_cause_and_what_to_do_and_no_secret() {
 async fn plaintext_is_refused_by_the_server() {
     let (pool, schema) = common::migrated_outbox(&good_url(), 2).await;
     for user in ["outbox_cert", "root"] {
-        let plain = format!(
-            "mysql://{user}@127.0.0.1:{}/test?ssl-mode=DISABLED",
-            port()
-        );
+        let plain = format!("mysql://{user}@127.0.0.1:{}/test?ssl-mode=DISABLED", port());
         let e = open_error(&plain, &schema, &pool).await;
         // MariaDB refuses a plaintext login under require_secure_transport as a denied access.
         assert!(e.contains("Access denied"), "{e}");

@@ -509,13 +509,28 @@ async fn connect(target: &Target, opts: OptsBuilder, shown: &str) -> Result<Conn
                 target.mode.name()
             )))
         }
-        Err(mysql_async::Error::Io(mysql_async::IoError::Tls(e))) => Err(Error::config(format!(
-            "{doing}: the TLS handshake failed ({e}): check that ssl-ca is the CA that signed \
-             the server's certificate, that the URL's host is a name in that certificate \
-             (VERIFY_IDENTITY), and that ssl-cert/ssl-key are the client certificate the user \
-             requires; will retry"
-        ))),
-        Err(e) => Err(error(&doing, e)),
+        Err(e) => match tls_failure(&e) {
+            Some(cause) => Err(Error::config(format!(
+                "{doing}: the TLS handshake failed ({cause}): check that ssl-ca is the CA that \
+                 signed the server's certificate, that the URL's host is a name in that \
+                 certificate (VERIFY_IDENTITY), and that ssl-cert/ssl-key are the client \
+                 certificate the user requires; will retry"
+            ))),
+            None => Err(error(&doing, e)),
+        },
+    }
+}
+
+/// What failed in a TLS handshake, if `e` is one: rustls's verdict (tokio-rustls hands it up
+/// inside an I/O error) or mysql_async's own TLS error (a CA or key it could not load).
+fn tls_failure(e: &mysql_async::Error) -> Option<String> {
+    match e {
+        mysql_async::Error::Io(mysql_async::IoError::Tls(e)) => Some(e.to_string()),
+        mysql_async::Error::Io(mysql_async::IoError::Io(io)) => io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .map(ToString::to_string),
+        _ => None,
     }
 }
 

@@ -150,10 +150,7 @@ impl Target {
         if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
             let chain = outbox_core::tls::read_file(&conn, "ssl-cert", Path::new(cert))?;
             let key_der = rsa_key(&conn, Path::new(key))?;
-            ssl = ssl.with_client_identity(Some(ClientIdentity::new(
-                chain.into(),
-                key_der.into(),
-            )));
+            ssl = ssl.with_client_identity(Some(ClientIdentity::new(chain.into(), key_der.into())));
         }
         Ok(Some(ssl))
     }
