@@ -473,19 +473,20 @@ async fn connect(target: &Target, opts: OptsBuilder, shown: &str) -> Result<Conn
     // rustls will not choose one by itself. An error only says one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let doing = format!("connecting to MySQL at {shown} to read the binlog");
-    // In plaintext, a refused login may be the server's require_secure_transport (MariaDB
-    // answers it as a denied access): say so beside the privilege the login needs.
+    // With TLS turned off, a refused login may be the server's require_secure_transport
+    // (MariaDB answers a plaintext login to it as a denied access): say so beside the
+    // privilege the login needs. (`PREFERRED` falls back only where the server offers no TLS,
+    // so it cannot require it.)
     let plain = |e: mysql_async::Error| {
         let refused = matches!(&e, mysql_async::Error::Server(s) if s.code == 1045);
         let e = error(&doing, e);
-        if refused {
+        if refused && target.mode == SslMode::Disabled {
             Error::new(
                 e.kind(),
                 format!(
-                    "{e}; over plaintext (ssl-mode={}): a server with \
-                     require_secure_transport refuses every plaintext login so, give ssl-mode \
-                     (VERIFY_IDENTITY with ssl-ca)",
-                    target.mode.name()
+                    "{e}; or the login went in plaintext (ssl-mode=DISABLED) to a server with \
+                     require_secure_transport, which refuses it so: set ssl-mode=VERIFY_IDENTITY \
+                     and ssl-ca"
                 ),
             )
         } else {
