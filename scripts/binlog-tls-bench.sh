@@ -18,7 +18,7 @@ ticks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 secure() { mariadb -S "$dir/mysqld.sock" -u root -e "SET GLOBAL require_secure_transport = $1"; }
 trap 'secure ON' EXIT
 plain="mysql://root@127.0.0.1:3312/test?ssl-mode=DISABLED"
-tls="mysql://outbox_cert@localhost:3312/test?ssl-mode=VERIFY_IDENTITY&ssl-ca=$d/ca.pem&ssl-cert=$d/client-rsa.pem&ssl-key=$d/client-rsa.key"
+tls="mysql://outbox_cert@localhost:3312/test?ssl-mode=VERIFY_IDENTITY&ssl-ca=$d/ca.pem&ssl-cert=$d/client.pem&ssl-key=$d/client.key"
 for round in $(seq 1 "${ROUNDS:-3}"); do
   for v in tls plain; do
     if [ "$v" = plain ]; then secure OFF; else secure ON; fi

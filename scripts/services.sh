@@ -361,21 +361,10 @@ mariadb_tls_server
 # A MariaDB that takes TLS connections only (require_secure_transport) AND keeps the row binlog,
 # on 127.0.0.1:3312: the binlog stream's TLS tests (crates/outbox-mysql/tests/binlog_tls.rs) and
 # CI's `verify --binlog` over TLS. User outbox_cert logs in by its client certificate
-# (REQUIRE SUBJECT '/CN=outbox_cert'). mysql_async, the binlog reader's driver, loads RSA client
-# keys only, so an RSA client certificate of the same CN is made beside the EC one:
-# client-rsa.pem / client-rsa.key (PKCS#8). Data in /var/lib/outbox-mariadb-binlog-tls, made once.
+# (REQUIRE SUBJECT '/CN=outbox_cert'); root has no password. Data in
+# /var/lib/outbox-mariadb-binlog-tls, made once.
 mariadb_binlog_tls_server() {
   local dir=/var/lib/outbox-mariadb-binlog-tls
-  if [ ! -s "$tls_dir/client-rsa.pem" ] || [ "$tls_dir/client-rsa.pem" -ot "$tls_dir/ca.pem" ]; then
-    openssl req -new -newkey rsa:2048 -nodes -keyout "$tls_dir/client-rsa.key" \
-      -subj "/CN=outbox_cert" -out "$tls_dir/client-rsa.csr" 2>/dev/null
-    printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' \
-      >"$tls_dir/client-rsa.ext"
-    openssl x509 -req -in "$tls_dir/client-rsa.csr" -CA "$tls_dir/ca.pem" -CAkey "$tls_dir/ca.key" \
-      -CAcreateserial -days 825 -extfile "$tls_dir/client-rsa.ext" -out "$tls_dir/client-rsa.pem" 2>/dev/null
-    rm -f "$tls_dir/client-rsa.csr" "$tls_dir/client-rsa.ext"
-    chmod 644 "$tls_dir/client-rsa.pem" && chmod 600 "$tls_dir/client-rsa.key"
-  fi
   if ! up 3312; then
     if [ ! -d "$dir/data/mysql" ]; then
       echo "services: making the data directory of the MariaDB with TLS and the binlog in $dir"

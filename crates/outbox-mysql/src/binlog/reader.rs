@@ -172,8 +172,8 @@ impl BinlogReader {
         let target = Target::parse(url, &shown)?;
         let opts = Opts::from_url(&target.url)
             .map_err(|e| Error::config(format!("database URL `{shown}`: {e}")))?;
-        let keepalive = u32::try_from(options.keepalive.as_millis()).unwrap_or(u32::MAX);
-        let mut opts = OptsBuilder::from_opts(opts).tcp_keepalive(Some(keepalive.max(1_000)));
+        let keepalive = options.keepalive.max(Duration::from_secs(1));
+        let mut opts = OptsBuilder::from_opts(opts).tcp_keepalive(Some(keepalive));
         // mysql_async moves a connection to 127.0.0.1 onto the server's Unix socket unless told
         // not to: the connection the URL names (a proxy's, say) is the one to read through (and
         // the one TLS protects: mysql_async never encrypts a socket).

@@ -11,8 +11,8 @@
 //!
 //! The files are read here, at each connection (a rotated certificate is taken at the next
 //! reconnection), so a missing one is a configuration error naming the option and the path.
-//! mysql_async loads RSA client keys only: a PKCS#8 RSA key is handed over as PKCS#1, and an EC
-//! or Ed25519 key is refused with that reason (the pool takes every kind).
+//! The key is a PEM file of any kind rustls signs with (PKCS#8, PKCS#1, SEC1: RSA, ECDSA,
+//! Ed25519), as for the pool.
 
 use std::path::Path;
 
@@ -149,86 +149,24 @@ impl Target {
         }
         if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
             let chain = outbox_core::tls::read_file(&conn, "ssl-cert", Path::new(cert))?;
-            let key_der = rsa_key(&conn, Path::new(key))?;
-            ssl = ssl.with_client_identity(Some(ClientIdentity::new(chain.into(), key_der.into())));
+            let key = client_key(&conn, Path::new(key))?;
+            ssl = ssl.with_client_identity(Some(ClientIdentity::new(chain.into(), key.into())));
         }
         Ok(Some(ssl))
     }
 }
 
-/// The client key at `path` as PKCS#1 DER, the one form mysql_async's rustls loader takes
-/// (DER that is not UTF-8 is read as PKCS#1).
-fn rsa_key(conn: &str, path: &Path) -> Result<Vec<u8>, Error> {
+/// The client key at `path`, checked to be a PEM private key (mysql_async would read a file
+/// that is not PEM text as PKCS#1 DER and fail later, with less to say).
+fn client_key(conn: &str, path: &Path) -> Result<Vec<u8>, Error> {
     let bytes = outbox_core::tls::read_file(conn, "ssl-key", path)?;
-    let shown = path.display();
-    let key = PrivateKeyDer::from_pem_slice(&bytes)
-        .or_else(|_| PrivateKeyDer::try_from(bytes.as_slice()).map(|k| k.clone_key()))
-        .map_err(|_| {
-            Error::config(format!(
-                "{conn}: ssl-key {shown} holds no private key (PEM or DER)"
-            ))
-        })?;
-    let not_rsa = || {
-        Error::config(format!(
-            "{conn}: ssl-key {shown} is not an RSA key: the binlog stream's driver (mysql_async) \
-             loads RSA client keys only; give the binlog's user an RSA client certificate (the \
-             pool takes EC keys too)"
-        ))
-    };
-    match key {
-        PrivateKeyDer::Pkcs1(k) => Ok(k.secret_pkcs1_der().to_vec()),
-        PrivateKeyDer::Pkcs8(k) => pkcs1_of_pkcs8(k.secret_pkcs8_der()).ok_or_else(not_rsa),
-        _ => Err(not_rsa()),
+    if PrivateKeyDer::from_pem_slice(&bytes).is_err() {
+        return Err(Error::config(format!(
+            "{conn}: ssl-key {} holds no PEM private key (PKCS#8, PKCS#1 or SEC1)",
+            path.display()
+        )));
     }
-}
-
-/// The DER OID of rsaEncryption (1.2.840.113549.1.1.1), as a PKCS#8 key's algorithm names it.
-const RSA_ENCRYPTION: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01];
-
-/// The PKCS#1 key a PKCS#8 `PrivateKeyInfo` wraps, when its algorithm is RSA:
-/// `SEQUENCE { INTEGER version, SEQUENCE { OID, params }, OCTET STRING pkcs1, … }`.
-fn pkcs1_of_pkcs8(der: &[u8]) -> Option<Vec<u8>> {
-    let (0x30, info, _) = tlv(der)? else {
-        return None;
-    };
-    let (0x02, _, rest) = tlv(info)? else {
-        return None;
-    };
-    let (0x30, algorithm, rest) = tlv(rest)? else {
-        return None;
-    };
-    let (0x06, oid, _) = tlv(algorithm)? else {
-        return None;
-    };
-    if oid != RSA_ENCRYPTION {
-        return None;
-    }
-    let (0x04, pkcs1, _) = tlv(rest)? else {
-        return None;
-    };
-    Some(pkcs1.to_vec())
-}
-
-/// One DER tag-length-value: its tag, its contents and what follows it.
-fn tlv(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = der.split_first()?;
-    let (&first, mut rest) = rest.split_first()?;
-    let len = if first < 0x80 {
-        usize::from(first)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || rest.len() < n {
-            return None;
-        }
-        let (bytes, after) = rest.split_at(n);
-        rest = after;
-        bytes.iter().fold(0usize, |l, &b| (l << 8) | usize::from(b))
-    };
-    if rest.len() < len {
-        return None;
-    }
-    let (value, after) = rest.split_at(len);
-    Some((tag, value, after))
+    Ok(bytes)
 }
 
 /// Percent-decodes a URL query value (a path with a space or a `%`).
@@ -315,21 +253,25 @@ mod tests {
     }
 
     #[test]
-    fn der_is_walked_and_a_non_rsa_pkcs8_is_refused() {
-        // SEQUENCE { INTEGER 0, SEQUENCE { OID rsaEncryption, NULL }, OCTET STRING 01 02 }
-        let mut alg = vec![0x06, 0x09];
-        alg.extend_from_slice(RSA_ENCRYPTION);
-        alg.extend_from_slice(&[0x05, 0x00]);
-        let mut body = vec![0x02, 0x01, 0x00, 0x30, u8::try_from(alg.len()).unwrap()];
-        body.extend_from_slice(&alg);
-        body.extend_from_slice(&[0x04, 0x02, 0x01, 0x02]);
-        let mut der = vec![0x30, u8::try_from(body.len()).unwrap()];
-        der.extend_from_slice(&body);
-        assert_eq!(pkcs1_of_pkcs8(&der), Some(vec![0x01, 0x02]));
-        // The same with id-ecPublicKey's first byte changed: not RSA.
-        let at = der.iter().position(|&b| b == 0x2a).unwrap();
-        der[at] = 0x2b;
-        assert_eq!(pkcs1_of_pkcs8(&der), None);
-        assert_eq!(pkcs1_of_pkcs8(&[0x30, 0x85]), None);
+    fn a_key_file_that_is_no_pem_key_is_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("outbox-tls-{}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cert = dir.join("c.pem");
+        let key = dir.join("c.key");
+        std::fs::write(
+            &cert,
+            "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        std::fs::write(&key, "not a key").unwrap();
+        let t = target(&format!(
+            "mysql://h/db?ssl-mode=REQUIRED&ssl-cert={}&ssl-key={}",
+            cert.display(),
+            key.display()
+        ));
+        let e = t.ssl_opts("shown").unwrap_err().to_string();
+        assert!(e.contains("holds no PEM private key"), "{e}");
+        assert!(e.contains("c.key"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
