@@ -357,3 +357,40 @@ mariadb_tls_server() {
   return 1
 }
 mariadb_tls_server
+
+# A MariaDB that takes TLS connections only (require_secure_transport) AND keeps the row binlog,
+# on 127.0.0.1:3312: the binlog stream's TLS tests (crates/outbox-mysql/tests/binlog_tls.rs) and
+# CI's `verify --binlog` over TLS. User outbox_cert logs in by its client certificate
+# (REQUIRE SUBJECT '/CN=outbox_cert'); root has no password. Data in
+# /var/lib/outbox-mariadb-binlog-tls, made once.
+mariadb_binlog_tls_server() {
+  local dir=/var/lib/outbox-mariadb-binlog-tls
+  if ! up 3312; then
+    if [ ! -d "$dir/data/mysql" ]; then
+      echo "services: making the data directory of the MariaDB with TLS and the binlog in $dir"
+      rm -rf "$dir/data" && mkdir -p "$dir"
+      mariadb-install-db --no-defaults --datadir="$dir/data" --user="$(id -un)" \
+        --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1
+    fi
+    echo "services: starting MariaDB with TLS only and the row binlog on 127.0.0.1:3312"
+    setsid nohup mariadbd --no-defaults --datadir="$dir/data" --user="$(id -un)" \
+      --bind-address=127.0.0.1 --port=3312 --socket="$dir/mysqld.sock" \
+      --pid-file="$dir/mysqld.pid" --innodb-buffer-pool-size=128M --server-id=1 \
+      --log-bin="$dir/data/binlog" --binlog-format=ROW --binlog-row-image=FULL \
+      --max-binlog-size=64M --expire-logs-days=1 \
+      --ssl-ca="$tls_dir/ca.pem" --ssl-cert="$tls_dir/server.pem" --ssl-key="$tls_dir/server.key" \
+      --require-secure-transport=ON >>"$dir/server.log" 2>&1 </dev/null &
+  fi
+  wait_port "MariaDB (TLS only, row binlog)" 3312
+  for _ in $(seq 1 30); do
+    if mariadb -S "$dir/mysqld.sock" -u root -e "CREATE DATABASE IF NOT EXISTS test;
+        CREATE USER IF NOT EXISTS outbox_cert@'%' REQUIRE SUBJECT '/CN=outbox_cert';
+        GRANT ALL ON *.* TO outbox_cert@'%'" >/dev/null 2>&1; then
+      return 0
+    fi
+    sleep 1
+  done
+  echo "services: the MariaDB on 127.0.0.1:3312 did not take the setup; its log: $dir/server.log" >&2
+  return 1
+}
+mariadb_binlog_tls_server

@@ -14,6 +14,8 @@
 //!   trigger goes, and positions move to `outbox_sequence`.
 //! - [`sequencer`] gives each committed row its partition and position there, in commit order,
 //!   from this reader; the polling engine relays by them (`MysqlStore::binlog`).
+//! - `tls`: the stream's TLS, from the pool's URL options (`ssl-mode`, `ssl-ca`, `ssl-cert`,
+//!   `ssl-key`).
 //! - [`status`] is what `outbox status` and the metrics show of the sequencer.
 
 mod decode;
@@ -23,6 +25,7 @@ pub mod route;
 pub mod sequencer;
 pub mod server;
 pub mod status;
+mod tls;
 mod xa;
 
 pub use position::BinlogPosition;

@@ -12,6 +12,7 @@ use outbox_core::{Error, ErrorKind};
 use tracing::{error, warn};
 
 use super::decode::Layout;
+use super::tls::{SslMode, Target};
 use super::xa;
 use super::BinlogPosition;
 use crate::Schema;
@@ -168,25 +169,18 @@ impl BinlogReader {
         options: &ReadOptions,
     ) -> Result<Self, ReadError> {
         let shown = outbox_core::redact::url(url);
-        let rest = url
-            .split_once("://")
-            .map(|(_, rest)| rest)
-            .ok_or_else(|| Error::config(format!("database URL `{shown}` is not a MySQL URL")))?;
-        let opts = Opts::from_url(&format!("mysql://{rest}"))
+        let target = Target::parse(url, &shown)?;
+        let opts = Opts::from_url(&target.url)
             .map_err(|e| Error::config(format!("database URL `{shown}`: {e}")))?;
-        let keepalive = u32::try_from(options.keepalive.as_millis()).unwrap_or(u32::MAX);
-        let mut opts = OptsBuilder::from_opts(opts).tcp_keepalive(Some(keepalive.max(1_000)));
+        let keepalive = options.keepalive.max(Duration::from_secs(1));
+        let mut opts = OptsBuilder::from_opts(opts).tcp_keepalive(Some(keepalive));
         // mysql_async moves a connection to 127.0.0.1 onto the server's Unix socket unless told
-        // not to: the connection the URL names (a proxy's, say) is the one to read through.
-        if !rest.contains("prefer_socket=") {
+        // not to: the connection the URL names (a proxy's, say) is the one to read through (and
+        // the one TLS protects: mysql_async never encrypts a socket).
+        if !target.url.contains("prefer_socket=") {
             opts = opts.prefer_socket(false);
         }
-        let mut conn = Conn::new(opts).await.map_err(|e| {
-            error(
-                &format!("connecting to MySQL at {shown} to read the binlog"),
-                e,
-            )
-        })?;
+        let mut conn = connect(&target, opts, &shown).await?;
         let columns: Vec<(String, u64)> = conn
             .exec(
                 "SELECT CAST(COLUMN_NAME AS CHAR), ORDINAL_POSITION FROM information_schema.COLUMNS \
@@ -470,6 +464,75 @@ fn decode_error(position: &BinlogPosition, what: &str) -> ReadError {
         ErrorKind::Malformed,
         format!("decoding the binlog at {position}: {what}"),
     ))
+}
+
+/// Connects as `target` asks: over TLS unless `DISABLED`; `PREFERRED` falls back to plaintext
+/// only when the server offers no TLS (as the pool does), never after a failed handshake.
+async fn connect(target: &Target, opts: OptsBuilder, shown: &str) -> Result<Conn, Error> {
+    // The process's one provider (ring): with aws-lc-rs in the build too (the AWS SDK's),
+    // rustls will not choose one by itself. An error only says one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let doing = format!("connecting to MySQL at {shown} to read the binlog");
+    // With TLS turned off, a refused login may be the server's require_secure_transport
+    // (MariaDB answers a plaintext login to it as a denied access): say so beside the
+    // privilege the login needs. (`PREFERRED` falls back only where the server offers no TLS,
+    // so it cannot require it.)
+    let plain = |e: mysql_async::Error| {
+        let refused = matches!(&e, mysql_async::Error::Server(s) if s.code == 1045);
+        let e = error(&doing, e);
+        if refused && target.mode == SslMode::Disabled {
+            Error::new(
+                e.kind(),
+                format!(
+                    "{e}; or the login went in plaintext (ssl-mode=DISABLED) to a server with \
+                     require_secure_transport, which refuses it so: set ssl-mode=VERIFY_IDENTITY \
+                     and ssl-ca"
+                ),
+            )
+        } else {
+            e
+        }
+    };
+    let Some(ssl) = target.ssl_opts(shown)? else {
+        return Conn::new(opts).await.map_err(plain);
+    };
+    match Conn::new(opts.clone().ssl_opts(ssl)).await {
+        Ok(conn) => Ok(conn),
+        Err(mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer))
+            if target.mode == SslMode::Preferred =>
+        {
+            Conn::new(opts).await.map_err(plain)
+        }
+        Err(mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer)) => {
+            Err(Error::config(format!(
+                "{doing}: the server offers no TLS, and ssl-mode={} asks for it: turn TLS on at \
+                 the server (ssl_cert, ssl_key) or connect with ssl-mode=PREFERRED",
+                target.mode.name()
+            )))
+        }
+        Err(e) => match tls_failure(&e) {
+            Some(cause) => Err(Error::config(format!(
+                "{doing}: the TLS handshake failed ({cause}): check that ssl-ca is the CA that \
+                 signed the server's certificate, that the URL's host is a name in that \
+                 certificate (VERIFY_IDENTITY), and that ssl-cert/ssl-key are the client \
+                 certificate the user requires; will retry"
+            ))),
+            None => Err(error(&doing, e)),
+        },
+    }
+}
+
+/// What failed in a TLS handshake, if `e` is one: rustls's verdict (tokio-rustls hands it up
+/// inside an I/O error) or mysql_async's own TLS error (a CA or key it could not load).
+fn tls_failure(e: &mysql_async::Error) -> Option<String> {
+    match e {
+        mysql_async::Error::Io(mysql_async::IoError::Tls(e)) => Some(e.to_string()),
+        mysql_async::Error::Io(mysql_async::IoError::Io(io)) => io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .map(ToString::to_string),
+        _ => None,
+    }
 }
 
 /// A `mysql_async` error as an outbox error whose kind tells retry from fix.
