@@ -339,8 +339,16 @@ mod tests {
         proxy.set_upstream(&format!("127.0.0.1:{b}"));
         assert_eq!(proxy.upstream(), format!("127.0.0.1:{b}"));
         let mut new = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
-        assert_eq!(ask(&mut new), b'b', "a new connection goes where the address moved");
+        assert_eq!(
+            ask(&mut new),
+            b'b',
+            "a new connection goes where the address moved"
+        );
         old.write_all(b"?").unwrap();
-        assert_eq!(ask(&mut old), b'a', "a connection made before stays with its server");
+        assert_eq!(
+            ask(&mut old),
+            b'a',
+            "a connection made before stays with its server"
+        );
     }
 }
