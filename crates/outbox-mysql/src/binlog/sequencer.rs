@@ -401,7 +401,9 @@ async fn lead(inner: &Arc<Inner>) -> Result<()> {
                 }
                 if let Some(end) = end {
                     s.holding = reader.holding();
-                    // The reader has read nothing past `end`: its GTID state is `end`'s.
+                    // The reader's GTID state is `end`'s, or later only by transactions
+                    // without outbox rows (one with rows would have been handed back): resuming
+                    // after them skips nothing of ours.
                     s.gtid = reader.gtid_state();
                     s.save(rows, end).await?;
                 }
