@@ -87,11 +87,14 @@ async fn one_megabyte_payloads_keep_peak_rss_under_the_byte_bound_plus_a_constan
     assert_eq!(lines, 120, "every message reached the file once");
 
     // The payloads the relay holds at once (shared by its two workers), plus working room: a
-    // row in the driver's buffer per worker, the file sink's line, and the allocator's arenas
-    // keeping freed 1 MB blocks (43-55 MiB measured in all; 304 MiB before claims were bounded
-    // by bytes).
+    // row in the driver's buffer per worker, the file sink's line, and glibc's arenas keeping
+    // freed 1 MB blocks (its mmap threshold rises after the first large free). Measured over the
+    // baseline: 29-30 MiB in plaintext, 39-48 MiB over TLS (the default `sslmode=prefer` takes it
+    // where the server offers it: rustls's records are copied into the driver's buffer), 20-22
+    // MiB with `MALLOC_MMAP_THRESHOLD_=262144`. Unbounded by bytes the relay held every payload:
+    // 120 MiB over the baseline (304 MiB in all before claims were bounded by bytes).
     let bound = RelayConfig::default().batch_bytes as u64;
-    let slack = 32 * 1024 * 1024;
+    let slack = 56 * 1024 * 1024;
     let allowed = baseline + bound + slack;
     println!(
         "peak RSS {} MiB with 1 MB payloads; {} MiB with one small row; bound {} MiB",

@@ -11,6 +11,7 @@
 pub mod binlog;
 pub mod debezium;
 mod error;
+pub mod grants;
 mod migrate;
 mod queries;
 pub mod ranges;

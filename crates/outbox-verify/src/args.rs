@@ -117,7 +117,8 @@ pub struct Args {
     pub network_blackout: Dur,
     /// Run every part as the database URL's user, instead of least-privilege logins made for the
     /// run: writers, relays and operator commands each log in as a role holding only its part's
-    /// grants (docs/roles.md; PostgreSQL).
+    /// grants (docs/roles.md on PostgreSQL; on MySQL/MariaDB accounts with exactly the grants of
+    /// docs/engine-mysql.md, "Least privileges", the operator running `outbox migrate`).
     #[arg(long)]
     pub no_roles: bool,
     /// Output format of the report.
@@ -155,6 +156,16 @@ pub struct Args {
     /// CDC mode: producers writing with `emit` (no row), on keys of their own (default 2).
     #[arg(long)]
     pub emit_producers: Option<usize>,
+    /// MySQL/MariaDB: producers writing the plain INSERT in XA transactions (`XA START … XA
+    /// PREPARE … XA COMMIT`, some `XA ROLLBACK`, some `XA COMMIT … ONE PHASE`), on keys of
+    /// their own; their order counts (default 2; 0: none).
+    #[arg(long)]
+    pub xa_producers: Option<usize>,
+    /// MySQL/MariaDB: rows written against the SQL contract (an id that is not a UUID, a zero
+    /// date; the server's checks off for the statement), each on a key of its own: each must
+    /// end `failed` with its column named (default 20; 0: none).
+    #[arg(long)]
+    pub odd_rows: Option<usize>,
 }
 
 /// Which relay `outbox verify` checks.
@@ -179,6 +190,18 @@ impl Args {
             Profile::Long => (Duration::from_secs(600), 3, 8, 4, 500),
         };
         let keys = self.keys.unwrap_or(k).max(1);
+        let database_url = self
+            .database_url
+            .clone()
+            .or_else(|| std::env::var("OUTBOX_DATABASE_URL").ok())
+            .or_else(|| std::env::var("DATABASE_URL").ok())
+            .context("verify needs --database-url (or OUTBOX_DATABASE_URL / DATABASE_URL)")?;
+        let mysql = outbox_db::Backend::of(&database_url)? == outbox_db::Backend::Mysql;
+        if !mysql
+            && (self.xa_producers.is_some_and(|x| x > 0) || self.odd_rows.is_some_and(|x| x > 0))
+        {
+            anyhow::bail!("verify: --xa-producers and --odd-rows write MySQL/MariaDB's SQL; use a mysql:// URL");
+        }
         let shape = Shape {
             producers: self.producers.unwrap_or(p).max(1),
             keys,
@@ -189,6 +212,16 @@ impl Args {
                 VerifyMode::Polling | VerifyMode::Switch => 0,
             },
             debezium: self.debezium,
+            xa_producers: if mysql {
+                self.xa_producers.unwrap_or(2)
+            } else {
+                0
+            },
+            odd_rows: if mysql {
+                self.odd_rows.unwrap_or(20)
+            } else {
+                0
+            },
         };
         if self.mode == VerifyMode::Polling && self.emit_producers.is_some_and(|e| e > 0) {
             anyhow::bail!("verify: --emit-producers writes logical messages only a CDC relay reads; add --mode cdc");
@@ -223,12 +256,6 @@ impl Args {
                 ),
             }
         }
-        let database_url = self
-            .database_url
-            .clone()
-            .or_else(|| std::env::var("OUTBOX_DATABASE_URL").ok())
-            .or_else(|| std::env::var("DATABASE_URL").ok())
-            .context("verify needs --database-url (or OUTBOX_DATABASE_URL / DATABASE_URL)")?;
         Ok(Settings {
             database_url,
             sink_url: self.sink.clone(),

@@ -23,6 +23,12 @@ pub enum WriterKind {
     /// CDC mode's table-less writer (`emit`, a logical message in the transaction): per-key
     /// order is commit order, a guarantee.
     Emit,
+    /// MySQL/MariaDB: the plain `INSERT` in an XA transaction (`XA START … XA PREPARE … XA
+    /// COMMIT`, as a JTA transaction manager drives it), on keys of its own. Only its committed
+    /// transactions are in the ledger (the ledger row is written in the XA transaction), so a
+    /// message of one that ended in `XA ROLLBACK` is a phantom if it arrives. Per-key order is
+    /// commit order, a guarantee (the database orders the plain insert there).
+    Xa,
 }
 
 impl WriterKind {
@@ -32,6 +38,7 @@ impl WriterKind {
             Self::Locked => "locked",
             Self::Raw => "raw",
             Self::Emit => "emit",
+            Self::Xa => "xa",
         }
     }
 
@@ -41,6 +48,7 @@ impl WriterKind {
             "locked" => Some(Self::Locked),
             "raw" => Some(Self::Raw),
             "emit" => Some(Self::Emit),
+            "xa" => Some(Self::Xa),
             _ => None,
         }
     }
@@ -183,7 +191,7 @@ pub fn check(
         // Order is judged on the committed key, so a mismatch is not counted twice.
         let key = c.key.as_str();
         match c.writer {
-            WriterKind::Locked | WriterKind::Emit => {
+            WriterKind::Locked | WriterKind::Emit | WriterKind::Xa => {
                 let h = high.entry(key).or_insert(i64::MIN);
                 if c.n < *h {
                     v.order_violations += 1;
@@ -239,7 +247,9 @@ pub fn check(
     for ((_, writer), ps) in &producers {
         let shared = usize::from(ps.len() > 1);
         match writer {
-            WriterKind::Locked | WriterKind::Emit => v.keys_written_by_several_producers += shared,
+            WriterKind::Locked | WriterKind::Emit | WriterKind::Xa => {
+                v.keys_written_by_several_producers += shared
+            }
             WriterKind::Raw => {
                 v.raw_order.keys += 1;
                 v.raw_order.keys_written_by_several_producers += shared;
@@ -255,6 +265,77 @@ pub fn check(
         .take(10)
         .map(Uuid::to_string)
         .collect();
+    v
+}
+
+/// A row written on purpose against the SQL contract (MySQL/MariaDB, with the server's checks
+/// off for the statement, as a writer from before migration 4 or one that skips them would):
+/// the relay cannot hand it over, and it must end `failed` with the column it could not read
+/// named, alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OddRow {
+    /// The row's `seq`.
+    pub seq: i64,
+    /// The column that is not what the contract says: `id` (not a UUID) or `created_at` (a
+    /// zero date).
+    pub column: String,
+}
+
+/// A failed row as the store reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedRow {
+    /// Its `seq`.
+    pub seq: i64,
+    /// The error it failed with.
+    pub error: Option<String>,
+}
+
+/// What became of the odd rows.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct OddVerdict {
+    /// Odd rows committed.
+    pub odd_rows: usize,
+    /// Of those, rows that ended `failed` with their column named in the error.
+    pub odd_failed_named: usize,
+    /// Up to ten odd rows that did not, each as `seq (column): what the store says`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub odd_sample: Vec<String>,
+}
+
+impl OddVerdict {
+    /// Whether every odd row ended `failed` with its column named.
+    pub fn ok(&self) -> bool {
+        self.odd_failed_named == self.odd_rows
+    }
+}
+
+/// Judges the odd rows against the store's failed rows: each must be among them, its error
+/// naming its column (`` `id` `` or `` `created_at` ``). That no odd row arrived at the broker
+/// is the phantom check's part (a zero-date row carries a UUID no ledger row has).
+pub fn check_odd(odd: &[OddRow], failed: &[FailedRow]) -> OddVerdict {
+    let by_seq: HashMap<i64, &FailedRow> = failed.iter().map(|f| (f.seq, f)).collect();
+    let mut v = OddVerdict {
+        odd_rows: odd.len(),
+        ..OddVerdict::default()
+    };
+    for o in odd {
+        let named = format!("`{}`", o.column);
+        let problem = match by_seq.get(&o.seq) {
+            None => Some("not failed".to_string()),
+            Some(f) => match &f.error {
+                Some(e) if e.contains(&named) => None,
+                Some(e) => Some(format!("failed without naming {named}: {e}")),
+                None => Some("failed with no error".to_string()),
+            },
+        };
+        match problem {
+            None => v.odd_failed_named += 1,
+            Some(p) if v.odd_sample.len() < 10 => v
+                .odd_sample
+                .push(format!("seq {} ({}): {p}", o.seq, o.column)),
+            Some(_) => {}
+        }
+    }
     v
 }
 
@@ -430,5 +511,73 @@ mod tests {
         let v = check(&l, &[arrive(1, "r", 1.0), arrive(9, "r", 1.0)], &[]);
         assert_eq!((v.lost, v.phantoms), (1, 1));
         assert!(!v.ok());
+    }
+
+    #[test]
+    fn xa_keys_out_of_commit_order_are_violations_and_rolled_back_xa_messages_phantoms() {
+        const X: WriterKind = WriterKind::Xa;
+        // Only committed XA transactions are in the ledger: 9 ended in XA ROLLBACK.
+        let l = ledger(&[(1, "xa-0", 1, X, 0), (2, "xa-0", 2, X, 1)]);
+        let v = check(&l, &[arrive(2, "xa-0", 1.0), arrive(1, "xa-0", 2.0)], &[]);
+        assert_eq!(v.order_violations, 1);
+        assert_eq!(v.keys_written_by_several_producers, 1);
+        let v = check(
+            &l,
+            &[
+                arrive(1, "xa-0", 1.0),
+                arrive(9, "xa-0", 1.5),
+                arrive(2, "xa-0", 2.0),
+            ],
+            &[],
+        );
+        assert_eq!((v.phantoms, v.order_violations, v.lost), (1, 0, 0));
+        assert!(!v.ok());
+        assert_eq!(WriterKind::parse(X.as_str()), Some(X));
+    }
+
+    #[test]
+    fn an_odd_row_passes_only_failed_with_its_column_named() {
+        let odd = [
+            OddRow {
+                seq: 5,
+                column: "id".into(),
+            },
+            OddRow {
+                seq: 6,
+                column: "created_at".into(),
+            },
+            OddRow {
+                seq: 7,
+                column: "id".into(),
+            },
+            OddRow {
+                seq: 8,
+                column: "created_at".into(),
+            },
+        ];
+        let failed = [
+            FailedRow {
+                seq: 5,
+                error: Some("the column `id` holds `01HZ…`, which is not a UUID".into()),
+            },
+            FailedRow {
+                seq: 6,
+                error: Some("the column `created_at` is not a valid time".into()),
+            },
+            // Failed for another reason: not what the contract promises.
+            FailedRow {
+                seq: 8,
+                error: Some("the sink refused it".into()),
+            },
+        ];
+        let v = check_odd(&odd, &failed);
+        assert_eq!((v.odd_rows, v.odd_failed_named), (4, 2));
+        assert!(!v.ok());
+        assert_eq!(v.odd_sample.len(), 2, "{v:?}");
+        assert!(v.odd_sample[0].contains("seq 7") && v.odd_sample[0].contains("not failed"));
+        assert!(v.odd_sample[1].contains("`created_at`"));
+        let all = check_odd(&odd[..2], &failed);
+        assert!(all.ok(), "{all:?}");
+        assert!(check_odd(&[], &[]).ok());
     }
 }

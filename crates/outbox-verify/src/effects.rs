@@ -78,7 +78,7 @@ pub fn check_effects(ledger: &HashMap<Uuid, Committed>, effects: &[Effect]) -> E
             v.effects_mismatched += 1;
         }
         match c.writer {
-            WriterKind::Locked | WriterKind::Emit => {
+            WriterKind::Locked | WriterKind::Emit | WriterKind::Xa => {
                 let h = high.entry(c.key.as_str()).or_insert(i64::MIN);
                 if c.n < *h {
                     v.handler_order_violations += 1;

@@ -19,6 +19,7 @@ pub mod effects;
 pub mod faults;
 pub mod inbox;
 pub mod logins;
+pub mod mysql_producers;
 pub mod proxy;
 pub mod relays;
 pub mod report;

@@ -1,16 +1,21 @@
 //! The least-privilege logins of one `outbox verify` run: a writer, a relay and an operator, each
-//! holding only its part's grants (docs/roles.md), made for the run and dropped after it, so the
-//! guarantees are checked as production runs them, not as a superuser.
+//! holding only its part's grants (docs/roles.md on PostgreSQL; on MySQL/MariaDB the table
+//! "Least privileges" of docs/engine-mysql.md, [`outbox_mysql::grants::DOCUMENTED`]), made for the run and dropped
+//! after it, so the guarantees are checked as production runs them, not as a superuser.
 
 use anyhow::Context as _;
 use outbox_core::{Grant, Part};
 use outbox_db::Database;
+use outbox_mysql::grants::{self, DOCUMENTED};
 
 /// A login's name and password.
 pub type Login = (String, String);
 
 /// The run's logins (the URL's own user, an administrator, made them).
 pub struct Logins {
+    /// MySQL/MariaDB: the run's database (the logins' URLs name it), whether the server is
+    /// MariaDB; `None` on PostgreSQL.
+    mysql: Option<(String, bool)>,
     /// Owns the outbox tables and runs the migrations, as docs/roles.md has it: a role of its
     /// own that may create a schema (and, for CDC mode, replicate).
     pub owner: Login,
@@ -32,6 +37,7 @@ impl Logins {
             )
         };
         let logins = Self {
+            mysql: None,
             owner: login("owner"),
             writer: login("writer"),
             relay: login("relay"),
@@ -48,10 +54,79 @@ impl Logins {
         Ok(logins)
     }
 
+    /// MySQL/MariaDB: creates the writer, the relay and the operator as accounts (`'name'@'%'`)
+    /// and gives the relay and the operator their grants ([`DOCUMENTED`]); the operator owns
+    /// the outbox (it runs `outbox migrate`, which creates the database). `binlog`: the grants
+    /// of the binlog route too. The writer's grant waits for the table ([`Logins::grant`]).
+    pub async fn make_mysql(db: &Database, binlog: bool) -> anyhow::Result<Self> {
+        let Database::Mysql(store) = db else {
+            anyhow::bail!("verify: MySQL accounts on another database");
+        };
+        let schema = db.schema().to_string();
+        let login = |part: &str| {
+            (
+                format!("{schema}_{part}"),
+                format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
+            )
+        };
+        let (mariadb, needs_super) = grants::server(store.pool()).await?;
+        let operator = login("operator");
+        let logins = Self {
+            mysql: Some((schema.clone(), mariadb)),
+            owner: operator.clone(),
+            writer: login("writer"),
+            relay: login("relay"),
+            operator,
+        };
+        let g = &DOCUMENTED;
+        let mut relay: Vec<&str> = g.relay.to_vec();
+        let mut operator: Vec<&str> = g.operator.to_vec();
+        if binlog {
+            relay.extend(g.relay_binlog);
+            operator.extend(g.operator_binlog);
+        }
+        if needs_super {
+            operator.extend(g.operator_binlog_on);
+        }
+        for ((name, password), part) in [
+            (&logins.writer, &[][..]),
+            (&logins.relay, &relay[..]),
+            (&logins.operator, &operator[..]),
+        ] {
+            grants::create_account(store.pool(), name, password, &schema, part, mariadb)
+                .await
+                .with_context(|| format!("making the account `{name}`"))?;
+        }
+        Ok(logins)
+    }
+
+    /// MySQL/MariaDB: the owner's (the operator's) URL naming no database: `outbox migrate`
+    /// creates it.
+    pub fn owner_url(&self, url: &str) -> anyhow::Result<String> {
+        let as_owner = outbox_db::url_as(url, &self.owner.0, &self.owner.1)?;
+        Ok(match &self.mysql {
+            Some(_) => with_database(&as_owner, ""),
+            None => as_owner,
+        })
+    }
+
     /// Grants each login its part, once the owner made the tables (again after the CDC setup:
     /// the relay's REPLICATION). `db` is the administrator's: the relay's membership of the
-    /// owner role takes one.
+    /// owner role takes one (on MySQL/MariaDB, the grants on the tables).
     pub async fn grant(&self, db: &Database) -> anyhow::Result<()> {
+        if let Some((schema, mariadb)) = &self.mysql {
+            let Database::Mysql(store) = db else {
+                anyhow::bail!("verify: MySQL accounts on another database");
+            };
+            let user = grants::account(&self.writer.0)?;
+            for sql in grants::render(DOCUMENTED.writer, schema, &user, *mariadb) {
+                sqlx::raw_sql(&sql)
+                    .execute(store.pool())
+                    .await
+                    .with_context(|| format!("`{sql}`"))?;
+            }
+            return Ok(());
+        }
         let grants = [
             Grant::new(Part::Writer, &self.writer.0)?,
             Grant::new(Part::Relay, &self.relay.0)?,
@@ -67,13 +142,26 @@ impl Logins {
         Ok(())
     }
 
-    /// `url` logging in as `login`.
+    /// `url` logging in as `login` (on MySQL/MariaDB, in the run's database: a login may not
+    /// open the URL's own).
     pub fn url(&self, url: &str, login: &Login) -> anyhow::Result<String> {
-        Ok(outbox_db::url_as(url, &login.0, &login.1)?)
+        let as_login = outbox_db::url_as(url, &login.0, &login.1)?;
+        Ok(match &self.mysql {
+            Some((schema, _)) => with_database(&as_login, schema),
+            None => as_login,
+        })
     }
 
     /// Drops every login (after the run's schema is gone, or with what they hold in it).
     pub async fn drop_all(&self, db: &Database) {
+        if let (Some(_), Database::Mysql(store)) = (&self.mysql, db) {
+            for (name, _) in [&self.writer, &self.relay, &self.operator] {
+                if let Err(e) = grants::drop_account(store.pool(), name).await {
+                    eprintln!("verify: the account `{name}` was not dropped: {e}");
+                }
+            }
+            return;
+        }
         for (name, _) in self.all() {
             if let Err(e) = db.drop_login(name).await {
                 eprintln!("verify: the login `{name}` was not dropped: {e}");
@@ -83,5 +171,37 @@ impl Logins {
 
     fn all(&self) -> [&Login; 4] {
         [&self.writer, &self.relay, &self.operator, &self.owner]
+    }
+}
+
+/// `url` with its path (the database) replaced by `database` (none when empty), its query kept.
+fn with_database(url: &str, database: &str) -> String {
+    let Some((scheme, after)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = after.find(['/', '?', '#']).unwrap_or(after.len());
+    let (authority, rest) = after.split_at(end);
+    let query = rest.find(['?', '#']).map_or("", |q| &rest[q..]);
+    format!("{scheme}://{authority}/{database}{query}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_login_url_names_the_runs_database_and_keeps_the_query() {
+        assert_eq!(
+            with_database("mysql://u:p@127.0.0.1:3307/test?ssl-mode=disabled", "run_1"),
+            "mysql://u:p@127.0.0.1:3307/run_1?ssl-mode=disabled"
+        );
+        assert_eq!(
+            with_database("mysql://u:p@h:3306", "run_1"),
+            "mysql://u:p@h:3306/run_1"
+        );
+        assert_eq!(
+            with_database("mysql://u:p@h:3306/test", ""),
+            "mysql://u:p@h:3306/"
+        );
     }
 }

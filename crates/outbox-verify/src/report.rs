@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::faults::FaultEvent;
-use crate::checker::RawOrder;
+use crate::checker::{OddVerdict, RawOrder};
 use crate::effects::EffectsVerdict;
 
 /// The receiving side of a `--through-inbox` run.
@@ -106,6 +106,22 @@ pub struct Report {
     pub mode: &'static str,
     /// Producer transactions that failed (faults); the ledger says which committed.
     pub producer_errors: usize,
+    /// MySQL/MariaDB: producers writing in XA transactions (`XA START … XA PREPARE … XA
+    /// COMMIT`), on keys of their own; their order counts.
+    pub xa_producers: usize,
+    /// Their committed messages (in `committed`).
+    pub xa_committed: usize,
+    /// Their transactions ended in `XA ROLLBACK` after the prepare (in `rolled_back`): none of
+    /// their messages may arrive.
+    pub xa_rolled_back: usize,
+    /// Their transactions committed in one phase (`XA COMMIT … ONE PHASE`).
+    pub xa_one_phase: usize,
+    /// Their prepared transactions a fault cut off, resolved from another connection.
+    pub xa_recovered: usize,
+    /// MySQL/MariaDB: rows written against the SQL contract (`odd_rows`) and how many ended
+    /// `failed` with their column named (`odd_failed_named`, must equal `odd_rows`).
+    #[serde(flatten)]
+    pub odd: OddVerdict,
     /// With `--through-inbox`: the effects the inbox handlers applied.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inbox: Option<InboxReport>,
@@ -163,6 +179,27 @@ impl Report {
                  messages committed",
                 self.emit_producers, self.emit_committed
             );
+        }
+        if self.xa_producers > 0 {
+            println!(
+                "  XA (order counted): {} producers, {} messages committed ({} in one phase), {} \
+                 rolled back after their prepare, {} prepared ones resolved after a fault",
+                self.xa_producers,
+                self.xa_committed,
+                self.xa_one_phase,
+                self.xa_rolled_back,
+                self.xa_recovered
+            );
+        }
+        if self.odd.odd_rows > 0 {
+            println!(
+                "  rows against the SQL contract (a ULID id, a zero date): {} written, {} failed \
+                 with their column named",
+                self.odd.odd_rows, self.odd.odd_failed_named
+            );
+            for s in &self.odd.odd_sample {
+                println!("    not as promised: {s}");
+            }
         }
         if self.skipped_by_reader > 0 {
             println!(

@@ -13,7 +13,7 @@ use outbox_sinks::read::{Reader, ScratchOptions};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::checker::{check, Arrival, Committed, FaultMark};
+use crate::checker::{check, check_odd, Arrival, Committed, FailedRow, FaultMark, OddVerdict};
 use crate::effects::check_effects;
 use crate::faults::{self, FaultEvent, Schedule};
 use crate::logins::Logins;
@@ -297,23 +297,37 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         sink_url
     };
     // A connection per producer, plus the consumer's status reads and the ledger.
-    let pool_size = (shape.producers + shape.raw_producers + shape.emit_producers) as u32 + 4;
+    let pool_size =
+        (shape.producers + shape.raw_producers + shape.emit_producers + shape.xa_producers) as u32
+            + 6;
     let (db, relay_db_url) = open_database(&db_url, &tmp, pool_size).await?;
+    // The URL's own user, an administrator: what the run does as one (its checks, the inbox
+    // side on MySQL) goes there.
+    let admin_db_url = relay_db_url.clone();
     // Each part as production runs it: the tables owned by a login of their own, and each part
-    // a login holding only its grants (docs/roles.md).
-    let logins = if roles && db.backend() == Backend::Postgres {
-        Some(Logins::make(&db).await?)
-    } else {
-        None
+    // a login holding only its grants (docs/roles.md; docs/engine-mysql.md, "Least
+    // privileges", on MySQL/MariaDB, where the operator owns the outbox).
+    let logins = match db.backend() {
+        Backend::Postgres if roles => Some(Logins::make(&db).await?),
+        Backend::Mysql if roles => Some(Logins::make_mysql(&db, binlog).await?),
+        _ => None,
     };
     // A switching run makes its slot under load, later.
     match &logins {
         Some(l) => {
-            let owner = outbox_db::open(&l.url(&relay_db_url, &l.owner)?, db.schema(), 2)
+            let owner = outbox_db::open(&l.owner_url(&relay_db_url)?, db.schema(), 2)
                 .await
                 .context("logging in as the owner role")?;
             workload::prepare(&owner, &shape, cdc && !switch, binlog).await?;
-            workload::grant_ledger(&owner, &l.writer.0, shape.debezium).await?;
+            // On MySQL the operator may not grant: the administrator gives the business tables.
+            let granting = match db.backend() {
+                Backend::Mysql => &db,
+                _ => &owner,
+            };
+            workload::grant_ledger(granting, &l.writer.0, shape.debezium).await?;
+            if let Database::Mysql(s) = &owner {
+                s.pool().close().await;
+            }
             if cdc {
                 // What a superuser does once for CDC mode: pg_walinspect, so a lost slot's
                 // emit messages can be read back (the owner may not install it).
@@ -442,7 +456,13 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         }
     }
 
-    // The receiving side: the inbox beside the outbox, fed from the scratch stream.
+    // The receiving side: the inbox beside the outbox, fed from the scratch stream. On
+    // MySQL/MariaDB the inbox's least privileges are not written down: its daemons and handlers
+    // run as the URL's user there (the relays as the relay login).
+    let inbox_db_url = match (&logins, db.backend()) {
+        (Some(_), Backend::Mysql) => admin_db_url.clone(),
+        _ => relay_db_url.clone(),
+    };
     let inbox_setup = if through_inbox {
         anyhow::ensure!(
             db.backend() != Backend::Sqlite,
@@ -454,7 +474,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             "--through-inbox reads the broker with `outbox inbox`, whose sources in this build are \
              NATS JetStream and Redis Streams: pass a nats:// sink"
         );
-        let inbox = crate::inbox::prepare(&relay_db_url, db.schema()).await?;
+        let inbox = crate::inbox::prepare(&inbox_db_url, db.schema()).await?;
         // The NATS scratch stream is the destination's first token, upper-cased
         // (outbox-sinks `nats/reader.rs`).
         let prefix = destination.split('.').next().unwrap_or_default();
@@ -562,7 +582,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
                 program.clone(),
                 args,
                 tmp.clone(),
-                relay_db_url.clone(),
+                inbox_db_url.clone(),
                 source.clone(),
                 None,
             )
@@ -577,7 +597,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     let started = Instant::now();
 
     let stop = CancellationToken::new();
-    let (producers, tally) = workload::spawn(writer_db.clone(), shape, seed, stop.clone());
+    let (producers, tally) =
+        workload::spawn(writer_db.clone(), shape, seed, db.schema(), stop.clone());
     let fault_log = Arc::new(Mutex::new(Vec::<FaultEvent>::new()));
     let fault_task = faults::spawn(
         Schedule {
@@ -740,6 +761,21 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             effects_drain_seconds_after_load: (applied_at - load_end).max(0.0),
         });
     }
+    // The odd rows: each must have ended `failed` with its column named.
+    let odd = if shape.odd_rows > 0 {
+        let rows = bounded(crate::mysql_producers::odd_rows(&db)).await?;
+        let failed = bounded(store.failed(ODD_FAILED_READ)).await?;
+        let failed: Vec<FailedRow> = failed
+            .into_iter()
+            .map(|f| FailedRow {
+                seq: f.seq,
+                error: f.last_error,
+            })
+            .collect();
+        check_odd(&rows, &failed)
+    } else {
+        OddVerdict::default()
+    };
     progress(started, "stopping the processes (SIGTERM)");
     for group in &groups {
         let group = group.clone();
@@ -807,7 +843,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             && pending == 0
             && inbox_ok
             && stuck.is_empty()
-            && fault_problems.is_empty(),
+            && fault_problems.is_empty()
+            && odd.ok(),
         seed,
         database: place,
         sink: outbox_core::redact::url(&sink_url),
@@ -850,6 +887,15 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             (false, false) => "polling",
         },
         producer_errors: tally.errors.load(Ordering::Relaxed),
+        xa_producers: shape.xa_producers,
+        xa_committed: ledger
+            .values()
+            .filter(|c| c.writer == crate::checker::WriterKind::Xa)
+            .count(),
+        xa_rolled_back: tally.xa_rolled_back.load(Ordering::Relaxed),
+        xa_one_phase: tally.xa_one_phase.load(Ordering::Relaxed),
+        xa_recovered: tally.xa_recovered.load(Ordering::Relaxed),
+        odd,
         inbox: inbox_effects,
         stuck,
     };
@@ -1007,6 +1053,9 @@ fn print_log_tails(dir: &std::path::Path) {
         }
     }
 }
+
+/// How many failed rows the odd-row check reads: more than a run writes odd rows.
+const ODD_FAILED_READ: usize = 10_000;
 
 /// How many lost messages a failed run looks up in the store.
 const LOST_EXPLAINED: usize = 5;

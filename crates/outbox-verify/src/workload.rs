@@ -10,6 +10,15 @@
 //!   another language that skipped section 2 of `docs/sql-contract.md` would, on keys of their
 //!   own; half of those keys have two raw writers. Their order is measured and reported.
 //!
+//! On MySQL/MariaDB two more write beside them, as the applications there do
+//! ([`crate::mysql_producers`]):
+//! - *XA* producers write the plain `INSERT` inside `XA START … XA END; XA PREPARE … XA
+//!   COMMIT` (a JTA transaction manager's two phases; some commit in one phase, some end in
+//!   `XA ROLLBACK` after the prepare), on keys of their own (`xa-…`), shared as the raw ones.
+//! - an *odd-row* producer writes rows the SQL contract forbids (an `id` that is not a UUID, a
+//!   zero `created_at`), with the server's checks off for the statement as a writer from before
+//!   migration 4 would, each on a key of its own: each must end `failed` with its column named.
+//!
 //! Commit order, per key, is witnessed by a counter row: after its outbox insert, each
 //! transaction runs `UPDATE verify_counters SET n = n + 1 WHERE key = … RETURNING n` and
 //! records `n` in the ledger. The row lock lasts until commit, so the transaction that got the
@@ -104,15 +113,22 @@ const TABLES_MYSQL: &str = "
         producer BIGINT       NOT NULL) ENGINE = InnoDB;
     CREATE TABLE IF NOT EXISTS {schema}.verify_counters (
         k VARCHAR(255) NOT NULL PRIMARY KEY,
-        n BIGINT       NOT NULL) ENGINE = InnoDB";
+        n BIGINT       NOT NULL) ENGINE = InnoDB;
+    CREATE TABLE IF NOT EXISTS {schema}.verify_odd (
+        seq BIGINT       NOT NULL PRIMARY KEY,
+        id  VARCHAR(64)  NOT NULL,
+        k   VARCHAR(255) NOT NULL,
+        col VARCHAR(16)  NOT NULL) ENGINE = InnoDB";
 
 /// The workload's statements in one database's dialect.
 struct Dialect {
     tables: &'static str,
     add_counter: &'static str,
-    /// The plain four-column insert; `raw_id` then reads back the id the database made.
+    /// The plain four-column insert, reading back the id the database made (`RETURNING`).
     raw_insert: &'static str,
-    raw_id: Option<&'static str>,
+    /// Where there is no `RETURNING`: the plain insert with the id made by the producer, as an
+    /// application does (the writer login may only insert: it cannot read the row back).
+    raw_insert_with_id: Option<&'static str>,
     /// The commit-order witness; `read_counter` then reads the value it set.
     bump_counter: &'static str,
     read_counter: Option<&'static str>,
@@ -135,22 +151,23 @@ static PORTABLE: Dialect = Dialect {
     add_counter: "INSERT INTO {schema}.verify_counters (key, n) VALUES ($1, 0)
                   ON CONFLICT (key) DO NOTHING",
     raw_insert: RAW_INSERT,
-    raw_id: None,
+    raw_insert_with_id: None,
     bump_counter: BUMP_COUNTER,
     read_counter: None,
     record: RECORD,
     ledger: "SELECT id, key, n, writer, producer FROM {schema}.verify_ledger",
 };
 
-/// MySQL 8 has no `RETURNING`: the outbox's `seq` is its AUTO_INCREMENT column, so
-/// `LAST_INSERT_ID()` names the row just inserted (the position trigger's own use of it ends with
-/// the trigger), and the counter hands its new value back through `LAST_INSERT_ID(expr)`.
+/// MySQL 8 has no `RETURNING`: the producer makes the id, and the counter hands its new value
+/// back through `LAST_INSERT_ID(expr)`.
 static MYSQL: Dialect = Dialect {
     tables: TABLES_MYSQL,
     add_counter: "INSERT IGNORE INTO {schema}.verify_counters (k, n) VALUES ($1, 0)",
-    raw_insert: "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload)
-                 VALUES ($1, $2, $3, $4)",
-    raw_id: Some("SELECT CAST(id AS CHAR) FROM {schema}.outbox WHERE seq = LAST_INSERT_ID()"),
+    raw_insert: "",
+    raw_insert_with_id: Some(
+        "INSERT INTO {schema}.outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         VALUES ($1, $2, $3, $4, $5)",
+    ),
     bump_counter: "UPDATE {schema}.verify_counters SET n = LAST_INSERT_ID(n + 1) WHERE k = $1",
     read_counter: Some("SELECT CAST(LAST_INSERT_ID() AS SIGNED)"),
     record: "INSERT INTO {schema}.verify_ledger (id, k, n, writer, producer)
@@ -177,6 +194,12 @@ pub struct Shape {
     /// by `outbox migrate --adopt-debezium`) with Debezium's documented INSERT instead of the
     /// SQL contract's (PostgreSQL).
     pub debezium: bool,
+    /// MySQL/MariaDB: producers writing the plain insert in XA transactions, on `raw_keys`
+    /// keys of their own (`xa-…`), shared as the raw producers share theirs.
+    pub xa_producers: usize,
+    /// MySQL/MariaDB: rows written against the SQL contract (checks off for the statement),
+    /// each on a key of its own (`odd-…`); 0: none.
+    pub odd_rows: usize,
 }
 
 impl Shape {
@@ -205,6 +228,15 @@ impl Shape {
             .collect()
     }
 
+    /// The keys XA producer `j` writes, shared as [`Shape::raw_keys_of`] shares them.
+    pub fn xa_keys_of(&self, j: usize) -> Vec<String> {
+        let r = self.xa_producers.max(1);
+        (0..self.raw_keys)
+            .filter(|k| k % r == j || (k % 2 == 0 && (k + 1) % r == j))
+            .map(|k| format!("xa-{k}"))
+            .collect()
+    }
+
     /// Every key the counters table needs a row for.
     fn all_keys(&self) -> Vec<String> {
         let mut keys = self.locked_keys();
@@ -213,6 +245,9 @@ impl Shape {
         }
         if self.emit_producers > 0 {
             keys.extend((0..self.raw_keys).map(|k| format!("emit-{k}")));
+        }
+        if self.xa_producers > 0 {
+            keys.extend((0..self.raw_keys).map(|k| format!("xa-{k}")));
         }
         keys
     }
@@ -225,6 +260,14 @@ pub struct Tally {
     pub rolled_back: AtomicUsize,
     /// Transactions that failed (a fault); the ledger says whether any of them committed.
     pub errors: AtomicUsize,
+    /// XA transactions that ended in `XA ROLLBACK` after their `XA PREPARE`, on purpose (also
+    /// counted in `rolled_back`).
+    pub xa_rolled_back: AtomicUsize,
+    /// XA transactions committed in one phase (`XA COMMIT … ONE PHASE`).
+    pub xa_one_phase: AtomicUsize,
+    /// Prepared XA transactions a fault cut off from their producer, resolved afterwards from
+    /// another connection (as a transaction manager's recovery does).
+    pub xa_recovered: AtomicUsize,
 }
 
 /// Creates the outbox tables, the ledger and a counter row per key; in CDC mode also the
@@ -283,7 +326,8 @@ pub async fn grant_ledger(db: &Database, name: &str, debezium: bool) -> anyhow::
     let sql = match db.backend() {
         Backend::Mysql => format!(
             "GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_ledger TO '{name}'@'%';
-             GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_counters TO '{name}'@'%'"
+             GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_counters TO '{name}'@'%';
+             GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_odd TO '{name}'@'%'"
         ),
         _ if debezium => format!(
             "GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_ledger, {{schema}}.verify_counters, \
@@ -300,11 +344,13 @@ pub async fn grant_ledger(db: &Database, name: &str, debezium: bool) -> anyhow::
 }
 
 /// Starts every producer; they run until `stop` is cancelled. Producer ids in the ledger:
-/// `0..P` locked, `P..P+R` raw, `P+R..P+R+E` emit.
+/// `0..P` locked, `P..P+R` raw, `P+R..P+R+E` emit, then XA. `xa_tag` makes the run's XA
+/// transaction ids its own (they are the server's, not the database's).
 pub fn spawn(
     db: Arc<Database>,
     shape: Shape,
     seed: u64,
+    xa_tag: &str,
     stop: CancellationToken,
 ) -> (Vec<JoinHandle<()>>, Arc<Tally>) {
     let tally = Arc::new(Tally::default());
@@ -345,6 +391,30 @@ pub fn spawn(
             tally: tally.clone(),
         };
         tasks.push(tokio::spawn(producer.run(seed, stop.clone())));
+    }
+    let first_xa = shape.producers + shape.raw_producers + shape.emit_producers;
+    for j in 0..shape.xa_producers {
+        let producer = Producer {
+            debezium: false,
+            db: db.clone(),
+            writer: WriterKind::Xa,
+            id: first_xa + j,
+            keys: shape.xa_keys_of(j),
+            hot: 0,
+            tally: tally.clone(),
+        };
+        tasks.push(tokio::spawn(producer.run_xa(
+            seed,
+            xa_tag.to_string(),
+            stop.clone(),
+        )));
+    }
+    if shape.odd_rows > 0 {
+        tasks.push(tokio::spawn(crate::mysql_producers::write_odd_rows(
+            db.clone(),
+            shape.odd_rows,
+            stop.clone(),
+        )));
     }
     (tasks, tally)
 }
@@ -420,6 +490,52 @@ impl Producer {
         }
     }
 
+    /// The XA producer's loop ([`crate::mysql_producers::xa_write`]): one XA transaction on a
+    /// key of its own at a time, a tenth ended in `XA ROLLBACK` after the prepare, a quarter of
+    /// the rest committed in one phase.
+    async fn run_xa(self, seed: u64, tag: String, stop: CancellationToken) {
+        let mut rng = fastrand::Rng::with_seed(seed ^ (self.id as u64 + 1));
+        let Database::Mysql(store) = &*self.db else {
+            return;
+        };
+        let mut count = 0u64;
+        while !stop.is_cancelled() && !self.keys.is_empty() {
+            let key = &self.keys[rng.usize(..self.keys.len())];
+            let rollback = rng.u8(..ROLLBACK_ONE_IN) == 0;
+            let one_phase = !rollback && rng.u8(..4) == 0;
+            count += 1;
+            let xa = crate::mysql_producers::XaTransaction {
+                xid: format!("{tag}-{}-{count}", self.id),
+                key,
+                producer: self.id as i64,
+                work: MAX_WORK_IN_TRANSACTION.mul_f64(rng.f64()),
+                prepared_for: Duration::from_millis(rng.u64(..20)),
+                rollback,
+                one_phase,
+            };
+            match crate::mysql_producers::xa_write(store.pool(), store.schema(), &xa).await {
+                Ok(recovered) => {
+                    if rollback {
+                        self.tally.rolled_back.fetch_add(1, Ordering::Relaxed);
+                        self.tally.xa_rolled_back.fetch_add(1, Ordering::Relaxed);
+                    } else if one_phase {
+                        self.tally.xa_one_phase.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if recovered {
+                        self.tally.xa_recovered.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Err(_) => {
+                    // A fault before the prepare: the server rolled it back; the ledger is
+                    // the truth.
+                    self.tally.errors.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            tokio::time::sleep(THINK_TIME).await;
+        }
+    }
+
     /// One transaction: the outbox row (writer API or plain insert), a pause standing for the
     /// rest of the business work, the commit-order witness, the ledger row; then commit or
     /// roll back.
@@ -449,17 +565,23 @@ impl Producer {
                     "event".into(),
                     Param::Json(payload),
                 ];
-                let (id,): (String,) = match dialect.raw_id {
-                    None if self.debezium => tx.fetch_one(DEBEZIUM_INSERT, &params).await?,
-                    None => tx.fetch_one(dialect.raw_insert, &params).await?,
-                    Some(read_id) => {
-                        tx.execute(dialect.raw_insert, &params).await?;
-                        tx.fetch_one(read_id, &[]).await?
-                    }
-                };
-                id.parse()
-                    .context("the database made an id that is not a UUID")?
+                if let Some(insert) = dialect.raw_insert_with_id {
+                    let id = Uuid::now_v7();
+                    let mut with_id = vec![id.to_string().into()];
+                    with_id.extend(params);
+                    tx.execute(insert, &with_id).await?;
+                    id
+                } else {
+                    let (id,): (String,) = if self.debezium {
+                        tx.fetch_one(DEBEZIUM_INSERT, &params).await?
+                    } else {
+                        tx.fetch_one(dialect.raw_insert, &params).await?
+                    };
+                    id.parse()
+                        .context("the database made an id that is not a UUID")?
+                }
             }
+            WriterKind::Xa => anyhow::bail!("XA producers write through `run_xa`"),
         };
         if !work.is_zero() {
             tokio::time::sleep(work).await;
@@ -505,6 +627,8 @@ mod tests {
             raw_keys,
             emit_producers: 0,
             debezium: false,
+            xa_producers: 2,
+            odd_rows: 0,
         }
     }
 
@@ -543,7 +667,10 @@ mod tests {
         let locked = s.locked_keys();
         for j in 0..2 {
             assert!(s.raw_keys_of(j).iter().all(|k| !locked.contains(k)));
+            assert!(s.xa_keys_of(j).iter().all(|k| !locked.contains(k)));
+            assert!(s.xa_keys_of(j).iter().all(|k| k.starts_with("xa-")));
         }
-        assert_eq!(s.all_keys().len(), 64 + 16);
+        // Locked, raw and XA keys each have their counter row.
+        assert_eq!(s.all_keys().len(), 64 + 16 + 16);
     }
 }

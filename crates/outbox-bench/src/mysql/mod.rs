@@ -262,11 +262,16 @@ impl Scratch {
     }
 }
 
-/// The relay under test on the MySQL store, publishing the scratch outbox into its stream.
+/// The relay under test on the MySQL store, publishing the scratch outbox into its stream. It
+/// logs in as an account made for it holding exactly the relay's documented grants
+/// (docs/engine-mysql.md, "Least privileges"; the binlog route's too when the bench runs it),
+/// as production runs it, not as the bench's URL's user; the account goes when it stops.
 struct RelayOnMysql {
     metrics: Arc<RelayMetrics>,
     stop: CancellationToken,
     handle: JoinHandle<()>,
+    /// The administrator's pool and the relay's account, dropped at [`RelayOnMysql::stop`].
+    account: (MySqlPool, String),
 }
 
 impl RelayOnMysql {
@@ -274,11 +279,32 @@ impl RelayOnMysql {
         let sink = outbox_sinks::connect(&options.nats_url).await?;
         let destination =
             DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
-        let pool =
-            outbox_mysql::connect_pool(&options.database_url, options.workers as u32 * 2 + 2)
-                .await?;
+        let name = format!("outbox_bench_relay_{:08x}", fastrand::u32(..));
+        let password = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+        let (mariadb, _) = outbox_mysql::grants::server(&scratch.pool).await?;
+        let documented = &outbox_mysql::grants::DOCUMENTED;
+        let mut grants = documented.relay.to_vec();
+        if options.binlog {
+            grants.extend(documented.relay_binlog);
+        }
+        outbox_mysql::grants::create_account(
+            &scratch.pool,
+            &name,
+            &password,
+            scratch.schema.as_str(),
+            &grants,
+            mariadb,
+        )
+        .await?;
+        let url = outbox_mysql::grants::login_url(
+            &options.database_url,
+            &name,
+            &password,
+            scratch.schema.as_str(),
+        )?;
+        let pool = outbox_mysql::connect_pool(&url, options.workers as u32 * 2 + 2).await?;
         let store: Arc<dyn Store> = Arc::new(if options.binlog {
-            MysqlStore::binlog(pool, scratch.schema.clone(), &options.database_url)?
+            MysqlStore::binlog(pool, scratch.schema.clone(), &url)?
         } else {
             MysqlStore::new(pool, scratch.schema.clone())
         });
@@ -290,6 +316,7 @@ impl RelayOnMysql {
             metrics,
             stop,
             handle,
+            account: (scratch.pool.clone(), name),
         })
     }
 
@@ -301,6 +328,10 @@ impl RelayOnMysql {
     async fn stop(self) {
         self.stop.cancel();
         let _ = self.handle.await;
+        let (pool, name) = &self.account;
+        if let Err(error) = outbox_mysql::grants::drop_account(pool, name).await {
+            tracing::warn!(account = %name, %error, "could not drop the bench relay's account");
+        }
     }
 }
 

@@ -216,7 +216,7 @@ pub async fn migrate_cdc(pool: &PgPool, names: &CdcNames) -> Result<CdcSetup> {
     crate::cdc::checks::check_publication(pool, names).await?;
     crate::cdc::checks::check_synchronous_standbys(pool, names).await?;
     let made = make_slot(pool, names).await?;
-    sqlx::raw_sql(&names.schema.render(EMIT_FUNCTION_SQL))
+    sqlx::raw_sql(&emit_function_sql(names, made.server_version))
         .execute(pool)
         .await
         .map_err(|e| map_sqlx_error("creating outbox_emit", e))?;
@@ -264,6 +264,24 @@ pub async fn migrate_cdc(pool: &PgPool, names: &CdcNames) -> Result<CdcSetup> {
 
 const EMIT_FUNCTION_SQL: &str = include_str!("../../queries/cdc_emit_function.sql");
 
+/// `outbox_emit` for the group's slot on a server of `version` (`server_version_num`): the slot's
+/// name (a validated identifier) and the columns that say it is valid are fixed here, once,
+/// rather than looked up in every emit.
+fn emit_function_sql(names: &CdcNames, version: i32) -> String {
+    let mut valid = String::from("s.wal_status IS DISTINCT FROM 'lost'");
+    if version >= 160_000 {
+        valid.push_str(" AND NOT coalesce(s.conflicting, false)");
+    }
+    if version >= 170_000 {
+        valid.push_str(" AND s.invalidation_reason IS NULL");
+    }
+    names
+        .schema
+        .render(EMIT_FUNCTION_SQL)
+        .replace("{slot_valid}", &valid)
+        .replace("{slot}", &names.slot)
+}
+
 /// Whether PUBLIC may still call `pg_logical_emit_message` (its default).
 async fn emit_open_to_public(pool: &PgPool) -> Result<bool> {
     sqlx::query_scalar(
@@ -285,6 +303,8 @@ pub struct MadeSlot {
     /// The slot's start (consistent point) when created now: every transaction that commits
     /// after it is in its stream, none before.
     pub start_lsn: Option<u64>,
+    /// The server's `server_version_num`.
+    pub server_version: i32,
 }
 
 /// Creates the group's slot when missing (a failover slot on PostgreSQL 17 and later), and
@@ -339,6 +359,7 @@ pub async fn make_slot(pool: &PgPool, names: &CdcNames) -> Result<MadeSlot> {
         slot_created: !exists,
         failover,
         start_lsn,
+        server_version: version,
     })
 }
 
