@@ -519,3 +519,97 @@ async fn xa_restart_body() {
     sequencer.stop().await;
     drop_db(&pool, &schema).await;
 }
+
+#[tokio::test]
+async fn a_failover_while_an_xa_transaction_is_prepared_resumes_by_gtid() {
+    // A prepared XA transaction outlives its session and holds every binlog seal on the
+    // shared server: whatever happens in the body, it is not left behind.
+    let xid = format!("m1held{:08x}", fastrand::u32(..));
+    let outcome =
+        futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(xa_failover_body(&xid)))
+            .await;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .connect(&binlog_url())
+        .await
+        .unwrap();
+    // Committed already is an error here, and that is fine.
+    let _ = sqlx::raw_sql(&format!("XA ROLLBACK '{xid}'"))
+        .execute(&pool)
+        .await;
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e);
+    }
+}
+
+async fn xa_failover_body(xid: &str) {
+    let (pool, schema) = routed_outbox().await;
+    let first = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
+    let sequencer = first.sequencer().unwrap();
+    sequencer.start();
+    sequencer
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    let mut xa = pool.acquire().await.unwrap();
+    let mut plain = pool.acquire().await.unwrap();
+    sqlx::raw_sql(&format!("XA START '{xid}'"))
+        .execute(&mut *xa)
+        .await
+        .unwrap();
+    let prepared = raw_insert(&mut xa, &schema, "a", 1).await;
+    sqlx::raw_sql(&format!("XA END '{xid}'; XA PREPARE '{xid}'"))
+        .execute(&mut *xa)
+        .await
+        .unwrap();
+    let mut after = Vec::new();
+    for n in 2..5 {
+        after.push(raw_insert(&mut plain, &schema, "b", n).await);
+    }
+    for seq in &after {
+        sequencer
+            .wait_until_positioned(*seq, Duration::from_secs(20))
+            .await
+            .unwrap();
+    }
+    // Saved while the prepared group is held: the GTID state before it, with the position.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let gtid = loop {
+        let (_, gtid, _) = saved_state(&pool, &schema).await;
+        if gtid.is_some() || std::time::Instant::now() > until {
+            break gtid;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    sequencer.stop().await;
+    assert!(
+        gtid.is_some(),
+        "a GTID state is saved while an XA transaction is held"
+    );
+    // The failover: the position names another server's binlog.
+    sqlx::query(&schema.render(
+        "UPDATE {schema}.outbox_sequencer SET server_identity = 'server_id:4242', \
+         binlog_offset = 4 WHERE id = 1",
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::raw_sql(&format!("XA COMMIT '{xid}'"))
+        .execute(&mut *xa)
+        .await
+        .unwrap();
+    let last = raw_insert(&mut plain, &schema, "b", 5).await;
+    let (_, _, from_table) = sequence_until(&pool, &schema, &[prepared, last]).await;
+    assert_eq!(from_table, 0, "read on by GTID, nothing from the table");
+    let twice: Vec<(i64, i64)> = sqlx::query_as(&schema.render(
+        "SELECT seq, COUNT(*) FROM {schema}.outbox_sequence GROUP BY seq HAVING COUNT(*) > 1",
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(twice.is_empty(), "rows positioned twice: {twice:?}");
+    let mut want = after.clone();
+    want.push(last);
+    assert_eq!(positions_of(&pool, &schema, "b").await, want);
+    assert_eq!(positions_of(&pool, &schema, "a").await, vec![prepared]);
+    drop_db(&pool, &schema).await;
+}

@@ -124,7 +124,8 @@ pub struct BinlogReader {
     /// where reading again would read its group again (the end of the transaction before it).
     /// Their rows come out at their `XA COMMIT`, go at their `XA ROLLBACK`, and no position
     /// handed back passes the oldest one's group until then.
-    prepared: Vec<(String, Vec<BinlogRow>, BinlogPosition)>,
+    /// With each, the GTID state at that place (see `gtids`).
+    prepared: Vec<(String, Vec<BinlogRow>, BinlogPosition, Gtids)>,
     last_report: Instant,
     /// The server puts a checksum at the end of every event (`binlog_checksum`).
     checksums: bool,
@@ -133,7 +134,7 @@ pub struct BinlogReader {
     /// MariaDB's GTID state as of `committed_through`: the last transaction's GTID per
     /// replication domain (domain → (server_id, seq_no)), from the GTID event each transaction
     /// begins with. Only the domains this reader was given or has read are known.
-    gtids: BTreeMap<u32, (u32, u64)>,
+    gtids: Gtids,
     /// The GTID of the transaction being read (domain, server_id, seq_no).
     current_gtid: Option<(u32, u32, u64)>,
     /// Opened by GTID ([`BinlogReader::open_after_gtid`]): where in the file the stream starts
@@ -327,19 +328,24 @@ impl BinlogReader {
     pub fn position(&self) -> &BinlogPosition {
         self.prepared
             .first()
-            .map_or(&self.committed_through, |(_, _, from)| from)
+            .map_or(&self.committed_through, |(_, _, from, _)| from)
     }
 
     /// MariaDB's GTID state at [`position`](Self::position) (`domain-server-seq`,
     /// comma-separated): saved with the position, a replica promoted after a failover can be
-    /// read from the same place ([`open_after_gtid`](Self::open_after_gtid)). `None` while it is
-    /// not known: no transaction read yet and none given, a MySQL server (its GTIDs are not
-    /// read), or while an XA transaction is held (the position then lies before the state).
+    /// read from the same place ([`open_after_gtid`](Self::open_after_gtid)); while an XA
+    /// transaction is held, the state before its group, as the position is. `None` while it is
+    /// not known: no transaction read yet and none given, or a MySQL server (its GTIDs are not
+    /// read).
     pub fn gtid_state(&self) -> Option<String> {
-        if self.gtids.is_empty() || self.holding() || self.start_pending {
+        let gtids = self
+            .prepared
+            .first()
+            .map_or(&self.gtids, |(_, _, _, gtids)| gtids);
+        if gtids.is_empty() || self.start_pending {
             return None;
         }
-        Some(format_gtids(&self.gtids))
+        Some(format_gtids(gtids))
     }
 
     /// Whether an XA transaction with outbox rows is prepared and not yet resolved: the
@@ -464,8 +470,12 @@ impl BinlogReader {
                         // The group ends here, uncommitted: its rows wait for its outcome.
                         if !self.rows.is_empty() {
                             let rows = std::mem::take(&mut self.rows);
-                            self.prepared
-                                .push((p.xid, rows, self.committed_through.clone()));
+                            self.prepared.push((
+                                p.xid,
+                                rows,
+                                self.committed_through.clone(),
+                                self.gtids.clone(),
+                            ));
                         }
                         if let Some((domain, server, seq_no)) = self.current_gtid.take() {
                             self.gtids.insert(domain, (server, seq_no));
@@ -483,8 +493,8 @@ impl BinlogReader {
                 Some(EventData::QueryEvent(query)) => match xa::outcome(query.query_raw()) {
                     // Its own group: a prepared transaction's rows come out now, or go.
                     Some((commit, xid)) => {
-                        if let Some(i) = self.prepared.iter().position(|(x, _, _)| *x == xid) {
-                            let (_, rows, _) = self.prepared.remove(i);
+                        if let Some(i) = self.prepared.iter().position(|(x, _, _, _)| *x == xid) {
+                            let (_, rows, _, _) = self.prepared.remove(i);
                             if commit {
                                 self.rows.extend(rows);
                             }
@@ -612,6 +622,9 @@ fn error(doing: &str, err: mysql_async::Error) -> Error {
 
 /// MariaDB's GTID event (`GTID_EVENT`, 0xA2): the first event of every transaction group.
 const MARIADB_GTID_EVENT: u8 = 0xA2;
+
+/// A GTID state: domain → (server_id, seq_no) of its last transaction.
+type Gtids = BTreeMap<u32, (u32, u64)>;
 
 /// Where a [`BinlogReader`] starts.
 #[derive(Clone, Copy)]
