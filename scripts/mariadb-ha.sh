@@ -121,7 +121,8 @@ rebuild() {
   say "rebuilding node $n from a dump of node $from"
   fresh_node "$n"
   {
-    echo "SET sql_log_bin = 0;"
+    # Rows as they are: the outbox's CHECKs may postdate rows the migration left unchecked.
+    echo "SET sql_log_bin = 0, check_constraint_checks = 0;"
     mariadb-dump -h 127.0.0.1 -P "$(port_of "$from")" -u root --all-databases \
       --single-transaction --gtid --master-data=1 --routines --triggers --events
   } | mariadb -h 127.0.0.1 -P "$(port_of "$n")" -u root
