@@ -119,17 +119,23 @@ healthy_replica() {
 rebuild() {
   local n=$1 from=$2
   say "rebuilding node $n from a dump of node $from"
+  # Commits on node $from wait for a replica that is not there; the dump would wait for them
+  # (its snapshot) and they for it. Semi-sync is off until node $n replicates again: no
+  # failover comes before this script has returned, and it returns once node $n has caught up.
+  sql "$from" "SET GLOBAL rpl_semi_sync_master_enabled = OFF"
   fresh_node "$n"
   {
     # Rows as they are: the outbox's CHECKs may postdate rows the migration left unchecked.
     echo "SET sql_log_bin = 0, check_constraint_checks = 0;"
-    mariadb-dump -h 127.0.0.1 -P "$(port_of "$from")" -u root --all-databases \
+    # --force: a view left unreadable (a run's database half dropped) does not stop the copy.
+    mariadb-dump -h 127.0.0.1 -P "$(port_of "$from")" -u root --all-databases --force \
       --single-transaction --gtid --master-data=1 --routines --triggers --events
   } | mariadb -h 127.0.0.1 -P "$(port_of "$n")" -u root
   # Nothing of the load may be in node $n's own binlog: a GTID of its own there would
   # diverge from the primary's history (gtid_strict_mode stops the replica at it).
   sql "$n" "FLUSH LOCAL PRIVILEGES; RESET MASTER"
   follow "$n" "$from"
+  sql "$from" "SET GLOBAL rpl_semi_sync_master_enabled = ON"
   healthy_replica "$n" "$from"
 }
 
