@@ -146,6 +146,14 @@ rebuild() {
 rejoin() {
   local n=$1 from=$2
   start_node "$n"
+  # An XA transaction the crash left prepared stays prepared here (MariaDB keeps it), holding
+  # its rows while the new primary resolves it its own way: the replica would stop at the first
+  # transaction that touches them. Such a node is rebuilt.
+  if [ -n "$(sql "$n" "XA RECOVER")" ]; then
+    say "node $n holds XA transactions its crash left prepared"
+    rebuild "$n" "$from"
+    return
+  fi
   sql "$n" "SET GLOBAL gtid_slave_pos = @@gtid_binlog_pos"
   follow "$n" "$from"
   healthy_replica "$n" "$from" || rebuild "$n" "$from"
@@ -182,11 +190,24 @@ case $cmd in
     kill_node "$p"
     # What the replica received (every acknowledged commit, semi-sync) is applied first.
     sql "$s" "STOP SLAVE IO_THREAD"
+    applied=no
     for _ in $(seq 1 240); do
-      [ "$(slave_field "$s" Read_Master_Log_Pos)" = "$(slave_field "$s" Exec_Master_Log_Pos)" ] &&
-        [ "$(slave_field "$s" Master_Log_File)" = "$(slave_field "$s" Relay_Master_Log_File)" ] && break
+      if [ "$(slave_field "$s" Read_Master_Log_Pos)" = "$(slave_field "$s" Exec_Master_Log_Pos)" ] &&
+        [ "$(slave_field "$s" Master_Log_File)" = "$(slave_field "$s" Relay_Master_Log_File)" ]; then
+        applied=yes
+        break
+      fi
+      # A replica whose applier stopped would be promoted without what it received: refused.
+      if [ "$(slave_field "$s" Slave_SQL_Running)" != Yes ]; then
+        say "node $s cannot be promoted: its replication applier stopped ($(slave_field "$s" Last_SQL_Error)); node $p is down"
+        exit 1
+      fi
       sleep 0.25
     done
+    if [ "$applied" != yes ]; then
+      say "node $s did not apply what it received within 60 s; not promoted (node $p is down)"
+      exit 1
+    fi
     sql "$s" "STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = OFF;
       SET GLOBAL rpl_semi_sync_master_enabled = ON"
     echo "$s" >"$base/primary"
