@@ -51,6 +51,8 @@ start_node() {
     --rpl-semi-sync-slave-enabled=ON \
     --rpl-semi-sync-master-wait-point=AFTER_SYNC --rpl-semi-sync-master-timeout=4294967295 \
     >>"$dir/server.log" 2>&1 </dev/null &
+  # Not this script's job: its kill -9 at a failover is no news to report.
+  disown
   for _ in $(seq 1 120); do
     sql "$n" "SELECT 1" >/dev/null 2>&1 && return 0
     sleep 0.25
