@@ -119,26 +119,36 @@ healthy_replica() {
 # Node $1 made again from a dump of node $2 (a consistent snapshot with its GTID position,
 # loaded without writing node $1's binlog), then its GTID replica.
 rebuild() {
-  local n=$1 from=$2
-  say "rebuilding node $n from a dump of node $from"
-  # Commits on node $from wait for a replica that is not there; the dump would wait for them
-  # (its snapshot) and they for it. Semi-sync is off until node $n replicates again: no
-  # failover comes before this script has returned, and it returns once node $n has caught up.
-  sql "$from" "SET GLOBAL rpl_semi_sync_master_enabled = OFF"
-  fresh_node "$n"
-  {
-    # Rows as they are: the outbox's CHECKs may postdate rows the migration left unchecked.
-    echo "SET sql_log_bin = 0, check_constraint_checks = 0;"
-    # --force: a view left unreadable (a run's database half dropped) does not stop the copy.
-    mariadb-dump -h 127.0.0.1 -P "$(port_of "$from")" -u root --all-databases --force \
-      --single-transaction --gtid --master-data=1 --routines --triggers --events
-  } | mariadb -h 127.0.0.1 -P "$(port_of "$n")" -u root
-  # Nothing of the load may be in node $n's own binlog: a GTID of its own there would
-  # diverge from the primary's history (gtid_strict_mode stops the replica at it).
-  sql "$n" "FLUSH LOCAL PRIVILEGES; RESET MASTER"
-  follow "$n" "$from"
-  sql "$from" "SET GLOBAL rpl_semi_sync_master_enabled = ON"
-  healthy_replica "$n" "$from"
+  local n=$1 from=$2 attempt
+  # A dump does not carry an XA transaction prepared at its snapshot: the copy would stop at
+  # that transaction's XA COMMIT (XAER_NOTA). The dump waits (up to 10 s) for a moment with
+  # none prepared; one prepared in between still breaks it, and the rebuild is tried again.
+  for attempt in 1 2 3 4 5; do
+    say "rebuilding node $n from a dump of node $from (attempt $attempt)"
+    # Commits on node $from wait for a replica that is not there; the dump would wait for
+    # them (its snapshot) and they for it. Semi-sync is off until node $n replicates again: no
+    # failover comes before this script has returned, and it returns once node $n caught up.
+    sql "$from" "SET GLOBAL rpl_semi_sync_master_enabled = OFF"
+    fresh_node "$n"
+    for _ in $(seq 1 200); do
+      [ -z "$(sql "$from" "XA RECOVER")" ] && break
+      sleep 0.05
+    done
+    {
+      # Rows as they are: the outbox's CHECKs may postdate rows the migration left unchecked.
+      echo "SET sql_log_bin = 0, check_constraint_checks = 0;"
+      # --force: a view left unreadable (a run's database half dropped) does not stop it.
+      mariadb-dump -h 127.0.0.1 -P "$(port_of "$from")" -u root --all-databases --force \
+        --single-transaction --gtid --master-data=1 --routines --triggers --events
+    } | mariadb -h 127.0.0.1 -P "$(port_of "$n")" -u root
+    # Nothing of the load may be in node $n's own binlog: a GTID of its own there would
+    # diverge from the primary's history (gtid_strict_mode stops the replica at it).
+    sql "$n" "FLUSH LOCAL PRIVILEGES; RESET MASTER"
+    follow "$n" "$from"
+    sql "$from" "SET GLOBAL rpl_semi_sync_master_enabled = ON"
+    healthy_replica "$n" "$from" && return 0
+  done
+  return 1
 }
 
 # Node $1, a former primary (crashed, restarted with crash recovery), rejoins as node $2's
