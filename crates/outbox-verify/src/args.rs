@@ -98,9 +98,18 @@ pub struct Args {
     /// Shell command that fails the database over (for the `failover` fault): the primary
     /// stops and a standby is promoted while the producers write. The database URL must name
     /// every server (`postgres://u@h1:5440,h2:5441/db?target_session_attrs=read-write`), so
-    /// writers and relays find the new primary.
+    /// writers and relays find the new primary; or, on MySQL/MariaDB, whose URLs name one
+    /// server, pass --primary-cmd too.
     #[arg(long, value_name = "CMD")]
     pub failover_cmd: Option<String>,
+    /// Shell command printing the database's primary now as `host:port`
+    /// (`scripts/mariadb-ha.sh primary`). Verify then puts a proxy of its own in front of the
+    /// database, standing for a virtual IP moved at promotion: writers, relays and verify's own
+    /// reads all connect through it, and each new connection goes to the primary the command
+    /// last printed (asked every 250 ms); connections made before a failover stay with the
+    /// server they reached and die with it. The URL's host and port are replaced by the proxy's.
+    #[arg(long, value_name = "CMD")]
+    pub primary_cmd: Option<String>,
     /// How long the `network` fault black-holes the relays' database connections (held open,
     /// nothing passes, no RST): each relay must say so on `/readyz` within 30 s, and reconnect
     /// after.
@@ -261,6 +270,7 @@ impl Args {
             broker_start: self.broker_start_cmd.clone(),
             db_restart: self.db_restart_cmd.clone(),
             failover: self.failover_cmd.clone(),
+            primary_cmd: self.primary_cmd.clone(),
             network_blackout: self.network_blackout.0,
             roles: !self.no_roles,
             keep: self.keep,

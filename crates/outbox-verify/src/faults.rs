@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use serde::Serialize;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -64,6 +65,72 @@ pub struct Schedule {
     pub failover: Option<String>,
     /// The `network` kind's proxies (`None` when the kind was not asked for).
     pub network: Option<Network>,
+    /// The database's virtual IP ([`virtual_ip`]), when the URL names one server.
+    pub vip: Option<Arc<TcpProxy>>,
+}
+
+/// How often the virtual IP asks where the primary is.
+const VIP_POLL: Duration = Duration::from_millis(250);
+
+/// A proxy standing for the database's virtual IP, as a MySQL/MariaDB failover moves one: it
+/// starts in front of the server `primary_cmd` prints (`host:port`), asks again every
+/// [`VIP_POLL`] until `stop`, and sends each new connection to the latest answer. A connection
+/// made before a failover stays with the server it reached and dies with it, so writers and
+/// relays reach the promoted replica by reconnecting, as through a moved address. A failed or
+/// odd answer (the script mid-failover) leaves the address where it was. Returns `url` with
+/// its server replaced by the proxy, and the proxy.
+pub async fn virtual_ip(
+    url: &str,
+    primary_cmd: &str,
+    stop: CancellationToken,
+) -> anyhow::Result<(String, Arc<TcpProxy>)> {
+    anyhow::ensure!(
+        outbox_db::url::hosts(url)?.len() == 1,
+        "verify: --primary-cmd needs a database URL naming one server (its address is replaced \
+         by the virtual IP's)"
+    );
+    let first = primary_now(primary_cmd).await?;
+    let vip = Arc::new(TcpProxy::start_to(first).context("starting the virtual IP's proxy")?);
+    let url = outbox_db::url::with_hosts(url, &[("127.0.0.1".to_string(), vip.port())])?;
+    let moved = vip.clone();
+    let cmd = primary_cmd.to_string();
+    tokio::spawn(async move {
+        while !stop.is_cancelled() {
+            tokio::select! {
+                _ = tokio::time::sleep(VIP_POLL) => {}
+                _ = stop.cancelled() => break,
+            }
+            if let Ok(p) = primary_now(&cmd).await {
+                moved.set_upstream(&p);
+            }
+        }
+    });
+    Ok((url, vip))
+}
+
+/// What `cmd` prints, when it is one `host:port`.
+async fn primary_now(cmd: &str) -> anyhow::Result<String> {
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::process::Command::new("sh")
+            .args(["-c", cmd])
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .with_context(|| format!("`{cmd}` did not answer within 10 s"))?
+    .with_context(|| format!("running `{cmd}`"))?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    anyhow::ensure!(
+        out.status.success()
+            && text
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()),
+        "`{cmd}` printed `{text}` ({}), not host:port",
+        out.status
+    );
+    Ok(text)
 }
 
 /// Picks a process among `groups` (every process equally likely): (group, index).
@@ -167,13 +234,29 @@ pub fn spawn(
                     ("database restarted".to_string(), None)
                 }
                 "failover" => {
+                    let before = s.vip.as_ref().map(|v| v.upstream());
                     if let Some(c) = &s.failover {
                         shell(c).await?;
                     }
-                    (
-                        "database failed over: the primary stopped, a standby promoted".to_string(),
-                        None,
-                    )
+                    match (&s.vip, before) {
+                        (Some(vip), Some(before)) => {
+                            // The address follows within a poll of the command's end.
+                            tokio::time::sleep(VIP_POLL * 2).await;
+                            (
+                                format!(
+                                    "database failed over: the primary {before} killed, a \
+                                     replica promoted; the virtual IP moved to {}",
+                                    vip.upstream()
+                                ),
+                                None,
+                            )
+                        }
+                        _ => (
+                            "database failed over: the primary stopped, a standby promoted"
+                                .to_string(),
+                            None,
+                        ),
+                    }
                 }
                 "network" => match &s.network {
                     Some(n) => black_hole(n, &groups[0]).await?,

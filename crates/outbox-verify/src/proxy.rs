@@ -1,7 +1,9 @@
 //! [`TcpProxy`]: a TCP proxy put between clients and a server, to cut their connections, refuse
 //! new ones, or go silent (a black-holed network: connections stay open, no RST, nothing flows),
 //! without touching the server. `outbox verify`'s `network` fault runs one in front of the
-//! database; the tests' fault cases use the same one (`outbox_testkit::proxy`).
+//! database; the tests' fault cases use the same one (`outbox_testkit::proxy`). Its upstream can
+//! be moved ([`TcpProxy::set_upstream`]): the `failover` fault on MySQL/MariaDB uses one as the
+//! database's virtual IP, moved to the promoted replica.
 //!
 //! It runs on a thread and runtime of its own, so it keeps forwarding (or holding) whatever the
 //! caller's runtime is busy with, and can be used from synchronous code.
@@ -37,6 +39,7 @@ enum Mode {
 pub struct TcpProxy {
     port: u16,
     mode: watch::Sender<Mode>,
+    upstream: watch::Sender<Arc<str>>,
     cuts: watch::Sender<u64>,
     listening: Arc<AtomicBool>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
@@ -67,6 +70,7 @@ impl TcpProxy {
             .enable_all()
             .build()?;
         let (mode, mode_rx) = watch::channel(Mode::Open);
+        let (upstream, upstream_rx) = watch::channel::<Arc<str>>(upstream.into());
         let (cuts, cuts_rx) = watch::channel(0u64);
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
         let listening = Arc::new(AtomicBool::new(true));
@@ -78,9 +82,8 @@ impl TcpProxy {
                     let Ok(first) = TcpListener::from_std(listener) else {
                         return;
                     };
-                    let upstream: Arc<str> = upstream.into();
                     tokio::select! {
-                        _ = serve(first, port, upstream, mode_rx, cuts_rx, flag) => {}
+                        _ = serve(first, port, upstream_rx, mode_rx, cuts_rx, flag) => {}
                         _ = shutdown_rx => {}
                     }
                 });
@@ -89,6 +92,7 @@ impl TcpProxy {
         Ok(Self {
             port,
             mode,
+            upstream,
             cuts,
             listening,
             shutdown: Some(shutdown),
@@ -99,6 +103,23 @@ impl TcpProxy {
     /// The proxy's port on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Where new connections go from now on (`host:port`): a moved virtual IP. Connections
+    /// already made stay with the server they reached (and die with it).
+    pub fn set_upstream(&self, upstream: &str) {
+        self.upstream.send_if_modified(|u| {
+            let changed = **u != *upstream;
+            if changed {
+                *u = upstream.into();
+            }
+            changed
+        });
+    }
+
+    /// Where new connections go now (`host:port`).
+    pub fn upstream(&self) -> String {
+        self.upstream.borrow().to_string()
     }
 
     /// Drops every connection through the proxy now.
@@ -164,7 +185,7 @@ impl Drop for TcpProxy {
 async fn serve(
     first: TcpListener,
     port: u16,
-    upstream: Arc<str>,
+    upstream: watch::Receiver<Arc<str>>,
     mut mode: watch::Receiver<Mode>,
     cuts: watch::Receiver<u64>,
     listening: Arc<AtomicBool>,
@@ -186,7 +207,9 @@ async fn serve(
             tokio::select! {
                 accepted = l.accept() => {
                     let Ok((client, _)) = accepted else { continue };
-                    tokio::spawn(connection(client, upstream.clone(), mode.clone(), cuts.clone()));
+                    // Read at each connection: the upstream may have moved.
+                    let to = upstream.borrow().clone();
+                    tokio::spawn(connection(client, to, mode.clone(), cuts.clone()));
                 }
                 changed = mode.changed() => if changed.is_err() { return },
             }
@@ -272,4 +295,60 @@ async fn flowing(mode: &mut watch::Receiver<Mode>) -> bool {
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    /// A server that answers every connection with its one-byte name, then echoes.
+    fn named_server(name: u8) -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                std::thread::spawn(move || {
+                    let _ = s.write_all(&[name]);
+                    let mut b = [0u8; 1];
+                    while let Ok(1) = s.read(&mut b) {
+                        let _ = s.write_all(&[name]);
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    fn ask(s: &mut TcpStream) -> u8 {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap();
+        b[0]
+    }
+
+    #[test]
+    fn a_moved_upstream_takes_new_connections_and_leaves_old_ones_where_they_are() {
+        let (a, b) = (named_server(b'a'), named_server(b'b'));
+        let proxy = TcpProxy::start(a).unwrap();
+        let mut old = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+        assert_eq!(ask(&mut old), b'a');
+        proxy.set_upstream(&format!("127.0.0.1:{b}"));
+        assert_eq!(proxy.upstream(), format!("127.0.0.1:{b}"));
+        let mut new = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+        assert_eq!(
+            ask(&mut new),
+            b'b',
+            "a new connection goes where the address moved"
+        );
+        old.write_all(b"?").unwrap();
+        assert_eq!(
+            ask(&mut old),
+            b'a',
+            "a connection made before stays with its server"
+        );
+    }
 }

@@ -71,6 +71,9 @@ pub struct Settings {
     pub binlog: bool,
     /// Shell command that fails the database over (the `failover` fault).
     pub failover: Option<String>,
+    /// Shell command printing the primary's `host:port`: every connection then goes through a
+    /// proxy standing for a virtual IP that follows it (see `Args::primary_cmd`).
+    pub primary_cmd: Option<String>,
     /// How long the `network` fault black-holes the relays' database connections.
     pub network_blackout: Duration,
     /// Writers, relays and operator commands log in as least-privilege roles made for the run
@@ -272,11 +275,22 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         switch,
         binlog,
         failover,
+        primary_cmd,
         network_blackout,
         roles,
     } = settings;
     let tmp = std::env::temp_dir().join(format!("outbox-verify-{:08x}", fastrand::u32(..)));
     std::fs::create_dir_all(&tmp)?;
+    // The database's virtual IP, following the primary: everything below connects through it.
+    let vip_stop = CancellationToken::new();
+    let _vip_guard = vip_stop.clone().drop_guard();
+    let (db_url, vip) = match &primary_cmd {
+        Some(cmd) => {
+            let (url, vip) = faults::virtual_ip(&db_url, cmd, vip_stop.clone()).await?;
+            (url, Some(vip))
+        }
+        None => (db_url, None),
+    };
     let sink_url = if sink_url == "file:" {
         format!("file:{}", tmp.join("events.jsonl").display())
     } else {
@@ -597,6 +611,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             db_restart,
             failover,
             network,
+            vip: vip.clone(),
         },
         groups.clone(),
         fault_log.clone(),

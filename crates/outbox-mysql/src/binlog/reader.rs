@@ -1,6 +1,7 @@
 //! [`BinlogReader`]: one replication session that follows the binlog from a position and hands
 //! back each committed transaction's outbox rows, whole and in commit order.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -124,12 +125,22 @@ pub struct BinlogReader {
     /// where reading again would read its group again (the end of the transaction before it).
     /// Their rows come out at their `XA COMMIT`, go at their `XA ROLLBACK`, and no position
     /// handed back passes the oldest one's group until then.
-    prepared: Vec<(String, Vec<BinlogRow>, BinlogPosition)>,
+    /// With each, the GTID state at that place (see `gtids`).
+    prepared: Vec<(String, Vec<BinlogRow>, BinlogPosition, Gtids)>,
     last_report: Instant,
     /// The server puts a checksum at the end of every event (`binlog_checksum`).
     checksums: bool,
     /// A format description event was read (the stream's events are understood from then).
     seen_format: bool,
+    /// MariaDB's GTID state as of `committed_through`: the last transaction's GTID per
+    /// replication domain (domain → (server_id, seq_no)), from the GTID event each transaction
+    /// begins with. Only the domains this reader was given or has read are known.
+    gtids: Gtids,
+    /// The GTID of the transaction being read (domain, server_id, seq_no).
+    current_gtid: Option<(u32, u32, u64)>,
+    /// Opened by GTID ([`BinlogReader::open_after_gtid`]): where in the file the stream starts
+    /// is known only at its first transaction's GTID event; no position is handed back before.
+    start_pending: bool,
     /// See [`ReadOptions::silence`].
     silence: Duration,
     /// Since when the reader has waited for the server's next event; `None` while the caller
@@ -147,8 +158,50 @@ impl BinlogReader {
         from: &BinlogPosition,
         options: &ReadOptions,
     ) -> Result<Self, ReadError> {
+        Self::open_with(url, schema, Start::At(from, None), options).await
+    }
+
+    /// [`open`](Self::open), knowing MariaDB's GTID state at `from` (`gtids`, as
+    /// [`gtid_state`](Self::gtid_state) gave it with that position): the reader then keeps it
+    /// up to date as it reads.
+    pub async fn open_at(
+        url: &str,
+        schema: &Schema,
+        from: &BinlogPosition,
+        gtids: Option<&str>,
+        options: &ReadOptions,
+    ) -> Result<Self, ReadError> {
+        Self::open_with(url, schema, Start::At(from, gtids), options).await
+    }
+
+    /// MariaDB: opens a replication session that starts after the transactions of GTID state
+    /// `gtids` (`domain-server-seq`, comma-separated, as [`gtid_state`](Self::gtid_state) gave
+    /// it), wherever they are in this server's binlog: on a promoted replica
+    /// (`log_slave_updates`) the primary's transactions are there under the same GTIDs, in the
+    /// same order. The server refuses (an error that is not a connection error) when its binlog
+    /// lacks one of them (`gtid_strict_mode`) or was purged past it.
+    pub async fn open_after_gtid(
+        url: &str,
+        schema: &Schema,
+        gtids: &str,
+        options: &ReadOptions,
+    ) -> Result<Self, ReadError> {
+        Self::open_with(url, schema, Start::AfterGtid(gtids), options).await
+    }
+
+    async fn open_with(
+        url: &str,
+        schema: &Schema,
+        start: Start<'_>,
+        options: &ReadOptions,
+    ) -> Result<Self, ReadError> {
+        let from = match start {
+            Start::At(p, _) => p.clone(),
+            Start::AfterGtid(g) => BinlogPosition::new(format!("(after GTID {g})"), 4),
+        };
+        let from = &from;
         let limit = options.silence.max(options.heartbeat * 2);
-        match tokio::time::timeout(limit, Self::open_now(url, schema, from, options)).await {
+        match tokio::time::timeout(limit, Self::open_now(url, schema, start, options)).await {
             Ok(opened) => opened,
             Err(_) => Err(Error::new(
                 ErrorKind::Connection,
@@ -165,9 +218,22 @@ impl BinlogReader {
     async fn open_now(
         url: &str,
         schema: &Schema,
-        from: &BinlogPosition,
+        start: Start<'_>,
         options: &ReadOptions,
     ) -> Result<Self, ReadError> {
+        let (from, known) = match start {
+            Start::At(p, g) => (p.clone(), g),
+            Start::AfterGtid(g) => (BinlogPosition::new("", 4), Some(g)),
+        };
+        let from = &from;
+        let gtids = match known {
+            Some(g) => parse_gtids(g).ok_or_else(|| {
+                Error::config(format!(
+                    "`{g}` is not a MariaDB GTID state (domain-server-seq,…)"
+                ))
+            })?,
+            None => BTreeMap::new(),
+        };
         let shown = outbox_core::redact::url(url);
         let target = Target::parse(url, &shown)?;
         let opts = Opts::from_url(&target.url)
@@ -212,6 +278,17 @@ impl BinlogReader {
         conn.query_drop("SET @mariadb_slave_capability = 4")
             .await
             .map_err(|e| error("announcing the replica's capabilities", e))?;
+        let by_gtid = matches!(start, Start::AfterGtid(_));
+        if by_gtid {
+            // MariaDB's GTID replica protocol: the dump starts after these transactions, found
+            // by GTID in this server's binlog, with the strict checks a replica gets.
+            conn.exec_drop("SET @slave_connect_state = ?", (format_gtids(&gtids),))
+                .await
+                .map_err(|e| error("giving the GTID state to start from", e))?;
+            conn.query_drop("SET @slave_gtid_strict_mode = 1, @slave_gtid_ignore_duplicates = 0")
+                .await
+                .map_err(|e| error("asking for strict GTID checks", e))?;
+        }
         let request = BinlogStreamRequest::new(options.server_id)
             .with_filename(from.file.as_bytes())
             .with_pos(from.offset);
@@ -230,6 +307,9 @@ impl BinlogReader {
             last_report: Instant::now(),
             checksums,
             seen_format: false,
+            gtids,
+            current_gtid: None,
+            start_pending: by_gtid,
             silence: options.silence.max(options.heartbeat * 2),
             waiting_since: None,
         })
@@ -242,7 +322,24 @@ impl BinlogReader {
     pub fn position(&self) -> &BinlogPosition {
         self.prepared
             .first()
-            .map_or(&self.committed_through, |(_, _, from)| from)
+            .map_or(&self.committed_through, |(_, _, from, _)| from)
+    }
+
+    /// MariaDB's GTID state at [`position`](Self::position) (`domain-server-seq`,
+    /// comma-separated): saved with the position, a replica promoted after a failover can be
+    /// read from the same place ([`open_after_gtid`](Self::open_after_gtid)); while an XA
+    /// transaction is held, the state before its group, as the position is. `None` while it is
+    /// not known: no transaction read yet and none given, or a MySQL server (its GTIDs are not
+    /// read).
+    pub fn gtid_state(&self) -> Option<String> {
+        let gtids = self
+            .prepared
+            .first()
+            .map_or(&self.gtids, |(_, _, _, gtids)| gtids);
+        if gtids.is_empty() || self.start_pending {
+            return None;
+        }
+        Some(format_gtids(gtids))
     }
 
     /// Whether an XA transaction with outbox rows is prepared and not yet resolved: the
@@ -324,16 +421,33 @@ impl BinlogReader {
                         warn!(at = %self.at, rows = self.rows.len(), "the binlog holds an unfinished transaction (a server crash): its outbox rows never committed and are dropped");
                         self.rows.clear();
                     }
+                    self.current_gtid = None;
                     continue;
                 }
                 Some(EventData::HeartbeatEvent) => {
-                    if self.rows.is_empty() {
+                    if self.rows.is_empty() && !self.start_pending {
                         self.last_report = Instant::now();
                         return Ok(Item::Idle(self.position().clone()));
                     }
                     continue;
                 }
                 _ => {}
+            }
+            if header.event_type_raw() == MARIADB_GTID_EVENT {
+                // seq_no (8 bytes), domain_id (4), flags: a transaction begins.
+                let body = event.data();
+                if body.len() >= 12 {
+                    let seq_no = u64::from_le_bytes(body[..8].try_into().unwrap_or_default());
+                    let domain = u32::from_le_bytes(body[8..12].try_into().unwrap_or_default());
+                    self.current_gtid = Some((domain, header.server_id(), seq_no));
+                }
+                if self.start_pending && log_pos > 0 {
+                    // Opened by GTID: the stream starts at this event.
+                    let start = log_pos.saturating_sub(u64::from(header.event_size()));
+                    self.at.offset = start;
+                    self.committed_through = self.at.clone();
+                    self.start_pending = false;
+                }
             }
             if log_pos > 0 {
                 self.at.offset = log_pos;
@@ -350,8 +464,15 @@ impl BinlogReader {
                         // The group ends here, uncommitted: its rows wait for its outcome.
                         if !self.rows.is_empty() {
                             let rows = std::mem::take(&mut self.rows);
-                            self.prepared
-                                .push((p.xid, rows, self.committed_through.clone()));
+                            self.prepared.push((
+                                p.xid,
+                                rows,
+                                self.committed_through.clone(),
+                                self.gtids.clone(),
+                            ));
+                        }
+                        if let Some((domain, server, seq_no)) = self.current_gtid.take() {
+                            self.gtids.insert(domain, (server, seq_no));
                         }
                         self.committed_through = self.at.clone();
                         continue;
@@ -366,8 +487,8 @@ impl BinlogReader {
                 Some(EventData::QueryEvent(query)) => match xa::outcome(query.query_raw()) {
                     // Its own group: a prepared transaction's rows come out now, or go.
                     Some((commit, xid)) => {
-                        if let Some(i) = self.prepared.iter().position(|(x, _, _)| *x == xid) {
-                            let (_, rows, _) = self.prepared.remove(i);
+                        if let Some(i) = self.prepared.iter().position(|(x, _, _, _)| *x == xid) {
+                            let (_, rows, _, _) = self.prepared.remove(i);
                             if commit {
                                 self.rows.extend(rows);
                             }
@@ -381,6 +502,9 @@ impl BinlogReader {
             };
             if !commit {
                 continue;
+            }
+            if let Some((domain, server, seq_no)) = self.current_gtid.take() {
+                self.gtids.insert(domain, (server, seq_no));
             }
             self.committed_through = self.at.clone();
             if !self.rows.is_empty() {
@@ -448,7 +572,11 @@ fn read_error(position: &BinlogPosition, doing: &str, err: mysql_async::Error) -
                 || server.message.contains("binary log index file")
                 || server.message.contains("purged")
                 || server.message.contains("impossible position")
-                || server.message.contains("position > file size"));
+                || server.message.contains("position > file size")
+                // Opened by GTID (MariaDB): the server's binlog lacks a transaction of the
+                // state (a diverged history) or was purged past it.
+                || server.message.contains("requested to start from GTID")
+                || server.message.contains("GTID state requested"));
         if purged {
             return ReadError::Purged {
                 position: position.clone(),
@@ -553,4 +681,56 @@ fn error(doing: &str, err: mysql_async::Error) -> Error {
         _ => (ErrorKind::Other, ""),
     };
     Error::new(kind, format!("{doing}: {err}{hint}"))
+}
+
+/// MariaDB's GTID event (`GTID_EVENT`, 0xA2): the first event of every transaction group.
+const MARIADB_GTID_EVENT: u8 = 0xA2;
+
+/// A GTID state: domain → (server_id, seq_no) of its last transaction.
+type Gtids = BTreeMap<u32, (u32, u64)>;
+
+/// Where a [`BinlogReader`] starts.
+#[derive(Clone, Copy)]
+enum Start<'a> {
+    /// At a position, with the GTID state there when known.
+    At(&'a BinlogPosition, Option<&'a str>),
+    /// After the transactions of a GTID state (MariaDB).
+    AfterGtid(&'a str),
+}
+
+/// `domain-server-seq,…` as a map domain → (server, seq); `None` when it is not one.
+fn parse_gtids(text: &str) -> Option<BTreeMap<u32, (u32, u64)>> {
+    let mut map = BTreeMap::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let mut it = part.split('-');
+        let (d, s, n) = (it.next()?, it.next()?, it.next()?);
+        if it.next().is_some() {
+            return None;
+        }
+        map.insert(d.parse().ok()?, (s.parse().ok()?, n.parse().ok()?));
+    }
+    Some(map)
+}
+
+/// The map of [`parse_gtids`] as MariaDB writes a GTID state.
+fn format_gtids(map: &BTreeMap<u32, (u32, u64)>) -> String {
+    map.iter()
+        .map(|(d, (s, n))| format!("{d}-{s}-{n}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod gtid_tests {
+    use super::*;
+
+    #[test]
+    fn a_gtid_state_reads_and_writes_as_mariadb_writes_it() {
+        let m = parse_gtids("0-11-1234,1-12-7").unwrap();
+        assert_eq!(m.get(&0), Some(&(11, 1234)));
+        assert_eq!(format_gtids(&m), "0-11-1234,1-12-7");
+        assert!(parse_gtids("0-11").is_none());
+        assert!(parse_gtids("0-11-x").is_none());
+        assert!(parse_gtids("").unwrap().is_empty());
+    }
 }

@@ -176,6 +176,7 @@ const SEQUENCER_COLUMNS: &[(&str, &str)] = &[
     ("server_identity", "VARCHAR(255) NULL"),
     ("advanced_at", "DATETIME(6) NULL"),
     ("reread_below", "BIGINT NULL"),
+    ("binlog_gtid", "VARCHAR(1024) NULL"),
 ];
 
 /// Brings the sequencer's table of an outbox switched by an older version up to this one
@@ -215,7 +216,8 @@ pub async fn upgrade(pool: &MySqlPool, schema: &Schema) -> Result<()> {
 /// means nothing), `advanced_at` is when the position last moved (how long a stuck reader
 /// has been stuck: `updated_at` moves with every lease renewal), and `reread_below`, set while
 /// the position stops before an XA transaction still prepared: rows below it may be carried
-/// again after a restart, and are checked.
+/// again after a restart, and are checked. `binlog_gtid` is MariaDB's GTID state at the
+/// position, when known: after a failover the promoted replica's binlog is read on from it.
 const SEQUENCER_SQL: &str = "CREATE TABLE IF NOT EXISTS {schema}.outbox_sequencer (
     id              TINYINT      NOT NULL PRIMARY KEY,
     owner           VARCHAR(255) NULL,
@@ -230,7 +232,8 @@ const SEQUENCER_SQL: &str = "CREATE TABLE IF NOT EXISTS {schema}.outbox_sequence
     updated_at      DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     server_identity VARCHAR(255) NULL,
     advanced_at     DATETIME(6)  NULL,
-    reread_below    BIGINT       NULL
+    reread_below    BIGINT       NULL,
+    binlog_gtid     VARCHAR(1024) NULL
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 INSERT IGNORE INTO {schema}.outbox_sequencer (id) VALUES (1);";
 

@@ -335,13 +335,24 @@ async fn lead(inner: &Arc<Inner>) -> Result<()> {
         })?;
     let epoch = acquire(inner).await?;
     let mut s = Session::start(inner, epoch).await?;
+    let options = ReadOptions::default();
+    let mut resumed = None;
     let from = match s.position.clone() {
         // The position was read on another server (a failover, a restore): it means nothing
-        // here, so it is made good as a purged binlog is.
-        Some(p) if s.identity_changed() => {
-            warn!(position = %p, saved = s.saved_identity.as_deref().unwrap_or(""), now = %s.identity, "the binlog position the sequencer saved was read on another server (a failover or a restore): the rows since its last seal are taken from the table (in seq order), then this server's binlog is read from its end");
-            s.take_from_table("another server").await?
-        }
+        // here. MariaDB: the GTID state saved with it finds the same place in this server's
+        // binlog (a promoted replica holds the primary's transactions under their GTIDs, in
+        // commit order); without one, or when this server lacks it, it is made good as a
+        // purged binlog is.
+        Some(p) if s.identity_changed() => match s.resume_by_gtid(&options).await? {
+            Some(reader) => {
+                resumed = Some(reader);
+                p
+            }
+            None => {
+                warn!(position = %p, saved = s.saved_identity.as_deref().unwrap_or(""), now = %s.identity, "the binlog position the sequencer saved was read on another server (a failover or a restore) and no GTID state was saved with it: the rows since its last seal are taken from the table (in seq order), then this server's binlog is read from its end");
+                s.take_from_table("another server").await?
+            }
+        },
         Some(p) => {
             if !s.trigger_rows_taken {
                 s.take_trigger_rows().await?;
@@ -352,8 +363,10 @@ async fn lead(inner: &Arc<Inner>) -> Result<()> {
         // not passed comes from the table, in seq order.
         None => s.take_from_table("its first start").await?,
     };
-    let options = ReadOptions::default();
-    let mut reader = open_or_recover(inner, &mut s, &from, &options).await?;
+    let mut reader = match resumed {
+        Some(r) => r,
+        None => open_or_recover(inner, &mut s, &from, &options).await?,
+    };
     info!(schema = inner.schema.as_str(), from = %reader.position(), epoch, "the outbox's binlog sequencer is reading");
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -388,6 +401,10 @@ async fn lead(inner: &Arc<Inner>) -> Result<()> {
                 }
                 if let Some(end) = end {
                     s.holding = reader.holding();
+                    // The reader's GTID state is `end`'s, or later only by transactions
+                    // without outbox rows (one with rows would have been handed back): resuming
+                    // after them skips nothing of ours.
+                    s.gtid = reader.gtid_state();
                     s.save(rows, end).await?;
                 }
                 if let Some(e) = failed {
@@ -407,7 +424,7 @@ async fn open_or_recover(
     from: &BinlogPosition,
     options: &ReadOptions,
 ) -> Result<BinlogReader> {
-    match BinlogReader::open(&inner.url, &inner.schema, from, options).await {
+    match BinlogReader::open_at(&inner.url, &inner.schema, from, s.gtid.as_deref(), options).await {
         Ok(r) => Ok(r),
         Err(ReadError::Purged { position, message }) => {
             let from = recover(s, &position, &message).await?;
@@ -529,6 +546,9 @@ struct Session {
     holding: bool,
     /// The highest seq this session positioned.
     max_placed: i64,
+    /// MariaDB's GTID state at `position` (`None`: not known), saved with it: a failover's
+    /// promoted replica is read on from there.
+    gtid: Option<String>,
 }
 
 /// How long after an idle report a save still counts the sequencer as caught up: a few
@@ -541,7 +561,8 @@ impl Session {
         let row = sqlx::query(&inner.schema.render(
             "SELECT CAST(binlog_file AS CHAR) AS file, binlog_offset, sequenced_below, \
              trigger_rows_taken, CAST(server_identity AS CHAR) AS server_identity, \
-             reread_below FROM {schema}.outbox_sequencer WHERE id = 1",
+             reread_below, CAST(binlog_gtid AS CHAR) AS binlog_gtid \
+             FROM {schema}.outbox_sequencer WHERE id = 1",
         ))
         .fetch_one(&inner.pool)
         .await
@@ -556,6 +577,7 @@ impl Session {
         // stream then carries again rows positioned after it, all below this; it checks them
         // before placing.
         let reread_below: Option<i64> = row.try_get("reread_below").map_err(err)?;
+        let gtid: Option<String> = row.try_get("binlog_gtid").map_err(err)?;
         let mut s = Self {
             inner: inner.clone(),
             epoch,
@@ -577,6 +599,7 @@ impl Session {
             last_idle: None,
             holding: false,
             max_placed: 0,
+            gtid,
         };
         s.read_counters().await?;
         inner.progress.send_modify(|p| {
@@ -584,6 +607,42 @@ impl Session {
             p.sequenced_below = sequenced_below;
         });
         Ok(s)
+    }
+
+    /// After a failover (the saved position was read on another server): a reader of this
+    /// server's binlog from just after the transactions the saved GTID state names, which are
+    /// the ones whose rows have positions. `None` when no state was saved (a MySQL server, an
+    /// older version) or this server cannot serve it (its binlog lacks one of those
+    /// transactions, or was purged past them): the caller then takes the rows from the table.
+    /// Until the first save, no position is kept for this server (a lease renewal saves none),
+    /// so a restart meanwhile resumes by GTID again; rows the stream carries below the next
+    /// `seq` are checked for a position first, so none is positioned twice.
+    async fn resume_by_gtid(&mut self, options: &ReadOptions) -> Result<Option<BinlogReader>> {
+        let Some(gtid) = self.gtid.clone() else {
+            return Ok(None);
+        };
+        let shown = self
+            .position
+            .as_ref()
+            .map(|p| p.to_string())
+            .unwrap_or_default();
+        match BinlogReader::open_after_gtid(&self.inner.url, &self.inner.schema, &gtid, options)
+            .await
+        {
+            Ok(reader) => {
+                let below = next_seq(&self.inner.pool, &self.inner.schema).await?;
+                self.table_high = self.table_high.max(below);
+                self.position = None;
+                warn!(position = %shown, saved = self.saved_identity.as_deref().unwrap_or(""), now = %self.identity, %gtid, "the binlog position the sequencer saved was read on another server (a failover or a restore): this server's binlog is read on from the same transactions by their GTIDs, in commit order");
+                Ok(Some(reader))
+            }
+            // A lost connection is retried as any other; the server's refusal is final.
+            Err(ReadError::Other(e)) if e.kind() == ErrorKind::Connection => Err(e),
+            Err(e) => {
+                warn!(%gtid, error = %e, "this server cannot be read on by the GTID state saved with the position");
+                Ok(None)
+            }
+        }
     }
 
     /// Whether the saved position was read on another server than this one.
@@ -627,7 +686,7 @@ impl Session {
         (
             "advanced_at = IF(? OR NOT (binlog_file <=> ? AND binlog_offset <=> ?), \
              UTC_TIMESTAMP(6), advanced_at), binlog_file = ?, binlog_offset = ?, \
-             server_identity = ?, reread_below = NULLIF(?, 0)",
+             server_identity = ?, reread_below = NULLIF(?, 0), binlog_gtid = ?",
             vec![
                 Bind::Int(i64::from(caught_up)),
                 Bind::Text(p.file.clone()),
@@ -636,6 +695,7 @@ impl Session {
                 Bind::Int(p.offset as i64),
                 Bind::Text(self.identity.clone()),
                 Bind::Int(reread_below),
+                Bind::OptText(self.gtid.clone()),
             ],
         )
     }
@@ -733,6 +793,7 @@ impl Session {
             q = match b {
                 Bind::Int(v) => q.bind(*v),
                 Bind::Text(v) => q.bind(v.clone()),
+                Bind::OptText(v) => q.bind(v.clone()),
             };
         }
         let done = q
@@ -994,6 +1055,8 @@ impl Session {
     /// `sequenced_below` (or `passed_below`, if higher) up to S with no position get one from
     /// the table, the trigger's kept. Returns P, where the stream starts.
     async fn take_from_table(&mut self, why: &str) -> Result<BinlogPosition> {
+        // The stream starts at the server's end, whose GTID state the reader learns as it goes.
+        self.gtid = None;
         let pool = self.inner.pool.clone();
         let schema = self.inner.schema.clone();
         let end = server::end_position(&pool).await?;
@@ -1081,6 +1144,7 @@ impl Session {
 enum Bind {
     Int(i64),
     Text(String),
+    OptText(Option<String>),
 }
 
 /// `(seq, part, part_seq)` for `rows` in order, drawing from `counters`.
