@@ -584,3 +584,39 @@ async fn status_and_metrics_show_the_sequencer_its_lag_and_when_none_runs() {
     assert_eq!(plain.gauges().await.unwrap().binlog_sequencer, None);
     drop_db(&pool, &schema).await;
 }
+
+/// A relay upgraded before `outbox migrate` ran on an outbox the previous version switched: its
+/// sequencer table lacks the newest column (`binlog_gtid`). The sequencer adds it at its start
+/// and rows flow; before, every start failed on the unknown column and the route stood still.
+#[tokio::test]
+async fn an_upgraded_relay_adds_the_sequencers_new_columns_itself() {
+    let (pool, schema) = routed_outbox().await;
+    sqlx::query(&schema.render("ALTER TABLE {schema}.outbox_sequencer DROP COLUMN binlog_gtid"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let routed = store(&pool, &schema);
+    started(&routed).await;
+    let mut conn = pool.acquire().await.unwrap();
+    for n in 0..3 {
+        raw_insert(&mut conn, &schema, "upgraded", n).await;
+    }
+    drop(conn);
+    let got = drain(&routed, 3).await;
+    assert_eq!(
+        got.len(),
+        3,
+        "every row came once the sequencer added its column"
+    );
+    let has: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox_sequencer' AND COLUMN_NAME = 'binlog_gtid'",
+    )
+    .bind(schema.as_str())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(has, 1, "the column is there after the sequencer's start");
+    routed.sequencer().unwrap().stop().await;
+    drop_db(&pool, &schema).await;
+}

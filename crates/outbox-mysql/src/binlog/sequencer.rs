@@ -333,6 +333,10 @@ async fn lead(inner: &Arc<Inner>) -> Result<()> {
                 "the binlog sequencer cannot read this server: {why}"
             ))
         })?;
+    // A relay upgraded in place before `outbox migrate` ran: the sequencer's table gains the
+    // columns this version saves (the relay's documented grants include ALTER), so the route
+    // keeps flowing instead of failing on a column it lacks. Idempotent and cheap when done.
+    super::route::upgrade(&inner.pool, &inner.schema).await?;
     let epoch = acquire(inner).await?;
     let mut s = Session::start(inner, epoch).await?;
     let options = ReadOptions::default();

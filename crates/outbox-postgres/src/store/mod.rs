@@ -261,7 +261,6 @@ impl PgStore {
     pub async fn purge(&self, older_than: Duration) -> Result<Maintenance> {
         crate::retention::run(&self.pool, &self.schema, older_than).await
     }
-
 }
 
 fn secs(d: Duration) -> f64 {

@@ -113,7 +113,11 @@ impl PgStore {
     /// statement is cancelled on the server and its connection closed, never returned to the
     /// pool: an abandoned record should not keep running beside its retry. Should it commit
     /// anyway, compare-and-append makes it harmless (see `record.sql`).
-    pub(super) async fn write_plan(&self, member: &MemberId, plan: &Plan) -> Result<Vec<(i16, i64)>> {
+    pub(super) async fn write_plan(
+        &self,
+        member: &MemberId,
+        plan: &Plan,
+    ) -> Result<Vec<(i16, i64)>> {
         let err = |e| map_sqlx_error("recording publish results", e);
         let mut conn = self.pool.acquire().await.map_err(err)?;
         let pid: i32 = sqlx::query_scalar(include_str!("../../queries/backend_pid.sql"))
