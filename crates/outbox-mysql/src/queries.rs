@@ -61,8 +61,7 @@ const RELEASE_PARTITIONS: &str = include_str!("../queries/release.sql");
 
 const RELEASE_MEMBER: &str = include_str!("../queries/release_member.sql");
 
-const REPORT_HEALTH: &str =
-    include_str!("../queries/report_health.sql");
+const REPORT_HEALTH: &str = include_str!("../queries/report_health.sql");
 
 /// Where the polling engine finds the messages' positions: the trigger's, in `outbox` itself
 /// (the default), or the binlog sequencer's, in `outbox_sequence` (see `binlog::route`).
