@@ -57,15 +57,13 @@ pub async fn adopt(pool: &MySqlPool, schema: &Schema, table: &str) -> Result<Ado
              in another database"
         )));
     }
-    let columns: Vec<(String, String)> = sqlx::query_as(
-        "SELECT CAST(column_name AS CHAR), CAST(data_type AS CHAR) FROM information_schema.columns \
-         WHERE table_schema = ? AND table_name = ? ORDER BY ordinal_position",
-    )
-    .bind(db)
-    .bind(name)
-    .fetch_all(pool)
-    .await
-    .map_err(|e| map_sqlx_error(&format!("reading the columns of `{shown}`"), e))?;
+    let columns: Vec<(String, String)> =
+        sqlx::query_as(include_str!("../queries/debezium_columns.sql"))
+            .bind(db)
+            .bind(name)
+            .fetch_all(pool)
+            .await
+            .map_err(|e| map_sqlx_error(&format!("reading the columns of `{shown}`"), e))?;
     if columns.is_empty() {
         return Err(Error::config(format!(
             "debezium table `{shown}` does not exist"

@@ -74,7 +74,7 @@ pub async fn apply_migrations(
     // The lock is the connection's: closing it (not returning it to the pool) releases it.
     conn.close_on_drop();
     // A lock name has at most 64 characters: the database's name goes in hashed.
-    let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(CONCAT(?, ':', SHA1(?)), ?)")
+    let got: Option<i64> = sqlx::query_scalar(include_str!("../queries/migrate_lock.sql"))
         .bind(lock)
         .bind(schema.as_str())
         .bind(LOCK_WAIT_SECS)
@@ -133,14 +133,11 @@ pub async fn apply_migrations(
 pub async fn check_schema(pool: &MySqlPool, schema: &Schema) -> Result<()> {
     let name = schema.as_str();
     let ctx = format!("checking database `{name}`");
-    let ledger: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.TABLES \
-         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox_migrations'",
-    )
-    .bind(name)
-    .fetch_one(pool)
-    .await
-    .map_err(|e| map_sqlx_error(&ctx, e))?;
+    let ledger: i64 = sqlx::query_scalar(include_str!("../queries/migrations_table_exists.sql"))
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx, e))?;
     if ledger == 0 {
         return Err(Error::new(
             ErrorKind::Schema,
@@ -150,7 +147,7 @@ pub async fn check_schema(pool: &MySqlPool, schema: &Schema) -> Result<()> {
         ));
     }
     let version: Option<i32> =
-        sqlx::query_scalar(&schema.render("SELECT MAX(version) FROM {schema}.outbox_migrations"))
+        sqlx::query_scalar(&schema.render(include_str!("../queries/schema_version.sql")))
             .fetch_one(pool)
             .await
             .map_err(|e| map_sqlx_error(&ctx, e))?;

@@ -77,7 +77,7 @@ pub async fn connect_pool(url: &str, max_connections: u32) -> Result<MySqlPool> 
         .acquire_timeout(Duration::from_secs(10))
         .after_connect(|conn, _| {
             Box::pin(async move {
-                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                conn.execute(include_str!("../queries/read_committed.sql"))
                     .await?;
                 conn.execute(
                     format!("SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_SECS}").as_str(),
@@ -1139,7 +1139,7 @@ impl Store for Engine {
     }
 
     async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1")
+        sqlx::query(include_str!("../queries/ping.sql"))
             .execute(&self.pool)
             .await
             .map_err(|e| map_sqlx_error("pinging MySQL", e))?;
@@ -1278,15 +1278,12 @@ impl Store for Engine {
             // Claimable once it returns, as on the trigger's route: the sequencer positions a
             // transaction's rows together, so once one of them has its position all have.
             sequencer.start();
-            let seq: i64 = sqlx::query_scalar(
-                &self
-                    .schema
-                    .render("SELECT MAX(seq) FROM {schema}.outbox WHERE id = ?"),
-            )
-            .bind(last.id.to_string())
-            .fetch_one(&self.pool)
-            .await
-            .map_err(err)?;
+            let seq: i64 =
+                sqlx::query_scalar(&self.schema.render(include_str!("../queries/seq_of_id.sql")))
+                    .bind(last.id.to_string())
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(err)?;
             sequencer
                 .wait_until_positioned(seq, INSERT_SEQUENCED)
                 .await?;
