@@ -29,6 +29,23 @@ pub const LOOKAHEAD_RANGES: i64 = 2;
 /// of a range. Maintenance cuts new ranges out of it while it is empty.
 const CATCH_ALL: &str = "s_max";
 
+/// `range_cut.sql` for `table` (`outbox` or `outbox_sequence`): the catch-all cut into
+/// `parts` (partition definitions built from bounds, and the catch-all again last).
+fn cut(table: &str, parts: &[String]) -> String {
+    include_str!("../queries/range_cut.sql")
+        .replace("{table}", table)
+        .replace("{catch_all}", CATCH_ALL)
+        .replace("{ranges}", &parts.join(", "))
+}
+
+/// `range_drop.sql` for `table` (`outbox` or `outbox_sequence`) and a range name read from
+/// the server's own partition list.
+fn drop_range(table: &str, range: &str) -> String {
+    include_str!("../queries/range_drop.sql")
+        .replace("{table}", table)
+        .replace("{range}", range)
+}
+
 /// How long maintenance waits for a lock before it gives up until its next round, in seconds:
 /// the counters (writers of a partition queue behind them meanwhile) and the table's metadata
 /// lock, which a range's creation or drop needs, and which waits for every transaction that has
@@ -235,9 +252,9 @@ pub async fn set_width(pool: &MySqlPool, schema: &Schema, seqs: i64) -> Result<u
 async fn lay_out(conn: &mut sqlx::MySqlConnection, schema: &Schema, empty: bool) -> Result<u64> {
     let err = |e| map_sqlx_error("laying out the outbox's ranges", e);
     if empty {
-        sqlx::query(&schema.render(&format!(
-            "ALTER TABLE {{schema}}.outbox PARTITION BY RANGE (seq) (PARTITION s1 VALUES LESS              THAN (1), PARTITION {CATCH_ALL} VALUES LESS THAN MAXVALUE)"
-        )))
+        sqlx::query(&schema.render(
+            &include_str!("../queries/outbox_partition.sql").replace("{catch_all}", CATCH_ALL),
+        ))
         .execute(&mut *conn)
         .await
         .map_err(err)?;
@@ -247,10 +264,12 @@ async fn lay_out(conn: &mut sqlx::MySqlConnection, schema: &Schema, empty: bool)
         if empty {
             // Laid out again from the start: the sequence table (as empty) follows.
             let layout = ranges(conn, schema).await?;
-            sqlx::query(&schema.render(&format!(
-                "ALTER TABLE {{schema}}.outbox_sequence {}",
-                crate::binlog::route::partition_clause(&layout)
-            )))
+            sqlx::query(&schema.render(
+                &include_str!("../queries/sequence_partition.sql").replace(
+                    "{partitioning}",
+                    &crate::binlog::route::partition_clause(&layout),
+                ),
+            ))
             .execute(&mut *conn)
             .await
             .map_err(err)?;
@@ -287,13 +306,10 @@ async fn mirror_ranges(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Res
         return Ok(());
     }
     parts.push(format!("PARTITION {CATCH_ALL} VALUES LESS THAN MAXVALUE"));
-    sqlx::query(&schema.render(&format!(
-        "ALTER TABLE {{schema}}.outbox_sequence REORGANIZE PARTITION {CATCH_ALL} INTO ({})",
-        parts.join(", ")
-    )))
-    .execute(&mut *conn)
-    .await
-    .map_err(|e| map_sqlx_error("giving outbox_sequence the outbox's ranges", e))?;
+    sqlx::query(&schema.render(&cut("outbox_sequence", &parts)))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error("giving outbox_sequence the outbox's ranges", e))?;
     Ok(())
 }
 
@@ -324,10 +340,8 @@ pub(crate) async fn maintainer(
         return Ok(None);
     }
     for set in [
-        format!(
-            "SET SESSION lock_wait_timeout = {LOCK_WAIT_SECS}, \
-             innodb_lock_wait_timeout = {LOCK_WAIT_SECS}"
-        ),
+        include_str!("../queries/maintain_lock_wait.sql")
+            .replace("{secs}", &LOCK_WAIT_SECS.to_string()),
         include_str!("../queries/read_committed.sql").to_string(),
     ] {
         sqlx::query(&set).execute(&mut *conn).await.map_err(err)?;
@@ -410,38 +424,30 @@ async fn run(
             continue;
         }
         // Its last row, by seq: when the range was last written to.
-        let age_us: Option<i64> = sqlx::query_scalar(&schema.render(&format!(
-            "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) \
-             FROM {{schema}}.outbox PARTITION ({}) ORDER BY seq DESC LIMIT 1",
-            range.name
-        )))
+        let age_us: Option<i64> = sqlx::query_scalar(&schema.render(
+            &include_str!("../queries/range_last_written.sql").replace("{range}", &range.name),
+        ))
         .fetch_optional(&mut *conn)
         .await
         .map_err(|e| map_sqlx_error(&ctx("reading a range's age"), e))?;
         if restrained || age_us.is_some_and(|a| a < keep_us) {
             continue;
         }
-        sqlx::query(&schema.render(&format!(
-            "ALTER TABLE {{schema}}.outbox DROP PARTITION {}",
-            range.name
-        )))
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx(&format!("dropping range `{}`", range.name)), e))?;
-        if binlog {
-            // Its positions go with it (the same bounds, the same name).
-            sqlx::query(&schema.render(&format!(
-                "ALTER TABLE {{schema}}.outbox_sequence DROP PARTITION {}",
-                range.name
-            )))
+        sqlx::query(&schema.render(&drop_range("outbox", &range.name)))
             .execute(&mut *conn)
             .await
-            .map_err(|e| {
-                map_sqlx_error(
-                    &ctx(&format!("dropping range `{}`'s positions", range.name)),
-                    e,
-                )
-            })?;
+            .map_err(|e| map_sqlx_error(&ctx(&format!("dropping range `{}`", range.name)), e))?;
+        if binlog {
+            // Its positions go with it (the same bounds, the same name).
+            sqlx::query(&schema.render(&drop_range("outbox_sequence", &range.name)))
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| {
+                    map_sqlx_error(
+                        &ctx(&format!("dropping range `{}`'s positions", range.name)),
+                        e,
+                    )
+                })?;
         }
         report.segments_dropped += 1;
     }
@@ -523,13 +529,10 @@ async fn ensure_ahead(
         .map(|b| format!("PARTITION s{b} VALUES LESS THAN ({b})"))
         .collect();
     parts.push(format!("PARTITION {CATCH_ALL} VALUES LESS THAN MAXVALUE"));
-    sqlx::query(&schema.render(&format!(
-        "ALTER TABLE {{schema}}.outbox REORGANIZE PARTITION {CATCH_ALL} INTO ({})",
-        parts.join(", ")
-    )))
-    .execute(&mut *conn)
-    .await
-    .map_err(|e| map_sqlx_error(&ctx("cutting ranges out of the catch-all"), e))?;
+    sqlx::query(&schema.render(&cut("outbox", &parts)))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("cutting ranges out of the catch-all"), e))?;
     // The layout now: the same finite ranges, the new ones, the catch-all.
     ranges.retain(|r| r.below.is_some());
     let mut from = last;
@@ -596,10 +599,13 @@ async fn range_passed(
     binlog: bool,
 ) -> Result<bool> {
     let table = if binlog { "outbox_sequence" } else { "outbox" };
-    let highest: Vec<(i16, i64)> = sqlx::query_as(&schema.render(&format!(
-        "SELECT part, MAX(part_seq) FROM {{schema}}.{table} PARTITION ({}) GROUP BY part",
-        range.name
-    )))
+    let highest: Vec<(i16, i64)> = sqlx::query_as(
+        &schema.render(
+            &include_str!("../queries/range_highest.sql")
+                .replace("{table}", table)
+                .replace("{range}", &range.name),
+        ),
+    )
     .fetch_all(&mut *conn)
     .await
     .map_err(|e| {

@@ -80,7 +80,9 @@ pub async fn connect_pool(url: &str, max_connections: u32) -> Result<MySqlPool> 
                 conn.execute(include_str!("../queries/read_committed.sql"))
                     .await?;
                 conn.execute(
-                    format!("SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_SECS}").as_str(),
+                    include_str!("../queries/lock_wait.sql")
+                        .replace("{secs}", &LOCK_WAIT_SECS.to_string())
+                        .as_str(),
                 )
                 .await?;
                 Ok(())
