@@ -89,23 +89,20 @@ pub async fn apply_migrations(
             )),
         ));
     }
-    let ledger_table = format!("{{schema}}.{ledger}");
-    sqlx::raw_sql(&schema.render(&format!(
-        "CREATE DATABASE IF NOT EXISTS {{schema}} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
-         CREATE TABLE IF NOT EXISTS {ledger_table} (
-             version    INT          NOT NULL PRIMARY KEY,
-             name       VARCHAR(255) NOT NULL,
-             applied_at DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
-         ) ENGINE = InnoDB;"
+    // `ledger` is a fixed table name of the caller's, never user input.
+    let with_ledger = |sql: &str| schema.render(&sql.replace("{ledger}", ledger));
+    sqlx::raw_sql(&with_ledger(include_str!(
+        "../queries/migrations_ledger.sql"
     )))
     .execute(&mut *conn)
     .await
     .map_err(|e| map_sqlx_error(&ctx("creating the database"), e))?;
-    let done: Vec<i32> =
-        sqlx::query_scalar(&schema.render(&format!("SELECT version FROM {ledger_table}")))
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
+    let done: Vec<i32> = sqlx::query_scalar(&with_ledger(include_str!(
+        "../queries/migrations_applied.sql"
+    )))
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
     let mut applied = Vec::new();
     for (version, name, sql) in migrations {
         if done.contains(version) {
@@ -115,8 +112,8 @@ pub async fn apply_migrations(
             .execute(&mut *conn)
             .await
             .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
-        sqlx::query(&schema.render(&format!(
-            "INSERT INTO {ledger_table} (version, name) VALUES (?, ?)"
+        sqlx::query(&with_ledger(include_str!(
+            "../queries/migrations_record.sql"
         )))
         .bind(version)
         .bind(name)

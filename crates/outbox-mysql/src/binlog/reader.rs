@@ -265,9 +265,12 @@ impl BinlogReader {
             .heartbeat
             .as_nanos()
             .clamp(1_000_000, 4_294_967_000_000);
-        conn.query_drop(format!("SET @master_heartbeat_period = {heartbeat}"))
-            .await
-            .map_err(|e| error("setting the binlog heartbeat", e))?;
+        conn.query_drop(
+            include_str!("../../queries/binlog_heartbeat.sql")
+                .replace("{nanos}", &heartbeat.to_string()),
+        )
+        .await
+        .map_err(|e| error("setting the binlog heartbeat", e))?;
         // MariaDB: a replica that announces no capability is sent old-style events only, and an
         // XA transaction's GTID event has none: the server ends the stream there ("Failed to
         // replace GTID event with backwards-compatible event"), so one XA transaction anywhere

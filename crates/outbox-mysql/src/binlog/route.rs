@@ -90,15 +90,12 @@ async fn set_up(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<()>
         .await
         .map_err(|e| map_sqlx_error(&ctx("making the sequencer's table"), e))?;
     let layout = ranges::ranges(&mut *conn, schema).await?;
-    sqlx::query(&schema.render(&format!(
-        "CREATE TABLE IF NOT EXISTS {{schema}}.outbox_sequence ( \
-             seq      BIGINT   NOT NULL PRIMARY KEY, \
-             part     SMALLINT NOT NULL, \
-             part_seq BIGINT   NOT NULL, \
-             KEY outbox_sequence_position (part, part_seq) \
-         ) ENGINE = InnoDB {}",
-        partition_clause(&layout)
-    )))
+    sqlx::query(
+        &schema.render(
+            &include_str!("../../queries/sequence_create.sql")
+                .replace("{partitioning}", &partition_clause(&layout)),
+        ),
+    )
     .execute(&mut *conn)
     .await
     .map_err(|e| map_sqlx_error(&ctx("making outbox_sequence"), e))?;
@@ -179,9 +176,13 @@ pub async fn upgrade(pool: &MySqlPool, schema: &Schema) -> Result<()> {
         if have.iter().any(|c| c.eq_ignore_ascii_case(name)) {
             continue;
         }
-        sqlx::query(&schema.render(&format!(
-            "ALTER TABLE {{schema}}.outbox_sequencer ADD COLUMN {name} {definition}"
-        )))
+        sqlx::query(
+            &schema.render(
+                &include_str!("../../queries/sequencer_add_column.sql")
+                    .replace("{column}", name)
+                    .replace("{definition}", definition),
+            ),
+        )
         .execute(pool)
         .await
         .map_err(err)?;

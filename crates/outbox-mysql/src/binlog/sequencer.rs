@@ -784,11 +784,9 @@ impl Session {
         set: &str,
         binds: &[Bind],
     ) -> Result<()> {
-        let sql = self.inner.schema.render(&format!(
-            "UPDATE {{schema}}.outbox_sequencer SET {set}, beats = beats + 1, \
-             lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
-             updated_at = UTC_TIMESTAMP(6) WHERE id = 1 AND owner = ? AND epoch = ?"
-        ));
+        let sql = self.inner.schema.render(
+            &include_str!("../../queries/sequencer_fenced_update.sql").replace("{set}", set),
+        );
         let mut q = sqlx::query(&sql);
         for b in binds {
             q = match b {
