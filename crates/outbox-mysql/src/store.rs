@@ -696,12 +696,10 @@ impl Engine {
         }
         let err =
             |what: &'static str| move |e| map_sqlx_error(&format!("recording a batch: {what}"), e);
-        let s = self.schema.as_str();
+        let r = |sql: &str| self.schema.render(sql);
         let mut tx = self.pool.begin().await.map_err(err("begin"))?;
-        let mut lock = QueryBuilder::<MySql>::new(format!(
-            "SELECT part, epoch, recorded, CAST(owner AS CHAR) AS owner \
-             FROM {s}.outbox_positions WHERE part IN ("
-        ));
+        let mut lock =
+            QueryBuilder::<MySql>::new(r(include_str!("../queries/record_lock_head.sql")));
         let mut each = lock.separated(", ");
         for p in plans {
             each.push_bind(p.part);
@@ -742,10 +740,8 @@ impl Engine {
         }
         let parks: Vec<_> = fenced.iter().flat_map(|p| &p.parks).collect();
         if !parks.is_empty() {
-            let mut upsert = QueryBuilder::<MySql>::new(format!(
-                "INSERT INTO {s}.outbox_parked \
-                 (seq, part, part_seq, aggregate_id, state, attempts, next_attempt_at, last_error) "
-            ));
+            let mut upsert =
+                QueryBuilder::<MySql>::new(r(include_str!("../queries/park_head.sql")));
             upsert.push_values(parks, |mut row, k| {
                 row.push_bind(k.seq)
                     .push_bind(k.part)
@@ -774,7 +770,7 @@ impl Engine {
             .collect();
         if !deletes.is_empty() {
             let mut delete =
-                QueryBuilder::<MySql>::new(format!("DELETE FROM {s}.outbox_parked WHERE seq IN ("));
+                QueryBuilder::<MySql>::new(r(include_str!("../queries/unpark_head.sql")));
             let mut each = delete.separated(", ");
             for seq in &deletes {
                 each.push_bind(*seq);
@@ -786,9 +782,8 @@ impl Engine {
                 .await
                 .map_err(err("releasing parked messages"))?;
         }
-        let mut update = QueryBuilder::<MySql>::new(format!(
-            "UPDATE {s}.outbox_positions SET recorded = recorded + 1, passed = CASE part"
-        ));
+        let mut update =
+            QueryBuilder::<MySql>::new(r(include_str!("../queries/record_positions_head.sql")));
         for p in &fenced {
             update.push(" WHEN ").push_bind(p.part).push(" THEN ");
             match p.passed {
@@ -1229,7 +1224,6 @@ impl Store for Engine {
         let err = |what: &'static str| {
             move |e| map_sqlx_error(&format!("redriving failed messages: {what}"), e)
         };
-        let s = self.schema.as_str();
         let which = |q: &mut QueryBuilder<'_, MySql>| {
             if let Some(ids) = &ids {
                 q.push(" AND o.id IN (");
@@ -1241,26 +1235,24 @@ impl Store for Engine {
             }
         };
         let mut tx = self.pool.begin().await.map_err(err("begin"))?;
-        let mut audit = QueryBuilder::<MySql>::new(format!(
-            "INSERT INTO {s}.outbox_redrives (message_id, seq, attempts, last_error, reason) \
-             SELECT o.id, p.seq, p.attempts, p.last_error, "
-        ));
+        // The reason is bound where the statement names `{reason}`.
+        let audit_sql = self
+            .schema
+            .render(include_str!("../queries/redrive_audit.sql"));
+        let (head, tail) = audit_sql
+            .split_once("{reason}")
+            .expect("redrive_audit.sql names {reason}");
+        let mut audit = QueryBuilder::<MySql>::new(head);
         audit.push_bind(reason);
-        audit.push(format!(
-            " FROM {s}.outbox_parked AS p JOIN {s}.outbox AS o ON o.seq = p.seq \
-             WHERE p.state = 'failed'"
-        ));
+        audit.push(tail);
         which(&mut audit);
         audit
             .build()
             .execute(&mut *tx)
             .await
             .map_err(err("auditing"))?;
-        let mut update = QueryBuilder::<MySql>::new(format!(
-            "UPDATE {s}.outbox_parked AS p JOIN {s}.outbox AS o ON o.seq = p.seq \
-             SET p.state = 'retrying', p.attempts = 0, p.next_attempt_at = UTC_TIMESTAMP(6) \
-             WHERE p.state = 'failed'"
-        ));
+        let mut update =
+            QueryBuilder::<MySql>::new(self.schema.render(include_str!("../queries/redrive.sql")));
         which(&mut update);
         let done = update
             .build()
