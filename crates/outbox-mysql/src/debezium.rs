@@ -57,15 +57,13 @@ pub async fn adopt(pool: &MySqlPool, schema: &Schema, table: &str) -> Result<Ado
              in another database"
         )));
     }
-    let columns: Vec<(String, String)> = sqlx::query_as(
-        "SELECT CAST(column_name AS CHAR), CAST(data_type AS CHAR) FROM information_schema.columns \
-         WHERE table_schema = ? AND table_name = ? ORDER BY ordinal_position",
-    )
-    .bind(db)
-    .bind(name)
-    .fetch_all(pool)
-    .await
-    .map_err(|e| map_sqlx_error(&format!("reading the columns of `{shown}`"), e))?;
+    let columns: Vec<(String, String)> =
+        sqlx::query_as(include_str!("../queries/debezium_columns.sql"))
+            .bind(db)
+            .bind(name)
+            .fetch_all(pool)
+            .await
+            .map_err(|e| map_sqlx_error(&format!("reading the columns of `{shown}`"), e))?;
     if columns.is_empty() {
         return Err(Error::config(format!(
             "debezium table `{shown}` does not exist"
@@ -134,13 +132,13 @@ pub async fn adopt(pool: &MySqlPool, schema: &Schema, table: &str) -> Result<Ado
         )
     };
     let s = schema.as_str();
-    let drop = format!("DROP TRIGGER IF EXISTS `{db}`.{TRIGGER}");
-    let create = format!(
-        "CREATE TRIGGER `{db}`.{TRIGGER} AFTER INSERT ON `{db}`.`{name}` FOR EACH ROW
-         INSERT INTO `{s}`.outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
-         VALUES (NEW.id, NEW.aggregatetype, NEW.aggregateid, NEW.type,
-                 COALESCE(NEW.payload, 'null'), {headers})"
-    );
+    let drop = release_sql(db);
+    let create = include_str!("../queries/debezium_adopt.sql")
+        .replace("{schema}", s)
+        .replace("{trigger}", TRIGGER)
+        .replace("{db}", db)
+        .replace("{table}", name)
+        .replace("{headers}", &headers);
     for sql in [drop, create] {
         sqlx::raw_sql(&sql)
             .execute(pool)
@@ -153,10 +151,17 @@ pub async fn adopt(pool: &MySqlPool, schema: &Schema, table: &str) -> Result<Ado
     })
 }
 
+/// `debezium_release.sql` for the adopted table's database `db`.
+fn release_sql(db: &str) -> String {
+    include_str!("../queries/debezium_release.sql")
+        .replace("{trigger}", TRIGGER)
+        .replace("{db}", db)
+}
+
 /// Removes the trigger (the rollback). Idempotent.
 pub async fn release(pool: &MySqlPool, schema: &Schema, table: &str) -> Result<()> {
     let (db, _) = split(schema, table)?;
-    sqlx::raw_sql(&format!("DROP TRIGGER IF EXISTS `{db}`.{TRIGGER}"))
+    sqlx::raw_sql(&release_sql(db))
         .execute(pool)
         .await
         .map_err(|e| map_sqlx_error("releasing the debezium table", e))?;

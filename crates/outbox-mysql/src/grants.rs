@@ -29,23 +29,22 @@ pub struct Documented {
     pub operator_binlog_on: &'static [&'static str],
 }
 
+// The grant files end without a newline: each is matched, as written, against its row in
+// docs/engine-mysql.md.
 /// See [`Documented`].
 pub const DOCUMENTED: Documented = Documented {
     writer: &[
-        "GRANT INSERT ON {db}.outbox TO {user}",
-        "GRANT SELECT ON {db}.outbox_part_seq TO {user}",
+        include_str!("../queries/grant_writer_outbox.sql"),
+        include_str!("../queries/grant_writer_part_seq.sql"),
     ],
     relay: &[
-        "GRANT SELECT, INSERT, UPDATE, DELETE, ALTER, DROP ON {db}.* TO {user}",
-        "GRANT PROCESS ON *.* TO {user}",
+        include_str!("../queries/grant_relay.sql"),
+        include_str!("../queries/grant_relay_process.sql"),
     ],
-    relay_binlog: &["GRANT REPLICATION SLAVE, {monitor} ON *.* TO {user}"],
-    operator: &[
-        "GRANT CREATE, ALTER, DROP, INDEX, TRIGGER, CREATE VIEW, SELECT, INSERT, UPDATE, DELETE \
-         ON {db}.* TO {user}",
-    ],
-    operator_binlog: &["GRANT {monitor} ON *.* TO {user}"],
-    operator_binlog_on: &["GRANT SUPER ON *.* TO {user}"],
+    relay_binlog: &[include_str!("../queries/grant_relay_binlog.sql")],
+    operator: &[include_str!("../queries/grant_operator.sql")],
+    operator_binlog: &[include_str!("../queries/grant_operator_binlog.sql")],
+    operator_binlog_on: &[include_str!("../queries/grant_operator_super.sql")],
 };
 
 /// `grants` for account `user` (quoted, `'name'@'%'`) on database `db`.
@@ -68,13 +67,11 @@ pub fn render(grants: &[&str], db: &str, user: &str, mariadb: bool) -> Vec<Strin
 /// What the server is: MariaDB or not, and whether `CREATE TRIGGER` needs `SUPER` there (a
 /// binlog written, function creators not trusted).
 pub async fn server(pool: &MySqlPool) -> Result<(bool, bool)> {
-    let (version, log_bin, trusted): (String, i64, i64) = sqlx::query_as(
-        "SELECT @@version, CAST(@@log_bin AS SIGNED), \
-         CAST(@@log_bin_trust_function_creators AS SIGNED)",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(|e| map_sqlx_error("reading the server's version and binlog settings", e))?;
+    let (version, log_bin, trusted): (String, i64, i64) =
+        sqlx::query_as(include_str!("../queries/server_flavour.sql"))
+            .fetch_one(pool)
+            .await
+            .map_err(|e| map_sqlx_error("reading the server's version and binlog settings", e))?;
     Ok((version.contains("MariaDB"), log_bin == 1 && trusted == 0))
 }
 
@@ -105,10 +102,14 @@ pub async fn create_account(
             "a throw-away account's password must be letters and digits",
         ));
     }
-    sqlx::raw_sql(&format!("CREATE USER {user} IDENTIFIED BY '{password}'"))
-        .execute(pool)
-        .await
-        .map_err(|e| map_sqlx_error(&format!("creating the account {user}"), e))?;
+    sqlx::raw_sql(
+        &include_str!("../queries/login_create.sql")
+            .replace("{user}", &user)
+            .replace("{password}", password),
+    )
+    .execute(pool)
+    .await
+    .map_err(|e| map_sqlx_error(&format!("creating the account {user}"), e))?;
     for sql in render(grants, db, &user, mariadb) {
         sqlx::raw_sql(&sql)
             .execute(pool)
@@ -121,7 +122,7 @@ pub async fn create_account(
 /// Drops account `name` if it exists.
 pub async fn drop_account(pool: &MySqlPool, name: &str) -> Result<()> {
     let user = account(name)?;
-    sqlx::raw_sql(&format!("DROP USER IF EXISTS {user}"))
+    sqlx::raw_sql(&include_str!("../queries/login_drop.sql").replace("{user}", &user))
         .execute(pool)
         .await
         .map_err(|e| map_sqlx_error(&format!("dropping the account {user}"), e))?;

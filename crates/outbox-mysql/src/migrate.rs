@@ -74,7 +74,7 @@ pub async fn apply_migrations(
     // The lock is the connection's: closing it (not returning it to the pool) releases it.
     conn.close_on_drop();
     // A lock name has at most 64 characters: the database's name goes in hashed.
-    let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(CONCAT(?, ':', SHA1(?)), ?)")
+    let got: Option<i64> = sqlx::query_scalar(include_str!("../queries/migrate_lock.sql"))
         .bind(lock)
         .bind(schema.as_str())
         .bind(LOCK_WAIT_SECS)
@@ -89,23 +89,20 @@ pub async fn apply_migrations(
             )),
         ));
     }
-    let ledger_table = format!("{{schema}}.{ledger}");
-    sqlx::raw_sql(&schema.render(&format!(
-        "CREATE DATABASE IF NOT EXISTS {{schema}} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
-         CREATE TABLE IF NOT EXISTS {ledger_table} (
-             version    INT          NOT NULL PRIMARY KEY,
-             name       VARCHAR(255) NOT NULL,
-             applied_at DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
-         ) ENGINE = InnoDB;"
+    // `ledger` is a fixed table name of the caller's, never user input.
+    let with_ledger = |sql: &str| schema.render(&sql.replace("{ledger}", ledger));
+    sqlx::raw_sql(&with_ledger(include_str!(
+        "../queries/migrations_ledger.sql"
     )))
     .execute(&mut *conn)
     .await
     .map_err(|e| map_sqlx_error(&ctx("creating the database"), e))?;
-    let done: Vec<i32> =
-        sqlx::query_scalar(&schema.render(&format!("SELECT version FROM {ledger_table}")))
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
+    let done: Vec<i32> = sqlx::query_scalar(&with_ledger(include_str!(
+        "../queries/migrations_applied.sql"
+    )))
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
     let mut applied = Vec::new();
     for (version, name, sql) in migrations {
         if done.contains(version) {
@@ -115,8 +112,8 @@ pub async fn apply_migrations(
             .execute(&mut *conn)
             .await
             .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
-        sqlx::query(&schema.render(&format!(
-            "INSERT INTO {ledger_table} (version, name) VALUES (?, ?)"
+        sqlx::query(&with_ledger(include_str!(
+            "../queries/migrations_record.sql"
         )))
         .bind(version)
         .bind(name)
@@ -133,14 +130,11 @@ pub async fn apply_migrations(
 pub async fn check_schema(pool: &MySqlPool, schema: &Schema) -> Result<()> {
     let name = schema.as_str();
     let ctx = format!("checking database `{name}`");
-    let ledger: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.TABLES \
-         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox_migrations'",
-    )
-    .bind(name)
-    .fetch_one(pool)
-    .await
-    .map_err(|e| map_sqlx_error(&ctx, e))?;
+    let ledger: i64 = sqlx::query_scalar(include_str!("../queries/migrations_table_exists.sql"))
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx, e))?;
     if ledger == 0 {
         return Err(Error::new(
             ErrorKind::Schema,
@@ -150,7 +144,7 @@ pub async fn check_schema(pool: &MySqlPool, schema: &Schema) -> Result<()> {
         ));
     }
     let version: Option<i32> =
-        sqlx::query_scalar(&schema.render("SELECT MAX(version) FROM {schema}.outbox_migrations"))
+        sqlx::query_scalar(&schema.render(include_str!("../queries/schema_version.sql")))
             .fetch_one(pool)
             .await
             .map_err(|e| map_sqlx_error(&ctx, e))?;

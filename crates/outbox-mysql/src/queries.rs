@@ -18,67 +18,20 @@ pub(crate) const MESSAGE_COLUMNS: &str = "o.seq, o.part, o.part_seq, CAST(o.id A
 /// handed out there (`n`: every row up to it is committed and visible; `{n}` is
 /// [`Positions::last_handed_out`] of `w.part`), and the seq below which every row is passed
 /// (`passed_below`, moved up by retention).
-const POSITIONS: &str = "SELECT w.part, w.passed, w.parked, w.epoch, w.recorded, {n} AS n, \
-     s.value AS passed_below \
-     FROM {schema}.outbox_positions AS w \
-     JOIN {schema}.outbox_part_seq AS p ON p.part = w.part \
-     JOIN {schema}.outbox_settings AS s ON s.name = 'passed_below' \
-     WHERE w.owner = ? AND w.lease_until > UTC_TIMESTAMP(6)";
+const POSITIONS: &str = include_str!("../queries/positions.sql");
 
 /// Each parked key of the partitions in the comma-separated list `?`: how many rows it has
 /// parked, whether one failed, and whether its head is due. `{skip}` leaves failed rows out
 /// (under `--on-failed skip` they hold nothing back).
-const PARKED_KEYS: &str = "SELECT g.part, CAST(g.aggregate_id AS CHAR) AS aggregate_id, g.n, \
-     CAST(g.failed AS SIGNED) AS failed, \
-     CAST(h.next_attempt_at IS NULL OR h.next_attempt_at <= UTC_TIMESTAMP(6) AS SIGNED) AS due, \
-     h.next_attempt_at \
-     FROM (SELECT part, aggregate_id, COUNT(*) AS n, MIN(part_seq) AS head, \
-                  SUM(state = 'failed') AS failed \
-           FROM {schema}.outbox_parked WHERE FIND_IN_SET(part, ?) {skip} \
-           GROUP BY part, aggregate_id) AS g \
-     JOIN {schema}.outbox_parked AS h \
-       ON h.part = g.part AND h.aggregate_id = g.aggregate_id AND h.part_seq = g.head";
+const PARKED_KEYS: &str = include_str!("../queries/parked_keys.sql");
 
-const STATS: &str = "SELECT \
-     (SELECT CAST(COALESCE(SUM(c.n - w.passed), 0) AS SIGNED) \
-        FROM {schema}.outbox_positions AS w \
-        JOIN {counters} AS c ON c.part = w.part) AS unpassed, \
-     (SELECT CAST(COALESCE(SUM(passed), 0) AS SIGNED) FROM {schema}.outbox_positions) AS passed, \
-     (SELECT COUNT(*) FROM {schema}.outbox_parked) AS parked, \
-     (SELECT COUNT(*) FROM {schema}.outbox_parked WHERE state = 'failed') AS failed, \
-     (SELECT COUNT(*) FROM {schema}.outbox_parked WHERE state = 'retrying') AS retrying, \
-     (SELECT COUNT(*) FROM (SELECT DISTINCT part, aggregate_id FROM {schema}.outbox_parked \
-        WHERE state IN ('retrying', 'failed')) AS k) AS blocked_keys, \
-     (SELECT COUNT(*) FROM {schema}.outbox_positions WHERE parked >= ?) AS at_cap, \
-     (SELECT TIMESTAMPDIFF(MICROSECOND, MIN(t), UTC_TIMESTAMP(6)) FROM ( \
-        SELECT o.created_at AS t FROM {schema}.outbox_positions AS w \
-          JOIN {messages} AS o ON o.part = w.part AND o.part_seq = w.passed + 1 \
-        UNION ALL \
-        SELECT o.created_at FROM {schema}.outbox_parked AS p \
-          JOIN {schema}.outbox AS o ON o.seq = p.seq WHERE p.state <> 'failed') AS a) AS oldest_us, \
-     (SELECT TIMESTAMPDIFF(MICROSECOND, MIN(o.created_at), UTC_TIMESTAMP(6)) \
-        FROM {schema}.outbox_parked AS p JOIN {schema}.outbox AS o ON o.seq = p.seq \
-        WHERE p.state <> 'failed') AS oldest_waiting_us";
+const STATS: &str = include_str!("../queries/stats.sql");
 
-const MEMBERS: &str = "SELECT CAST(m.member AS CHAR) AS member, m.heartbeat_at, \
-     CAST(m.circuit AS CHAR) AS circuit, CAST(m.sink_error AS CHAR) AS sink_error, \
-     COUNT(w.part) AS partitions \
-     FROM {schema}.outbox_members AS m \
-     LEFT JOIN {schema}.outbox_positions AS w \
-       ON w.owner = m.member AND w.lease_until > UTC_TIMESTAMP(6) \
-     GROUP BY m.member, m.heartbeat_at, m.circuit, m.sink_error \
-     ORDER BY m.member";
+const MEMBERS: &str = include_str!("../queries/members.sql");
 
-const BLOCKED: &str = "SELECT CAST(aggregate_id AS CHAR) AS aggregate_id, \
-     CAST(state AS CHAR) AS state, attempts, CAST(last_error AS CHAR) AS last_error \
-     FROM {schema}.outbox_parked WHERE state IN ('retrying', 'failed') ORDER BY seq LIMIT 20";
+const BLOCKED: &str = include_str!("../queries/blocked.sql");
 
-const FAILED: &str = "SELECT o.seq, CAST(o.id AS CHAR) AS id, \
-     CAST(o.aggregate_type AS CHAR) AS aggregate_type, \
-     CAST(o.aggregate_id AS CHAR) AS aggregate_id, CAST(o.event_type AS CHAR) AS event_type, \
-     p.attempts, CAST(p.last_error AS CHAR) AS last_error, o.created_at \
-     FROM {schema}.outbox_parked AS p JOIN {schema}.outbox AS o ON o.seq = p.seq \
-     WHERE p.state = 'failed' ORDER BY p.seq LIMIT ?";
+const FAILED: &str = include_str!("../queries/failed.sql");
 
 /// The failed messages that match a filter (`Store::failed_matching`): how many in all, and
 /// one page of them after a seq, oldest first; the first row carries the total even when the
@@ -86,56 +39,29 @@ const FAILED: &str = "SELECT o.seq, CAST(o.id AS CHAR) AS id, \
 /// Binds: the key twice (exact, or NULL), part of `aggregate_type/event_type` twice (lower
 /// case, or NULL), part of the last error twice (lower case, or NULL), the seq to start after
 /// twice (or NULL), the page's size.
-const FAILED_MATCHING: &str = "WITH matching AS ( \
-     SELECT p.seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type, p.attempts, \
-            p.last_error, o.created_at \
-     FROM {schema}.outbox_parked AS p JOIN {schema}.outbox AS o ON o.seq = p.seq \
-     WHERE p.state = 'failed' \
-       AND (? IS NULL OR p.aggregate_id = ?) \
-       AND (? IS NULL OR LOCATE(?, LOWER(CONCAT(o.aggregate_type, '/', o.event_type))) > 0) \
-       AND (? IS NULL OR LOCATE(?, LOWER(COALESCE(p.last_error, ''))) > 0)), \
-   page AS (SELECT * FROM matching WHERE ? IS NULL OR seq > ? ORDER BY seq LIMIT ?) \
-   SELECT t.total, m.seq, CAST(m.id AS CHAR) AS id, \
-          CAST(m.aggregate_type AS CHAR) AS aggregate_type, \
-          CAST(m.aggregate_id AS CHAR) AS aggregate_id, \
-          CAST(m.event_type AS CHAR) AS event_type, m.attempts, \
-          CAST(m.last_error AS CHAR) AS last_error, m.created_at \
-   FROM (SELECT COUNT(*) AS total FROM matching) AS t LEFT JOIN page AS m ON TRUE \
-   ORDER BY m.seq";
+const FAILED_MATCHING: &str = include_str!("../queries/failed_matching.sql");
 
-const HEARTBEAT: &str = "INSERT INTO {schema}.outbox_members (member, heartbeat_at) \
-     VALUES (?, UTC_TIMESTAMP(6)) \
-     ON DUPLICATE KEY UPDATE heartbeat_at = VALUES(heartbeat_at)";
+const HEARTBEAT: &str = include_str!("../queries/heartbeat.sql");
 
-const REAP_MEMBERS: &str = "DELETE FROM {schema}.outbox_members \
-     WHERE heartbeat_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND";
+const REAP_MEMBERS: &str = include_str!("../queries/reap_members.sql");
 
-const COUNT_MEMBERS: &str = "SELECT COUNT(*) FROM {schema}.outbox_members";
+const COUNT_MEMBERS: &str = include_str!("../queries/count_members.sql");
 
 /// Every partition row, locked in key order: rebalances run one at a time.
-const LOCK_PARTITIONS: &str = "SELECT part, CAST(owner AS CHAR) AS owner, \
-     CAST(lease_until > UTC_TIMESTAMP(6) AS SIGNED) AS live \
-     FROM {schema}.outbox_positions ORDER BY part FOR UPDATE";
+const LOCK_PARTITIONS: &str = include_str!("../queries/lock_partitions.sql");
 
-const RENEW: &str = "UPDATE {schema}.outbox_positions \
-     SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE owner = ?";
+const RENEW: &str = include_str!("../queries/renew.sql");
 
-const GIVE_BACK: &str = "UPDATE {schema}.outbox_positions \
-     SET owner = NULL, lease_until = '1970-01-01 00:00:00' \
-     WHERE owner = ? AND FIND_IN_SET(part, ?)";
+const GIVE_BACK: &str = include_str!("../queries/give_back.sql");
 
 /// Takes partitions (already locked by [`LOCK_PARTITIONS`]); a new owner is a new epoch.
-const ACQUIRE: &str = "UPDATE {schema}.outbox_positions \
-     SET owner = ?, lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, epoch = epoch + 1 \
-     WHERE FIND_IN_SET(part, ?)";
+const ACQUIRE: &str = include_str!("../queries/acquire.sql");
 
-const RELEASE_PARTITIONS: &str = "UPDATE {schema}.outbox_positions \
-     SET owner = NULL, lease_until = '1970-01-01 00:00:00' WHERE owner = ?";
+const RELEASE_PARTITIONS: &str = include_str!("../queries/release.sql");
 
-const RELEASE_MEMBER: &str = "DELETE FROM {schema}.outbox_members WHERE member = ?";
+const RELEASE_MEMBER: &str = include_str!("../queries/release_member.sql");
 
-const REPORT_HEALTH: &str =
-    "UPDATE {schema}.outbox_members SET circuit = ?, sink_error = ? WHERE member = ?";
+const REPORT_HEALTH: &str = include_str!("../queries/report_health.sql");
 
 /// Where the polling engine finds the messages' positions: the trigger's, in `outbox` itself
 /// (the default), or the binlog sequencer's, in `outbox_sequence` (see `binlog::route`).

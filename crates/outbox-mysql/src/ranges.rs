@@ -29,6 +29,23 @@ pub const LOOKAHEAD_RANGES: i64 = 2;
 /// of a range. Maintenance cuts new ranges out of it while it is empty.
 const CATCH_ALL: &str = "s_max";
 
+/// `range_cut.sql` for `table` (`outbox` or `outbox_sequence`): the catch-all cut into
+/// `parts` (partition definitions built from bounds, and the catch-all again last).
+fn cut(table: &str, parts: &[String]) -> String {
+    include_str!("../queries/range_cut.sql")
+        .replace("{table}", table)
+        .replace("{catch_all}", CATCH_ALL)
+        .replace("{ranges}", &parts.join(", "))
+}
+
+/// `range_drop.sql` for `table` (`outbox` or `outbox_sequence`) and a range name read from
+/// the server's own partition list.
+fn drop_range(table: &str, range: &str) -> String {
+    include_str!("../queries/range_drop.sql")
+        .replace("{table}", table)
+        .replace("{range}", range)
+}
+
 /// How long maintenance waits for a lock before it gives up until its next round, in seconds:
 /// the counters (writers of a partition queue behind them meanwhile) and the table's metadata
 /// lock, which a range's creation or drop needs, and which waits for every transaction that has
@@ -79,17 +96,12 @@ async fn ranges_of(
     schema: &Schema,
     table: &str,
 ) -> Result<Vec<Range>> {
-    let rows = sqlx::query(
-        "SELECT CAST(PARTITION_NAME AS CHAR) AS name, \
-         CAST(PARTITION_DESCRIPTION AS CHAR) AS below \
-         FROM information_schema.PARTITIONS \
-         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY PARTITION_ORDINAL_POSITION",
-    )
-    .bind(schema.as_str())
-    .bind(table)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(|e| map_sqlx_error("reading the outbox's ranges", e))?;
+    let rows = sqlx::query(include_str!("../queries/ranges_list.sql"))
+        .bind(schema.as_str())
+        .bind(table)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error("reading the outbox's ranges", e))?;
     let mut out = Vec::with_capacity(rows.len());
     let mut from = 0;
     for r in rows {
@@ -164,13 +176,11 @@ pub async fn maintain(
 /// `information_schema.INNODB_TRX`, server-wide: a long transaction in another database holds
 /// these rounds back too, which only defers drops and keeps a range cut ahead in reserve.
 pub async fn restraint(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<bool> {
-    let oldest: Option<i64> = sqlx::query_scalar(
-        "SELECT MAX(TIMESTAMPDIFF(SECOND, trx_started, NOW())) FROM information_schema.INNODB_TRX \
-         WHERE trx_mysql_thread_id <> CONNECTION_ID()",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(|e| map_sqlx_error("looking for transactions left open", e))?;
+    let oldest: Option<i64> =
+        sqlx::query_scalar(include_str!("../queries/oldest_transaction_age.sql"))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx_error("looking for transactions left open", e))?;
     let mut tried = TRIED_PAST_OLD
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -222,15 +232,13 @@ pub async fn set_width(pool: &MySqlPool, schema: &Schema, seqs: i64) -> Result<u
         ));
     };
     let err = |e| map_sqlx_error("setting the outbox's range width", e);
-    sqlx::query(
-        &schema.render("UPDATE {schema}.outbox_settings SET value = ? WHERE name = 'range_seqs'"),
-    )
-    .bind(seqs)
-    .execute(&mut *conn)
-    .await
-    .map_err(err)?;
+    sqlx::query(&schema.render(include_str!("../queries/range_seqs_set.sql")))
+        .bind(seqs)
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
     let empty: bool =
-        sqlx::query_scalar(&schema.render("SELECT NOT EXISTS (SELECT 1 FROM {schema}.outbox)"))
+        sqlx::query_scalar(&schema.render(include_str!("../queries/outbox_empty.sql")))
             .fetch_one(&mut *conn)
             .await
             .map_err(err)?;
@@ -244,9 +252,9 @@ pub async fn set_width(pool: &MySqlPool, schema: &Schema, seqs: i64) -> Result<u
 async fn lay_out(conn: &mut sqlx::MySqlConnection, schema: &Schema, empty: bool) -> Result<u64> {
     let err = |e| map_sqlx_error("laying out the outbox's ranges", e);
     if empty {
-        sqlx::query(&schema.render(&format!(
-            "ALTER TABLE {{schema}}.outbox PARTITION BY RANGE (seq) (PARTITION s1 VALUES LESS              THAN (1), PARTITION {CATCH_ALL} VALUES LESS THAN MAXVALUE)"
-        )))
+        sqlx::query(&schema.render(
+            &include_str!("../queries/outbox_partition.sql").replace("{catch_all}", CATCH_ALL),
+        ))
         .execute(&mut *conn)
         .await
         .map_err(err)?;
@@ -256,10 +264,12 @@ async fn lay_out(conn: &mut sqlx::MySqlConnection, schema: &Schema, empty: bool)
         if empty {
             // Laid out again from the start: the sequence table (as empty) follows.
             let layout = ranges(conn, schema).await?;
-            sqlx::query(&schema.render(&format!(
-                "ALTER TABLE {{schema}}.outbox_sequence {}",
-                crate::binlog::route::partition_clause(&layout)
-            )))
+            sqlx::query(&schema.render(
+                &include_str!("../queries/sequence_partition.sql").replace(
+                    "{partitioning}",
+                    &crate::binlog::route::partition_clause(&layout),
+                ),
+            ))
             .execute(&mut *conn)
             .await
             .map_err(err)?;
@@ -272,12 +282,11 @@ async fn lay_out(conn: &mut sqlx::MySqlConnection, schema: &Schema, empty: bool)
 /// Whether the outbox runs the binlog route (`outbox_settings.binlog_route`): its positions
 /// live in `outbox_sequence`, whose ranges follow the outbox's.
 async fn binlog_route(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<bool> {
-    let on: Option<i64> = sqlx::query_scalar(
-        &schema.render("SELECT value FROM {schema}.outbox_settings WHERE name = 'binlog_route'"),
-    )
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(|e| map_sqlx_error("reading whether the binlog route is on", e))?;
+    let on: Option<i64> =
+        sqlx::query_scalar(&schema.render(include_str!("../queries/binlog_route_get.sql")))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx_error("reading whether the binlog route is on", e))?;
     Ok(on == Some(1))
 }
 
@@ -297,19 +306,16 @@ async fn mirror_ranges(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Res
         return Ok(());
     }
     parts.push(format!("PARTITION {CATCH_ALL} VALUES LESS THAN MAXVALUE"));
-    sqlx::query(&schema.render(&format!(
-        "ALTER TABLE {{schema}}.outbox_sequence REORGANIZE PARTITION {CATCH_ALL} INTO ({})",
-        parts.join(", ")
-    )))
-    .execute(&mut *conn)
-    .await
-    .map_err(|e| map_sqlx_error("giving outbox_sequence the outbox's ranges", e))?;
+    sqlx::query(&schema.render(&cut("outbox_sequence", &parts)))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error("giving outbox_sequence the outbox's ranges", e))?;
     Ok(())
 }
 
 /// Lets the next maintainer in now (closing the connection would too, but a moment later).
 pub(crate) async fn release(conn: &mut sqlx::MySqlConnection, schema: &Schema) {
-    let _ = sqlx::query("SELECT RELEASE_LOCK(CONCAT('outbox-maintain:', SHA1(?)))")
+    let _ = sqlx::query(include_str!("../queries/maintain_unlock.sql"))
         .bind(schema.as_str())
         .execute(&mut *conn)
         .await;
@@ -325,21 +331,18 @@ pub(crate) async fn maintainer(
     let err = |e| map_sqlx_error("maintaining the outbox's ranges", e);
     let mut conn = pool.acquire().await.map_err(err)?;
     conn.close_on_drop();
-    let got: Option<i64> =
-        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('outbox-maintain:', SHA1(?)), 0)")
-            .bind(schema.as_str())
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(err)?;
+    let got: Option<i64> = sqlx::query_scalar(include_str!("../queries/maintain_try_lock.sql"))
+        .bind(schema.as_str())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(err)?;
     if got != Some(1) {
         return Ok(None);
     }
     for set in [
-        format!(
-            "SET SESSION lock_wait_timeout = {LOCK_WAIT_SECS}, \
-             innodb_lock_wait_timeout = {LOCK_WAIT_SECS}"
-        ),
-        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".to_string(),
+        include_str!("../queries/maintain_lock_wait.sql")
+            .replace("{secs}", &LOCK_WAIT_SECS.to_string()),
+        include_str!("../queries/read_committed.sql").to_string(),
     ] {
         sqlx::query(&set).execute(&mut *conn).await.map_err(err)?;
     }
@@ -381,17 +384,14 @@ async fn run(
         // writers for a moment: take a new one only when a range not yet sealed lies wholly
         // below the last seq, so that it could seal it (once every `range_seqs` seqs).
         sealed_below = sealed_below.max(seal(conn, schema).await?);
-        sqlx::query(&schema.render(
-            "UPDATE {schema}.outbox_settings SET value = GREATEST(value, ?) \
-             WHERE name = 'sealed_below'",
-        ))
-        .bind(sealed_below)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("recording the seal"), e))?;
+        sqlx::query(&schema.render(include_str!("../queries/sealed_below_raise.sql")))
+            .bind(sealed_below)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx("recording the seal"), e))?;
     }
     let passed: HashMap<i16, i64> =
-        sqlx::query_as(&schema.render("SELECT part, passed FROM {schema}.outbox_positions"))
+        sqlx::query_as(&schema.render(include_str!("../queries/positions_passed.sql")))
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| map_sqlx_error(&ctx("reading the positions"), e))?
@@ -412,63 +412,51 @@ async fn run(
         if passed_prefix {
             passed_below = Some(below);
         }
-        let parked: bool = sqlx::query_scalar(&schema.render(
-            "SELECT EXISTS (SELECT 1 FROM {schema}.outbox_parked WHERE seq >= ? AND seq < ?)",
-        ))
-        .bind(range.from)
-        .bind(below)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("looking for parked messages"), e))?;
+        let parked: bool =
+            sqlx::query_scalar(&schema.render(include_str!("../queries/parked_in_range.sql")))
+                .bind(range.from)
+                .bind(below)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| map_sqlx_error(&ctx("looking for parked messages"), e))?;
         if parked {
             // A parked message is read from its row in the range: it keeps the range.
             continue;
         }
         // Its last row, by seq: when the range was last written to.
-        let age_us: Option<i64> = sqlx::query_scalar(&schema.render(&format!(
-            "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) \
-             FROM {{schema}}.outbox PARTITION ({}) ORDER BY seq DESC LIMIT 1",
-            range.name
-        )))
+        let age_us: Option<i64> = sqlx::query_scalar(&schema.render(
+            &include_str!("../queries/range_last_written.sql").replace("{range}", &range.name),
+        ))
         .fetch_optional(&mut *conn)
         .await
         .map_err(|e| map_sqlx_error(&ctx("reading a range's age"), e))?;
         if restrained || age_us.is_some_and(|a| a < keep_us) {
             continue;
         }
-        sqlx::query(&schema.render(&format!(
-            "ALTER TABLE {{schema}}.outbox DROP PARTITION {}",
-            range.name
-        )))
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx(&format!("dropping range `{}`", range.name)), e))?;
-        if binlog {
-            // Its positions go with it (the same bounds, the same name).
-            sqlx::query(&schema.render(&format!(
-                "ALTER TABLE {{schema}}.outbox_sequence DROP PARTITION {}",
-                range.name
-            )))
+        sqlx::query(&schema.render(&drop_range("outbox", &range.name)))
             .execute(&mut *conn)
             .await
-            .map_err(|e| {
-                map_sqlx_error(
-                    &ctx(&format!("dropping range `{}`'s positions", range.name)),
-                    e,
-                )
-            })?;
+            .map_err(|e| map_sqlx_error(&ctx(&format!("dropping range `{}`", range.name)), e))?;
+        if binlog {
+            // Its positions go with it (the same bounds, the same name).
+            sqlx::query(&schema.render(&drop_range("outbox_sequence", &range.name)))
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| {
+                    map_sqlx_error(
+                        &ctx(&format!("dropping range `{}`'s positions", range.name)),
+                        e,
+                    )
+                })?;
         }
         report.segments_dropped += 1;
     }
     if let Some(below) = passed_below {
-        sqlx::query(&schema.render(
-            "UPDATE {schema}.outbox_settings SET value = GREATEST(value, ?) \
-             WHERE name = 'passed_below'",
-        ))
-        .bind(below)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("recording how far every range is passed"), e))?;
+        sqlx::query(&schema.render(include_str!("../queries/passed_below_raise.sql")))
+            .bind(below)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx("recording how far every range is passed"), e))?;
     }
     Ok(())
 }
@@ -495,14 +483,11 @@ async fn ensure_ahead(
     restrained: bool,
 ) -> Result<Ahead> {
     let ctx = |what: &str| format!("making outbox ranges in `{}`: {what}", schema.as_str());
-    let (width, sealed_below, top): (i64, i64, i64) = sqlx::query_as(&schema.render(
-        "SELECT (SELECT value FROM {schema}.outbox_settings WHERE name = 'range_seqs'), \
-         (SELECT value FROM {schema}.outbox_settings WHERE name = 'sealed_below'), \
-         (SELECT COALESCE(MAX(seq), 0) FROM {schema}.outbox)",
-    ))
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(|e| map_sqlx_error(&ctx("reading the width"), e))?;
+    let (width, sealed_below, top): (i64, i64, i64) =
+        sqlx::query_as(&schema.render(include_str!("../queries/range_settings.sql")))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx("reading the width"), e))?;
     if width < 1 {
         return Err(Error::config(format!(
             "database `{}`: outbox_settings.range_seqs is {width}; set it to 1 or more",
@@ -544,13 +529,10 @@ async fn ensure_ahead(
         .map(|b| format!("PARTITION s{b} VALUES LESS THAN ({b})"))
         .collect();
     parts.push(format!("PARTITION {CATCH_ALL} VALUES LESS THAN MAXVALUE"));
-    sqlx::query(&schema.render(&format!(
-        "ALTER TABLE {{schema}}.outbox REORGANIZE PARTITION {CATCH_ALL} INTO ({})",
-        parts.join(", ")
-    )))
-    .execute(&mut *conn)
-    .await
-    .map_err(|e| map_sqlx_error(&ctx("cutting ranges out of the catch-all"), e))?;
+    sqlx::query(&schema.render(&cut("outbox", &parts)))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("cutting ranges out of the catch-all"), e))?;
     // The layout now: the same finite ranges, the new ones, the catch-all.
     ranges.retain(|r| r.below.is_some());
     let mut from = last;
@@ -585,17 +567,14 @@ async fn seal(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<i64> 
         )
     };
     let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(ctx)?;
-    sqlx::query(
-        &schema.render("SELECT part FROM {schema}.outbox_part_seq ORDER BY part FOR UPDATE"),
-    )
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(ctx)?;
-    let top: i64 =
-        sqlx::query_scalar(&schema.render("SELECT COALESCE(MAX(seq), 0) FROM {schema}.outbox"))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(ctx)?;
+    sqlx::query(&schema.render(include_str!("../queries/lock_part_seq.sql")))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(ctx)?;
+    let top: i64 = sqlx::query_scalar(&schema.render(include_str!("../queries/max_seq.sql")))
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(ctx)?;
     tx.commit().await.map_err(ctx)?;
     Ok(top + 1)
 }
@@ -603,12 +582,10 @@ async fn seal(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<i64> 
 /// On the binlog route, the seal is the sequencer's: every row below `sequenced_below` has its
 /// position or was rolled back, and no row can appear below it any more.
 async fn sequenced_below(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<i64> {
-    sqlx::query_scalar(
-        &schema.render("SELECT sequenced_below FROM {schema}.outbox_sequencer WHERE id = 1"),
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(|e| map_sqlx_error("outbox retention: reading how far the sequencer sealed", e))
+    sqlx::query_scalar(&schema.render(include_str!("../queries/sequenced_below.sql")))
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error("outbox retention: reading how far the sequencer sealed", e))
 }
 
 /// Whether every row of `range` is at or below its partition's position: per partition, the
@@ -622,10 +599,13 @@ async fn range_passed(
     binlog: bool,
 ) -> Result<bool> {
     let table = if binlog { "outbox_sequence" } else { "outbox" };
-    let highest: Vec<(i16, i64)> = sqlx::query_as(&schema.render(&format!(
-        "SELECT part, MAX(part_seq) FROM {{schema}}.{table} PARTITION ({}) GROUP BY part",
-        range.name
-    )))
+    let highest: Vec<(i16, i64)> = sqlx::query_as(
+        &schema.render(
+            &include_str!("../queries/range_highest.sql")
+                .replace("{table}", table)
+                .replace("{range}", &range.name),
+        ),
+    )
     .fetch_all(&mut *conn)
     .await
     .map_err(|e| {

@@ -77,10 +77,12 @@ pub async fn connect_pool(url: &str, max_connections: u32) -> Result<MySqlPool> 
         .acquire_timeout(Duration::from_secs(10))
         .after_connect(|conn, _| {
             Box::pin(async move {
-                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                conn.execute(include_str!("../queries/read_committed.sql"))
                     .await?;
                 conn.execute(
-                    format!("SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_SECS}").as_str(),
+                    include_str!("../queries/lock_wait.sql")
+                        .replace("{secs}", &LOCK_WAIT_SECS.to_string())
+                        .as_str(),
                 )
                 .await?;
                 Ok(())
@@ -694,12 +696,10 @@ impl Engine {
         }
         let err =
             |what: &'static str| move |e| map_sqlx_error(&format!("recording a batch: {what}"), e);
-        let s = self.schema.as_str();
+        let r = |sql: &str| self.schema.render(sql);
         let mut tx = self.pool.begin().await.map_err(err("begin"))?;
-        let mut lock = QueryBuilder::<MySql>::new(format!(
-            "SELECT part, epoch, recorded, CAST(owner AS CHAR) AS owner \
-             FROM {s}.outbox_positions WHERE part IN ("
-        ));
+        let mut lock =
+            QueryBuilder::<MySql>::new(r(include_str!("../queries/record_lock_head.sql")));
         let mut each = lock.separated(", ");
         for p in plans {
             each.push_bind(p.part);
@@ -740,10 +740,8 @@ impl Engine {
         }
         let parks: Vec<_> = fenced.iter().flat_map(|p| &p.parks).collect();
         if !parks.is_empty() {
-            let mut upsert = QueryBuilder::<MySql>::new(format!(
-                "INSERT INTO {s}.outbox_parked \
-                 (seq, part, part_seq, aggregate_id, state, attempts, next_attempt_at, last_error) "
-            ));
+            let mut upsert =
+                QueryBuilder::<MySql>::new(r(include_str!("../queries/park_head.sql")));
             upsert.push_values(parks, |mut row, k| {
                 row.push_bind(k.seq)
                     .push_bind(k.part)
@@ -772,7 +770,7 @@ impl Engine {
             .collect();
         if !deletes.is_empty() {
             let mut delete =
-                QueryBuilder::<MySql>::new(format!("DELETE FROM {s}.outbox_parked WHERE seq IN ("));
+                QueryBuilder::<MySql>::new(r(include_str!("../queries/unpark_head.sql")));
             let mut each = delete.separated(", ");
             for seq in &deletes {
                 each.push_bind(*seq);
@@ -784,9 +782,8 @@ impl Engine {
                 .await
                 .map_err(err("releasing parked messages"))?;
         }
-        let mut update = QueryBuilder::<MySql>::new(format!(
-            "UPDATE {s}.outbox_positions SET recorded = recorded + 1, passed = CASE part"
-        ));
+        let mut update =
+            QueryBuilder::<MySql>::new(r(include_str!("../queries/record_positions_head.sql")));
         for p in &fenced {
             update.push(" WHEN ").push_bind(p.part).push(" THEN ");
             match p.passed {
@@ -1139,7 +1136,7 @@ impl Store for Engine {
     }
 
     async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1")
+        sqlx::query(include_str!("../queries/ping.sql"))
             .execute(&self.pool)
             .await
             .map_err(|e| map_sqlx_error("pinging MySQL", e))?;
@@ -1227,7 +1224,6 @@ impl Store for Engine {
         let err = |what: &'static str| {
             move |e| map_sqlx_error(&format!("redriving failed messages: {what}"), e)
         };
-        let s = self.schema.as_str();
         let which = |q: &mut QueryBuilder<'_, MySql>| {
             if let Some(ids) = &ids {
                 q.push(" AND o.id IN (");
@@ -1239,26 +1235,24 @@ impl Store for Engine {
             }
         };
         let mut tx = self.pool.begin().await.map_err(err("begin"))?;
-        let mut audit = QueryBuilder::<MySql>::new(format!(
-            "INSERT INTO {s}.outbox_redrives (message_id, seq, attempts, last_error, reason) \
-             SELECT o.id, p.seq, p.attempts, p.last_error, "
-        ));
+        // The reason is bound where the statement names `{reason}`.
+        let audit_sql = self
+            .schema
+            .render(include_str!("../queries/redrive_audit.sql"));
+        let (head, tail) = audit_sql
+            .split_once("{reason}")
+            .expect("redrive_audit.sql names {reason}");
+        let mut audit = QueryBuilder::<MySql>::new(head);
         audit.push_bind(reason);
-        audit.push(format!(
-            " FROM {s}.outbox_parked AS p JOIN {s}.outbox AS o ON o.seq = p.seq \
-             WHERE p.state = 'failed'"
-        ));
+        audit.push(tail);
         which(&mut audit);
         audit
             .build()
             .execute(&mut *tx)
             .await
             .map_err(err("auditing"))?;
-        let mut update = QueryBuilder::<MySql>::new(format!(
-            "UPDATE {s}.outbox_parked AS p JOIN {s}.outbox AS o ON o.seq = p.seq \
-             SET p.state = 'retrying', p.attempts = 0, p.next_attempt_at = UTC_TIMESTAMP(6) \
-             WHERE p.state = 'failed'"
-        ));
+        let mut update =
+            QueryBuilder::<MySql>::new(self.schema.render(include_str!("../queries/redrive.sql")));
         which(&mut update);
         let done = update
             .build()
@@ -1278,15 +1272,12 @@ impl Store for Engine {
             // Claimable once it returns, as on the trigger's route: the sequencer positions a
             // transaction's rows together, so once one of them has its position all have.
             sequencer.start();
-            let seq: i64 = sqlx::query_scalar(
-                &self
-                    .schema
-                    .render("SELECT MAX(seq) FROM {schema}.outbox WHERE id = ?"),
-            )
-            .bind(last.id.to_string())
-            .fetch_one(&self.pool)
-            .await
-            .map_err(err)?;
+            let seq: i64 =
+                sqlx::query_scalar(&self.schema.render(include_str!("../queries/seq_of_id.sql")))
+                    .bind(last.id.to_string())
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(err)?;
             sequencer
                 .wait_until_positioned(seq, INSERT_SEQUENCED)
                 .await?;

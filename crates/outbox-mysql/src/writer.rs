@@ -42,10 +42,7 @@ pub async fn enqueue_many(
     messages: &[NewMessage],
 ) -> Result<()> {
     lock_partitions_in_order(tx, schema, messages).await?;
-    let head = schema.render(
-        "INSERT INTO {schema}.outbox \
-         (id, aggregate_type, aggregate_id, event_type, payload, headers, topic) ",
-    );
+    let head = schema.render(include_str!("../queries/enqueue_head.sql"));
     for chunk in messages.chunks(ROWS_PER_STATEMENT) {
         let mut insert = QueryBuilder::<MySql>::new(&head);
         insert.push_values(chunk, |mut row, m| {
@@ -77,8 +74,9 @@ async fn lock_partitions_in_order(
     if keys.len() < 2 {
         return Ok(());
     }
-    let mut lock =
-        QueryBuilder::<MySql>::new(schema.render("SELECT part FROM {schema}.outbox_part_seq"));
+    let mut lock = QueryBuilder::<MySql>::new(
+        schema.render(include_str!("../queries/enqueue_lock_partitions_head.sql")),
+    );
     if keys.len() <= crate::PARTITIONS as usize {
         lock.push(" WHERE part IN (");
         let mut each = lock.separated(", ");

@@ -249,15 +249,14 @@ impl BinlogReader {
         let mut conn = connect(&target, opts, &shown).await?;
         let columns: Vec<(String, u64)> = conn
             .exec(
-                "SELECT CAST(COLUMN_NAME AS CHAR), ORDINAL_POSITION FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox'",
+                include_str!("../../queries/binlog_outbox_columns.sql"),
                 (schema.as_str(),),
             )
             .await
             .map_err(|e| error("reading the outbox table's columns", e))?;
         let layout = Layout::from_columns(&columns)?;
         let checksum: Option<String> = conn
-            .query_first("SELECT CAST(@@GLOBAL.binlog_checksum AS CHAR)")
+            .query_first(include_str!("../../queries/binlog_checksum.sql"))
             .await
             .map_err(|e| error("reading the binlog's checksum setting", e))?;
         let checksums = checksum.is_some_and(|c| !c.eq_ignore_ascii_case("NONE"));
@@ -266,26 +265,32 @@ impl BinlogReader {
             .heartbeat
             .as_nanos()
             .clamp(1_000_000, 4_294_967_000_000);
-        conn.query_drop(format!("SET @master_heartbeat_period = {heartbeat}"))
-            .await
-            .map_err(|e| error("setting the binlog heartbeat", e))?;
+        conn.query_drop(
+            include_str!("../../queries/binlog_heartbeat.sql")
+                .replace("{nanos}", &heartbeat.to_string()),
+        )
+        .await
+        .map_err(|e| error("setting the binlog heartbeat", e))?;
         // MariaDB: a replica that announces no capability is sent old-style events only, and an
         // XA transaction's GTID event has none: the server ends the stream there ("Failed to
         // replace GTID event with backwards-compatible event"), so one XA transaction anywhere
         // on the server would stop the route for good. Announcing GTID support (4, MariaDB
         // 10.0's) gets the events as they are; the ones this reader does not know (GTID,
         // annotations, checkpoints) are skipped. A user variable: MySQL ignores it.
-        conn.query_drop("SET @mariadb_slave_capability = 4")
+        conn.query_drop(include_str!("../../queries/binlog_capability.sql"))
             .await
             .map_err(|e| error("announcing the replica's capabilities", e))?;
         let by_gtid = matches!(start, Start::AfterGtid(_));
         if by_gtid {
             // MariaDB's GTID replica protocol: the dump starts after these transactions, found
             // by GTID in this server's binlog, with the strict checks a replica gets.
-            conn.exec_drop("SET @slave_connect_state = ?", (format_gtids(&gtids),))
-                .await
-                .map_err(|e| error("giving the GTID state to start from", e))?;
-            conn.query_drop("SET @slave_gtid_strict_mode = 1, @slave_gtid_ignore_duplicates = 0")
+            conn.exec_drop(
+                include_str!("../../queries/binlog_connect_state.sql"),
+                (format_gtids(&gtids),),
+            )
+            .await
+            .map_err(|e| error("giving the GTID state to start from", e))?;
+            conn.query_drop(include_str!("../../queries/binlog_gtid_strict.sql"))
                 .await
                 .map_err(|e| error("asking for strict GTID checks", e))?;
         }

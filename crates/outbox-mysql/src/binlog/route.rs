@@ -28,23 +28,19 @@ use crate::schema::Schema;
 /// yet (before `outbox migrate`).
 pub async fn is_on(pool: &MySqlPool, schema: &Schema) -> Result<bool> {
     let err = |e| map_sqlx_error("reading whether the binlog route is on", e);
-    let tables: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.TABLES \
-         WHERE TABLE_SCHEMA = ? AND TABLE_NAME IN ('outbox_settings', 'outbox_sequencer')",
-    )
-    .bind(schema.as_str())
-    .fetch_one(pool)
-    .await
-    .map_err(err)?;
+    let tables: i64 = sqlx::query_scalar(include_str!("../../queries/route_tables_exist.sql"))
+        .bind(schema.as_str())
+        .fetch_one(pool)
+        .await
+        .map_err(err)?;
     if tables < 2 {
         return Ok(false);
     }
-    let on: Option<i64> = sqlx::query_scalar(
-        &schema.render("SELECT value FROM {schema}.outbox_settings WHERE name = 'binlog_route'"),
-    )
-    .fetch_optional(pool)
-    .await
-    .map_err(err)?;
+    let on: Option<i64> =
+        sqlx::query_scalar(&schema.render(include_str!("../../queries/binlog_route_get.sql")))
+            .fetch_optional(pool)
+            .await
+            .map_err(err)?;
     Ok(on == Some(1))
 }
 
@@ -94,15 +90,12 @@ async fn set_up(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<()>
         .await
         .map_err(|e| map_sqlx_error(&ctx("making the sequencer's table"), e))?;
     let layout = ranges::ranges(&mut *conn, schema).await?;
-    sqlx::query(&schema.render(&format!(
-        "CREATE TABLE IF NOT EXISTS {{schema}}.outbox_sequence ( \
-             seq      BIGINT   NOT NULL PRIMARY KEY, \
-             part     SMALLINT NOT NULL, \
-             part_seq BIGINT   NOT NULL, \
-             KEY outbox_sequence_position (part, part_seq) \
-         ) ENGINE = InnoDB {}",
-        partition_clause(&layout)
-    )))
+    sqlx::query(
+        &schema.render(
+            &include_str!("../../queries/sequence_create.sql")
+                .replace("{partitioning}", &partition_clause(&layout)),
+        ),
+    )
     .execute(&mut *conn)
     .await
     .map_err(|e| map_sqlx_error(&ctx("making outbox_sequence"), e))?;
@@ -113,60 +106,48 @@ async fn set_up(conn: &mut sqlx::MySqlConnection, schema: &Schema) -> Result<()>
     // Last: from here writers' rows carry no position, and only the sequencer gives them
     // one. The check goes first, so no insert is refused in between (MySQL has no `IF EXISTS`
     // for it, hence the look first).
-    let check: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.TABLE_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = ? \
-         AND TABLE_NAME = 'outbox' AND CONSTRAINT_NAME = 'outbox_positioned'",
-    )
-    .bind(schema.as_str())
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(|e| map_sqlx_error(&ctx("looking for the position check"), e))?;
-    if check > 0 {
-        sqlx::query(
-            &schema.render("ALTER TABLE {schema}.outbox DROP CONSTRAINT outbox_positioned"),
-        )
-        .execute(&mut *conn)
+    let check: i64 = sqlx::query_scalar(include_str!("../../queries/route_constraint_exists.sql"))
+        .bind(schema.as_str())
+        .fetch_one(&mut *conn)
         .await
-        .map_err(|e| {
-            map_sqlx_error(
-                &ctx(
-                    "dropping the position check (a transaction holding the outbox table open \
+        .map_err(|e| map_sqlx_error(&ctx("looking for the position check"), e))?;
+    if check > 0 {
+        sqlx::query(&schema.render(include_str!("../../queries/route_drop_constraint.sql")))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| {
+                map_sqlx_error(
+                    &ctx(
+                        "dropping the position check (a transaction holding the outbox table open \
                      blocks it; run this again once it ended)",
-                ),
-                e,
-            )
-        })?;
+                    ),
+                    e,
+                )
+            })?;
     }
     // Where the sequencer starts: the binlog's end just before the trigger goes. Every row
     // written after has no position and commits after this point, so the stream gives it one
     // in commit order; the rows the trigger positioned keep theirs (the sequencer's first
     // start copies them). Kept if set already (this is run again, or the route was on).
     let start = super::server::end_position_on(&mut *conn).await?;
-    sqlx::query(&schema.render(
-        "UPDATE {schema}.outbox_sequencer SET binlog_file = ?, binlog_offset = ? \
-         WHERE id = 1 AND binlog_file IS NULL",
-    ))
-    .bind(&start.file)
-    .bind(i64::try_from(start.offset).unwrap_or(i64::MAX))
-    .execute(&mut *conn)
-    .await
-    .map_err(|e| map_sqlx_error(&ctx("recording where the sequencer starts"), e))?;
-    sqlx::raw_sql(&schema.render(
-        "DROP TRIGGER IF EXISTS {schema}.outbox_position;
-         INSERT INTO {schema}.outbox_settings (name, value) VALUES ('binlog_route', 1)
-             ON DUPLICATE KEY UPDATE value = 1;",
-    ))
-    .execute(&mut *conn)
-    .await
-    .map_err(|e| {
-        map_sqlx_error(
-            &ctx(
-                "taking the trigger away (a transaction holding the outbox table open blocks \
+    sqlx::query(&schema.render(include_str!("../../queries/sequencer_start_position.sql")))
+        .bind(&start.file)
+        .bind(i64::try_from(start.offset).unwrap_or(i64::MAX))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx("recording where the sequencer starts"), e))?;
+    sqlx::raw_sql(&schema.render(include_str!("../../queries/route_switch.sql")))
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| {
+            map_sqlx_error(
+                &ctx(
+                    "taking the trigger away (a transaction holding the outbox table open blocks \
                  it; run this again once it ended)",
-            ),
-            e,
-        )
-    })?;
+                ),
+                e,
+            )
+        })?;
     Ok(())
 }
 
@@ -183,14 +164,11 @@ const SEQUENCER_COLUMNS: &[(&str, &str)] = &[
 /// (`outbox migrate` runs it; nothing when the route is off). Idempotent.
 pub async fn upgrade(pool: &MySqlPool, schema: &Schema) -> Result<()> {
     let err = |e| map_sqlx_error("upgrading the binlog sequencer's table", e);
-    let have: Vec<String> = sqlx::query_scalar(
-        "SELECT CAST(COLUMN_NAME AS CHAR) FROM information_schema.COLUMNS \
-         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox_sequencer'",
-    )
-    .bind(schema.as_str())
-    .fetch_all(pool)
-    .await
-    .map_err(err)?;
+    let have: Vec<String> = sqlx::query_scalar(include_str!("../../queries/sequencer_columns.sql"))
+        .bind(schema.as_str())
+        .fetch_all(pool)
+        .await
+        .map_err(err)?;
     if have.is_empty() {
         return Ok(());
     }
@@ -198,9 +176,13 @@ pub async fn upgrade(pool: &MySqlPool, schema: &Schema) -> Result<()> {
         if have.iter().any(|c| c.eq_ignore_ascii_case(name)) {
             continue;
         }
-        sqlx::query(&schema.render(&format!(
-            "ALTER TABLE {{schema}}.outbox_sequencer ADD COLUMN {name} {definition}"
-        )))
+        sqlx::query(
+            &schema.render(
+                &include_str!("../../queries/sequencer_add_column.sql")
+                    .replace("{column}", name)
+                    .replace("{definition}", definition),
+            ),
+        )
         .execute(pool)
         .await
         .map_err(err)?;
@@ -218,32 +200,12 @@ pub async fn upgrade(pool: &MySqlPool, schema: &Schema) -> Result<()> {
 /// the position stops before an XA transaction still prepared: rows below it may be carried
 /// again after a restart, and are checked. `binlog_gtid` is MariaDB's GTID state at the
 /// position, when known: after a failover the promoted replica's binlog is read on from it.
-const SEQUENCER_SQL: &str = "CREATE TABLE IF NOT EXISTS {schema}.outbox_sequencer (
-    id              TINYINT      NOT NULL PRIMARY KEY,
-    owner           VARCHAR(255) NULL,
-    lease_until     DATETIME(6)  NOT NULL DEFAULT '1970-01-01 00:00:00',
-    epoch           BIGINT       NOT NULL DEFAULT 0,
-    beats           BIGINT       NOT NULL DEFAULT 0,
-    binlog_file     VARCHAR(255) NULL,
-    binlog_offset   BIGINT       NULL,
-    sequenced_below BIGINT       NOT NULL DEFAULT 0,
-    from_table      BIGINT       NOT NULL DEFAULT 0,
-    trigger_rows_taken TINYINT   NOT NULL DEFAULT 0,
-    updated_at      DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
-    server_identity VARCHAR(255) NULL,
-    advanced_at     DATETIME(6)  NULL,
-    reread_below    BIGINT       NULL,
-    binlog_gtid     VARCHAR(1024) NULL
-) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
-INSERT IGNORE INTO {schema}.outbox_sequencer (id) VALUES (1);";
+const SEQUENCER_SQL: &str = include_str!("../../queries/sequencer_create.sql");
 
 /// The messages with their positions, as the polling engine reads them on this route. A
 /// merged view: a read by `(part, part_seq)` runs on `outbox_sequence`'s index, then finds each
 /// row by `seq`.
-const VIEW_SQL: &str = "CREATE OR REPLACE ALGORITHM = MERGE VIEW {schema}.outbox_sequenced AS
-SELECT o.seq, s.part, s.part_seq, o.id, o.aggregate_type, o.aggregate_id, o.event_type,
-       o.payload, o.headers, o.topic, o.created_at
-FROM {schema}.outbox_sequence AS s JOIN {schema}.outbox AS o ON o.seq = s.seq;";
+const VIEW_SQL: &str = include_str!("../../queries/sequenced_view.sql");
 
 /// `PARTITION BY RANGE (seq) (…)` with the bounds of `layout` (the outbox's ranges).
 pub(crate) fn partition_clause(layout: &[Range]) -> String {

@@ -169,10 +169,12 @@ impl Sequencer {
                 let _ = task.await;
             }
         }
-        let _ = sqlx::query(&self.inner.schema.render(
-            "UPDATE {schema}.outbox_sequencer SET owner = NULL, \
-             lease_until = '1970-01-01 00:00:00' WHERE id = 1 AND owner = ?",
-        ))
+        let _ = sqlx::query(
+            &self
+                .inner
+                .schema
+                .render(include_str!("../../queries/sequencer_release.sql")),
+        )
         .bind(&self.inner.owner)
         .execute(&self.inner.pool)
         .await;
@@ -233,7 +235,7 @@ impl Sequencer {
         let sql = self
             .inner
             .schema
-            .render("SELECT EXISTS (SELECT 1 FROM {schema}.outbox_sequence WHERE seq = ?)");
+            .render(include_str!("../../queries/sequence_exists.sql"));
         loop {
             let there: bool = sqlx::query_scalar(&sql)
                 .bind(seq)
@@ -271,10 +273,11 @@ impl Drop for Sequencer {
 }
 
 async fn saved_position(inner: &Inner) -> Result<Option<BinlogPosition>> {
-    let row: Option<(Option<String>, Option<i64>)> = sqlx::query_as(&inner.schema.render(
-        "SELECT CAST(binlog_file AS CHAR), binlog_offset FROM {schema}.outbox_sequencer \
-         WHERE id = 1",
-    ))
+    let row: Option<(Option<String>, Option<i64>)> = sqlx::query_as(
+        &inner
+            .schema
+            .render(include_str!("../../queries/sequencer_read_position.sql")),
+    )
     .fetch_optional(&inner.pool)
     .await
     .map_err(|e| map_sqlx_error("reading the sequencer's position", e))?;
@@ -461,11 +464,11 @@ async fn acquire(inner: &Inner) -> Result<i64> {
     let err = |e| map_sqlx_error("taking the binlog sequencer's lease", e);
     loop {
         let mut tx = inner.pool.begin().await.map_err(err)?;
-        let took = sqlx::query(&inner.schema.render(
-            "UPDATE {schema}.outbox_sequencer SET owner = ?, epoch = epoch + 1, \
-             beats = beats + 1, lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-             WHERE id = 1 AND (owner IS NULL OR owner = ? OR lease_until < UTC_TIMESTAMP(6))",
-        ))
+        let took = sqlx::query(
+            &inner
+                .schema
+                .render(include_str!("../../queries/sequencer_acquire.sql")),
+        )
         .bind(&inner.owner)
         .bind(micros(LEASE))
         .bind(&inner.owner)
@@ -476,7 +479,7 @@ async fn acquire(inner: &Inner) -> Result<i64> {
             let epoch: i64 = sqlx::query_scalar(
                 &inner
                     .schema
-                    .render("SELECT epoch FROM {schema}.outbox_sequencer WHERE id = 1"),
+                    .render(include_str!("../../queries/sequencer_epoch.sql")),
             )
             .fetch_one(&mut *tx)
             .await
@@ -562,12 +565,11 @@ const CAUGHT_UP: Duration = Duration::from_secs(3);
 impl Session {
     async fn start(inner: &Arc<Inner>, epoch: i64) -> Result<Self> {
         let err = |e| map_sqlx_error("reading the binlog sequencer's state", e);
-        let row = sqlx::query(&inner.schema.render(
-            "SELECT CAST(binlog_file AS CHAR) AS file, binlog_offset, sequenced_below, \
-             trigger_rows_taken, CAST(server_identity AS CHAR) AS server_identity, \
-             reread_below, CAST(binlog_gtid AS CHAR) AS binlog_gtid \
-             FROM {schema}.outbox_sequencer WHERE id = 1",
-        ))
+        let row = sqlx::query(
+            &inner
+                .schema
+                .render(include_str!("../../queries/sequencer_state.sql")),
+        )
         .fetch_one(&inner.pool)
         .await
         .map_err(err)?;
@@ -708,13 +710,12 @@ impl Session {
     /// the partition's `passed` (retention drops the positions it passed, so the highest
     /// sequenced one can go with them, and a position must never be handed out twice).
     async fn read_counters(&mut self) -> Result<()> {
-        let rows: Vec<(i16, i64)> = sqlx::query_as(&self.inner.schema.render(
-            "SELECT p.part, GREATEST(p.n, COALESCE((SELECT q.part_seq \
-             FROM {schema}.outbox_sequence AS q WHERE q.part = p.part \
-             ORDER BY q.part_seq DESC LIMIT 1), 0), COALESCE((SELECT r.passed \
-             FROM {schema}.outbox_positions AS r WHERE r.part = p.part), 0)) \
-             FROM {schema}.outbox_part_seq AS p",
-        ))
+        let rows: Vec<(i16, i64)> = sqlx::query_as(
+            &self
+                .inner
+                .schema
+                .render(include_str!("../../queries/sequencer_counters.sql")),
+        )
         .fetch_all(&self.inner.pool)
         .await
         .map_err(|e| map_sqlx_error("reading the partitions' last positions", e))?;
@@ -787,11 +788,9 @@ impl Session {
         set: &str,
         binds: &[Bind],
     ) -> Result<()> {
-        let sql = self.inner.schema.render(&format!(
-            "UPDATE {{schema}}.outbox_sequencer SET {set}, beats = beats + 1, \
-             lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
-             updated_at = UTC_TIMESTAMP(6) WHERE id = 1 AND owner = ? AND epoch = ?"
-        ));
+        let sql = self.inner.schema.render(
+            &include_str!("../../queries/sequencer_fenced_update.sql").replace("{set}", set),
+        );
         let mut q = sqlx::query(&sql);
         for b in binds {
             q = match b {
@@ -990,7 +989,7 @@ impl Session {
             &self
                 .inner
                 .schema
-                .render("SELECT value FROM {schema}.outbox_settings WHERE name = 'passed_below'"),
+                .render(include_str!("../../queries/passed_below_get.sql")),
         )
         .fetch_one(&self.inner.pool)
         .await
@@ -1004,12 +1003,12 @@ impl Session {
     async fn copy_trigger_positions(&mut self, lo: i64, below: i64, set: &str) -> Result<u64> {
         let err = |e| map_sqlx_error("copying the trigger's positions", e);
         let mut tx = self.inner.pool.begin().await.map_err(err)?;
-        let kept = sqlx::query(&self.inner.schema.render(
-            "INSERT INTO {schema}.outbox_sequence (seq, part, part_seq) \
-             SELECT o.seq, o.part, o.part_seq FROM {schema}.outbox AS o \
-             WHERE o.seq >= ? AND o.seq < ? AND o.part >= 0 AND o.part_seq > 0 \
-             AND NOT EXISTS (SELECT 1 FROM {schema}.outbox_sequence AS q WHERE q.seq = o.seq)",
-        ))
+        let kept = sqlx::query(
+            &self
+                .inner
+                .schema
+                .render(include_str!("../../queries/sequence_backfill.sql")),
+        )
         .bind(lo)
         .bind(below)
         .execute(&mut *tx)
@@ -1109,18 +1108,14 @@ impl Session {
         self.table_high = self.table_high.max(below);
         let mut from = lo;
         loop {
-            let rows: Vec<(i64, String)> = sqlx::query_as(&schema.render(
-                "SELECT o.seq, CAST(o.aggregate_id AS CHAR) FROM {schema}.outbox AS o \
-                 WHERE o.seq >= ? AND o.seq < ? \
-                 AND NOT EXISTS (SELECT 1 FROM {schema}.outbox_sequence AS q WHERE q.seq = o.seq) \
-                 ORDER BY o.seq LIMIT ?",
-            ))
-            .bind(from)
-            .bind(below)
-            .bind(BATCH as i64)
-            .fetch_all(&pool)
-            .await
-            .map_err(err)?;
+            let rows: Vec<(i64, String)> =
+                sqlx::query_as(&schema.render(include_str!("../../queries/sequence_missing.sql")))
+                    .bind(from)
+                    .bind(below)
+                    .bind(BATCH as i64)
+                    .fetch_all(&pool)
+                    .await
+                    .map_err(err)?;
             let Some(last) = rows.last().map(|(seq, _)| *seq) else {
                 break;
             };
@@ -1168,7 +1163,7 @@ async fn insert_positions(
     schema: &Schema,
     placed: &[(i64, i16, i64)],
 ) -> Result<()> {
-    let head = schema.render("INSERT INTO {schema}.outbox_sequence (seq, part, part_seq) ");
+    let head = schema.render(include_str!("../../queries/sequence_insert_head.sql"));
     for chunk in placed.chunks(ROWS_PER_STATEMENT) {
         let mut insert = QueryBuilder::<MySql>::new(&head);
         insert.push_values(chunk, |mut row, (seq, part, part_seq)| {
@@ -1192,7 +1187,7 @@ async fn sequenced(
     let mut have = HashSet::new();
     for chunk in seqs.chunks(ROWS_PER_STATEMENT) {
         let mut q = QueryBuilder::<MySql>::new(
-            schema.render("SELECT seq FROM {schema}.outbox_sequence WHERE seq IN ("),
+            schema.render(include_str!("../../queries/sequence_present_head.sql")),
         );
         let mut each = q.separated(", ");
         for seq in chunk {
@@ -1215,17 +1210,14 @@ pub(crate) async fn next_seq(pool: &MySqlPool, schema: &Schema) -> Result<i64> {
     let mut conn = pool.acquire().await.map_err(err)?;
     // MySQL 8 serves information_schema's table figures from a cache kept for a day by
     // default; this session reads them live. MariaDB always does (and has no such variable).
-    let _ = sqlx::query("SET SESSION information_schema_stats_expiry = 0")
+    let _ = sqlx::query(include_str!("../../queries/stats_expiry_off.sql"))
         .execute(&mut *conn)
         .await;
-    let next: Option<i64> = sqlx::query_scalar(
-        "SELECT CAST(AUTO_INCREMENT AS SIGNED) FROM information_schema.TABLES \
-         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox'",
-    )
-    .bind(schema.as_str())
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(err)?;
+    let next: Option<i64> = sqlx::query_scalar(include_str!("../../queries/next_seq.sql"))
+        .bind(schema.as_str())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(err)?;
     next.ok_or_else(|| {
         Error::new(
             ErrorKind::Schema,
@@ -1242,17 +1234,10 @@ pub(crate) async fn next_seq(pool: &MySqlPool, schema: &Schema) -> Result<i64> {
 /// The cache is refreshed only when it has not been read for 0.1 s, so a snapshot can be older
 /// than the call: see [`Canary`].
 async fn transactions(pool: &MySqlPool) -> Result<Vec<(u64, Option<String>)>> {
-    sqlx::query_as(
-        "SELECT CAST(trx_mysql_thread_id AS UNSIGNED), \
-         CASE WHEN trx_rows_modified > 0 OR trx_state <> 'RUNNING' \
-              OR (trx_query IS NOT NULL \
-                  AND trx_query NOT REGEXP '^[[:space:]]*(SELECT|SHOW)[[:space:]]') \
-         THEN CONCAT(trx_mysql_thread_id, '@', trx_started) END \
-         FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id <> CONNECTION_ID()",
-    )
-    .fetch_all(pool)
-    .await
-    .map_err(|e| map_sqlx_error("reading the transactions in progress", e))
+    sqlx::query_as(include_str!("../../queries/open_transactions.sql"))
+        .fetch_all(pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading the transactions in progress", e))
 }
 
 /// The writers of the cache's current snapshot.
@@ -1285,7 +1270,7 @@ impl Canary {
     async fn open(inner: &Inner) -> Result<Self> {
         let err = |e| map_sqlx_error("opening the seal's canary transaction", e);
         let mut tx = inner.pool.begin().await.map_err(err)?;
-        let thread: u64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS UNSIGNED)")
+        let thread: u64 = sqlx::query_scalar(include_str!("../../queries/connection_id.sql"))
             .fetch_one(&mut *tx)
             .await
             .map_err(err)?;
@@ -1293,7 +1278,7 @@ impl Canary {
         sqlx::query(
             &inner
                 .schema
-                .render("SELECT id FROM {schema}.outbox_sequencer WHERE id = 1"),
+                .render(include_str!("../../queries/sequencer_read.sql")),
         )
         .fetch_optional(&mut *tx)
         .await

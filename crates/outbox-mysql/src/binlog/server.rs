@@ -70,16 +70,13 @@ impl BinlogSettings {
 
 /// The server's binlog settings.
 pub async fn settings(pool: &MySqlPool) -> Result<BinlogSettings> {
-    let row = sqlx::query(
-        "SELECT CAST(@@GLOBAL.log_bin AS SIGNED), CAST(@@GLOBAL.binlog_format AS CHAR), \
-                CAST(@@GLOBAL.binlog_row_image AS CHAR)",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(|e| map_sqlx_error("reading the server's binlog settings", e))?;
+    let row = sqlx::query(include_str!("../../queries/binlog_settings.sql"))
+        .fetch_one(pool)
+        .await
+        .map_err(|e| map_sqlx_error("reading the server's binlog settings", e))?;
     // MariaDB only: MySQL knows no such variable (an error, read as off).
     let compress: Option<i64> =
-        sqlx::query_scalar("SELECT CAST(@@GLOBAL.log_bin_compress AS SIGNED)")
+        sqlx::query_scalar(include_str!("../../queries/binlog_compress.sql"))
             .fetch_one(pool)
             .await
             .ok();
@@ -94,12 +91,12 @@ pub async fn settings(pool: &MySqlPool) -> Result<BinlogSettings> {
 /// Where the binlog ends now: the position the next transaction will be written at.
 /// `SHOW MASTER STATUS` (MariaDB, MySQL before 8.4), or `SHOW BINARY LOG STATUS` (MySQL 8.2+).
 pub async fn end_position(pool: &MySqlPool) -> Result<BinlogPosition> {
-    let rows = match sqlx::raw_sql("SHOW BINARY LOG STATUS")
+    let rows = match sqlx::raw_sql(include_str!("../../queries/show_binary_log_status.sql"))
         .fetch_all(pool)
         .await
     {
         Ok(rows) => rows,
-        Err(_) => sqlx::raw_sql("SHOW MASTER STATUS")
+        Err(_) => sqlx::raw_sql(include_str!("../../queries/show_master_status.sql"))
             .fetch_all(pool)
             .await
             .map_err(|e| map_sqlx_error("reading where the binlog ends", e))?,
@@ -117,12 +114,12 @@ pub async fn end_position(pool: &MySqlPool) -> Result<BinlogPosition> {
 /// pool's version: a `raw_sql` on a borrowed connection makes the future not `Send` for
 /// every lifetime (sqlx), and the sequencer's task, which reads the end, is spawned.
 pub async fn end_position_on(conn: &mut sqlx::MySqlConnection) -> Result<BinlogPosition> {
-    let rows = match sqlx::raw_sql("SHOW BINARY LOG STATUS")
+    let rows = match sqlx::raw_sql(include_str!("../../queries/show_binary_log_status.sql"))
         .fetch_all(&mut *conn)
         .await
     {
         Ok(rows) => rows,
-        Err(_) => sqlx::raw_sql("SHOW MASTER STATUS")
+        Err(_) => sqlx::raw_sql(include_str!("../../queries/show_master_status.sql"))
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| map_sqlx_error("reading where the binlog ends", e))?,
@@ -144,7 +141,7 @@ pub async fn end_position_on(conn: &mut sqlx::MySqlConnection) -> Result<BinlogP
 /// `server_id`; its binlog then starts again at file 1, which is caught as a position past the
 /// file's end or a missing file.
 pub async fn identity(pool: &MySqlPool) -> Result<String> {
-    let uuid: Option<String> = sqlx::query_scalar("SELECT CAST(@@GLOBAL.server_uuid AS CHAR)")
+    let uuid: Option<String> = sqlx::query_scalar(include_str!("../../queries/server_uuid.sql"))
         .fetch_one(pool)
         .await
         .ok()
@@ -152,7 +149,7 @@ pub async fn identity(pool: &MySqlPool) -> Result<String> {
     if let Some(uuid) = uuid.filter(|u| !u.is_empty()) {
         return Ok(format!("uuid:{uuid}"));
     }
-    let id: i64 = sqlx::query_scalar("SELECT CAST(@@GLOBAL.server_id AS SIGNED)")
+    let id: i64 = sqlx::query_scalar(include_str!("../../queries/server_id.sql"))
         .fetch_one(pool)
         .await
         .map_err(|e| map_sqlx_error("reading the server's server_id", e))?;
@@ -171,7 +168,7 @@ pub async fn files(pool: &MySqlPool) -> Result<Vec<String>> {
 /// The binlog files the server still holds with their sizes in bytes, oldest first.
 pub async fn file_sizes(pool: &MySqlPool) -> Result<Vec<(String, u64)>> {
     let doing = "listing the binlog files";
-    let rows = sqlx::raw_sql("SHOW BINARY LOGS")
+    let rows = sqlx::raw_sql(include_str!("../../queries/show_binary_logs.sql"))
         .fetch_all(pool)
         .await
         .map_err(|e| map_sqlx_error(doing, e))?;

@@ -27,14 +27,11 @@ pub async fn read(pool: &MySqlPool, schema: &Schema) -> Result<SequencerStatus> 
         NaiveDateTime,
         Option<NaiveDateTime>,
     );
-    let row: Row = sqlx::query_as(&schema.render(
-        "SELECT CAST(owner AS CHAR), epoch, lease_until, updated_at, CAST(binlog_file AS CHAR), \
-         binlog_offset, sequenced_below, from_table, UTC_TIMESTAMP(6), advanced_at \
-         FROM {schema}.outbox_sequencer WHERE id = 1",
-    ))
-    .fetch_one(pool)
-    .await
-    .map_err(err)?;
+    let row: Row =
+        sqlx::query_as(&schema.render(include_str!("../../queries/sequencer_status.sql")))
+            .fetch_one(pool)
+            .await
+            .map_err(err)?;
     let (
         owner,
         epoch,
@@ -76,11 +73,9 @@ pub async fn read(pool: &MySqlPool, schema: &Schema) -> Result<SequencerStatus> 
         ((db_now - moved).num_milliseconds().max(0) as f64) / 1000.0
     };
     // A partition's next position whose row is not visible: one index probe per partition.
-    let stuck_partitions: i64 = sqlx::query_scalar(&schema.render(
-        "SELECT COUNT(*) FROM {schema}.outbox_positions AS p \
-         JOIN {schema}.outbox_sequence AS q ON q.part = p.part AND q.part_seq = p.passed + 1 \
-         WHERE NOT EXISTS (SELECT 1 FROM {schema}.outbox AS o WHERE o.seq = q.seq)",
-    ))
+    let stuck_partitions: i64 = sqlx::query_scalar(
+        &schema.render(include_str!("../../queries/status_unsequenced_heads.sql")),
+    )
     .fetch_one(pool)
     .await
     .map_err(|e| map_sqlx_error("counting the partitions stuck at a missing row", e))?;

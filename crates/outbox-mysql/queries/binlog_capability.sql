@@ -1,0 +1,1 @@
+SET @mariadb_slave_capability = 4

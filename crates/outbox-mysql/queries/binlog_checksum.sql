@@ -1,0 +1,1 @@
+SELECT CAST(@@GLOBAL.binlog_checksum AS CHAR)

@@ -1,0 +1,1 @@
+SELECT CAST(@@GLOBAL.log_bin_compress AS SIGNED)

@@ -1,0 +1,1 @@
+SET @slave_connect_state = ?

@@ -1,0 +1,1 @@
+SET @slave_gtid_strict_mode = 1, @slave_gtid_ignore_duplicates = 0

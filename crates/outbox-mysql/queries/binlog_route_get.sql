@@ -1,0 +1,1 @@
+SELECT value FROM {schema}.outbox_settings WHERE name = 'binlog_route'

@@ -1,0 +1,1 @@
+SELECT part FROM {schema}.outbox_part_seq

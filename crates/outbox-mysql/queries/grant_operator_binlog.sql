@@ -1,0 +1,1 @@
+GRANT {monitor} ON *.* TO {user}

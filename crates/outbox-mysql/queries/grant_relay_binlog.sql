@@ -1,0 +1,1 @@
+GRANT REPLICATION SLAVE, {monitor} ON *.* TO {user}

@@ -1,0 +1,1 @@
+GRANT PROCESS ON *.* TO {user}

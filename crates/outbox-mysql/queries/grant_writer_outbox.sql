@@ -1,0 +1,1 @@
+GRANT INSERT ON {db}.outbox TO {user}

@@ -1,0 +1,1 @@
+GRANT SELECT ON {db}.outbox_part_seq TO {user}

@@ -1,0 +1,1 @@
+SET SESSION innodb_lock_wait_timeout = {secs}

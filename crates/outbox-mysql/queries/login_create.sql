@@ -1,0 +1,1 @@
+CREATE USER {user} IDENTIFIED BY '{password}'

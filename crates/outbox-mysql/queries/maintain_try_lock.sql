@@ -1,0 +1,1 @@
+SELECT GET_LOCK(CONCAT('outbox-maintain:', SHA1(?)), 0)

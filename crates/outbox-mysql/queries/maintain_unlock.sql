@@ -1,0 +1,1 @@
+SELECT RELEASE_LOCK(CONCAT('outbox-maintain:', SHA1(?)))

@@ -1,0 +1,6 @@
+CREATE DATABASE IF NOT EXISTS {schema} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+CREATE TABLE IF NOT EXISTS {schema}.{ledger} (
+    version    INT          NOT NULL PRIMARY KEY,
+    name       VARCHAR(255) NOT NULL,
+    applied_at DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+) ENGINE = InnoDB;

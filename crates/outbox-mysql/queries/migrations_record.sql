@@ -1,0 +1,1 @@
+INSERT INTO {schema}.{ledger} (version, name) VALUES (?, ?)

@@ -1,0 +1,1 @@
+SELECT NOT EXISTS (SELECT 1 FROM {schema}.outbox)

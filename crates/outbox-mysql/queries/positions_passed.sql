@@ -1,0 +1,1 @@
+SELECT part, passed FROM {schema}.outbox_positions

@@ -1,0 +1,2 @@
+ALTER TABLE {schema}.{table}
+  REORGANIZE PARTITION {catch_all} INTO ({ranges})

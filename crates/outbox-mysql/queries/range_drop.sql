@@ -1,0 +1,1 @@
+ALTER TABLE {schema}.{table} DROP PARTITION {range}

@@ -1,0 +1,1 @@
+UPDATE {schema}.outbox_settings SET value = ? WHERE name = 'range_seqs'

@@ -1,0 +1,1 @@
+UPDATE {schema}.outbox_members SET circuit = ?, sink_error = ? WHERE member = ?

@@ -1,0 +1,2 @@
+SELECT COUNT(*) FROM information_schema.TABLE_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = ?
+  AND TABLE_NAME = 'outbox' AND CONSTRAINT_NAME = 'outbox_positioned'

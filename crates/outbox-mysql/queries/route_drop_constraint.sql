@@ -1,0 +1,1 @@
+ALTER TABLE {schema}.outbox DROP CONSTRAINT outbox_positioned

@@ -1,0 +1,2 @@
+UPDATE {schema}.outbox_settings SET value = GREATEST(value, ?)
+  WHERE name = 'sealed_below'

@@ -1,0 +1,1 @@
+SELECT MAX(seq) FROM {schema}.outbox WHERE id = ?

@@ -1,0 +1,1 @@
+INSERT INTO {schema}.outbox_sequence (seq, part, part_seq)

@@ -1,0 +1,1 @@
+SELECT seq FROM {schema}.outbox_sequence WHERE seq IN (

@@ -1,0 +1,2 @@
+SELECT CAST(COLUMN_NAME AS CHAR) FROM information_schema.COLUMNS
+  WHERE TABLE_SCHEMA = ? AND TABLE_NAME = 'outbox_sequencer'

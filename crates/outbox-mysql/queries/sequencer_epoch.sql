@@ -1,0 +1,1 @@
+SELECT epoch FROM {schema}.outbox_sequencer WHERE id = 1

@@ -1,0 +1,1 @@
+SELECT id FROM {schema}.outbox_sequencer WHERE id = 1

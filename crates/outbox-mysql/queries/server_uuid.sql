@@ -1,0 +1,1 @@
+SELECT CAST(@@GLOBAL.server_uuid AS CHAR)

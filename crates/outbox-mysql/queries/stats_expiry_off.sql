@@ -1,0 +1,1 @@
+SET SESSION information_schema_stats_expiry = 0

@@ -1,0 +1,1 @@
+DELETE FROM {schema}.outbox_parked WHERE seq IN (
