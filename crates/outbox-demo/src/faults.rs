@@ -7,6 +7,24 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use async_trait::async_trait;
 use outbox_core::{Envelope, Sink, SinkError};
 
+/// The parts of `Sink` a wrapper takes from the sink it wraps (`self.inner`): its name, its ack
+/// timeout and whether it orders keys itself. Only `publish` is the wrapper's own.
+macro_rules! wraps_inner {
+    () => {
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+
+        fn ack_timeout(&self) -> Option<std::time::Duration> {
+            self.inner.ack_timeout()
+        }
+
+        fn orders_keys(&self) -> bool {
+            self.inner.orders_keys()
+        }
+    };
+}
+
 /// A broker that can be taken away and brought back at any moment: while the outage lasts, every
 /// message of every call fails as unavailable without reaching the inner sink; otherwise calls
 /// pass through.
@@ -38,17 +56,7 @@ impl<S: Sink> OutageSink<S> {
 
 #[async_trait]
 impl<S: Sink> Sink for OutageSink<S> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn ack_timeout(&self) -> Option<std::time::Duration> {
-        self.inner.ack_timeout()
-    }
-
-    fn orders_keys(&self) -> bool {
-        self.inner.orders_keys()
-    }
+    wraps_inner!();
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         if self.down.load(Ordering::SeqCst) {
@@ -104,17 +112,7 @@ impl<S: Sink> CrashingSink<S> {
 
 #[async_trait]
 impl<S: Sink> Sink for CrashingSink<S> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn ack_timeout(&self) -> Option<std::time::Duration> {
-        self.inner.ack_timeout()
-    }
-
-    fn orders_keys(&self) -> bool {
-        self.inner.orders_keys()
-    }
+    wraps_inner!();
 
     async fn publish(&self, batch: &[Envelope]) -> Vec<Result<(), SinkError>> {
         let results = self.inner.publish(batch).await;

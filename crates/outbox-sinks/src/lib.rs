@@ -207,6 +207,7 @@ pub fn available() -> Vec<&'static str> {
 
 /// An error and its causes, `outer: inner: …`: a TLS failure's reason (`invalid peer
 /// certificate: Expired`) sits in the chain, not in the outer text.
+#[cfg(feature = "nats")]
 pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
