@@ -122,8 +122,9 @@ rebuild() {
   local n=$1 from=$2 attempt
   # A dump does not carry an XA transaction prepared at its snapshot: the copy would stop at
   # that transaction's XA COMMIT (XAER_NOTA). The dump waits (up to 10 s) for a moment with
-  # none prepared; one prepared in between still breaks it, and the rebuild is tried again.
-  for attempt in 1 2 3 4 5; do
+  # none prepared; one prepared in between still breaks it, and the rebuild is tried again
+  # (under verify's XA producers a CI run needed 4 attempts, so up to 15).
+  for attempt in $(seq 1 15); do
     say "rebuilding node $n from a dump of node $from (attempt $attempt)"
     # Commits on node $from wait for a replica that is not there; the dump would wait for
     # them (its snapshot) and they for it. Semi-sync is off until node $n replicates again: no
