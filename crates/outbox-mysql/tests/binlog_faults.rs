@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_mysql::binlog::{route, server, status};
+use outbox_mysql::binlog::{server, status};
 use outbox_mysql::{MysqlStore, Schema};
 use outbox_testkit::proxy::TcpProxy;
 use sqlx::MySqlPool;
@@ -34,19 +34,6 @@ fn port_of(url: &str) -> u16 {
 }
 
 /// An outbox in a database of its own on the binlog server, migrated, the route on.
-async fn routed_outbox() -> (MySqlPool, Schema) {
-    outbox_testkit::init_test_log();
-    let (pool, schema) = common::migrated_outbox(&binlog_url(), 8).await;
-    route::enable(&pool, &schema).await.unwrap();
-    (pool, schema)
-}
-
-async fn drop_db(pool: &MySqlPool, schema: &Schema) {
-    let _ = sqlx::raw_sql(&schema.render("DROP DATABASE {schema}"))
-        .execute(pool)
-        .await;
-}
-
 /// The plain four-column insert of `key` carrying `n`, on `conn`; its `seq`.
 async fn raw_insert(conn: &mut sqlx::MySqlConnection, schema: &Schema, key: &str, n: u64) -> i64 {
     sqlx::query(&schema.render(
@@ -78,7 +65,7 @@ fn part(key: &str) -> i16 {
 
 #[tokio::test]
 async fn a_black_holed_binlog_connection_is_noticed_shown_and_reconnected() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let url = binlog_url();
     let proxy = TcpProxy::start(port_of(&url));
     // The store's own statements go straight to the server; the binlog stream through the
@@ -127,12 +114,12 @@ async fn a_black_holed_binlog_connection_is_noticed_shown_and_reconnected() {
         .unwrap();
     sequencer.stop().await;
     drop(proxy);
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
 async fn a_position_without_a_row_does_not_hide_a_row_the_binlog_did_not_carry() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let store = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
     let sequencer = store.sequencer().unwrap();
     sequencer.start();
@@ -191,7 +178,7 @@ async fn a_position_without_a_row_does_not_hide_a_row_the_binlog_did_not_carry()
     let q = status::read(&pool, &schema).await.unwrap();
     assert_eq!(q.stuck_partitions, 1, "{q:?}");
     sequencer.stop().await;
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
@@ -225,12 +212,12 @@ async fn the_sequencer_checks_the_servers_binlog_settings_at_every_start() {
         "{error}"
     );
     sequencer.stop().await;
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
 async fn a_position_saved_on_another_server_is_made_good_like_a_purged_binlog() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let first = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
     let sequencer = first.sequencer().unwrap();
     sequencer.start();
@@ -296,7 +283,7 @@ async fn a_position_saved_on_another_server_is_made_good_like_a_purged_binlog() 
     .unwrap();
     assert_eq!(ps, vec![before, after]);
     sequencer.stop().await;
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 /// The sequencer's saved identity, GTID state and rows taken from the table.
@@ -368,7 +355,7 @@ async fn sequence_until(
 
 #[tokio::test]
 async fn a_position_saved_on_another_server_resumes_by_gtid_in_commit_order() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let mut conn = pool.acquire().await.unwrap();
     let before = raw_insert(&mut conn, &schema, "k", 1).await;
     let (_, gtid, _) = sequence_until(&pool, &schema, &[before]).await;
@@ -401,12 +388,12 @@ async fn a_position_saved_on_another_server_resumes_by_gtid_in_commit_order() {
         vec![before, first, last],
         "one position each, in commit order (not seq order)"
     );
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
 async fn a_gtid_state_the_server_lacks_is_made_good_from_the_table() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let mut conn = pool.acquire().await.unwrap();
     let before = raw_insert(&mut conn, &schema, "k", 1).await;
     sequence_until(&pool, &schema, &[before]).await;
@@ -427,7 +414,7 @@ async fn a_gtid_state_the_server_lacks_is_made_good_from_the_table() {
         "the server refused the GTID state: the row came from the table"
     );
     assert_eq!(positions_of(&pool, &schema, "k").await, vec![before, after]);
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
@@ -448,7 +435,7 @@ async fn a_restart_while_an_xa_transaction_is_prepared_positions_every_row_once(
 }
 
 async fn xa_restart_body() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let first = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
     let sequencer = first.sequencer().unwrap();
     sequencer.start();
@@ -517,7 +504,7 @@ async fn xa_restart_body() {
     want.push(last);
     assert_eq!(b, want);
     sequencer.stop().await;
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
@@ -542,7 +529,7 @@ async fn a_failover_while_an_xa_transaction_is_prepared_resumes_by_gtid() {
 }
 
 async fn xa_failover_body(xid: &str) {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let first = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap());
     let sequencer = first.sequencer().unwrap();
     sequencer.start();
@@ -611,5 +598,5 @@ async fn xa_failover_body(xid: &str) {
     want.push(last);
     assert_eq!(positions_of(&pool, &schema, "b").await, want);
     assert_eq!(positions_of(&pool, &schema, "a").await, vec![prepared]);
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }

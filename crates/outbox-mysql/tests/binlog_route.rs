@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::{ClaimLimits, MemberId, Message, OnFailed, Outcome, Store};
+use outbox_core::{ClaimLimits, MemberId, OnFailed, Outcome, Store};
 use outbox_mysql::binlog::{route, server, BinlogPosition};
 use outbox_mysql::{MysqlStore, Schema};
 use outbox_testkit::conformance::Fixture;
@@ -24,25 +24,12 @@ fn binlog_url() -> String {
 }
 
 /// An outbox in a database of its own on the binlog server, migrated, the route on.
-async fn routed_outbox() -> (MySqlPool, Schema) {
-    outbox_testkit::init_test_log();
-    let (pool, schema) = common::migrated_outbox(&binlog_url(), 8).await;
-    route::enable(&pool, &schema).await.unwrap();
-    (pool, schema)
-}
-
 fn store(pool: &MySqlPool, schema: &Schema) -> Arc<MysqlStore> {
     Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &binlog_url()).unwrap())
 }
 
-async fn drop_db(pool: &MySqlPool, schema: &Schema) {
-    let _ = sqlx::raw_sql(&schema.render("DROP DATABASE {schema}"))
-        .execute(pool)
-        .await;
-}
-
 async fn fresh_store() -> Fixture {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let routed = store(&pool, &schema);
     let store: Arc<dyn Store> = routed.clone();
     Fixture {
@@ -50,7 +37,7 @@ async fn fresh_store() -> Fixture {
         teardown: Box::pin(async move {
             // Its sessions end before the database goes.
             routed.sequencer().unwrap().stop().await;
-            drop_db(&pool, &schema).await
+            common::drop_db(&pool, &schema).await
         }),
     }
 }
@@ -83,41 +70,6 @@ async fn raw_insert(conn: &mut sqlx::MySqlConnection, schema: &Schema, key: &str
     .last_insert_id() as i64
 }
 
-/// Everything the store hands out until it has `want` messages (published as they come), or
-/// panics after 30 s.
-async fn drain(store: &MysqlStore, want: usize) -> Vec<Message> {
-    let member = MemberId::random("drain");
-    let until = Instant::now() + Duration::from_secs(30);
-    let mut got = Vec::new();
-    while got.len() < want {
-        assert!(
-            Instant::now() < until,
-            "only {} of {want} messages came",
-            got.len()
-        );
-        let parts = store
-            .rebalance(&member, Duration::from_secs(30))
-            .await
-            .unwrap();
-        let batch = store
-            .claim(&member, &parts, ClaimLimits::rows(1_000), OnFailed::Block)
-            .await
-            .unwrap();
-        if batch.is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        }
-        let outcomes: Vec<Outcome> = batch
-            .iter()
-            .map(|m| Outcome::Published { seq: m.seq })
-            .collect();
-        store.complete(&member, &outcomes).await.unwrap();
-        got.extend(batch);
-    }
-    store.release(&member).await.unwrap();
-    got
-}
-
 /// `(seq, part_seq)` of every sequenced row of `key`'s partition, by position.
 async fn positions(pool: &MySqlPool, schema: &Schema, key: &str) -> Vec<(i64, i64)> {
     sqlx::query_as(&schema.render(
@@ -132,7 +84,7 @@ async fn positions(pool: &MySqlPool, schema: &Schema, key: &str) -> Vec<(i64, i6
 
 #[tokio::test]
 async fn the_route_takes_the_trigger_away_and_a_server_without_a_row_binlog_is_refused() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let trigger: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = ?",
     )
@@ -157,19 +109,19 @@ async fn the_route_takes_the_trigger_away_and_a_server_without_a_row_binlog_is_r
         (-1, 0),
         "the writer's row carries no position"
     );
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 
     // This machine's own server writes no binlog: the route is refused with what to set.
     let (pool, schema) = common::migrated_outbox(&common::server_url(), 2).await;
     let e = route::enable(&pool, &schema).await.unwrap_err();
     assert!(e.to_string().contains("log_bin"), "{e}");
     assert!(!route::is_on(&pool, &schema).await.unwrap());
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
 async fn positions_follow_commit_order_not_seq_order() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let store = store(&pool, &schema);
     // Written before any relay ran since the switch: still read from the binlog, from where
     // `migrate --binlog` saw it end, so in commit order.
@@ -190,15 +142,15 @@ async fn positions_follow_commit_order_not_seq_order() {
         positions(&pool, &schema, "acct-1").await,
         vec![(high, 1), (low, 2)]
     );
-    let got = drain(&store, 2).await;
+    let got = common::drain(&store, 2).await;
     let ns: Vec<u64> = got.iter().map(common::n_of).collect();
     assert_eq!(ns, vec![2, 1], "relayed in commit order");
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
 async fn a_row_the_binlog_did_not_carry_is_sequenced_by_the_seal() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let store = store(&pool, &schema);
     let sequencer = store.sequencer().unwrap();
     started(&store).await;
@@ -217,7 +169,7 @@ async fn a_row_the_binlog_did_not_carry_is_sequenced_by_the_seal() {
         .unwrap();
     drop(hidden);
     raw_insert(&mut conn, &schema, "k", 3).await;
-    let got = drain(&store, 3).await;
+    let got = common::drain(&store, 3).await;
     let mut ns: Vec<u64> = got.iter().map(common::n_of).collect();
     ns.sort_unstable();
     assert_eq!(ns, vec![1, 2, 3], "nothing lost");
@@ -238,7 +190,7 @@ async fn a_row_the_binlog_did_not_carry_is_sequenced_by_the_seal() {
     .await
     .unwrap()
     .unwrap();
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
@@ -279,7 +231,7 @@ async fn the_switch_keeps_the_triggers_positions_and_loses_nothing() {
         raw_insert(&mut conn, &schema, "k", n).await;
     }
     let store = store(&pool, &schema);
-    let got = drain(&store, 6).await;
+    let got = common::drain(&store, 6).await;
     let ns: Vec<u64> = got.iter().map(common::n_of).collect();
     assert_eq!(ns, vec![3, 4, 5, 6, 7, 8], "the rest, in order, once");
     let pos = positions(&pool, &schema, "k").await;
@@ -289,17 +241,17 @@ async fn the_switch_keeps_the_triggers_positions_and_loses_nothing() {
         (1..=8).collect::<Vec<i64>>(),
         "the trigger's kept, the next ones after"
     );
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
 async fn a_purged_binlog_is_made_good_from_the_table() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let mut conn = pool.acquire().await.unwrap();
     {
         let store = store(&pool, &schema);
         raw_insert(&mut conn, &schema, "k", 1).await;
-        assert_eq!(drain(&store, 1).await.len(), 1);
+        assert_eq!(common::drain(&store, 1).await.len(), 1);
         store.sequencer().unwrap().stop().await;
     }
     // Written while no sequencer runs; then its binlog is "purged": its saved position names a
@@ -320,13 +272,13 @@ async fn a_purged_binlog_is_made_good_from_the_table() {
     .await
     .unwrap();
     let store = store(&pool, &schema);
-    let got = drain(&store, 3).await;
+    let got = common::drain(&store, 3).await;
     let mut ns: Vec<u64> = got.iter().map(common::n_of).collect();
     ns.sort_unstable();
     assert_eq!(ns, vec![2, 3, 4]);
     // And the stream goes on from the binlog's end.
     raw_insert(&mut conn, &schema, "k", 5).await;
-    let got = drain(&store, 1).await;
+    let got = common::drain(&store, 1).await;
     assert_eq!(common::n_of(&got[0]), 5);
     let saved: String = sqlx::query_scalar(
         &schema
@@ -336,12 +288,12 @@ async fn a_purged_binlog_is_made_good_from_the_table() {
     .await
     .unwrap();
     assert_ne!(saved, gone);
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
 async fn one_sequencer_at_a_time_and_the_next_goes_on_without_a_gap() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let a = store(&pool, &schema);
     let b = store(&pool, &schema);
     a.sequencer().unwrap().start();
@@ -377,7 +329,7 @@ async fn one_sequencer_at_a_time_and_the_next_goes_on_without_a_gap() {
         .map(|(_, p)| *p)
         .collect();
     assert_eq!(ps, vec![1, 2, 3]);
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 /// A sequencer whose lease another took (a pause past its lease, a network split) writes
@@ -386,7 +338,7 @@ async fn one_sequencer_at_a_time_and_the_next_goes_on_without_a_gap() {
 /// it with a new epoch and goes on from its last saved position: the row gets one position.
 #[tokio::test]
 async fn a_sequencer_whose_lease_was_taken_writes_nothing_then_goes_on_from_its_saved_position() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let a = store(&pool, &schema);
     let sequencer = a.sequencer().unwrap();
     started(&a).await;
@@ -460,12 +412,12 @@ async fn a_sequencer_whose_lease_was_taken_writes_nothing_then_goes_on_from_its_
         .collect();
     assert_eq!(ps, vec![1, 2], "one position each, no gap");
     sequencer.stop().await;
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
 async fn retention_drops_a_range_from_both_tables_once_sealed_and_passed() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     // Ranges of 10 seqs, laid out again on the empty outbox: the sequence table follows.
     outbox_mysql::ranges::set_width(&pool, &schema, 10)
         .await
@@ -477,7 +429,7 @@ async fn retention_drops_a_range_from_both_tables_once_sealed_and_passed() {
     for n in 1..=25 {
         last = raw_insert(&mut conn, &schema, &format!("k{}", n % 3), n).await;
     }
-    assert_eq!(drain(&store, 25).await.len(), 25);
+    assert_eq!(common::drain(&store, 25).await.len(), 25);
     // Sealed past every row (the drain released the sequencer with its member).
     let sequencer = store.sequencer().unwrap();
     sequencer.start();
@@ -520,12 +472,12 @@ async fn retention_drops_a_range_from_both_tables_once_sealed_and_passed() {
     assert!(rows < 25, "ranges went: {rows} rows left");
     assert_eq!(rows, positions, "each row's position went with it");
     sequencer.stop().await;
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
 async fn status_and_metrics_show_the_sequencer_its_lag_and_when_none_runs() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     let store = store(&pool, &schema);
     started(&store).await;
     let mut conn = pool.acquire().await.unwrap();
@@ -582,7 +534,7 @@ async fn status_and_metrics_show_the_sequencer_its_lag_and_when_none_runs() {
     let plain = MysqlStore::new(pool.clone(), schema.clone());
     assert_eq!(plain.status_detail().await.unwrap().binlog_sequencer, None);
     assert_eq!(plain.gauges().await.unwrap().binlog_sequencer, None);
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 /// A relay upgraded before `outbox migrate` ran on an outbox the previous version switched: its
@@ -590,7 +542,7 @@ async fn status_and_metrics_show_the_sequencer_its_lag_and_when_none_runs() {
 /// and rows flow; before, every start failed on the unknown column and the route stood still.
 #[tokio::test]
 async fn an_upgraded_relay_adds_the_sequencers_new_columns_itself() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&binlog_url()).await;
     sqlx::query(&schema.render("ALTER TABLE {schema}.outbox_sequencer DROP COLUMN binlog_gtid"))
         .execute(&pool)
         .await
@@ -602,7 +554,7 @@ async fn an_upgraded_relay_adds_the_sequencers_new_columns_itself() {
         raw_insert(&mut conn, &schema, "upgraded", n).await;
     }
     drop(conn);
-    let got = drain(&routed, 3).await;
+    let got = common::drain(&routed, 3).await;
     assert_eq!(
         got.len(),
         3,
@@ -618,5 +570,5 @@ async fn an_upgraded_relay_adds_the_sequencers_new_columns_itself() {
     .unwrap();
     assert_eq!(has, 1, "the column is there after the sequencer's start");
     routed.sequencer().unwrap().stop().await;
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }

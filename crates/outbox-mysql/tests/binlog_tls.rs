@@ -10,8 +10,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::{ClaimLimits, MemberId, Message, OnFailed, Outcome, Store};
-use outbox_mysql::binlog::{route, server, BinlogReader, Item, ReadError, ReadOptions};
+use outbox_core::{ClaimLimits, MemberId, OnFailed, Store};
+use outbox_mysql::binlog::{server, BinlogReader, Item, ReadError, ReadOptions};
 use outbox_mysql::{MysqlStore, Schema};
 use sqlx::MySqlPool;
 
@@ -46,19 +46,6 @@ fn good_url() -> String {
 }
 
 /// An outbox of its own on the TLS server, migrated over TLS, the binlog route on.
-async fn routed_outbox() -> (MySqlPool, Schema) {
-    outbox_testkit::init_test_log();
-    let (pool, schema) = common::migrated_outbox(&good_url(), 8).await;
-    route::enable(&pool, &schema).await.unwrap();
-    (pool, schema)
-}
-
-async fn drop_db(pool: &MySqlPool, schema: &Schema) {
-    let _ = sqlx::raw_sql(&schema.render("DROP DATABASE {schema}"))
-        .execute(pool)
-        .await;
-}
-
 async fn raw_insert(pool: &MySqlPool, schema: &Schema, key: &str, n: u64) {
     sqlx::query(&schema.render(
         "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload) \
@@ -69,41 +56,6 @@ async fn raw_insert(pool: &MySqlPool, schema: &Schema, key: &str, n: u64) {
     .execute(pool)
     .await
     .unwrap();
-}
-
-/// Everything the store hands out until it has `want` messages (published as they come), or
-/// panics after 30 s.
-async fn drain(store: &MysqlStore, want: usize) -> Vec<Message> {
-    let member = MemberId::random("drain");
-    let until = Instant::now() + Duration::from_secs(30);
-    let mut got = Vec::new();
-    while got.len() < want {
-        assert!(
-            Instant::now() < until,
-            "only {} of {want} messages came",
-            got.len()
-        );
-        let parts = store
-            .rebalance(&member, Duration::from_secs(30))
-            .await
-            .unwrap();
-        let batch = store
-            .claim(&member, &parts, ClaimLimits::rows(1_000), OnFailed::Block)
-            .await
-            .unwrap();
-        if batch.is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        }
-        let outcomes: Vec<Outcome> = batch
-            .iter()
-            .map(|m| Outcome::Published { seq: m.seq })
-            .collect();
-        store.complete(&member, &outcomes).await.unwrap();
-        got.extend(batch);
-    }
-    store.release(&member).await.unwrap();
-    got
 }
 
 /// Who reads the binlog from this server now: the users of its `Binlog Dump` sessions.
@@ -119,7 +71,7 @@ async fn binlog_readers(pool: &MySqlPool) -> Vec<String> {
 
 #[tokio::test]
 async fn the_binlog_route_relays_over_tls_with_verify_identity_and_a_client_certificate() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&good_url()).await;
     let store = Arc::new(MysqlStore::binlog(pool.clone(), schema.clone(), &good_url()).unwrap());
     let sequencer = store.sequencer().unwrap();
     sequencer.start();
@@ -138,7 +90,7 @@ async fn the_binlog_route_relays_over_tls_with_verify_identity_and_a_client_cert
     for n in 0..60u64 {
         raw_insert(&pool, &schema, &format!("k{}", n % 3), n).await;
     }
-    let got = drain(&store, 60).await;
+    let got = common::drain(&store, 60).await;
     let mut ns: Vec<u64> = got.iter().map(common::n_of).collect();
     // Per key, in the order written (commit order, from the binlog over TLS).
     for key in ["k0", "k1", "k2"] {
@@ -152,7 +104,7 @@ async fn the_binlog_route_relays_over_tls_with_verify_identity_and_a_client_cert
     ns.sort_unstable();
     assert_eq!(ns, (0..60).collect::<Vec<_>>());
     sequencer.stop().await;
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
@@ -174,7 +126,7 @@ async fn the_reader_reads_committed_rows_over_tls() {
     assert_eq!(committed.rows.len(), 1);
     assert_eq!(committed.rows[0].aggregate_id, "a");
     drop(reader);
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 /// The error opening the binlog stream at `url` gives, as text.
@@ -189,7 +141,7 @@ async fn open_error(url: &str, schema: &Schema, pool: &MySqlPool) -> String {
 
 #[tokio::test]
 async fn a_wrong_ca_is_refused_with_the_cause_and_what_to_do_and_no_secret() {
-    let (pool, schema) = routed_outbox().await;
+    let (pool, schema) = common::routed_outbox(&good_url()).await;
     let wrong = url("other-ca.pem", true);
     let e = open_error(&wrong, &schema, &pool).await;
     assert!(e.contains("TLS handshake failed"), "{e}");
@@ -226,7 +178,7 @@ async fn a_wrong_ca_is_refused_with_the_cause_and_what_to_do_and_no_secret() {
         .unwrap();
     assert_eq!(pending, 1);
     sequencer.stop().await;
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
@@ -239,7 +191,7 @@ async fn plaintext_is_refused_by_the_server() {
         assert!(e.contains("Access denied"), "{e}");
         assert!(e.contains("require_secure_transport"), "{e}");
     }
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
@@ -254,7 +206,7 @@ async fn preferred_upgrades_when_the_server_offers_tls() {
             .await
             .unwrap();
     }
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
@@ -266,7 +218,7 @@ async fn required_is_refused_by_a_server_without_tls() {
     let e = open_error(&format!("{plain_server}?ssl-mode=REQUIRED"), &schema, &pool).await;
     assert!(e.contains("offers no TLS"), "{e}");
     assert!(e.contains("ssl-mode=REQUIRED"), "{e}");
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }
 
 #[tokio::test]
@@ -280,5 +232,5 @@ async fn without_the_client_certificate_the_server_refuses_the_user() {
     let e = open_error(&no_cert, &schema, &pool).await;
     assert!(e.contains("Access denied for user 'outbox_cert'"), "{e}");
     assert!(!e.contains("hunter2"), "{e}");
-    drop_db(&pool, &schema).await;
+    common::drop_db(&pool, &schema).await;
 }

@@ -2,8 +2,11 @@
 
 #![allow(dead_code, clippy::unwrap_used)] // each test file uses its part
 
-use outbox_core::{Message, NewMessage};
-use outbox_mysql::{migrate, Schema};
+use std::time::{Duration, Instant};
+
+use outbox_core::{ClaimLimits, MemberId, Message, NewMessage, OnFailed, Outcome, Store};
+use outbox_mysql::binlog::route;
+use outbox_mysql::{migrate, MysqlStore, Schema};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::MySqlPool;
 
@@ -38,4 +41,54 @@ pub async fn migrated_outbox(url: &str, max_connections: u32) -> (MySqlPool, Sch
     let schema = Schema::new(&outbox_testkit::unique_name("outbox")).unwrap();
     assert_eq!(migrate(&pool, &schema).await.unwrap(), vec![1, 2, 3, 4]);
     (pool, schema)
+}
+
+/// [`migrated_outbox`] with the binlog route switched on (`url` a server with the row binlog).
+pub async fn routed_outbox(url: &str) -> (MySqlPool, Schema) {
+    outbox_testkit::init_test_log();
+    let (pool, schema) = migrated_outbox(url, 8).await;
+    route::enable(&pool, &schema).await.unwrap();
+    (pool, schema)
+}
+
+/// Drops a test's database (its sessions should have ended first).
+pub async fn drop_db(pool: &MySqlPool, schema: &Schema) {
+    let _ = sqlx::raw_sql(&schema.render("DROP DATABASE {schema}"))
+        .execute(pool)
+        .await;
+}
+
+/// Everything the store hands out until it has `want` messages (published as they come), or
+/// panics after 30 s.
+pub async fn drain(store: &MysqlStore, want: usize) -> Vec<Message> {
+    let member = MemberId::random("drain");
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut got = Vec::new();
+    while got.len() < want {
+        assert!(
+            Instant::now() < until,
+            "only {} of {want} messages came",
+            got.len()
+        );
+        let parts = store
+            .rebalance(&member, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let batch = store
+            .claim(&member, &parts, ClaimLimits::rows(1_000), OnFailed::Block)
+            .await
+            .unwrap();
+        if batch.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        let outcomes: Vec<Outcome> = batch
+            .iter()
+            .map(|m| Outcome::Published { seq: m.seq })
+            .collect();
+        store.complete(&member, &outcomes).await.unwrap();
+        got.extend(batch);
+    }
+    store.release(&member).await.unwrap();
+    got
 }
