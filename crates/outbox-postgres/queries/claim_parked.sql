@@ -8,7 +8,7 @@
 -- probe per parked key, never a read of every parked row (a stuck key with ten thousand rows
 -- behind it is one probe); only the due keys' rows are then read, at most $2 each. The relay
 -- runs this only for partitions whose position counts parked messages, and only when a head
--- may have come due (see `ParkedReads` in store.rs), not on every claim.
+-- may have come due (see `ParkedReads` in store/claim.rs), not on every claim.
 --
 -- Bytes: rows are measured in seq order and returned while the running sum of their payloads'
 -- text length stays within $5, the first one whatever its size when $6 allows it; the LIMIT

@@ -26,7 +26,7 @@
 --       there (ticket.rs `read_to`). `txid >= xmin(done)` prunes the segments below the window
 --       at run time, so the walk probes only the segments that can hold it, however many days
 --       of segments retention keeps.
--- The claim transaction runs with enable_sort off (see `read_claim` in store.rs): each part has
+-- The claim transaction runs with enable_sort off (see `read_claim` in store/claim.rs): each part has
 -- an index path that yields its rows in the order it asks for, and any plan that would read a
 -- whole txid range or partition and sort it instead is priced out, whatever the statistics.
 --
@@ -59,11 +59,11 @@
 -- all, $5 failed rows block their key, $6 parked rows per partition at which the partition's
 -- window stops advancing (its parked keys still drain; the relay warns), $7 payload bytes to
 -- hand out, $8 the first row to hand out gets its payload whatever its size, $13 the seqs A2's
--- walk may span (`walk_span` in store.rs), $14 the rows each partition of $1 may return (`lim`,
+-- walk may span (`walk_span` in store/claim.rs), $14 the rows each partition of $1 may return (`lim`,
 -- at most $3; below it for partitions that had no rows at the last claim).
 --
 -- A claim ahead (read while the previous batch is still being published, see `claim_ahead` in
--- store.rs) continues an open window from where that batch will leave it: $9 cursor, $10 cur,
+-- store/mod.rs) continues an open window from where that batch will leave it: $9 cursor, $10 cur,
 -- $11 cur_floor and $12 cur_at per partition of $1 replace the recorded window (NULL, or arrays
 -- shorter than $1, where there is nothing to continue). `done` is still read from the table:
 -- recording a batch that keeps its window open never changes it.

@@ -21,7 +21,7 @@
 --       and B. those `done` saw running (its xip list): per txid, one range of (partition,
 --       txid, seq) above the cursor when `cur` sees the txid committed, whole otherwise.
 -- Every part is ordered by its index and the statement runs with bitmap scans and sorts priced
--- out (READ_BEGIN in store.rs), so no plan reads a whole range before the LIMIT applies.
+-- out (READ_BEGIN in store/mod.rs), so no plan reads a whole range before the LIMIT applies.
 SELECT u.* FROM (
     -- N
     (SELECT o.seq, o.txid{cols} FROM {schema}.outbox AS o

@@ -30,7 +30,7 @@ pub use retention::LOOKAHEAD_SEGMENTS;
 pub use schema::Schema;
 pub use store::{
     connect_error, connect_options, connect_options_with, connect_pool, connect_pool_with,
-    statement_timeout_for, HeldRecord, PgStore, DEFAULT_STORE_DEADLINE, PARTITIONS,
+    statement_timeout_for, HeldCompletion, PgStore, DEFAULT_STORE_DEADLINE, PARTITIONS,
     PENDING_COUNT_CAP,
 };
 pub use writer::{enqueue, enqueue_many, Writer};

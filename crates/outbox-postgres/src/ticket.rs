@@ -228,6 +228,7 @@ impl Ticket {
     /// `idle_advance`: also close windows that were empty (no rows at all), which moves `done`
     /// forward for retention; callers rate-limit it.
     pub fn plan(&self, outcomes: &[Outcome], idle_advance: bool) -> Plan {
+        // Long because: one pass over the windows; its steps share the stopped keys.
         let by_seq: HashMap<i64, &Outcome> = outcomes.iter().map(|o| (o.seq(), o)).collect();
         let mut plan = Plan::default();
         // Keys stopped by a failure anywhere in the batch (window or parked rows).

@@ -150,7 +150,7 @@ async fn a_record_abandoned_before_pruning_cannot_append_behind_a_pruned_positio
     assert_eq!(got.iter().map(|r| r.id).collect::<Vec<_>>(), vec![first.id]);
     let outcomes = [Outcome::Published { seq: got[0].seq }];
     // The first attempt to record the batch: abandoned at the deadline, it lands at the end.
-    let late = store.hold_record(&m, &outcomes).unwrap();
+    let late = store.hold_completion(&m, &outcomes).unwrap();
     store.complete(&m, &outcomes).await.unwrap();
     // Two more batches: P3 and P4.
     for n in 1..=2 {
@@ -178,7 +178,7 @@ async fn a_record_abandoned_before_pruning_cannot_append_behind_a_pruned_positio
     assert_eq!(latest.len(), 1, "pruned to the latest: {latest:?}");
     assert_eq!(latest[0].0, chain.last().unwrap().0);
     // The abandoned record lands now.
-    let appended = store.land_record(&late).await.unwrap();
+    let appended = store.land_completion(&late).await.unwrap();
     assert_eq!(
         appended,
         vec![],

@@ -180,7 +180,7 @@ async fn a_record_that_lands_late_moves_nothing_back_and_parks_nothing_again() {
         Outcome::Published { seq: seq_of(b1.id) },
     ];
     // The first attempt to record, abandoned: it lands at the end of this test.
-    let late = store.hold_record(&m, &outcomes).unwrap();
+    let late = store.hold_completion(&m, &outcomes).unwrap();
     // Its retry lands: `a1` and `a2` are parked.
     assert_eq!(store.complete(&m, &outcomes).await.unwrap(), 2);
     // The next batch publishes the parked key in order and releases it.
@@ -204,7 +204,7 @@ async fn a_record_that_lands_late_moves_nothing_back_and_parks_nothing_again() {
     };
     let before = latest(pool.clone(), schema.clone()).await;
     // Now the abandoned record lands.
-    let appended = store.land_record(&late).await.unwrap();
+    let appended = store.land_completion(&late).await.unwrap();
     assert_eq!(appended, vec![], "its predecessor was already followed");
     assert_eq!(
         latest(pool.clone(), schema.clone()).await,

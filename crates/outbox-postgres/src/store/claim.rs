@@ -273,6 +273,7 @@ impl PgStore {
         on_failed: OnFailed,
         follow: Option<&HashMap<i16, NewPosition>>,
     ) -> Result<Option<ClaimRead>> {
+        // Long because: one read-only transaction's steps in order, sharing its locals.
         let wanted = partitions_param(partitions);
         let (epochs, active, idle_due, mean, parked_parts, busy) = self.state(member, |s| {
             let e: Vec<(i16, i64)> = wanted

@@ -1,5 +1,6 @@
-//! Recording a batch: the fenced, compare-and-append record statement, cancelled on the server
-//! when its call is abandoned, and the guards that give a taken ticket back.
+//! Completing a batch: the fenced, compare-and-append statement that records its outcomes
+//! (`record.sql`), cancelled on the server when its call is abandoned, and the guards that give
+//! a taken ticket back.
 
 use super::*;
 
@@ -31,9 +32,9 @@ impl Drop for TicketGuard<'_> {
     }
 }
 
-/// A record computed but not written (see [`PgStore::hold_record`]).
+/// A record computed but not written (see [`PgStore::hold_completion`]).
 #[doc(hidden)]
-pub struct HeldRecord {
+pub struct HeldCompletion {
     pub(super) member: MemberId,
     pub(super) plan: Plan,
 }
@@ -85,25 +86,30 @@ impl Drop for CancelOnDrop {
 
 impl PgStore {
     /// What recording `member`'s pending batch with `outcomes` would write, computed now and
-    /// written only by [`land_record`](Self::land_record), whenever the caller likes: a record
+    /// written only by [`land_completion`](Self::land_completion), whenever the caller likes: a
+    /// record
     /// abandoned at the store deadline that lands late, for tests of compare-and-append. The
     /// pending batch stays pending.
     #[doc(hidden)]
-    pub fn hold_record(&self, member: &MemberId, outcomes: &[Outcome]) -> Option<HeldRecord> {
+    pub fn hold_completion(
+        &self,
+        member: &MemberId,
+        outcomes: &[Outcome],
+    ) -> Option<HeldCompletion> {
         let plan = self.state(member, |s| {
             s.ticket.as_ref().map(|t| t.plan(outcomes, false))
         })?;
-        Some(HeldRecord {
+        Some(HeldCompletion {
             member: member.clone(),
             plan,
         })
     }
 
-    /// Writes a [`hold_record`](Self::hold_record) now, as the record statement would have;
+    /// Writes a [`hold_completion`](Self::hold_completion) now, as the record statement would have;
     /// returns the partitions whose position it appended, with their ids.
     #[doc(hidden)]
-    pub async fn land_record(&self, held: &HeldRecord) -> Result<Vec<(i16, i64)>> {
-        self.write_plan(&held.member, &held.plan).await
+    pub async fn land_completion(&self, held: &HeldCompletion) -> Result<Vec<(i16, i64)>> {
+        self.complete_plan(&held.member, &held.plan).await
     }
 
     /// Runs the fenced, compare-and-append record statement for `plan`; returns the partitions
@@ -113,7 +119,7 @@ impl PgStore {
     /// statement is cancelled on the server and its connection closed, never returned to the
     /// pool: an abandoned record should not keep running beside its retry. Should it commit
     /// anyway, compare-and-append makes it harmless (see `record.sql`).
-    pub(super) async fn write_plan(
+    pub(super) async fn complete_plan(
         &self,
         member: &MemberId,
         plan: &Plan,
