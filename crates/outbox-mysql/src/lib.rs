@@ -16,7 +16,6 @@ mod migrate;
 mod queries;
 pub mod ranges;
 mod schema;
-mod shielded;
 mod store;
 mod ticket;
 mod writer;
@@ -24,8 +23,7 @@ mod writer;
 pub use error::map_sqlx_error;
 pub use migrate::{apply_migrations, check_schema, migrate, MIGRATIONS, SCHEMA_VERSION};
 pub use schema::Schema;
-pub use shielded::MysqlStore;
-pub use store::{connect_options, connect_pool, url_database, PARKED_CAP};
+pub use store::{connect_options, connect_pool, url_database, MysqlStore, PARKED_CAP};
 pub use writer::{enqueue, enqueue_many};
 
 /// How many partitions the messages are spread over (by a hash of the key): the trigger's

@@ -1,5 +1,6 @@
 //! The store's fixed SQL, rendered once per database. Statements whose shape follows the claim
-//! (one range per partition, one `IN` entry per row) are built in `store.rs` with bound values.
+//! (one range per partition, one `IN` entry per row) are completed in `store/` with one bound
+//! term per partition, key or row.
 //!
 //! Every time the relay compares (leases, heartbeats, retries) is the server's
 //! `UTC_TIMESTAMP(6)`, so relays on several hosts never compare their own clocks.
@@ -7,12 +8,8 @@
 use crate::schema::Schema;
 
 /// Text columns of `outbox` as sqlx reads them: `utf8mb4_bin` columns come back as binary
-/// unless cast.
-pub(crate) const MESSAGE_COLUMNS: &str = "o.seq, o.part, o.part_seq, CAST(o.id AS CHAR) AS id, \
-     CAST(o.aggregate_type AS CHAR) AS aggregate_type, \
-     CAST(o.aggregate_id AS CHAR) AS aggregate_id, CAST(o.event_type AS CHAR) AS event_type, \
-     CAST(o.payload AS CHAR) AS payload, CAST(o.headers AS CHAR) AS headers, \
-     CAST(o.topic AS CHAR) AS topic, o.created_at";
+/// unless cast. The `{columns}` of the claim's statements.
+pub(crate) const MESSAGE_COLUMNS: &str = include_str!("../queries/message_columns.sql");
 
 /// The partitions `?` owns under a live lease, with their positions, the last position
 /// handed out there (`n`: every row up to it is committed and visible; `{n}` is
@@ -24,6 +21,24 @@ const POSITIONS: &str = include_str!("../queries/positions.sql");
 /// parked, whether one failed, and whether its head is due. `{skip}` leaves failed rows out
 /// (under `--on-failed skip` they hold nothing back).
 const PARKED_KEYS: &str = include_str!("../queries/parked_keys.sql");
+
+/// The rows of the due parked keys (`{keys}`: one `(part = ? AND aggregate_id = ?)` term per
+/// key, joined by `OR`), up to `?` per key in position order. `{skip}` leaves failed rows out.
+const CLAIM_PARKED: &str = include_str!("../queries/claim_parked.sql");
+
+/// The next rows of each owned partition: `?` the seq below which every row is passed, and
+/// `{ranges}` one `(o.part = ? AND o.part_seq BETWEEN ? AND ?)` term per partition, joined by
+/// `OR`. `{held}` says whether a row's key has parked messages ([`CLAIM_HELD`], or `0` when no
+/// partition of the claim has any).
+const CLAIM_WINDOW: &str = include_str!("../queries/claim_window.sql");
+
+/// [`CLAIM_WINDOW`] stopped by the server at a byte bound (the last `?`): `{passed}` is one
+/// `WHEN ? THEN ?` (partition, its position) per partition, and `{ranges}` ranges over `i.`
+/// (the derived table that counts the bytes) rather than `o.`.
+const CLAIM_WINDOW_BYTES: &str = include_str!("../queries/claim_window_bytes.sql");
+
+/// Whether the row `o`'s key has parked messages (`{skip}`: failed ones left out).
+const CLAIM_HELD: &str = include_str!("../queries/claim_held.sql");
 
 const STATS: &str = include_str!("../queries/stats.sql");
 
@@ -125,6 +140,12 @@ pub(crate) struct Queries {
     pub positions: String,
     pub parked_keys_block: String,
     pub parked_keys_skip: String,
+    pub claim_parked_block: String,
+    pub claim_parked_skip: String,
+    pub claim_window: String,
+    pub claim_window_bytes: String,
+    pub claim_held_block: String,
+    pub claim_held_skip: String,
     pub stats: String,
     pub members: String,
     pub blocked: String,
@@ -148,13 +169,20 @@ impl Queries {
             schema.render(
                 &sql.replace("{counters}", &positions.counters(schema))
                     .replace("{messages}", &positions.messages(schema))
-                    .replace("{n}", &positions.last_handed_out("w.part", "w.passed")),
+                    .replace("{n}", &positions.last_handed_out("w.part", "w.passed"))
+                    .replace("{columns}", MESSAGE_COLUMNS),
             )
         };
         Self {
             positions: r(POSITIONS),
             parked_keys_block: r(&PARKED_KEYS.replace("{skip}", "")),
             parked_keys_skip: r(&PARKED_KEYS.replace("{skip}", "AND state <> 'failed'")),
+            claim_parked_block: r(&CLAIM_PARKED.replace("{skip}", "")),
+            claim_parked_skip: r(&CLAIM_PARKED.replace("{skip}", "AND state <> 'failed'")),
+            claim_window: r(CLAIM_WINDOW),
+            claim_window_bytes: r(CLAIM_WINDOW_BYTES),
+            claim_held_block: r(&CLAIM_HELD.replace("{skip}", "")),
+            claim_held_skip: r(&CLAIM_HELD.replace("{skip}", "AND q.state <> 'failed'")),
             stats: r(STATS),
             members: r(MEMBERS),
             blocked: r(BLOCKED),

@@ -1,6 +1,6 @@
 //! What a claim hands out and remembers until its batch is recorded, and how the relay's
 //! outcomes turn into new positions and parked rows: pure logic, unit-tested without a
-//! database (`store.rs` does the reading and writing).
+//! database (`store/` does the reading and writing).
 //!
 //! A partition's positions are gapless and drawn in commit order, so a claim reads each
 //! partition as the range `passed + 1 ..= passed + k` and a record moves `passed` to the end of

@@ -6,7 +6,7 @@
 //! reader does not decode cannot stop the route: a zero `created_at` (MariaDB's default
 //! `sql_mode` accepts one), an `id` that is not a UUID, a JSON value MySQL keeps as an opaque
 //! scalar, or a column left out of a `MINIMAL` row image. Such a row is positioned like any
-//! other, and the claim fails it alone, naming its column (`store.rs`).
+//! other, and the claim fails it alone, naming its column (`store/claim.rs`).
 //!
 //! How a column is found: a row event carries values only for the columns in its image, each
 //! named either by the table map's column names (`binlog_row_metadata=FULL`) or `@<ordinal>`

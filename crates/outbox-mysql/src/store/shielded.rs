@@ -24,8 +24,8 @@ use outbox_core::{
 use sqlx::MySqlPool;
 use tokio::sync::watch;
 
+use super::Engine;
 use crate::schema::Schema;
-use crate::store::Engine;
 
 /// The relay's store on MySQL 8.0.29+ / MariaDB 10.6+ (see the module docs for why each call
 /// runs on a task of its own).
