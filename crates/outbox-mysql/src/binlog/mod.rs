@@ -13,7 +13,9 @@
 //! - [`route`] turns the route on for an outbox (`outbox migrate --binlog`): the writers'
 //!   trigger goes, and positions move to `outbox_sequence`.
 //! - [`sequencer`] gives each committed row its partition and position there, in commit order,
-//!   from this reader; the polling engine relays by them (`MysqlStore::binlog`).
+//!   from this reader; the polling engine relays by them (`MysqlStore::binlog`). `session`
+//!   holds one lease's work, `seal` the seal (rows the binlog did not carry, taken from the
+//!   table) and the canary that finds the writers still open.
 //! - `tls`: the stream's TLS, from the pool's URL options (`ssl-mode`, `ssl-ca`, `ssl-cert`,
 //!   `ssl-key`).
 //! - [`status`] is what `outbox status` and the metrics show of the sequencer.
@@ -22,8 +24,10 @@ mod decode;
 mod position;
 mod reader;
 pub mod route;
+mod seal;
 pub mod sequencer;
 pub mod server;
+mod session;
 pub mod status;
 mod tls;
 mod xa;

@@ -365,6 +365,7 @@ impl BinlogReader {
     }
 
     async fn read(&mut self) -> Result<Item, ReadError> {
+        // Long because: one loop over the stream's events, beside the transaction's state.
         loop {
             let since = *self.waiting_since.get_or_insert_with(Instant::now);
             let next = tokio::time::timeout_at((since + self.silence).into(), self.stream.next());

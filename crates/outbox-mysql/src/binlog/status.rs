@@ -88,7 +88,7 @@ pub async fn read(pool: &MySqlPool, schema: &Schema) -> Result<SequencerStatus> 
         binlog_end: end.map(|e| e.to_string()),
         lag_bytes,
         sequenced_below,
-        next_seq: super::sequencer::next_seq(pool, schema).await?,
+        next_seq: super::seal::next_seq(pool, schema).await?,
         rows_from_table: from_table,
         lag_seconds,
         stuck_partitions,
