@@ -4,6 +4,7 @@
 //! See docs/cdc.md.
 
 pub mod checks;
+mod decode;
 pub mod emit;
 pub mod pgoutput;
 pub mod salvage;

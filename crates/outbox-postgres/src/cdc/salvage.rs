@@ -22,8 +22,9 @@ use chrono::{DateTime, Utc};
 use outbox_core::{Error, Result};
 use sqlx::PgPool;
 
+use crate::cdc::decode::{message_from_content, parse_timestamptz};
 use crate::cdc::setup::CdcNames;
-use crate::cdc::stream::{message_from_content, origin, parse_timestamptz, Item};
+use crate::cdc::stream::{origin, Item};
 use crate::error::map_sqlx_error;
 
 /// WAL read per statement: the descriptions of the logical messages in it come back whole.
