@@ -7,7 +7,6 @@
 
 pub mod brokers;
 pub mod conformance;
-pub mod conformance_listing;
 pub mod inbox_backends;
 pub mod inbox_suite;
 pub mod process;
