@@ -6,6 +6,7 @@ mod commands;
 mod config;
 mod observe;
 mod shutdown;
+mod view;
 
 use std::process::ExitCode;
 

@@ -1,13 +1,17 @@
 //! The MySQL writer and its positions, against the real MariaDB of this machine, each test in
-//! a database of its own.
+//! a database of its own: the testkit's writer suite (atomicity, per-key commit order, the raw
+//! insert, migrations idempotent and racing, a dropped call), and what only MySQL's writer does
+//! (per-partition positions with no gap, counters taken in partition order).
 
 #![allow(clippy::unwrap_used)] // tests
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::NewMessage;
-use outbox_mysql::{enqueue, enqueue_many, migrate, Schema};
-use sqlx::{MySql, MySqlPool};
+use outbox_core::{NewMessage, Store};
+use outbox_mysql::{enqueue, enqueue_many, migrate, MysqlStore, Schema};
+use outbox_testkit::writer_suite::WriterBackend;
+use sqlx::{MySql, MySqlPool, Transaction};
 
 mod common;
 use common::server_url;
@@ -70,31 +74,86 @@ fn msg(key: &str, n: i64) -> NewMessage {
     NewMessage::new("order", key, "order.placed", serde_json::json!({ "n": n }))
 }
 
-#[tokio::test]
-async fn migrate_runs_once_however_many_migrators_race() {
-    let db = Db::start().await;
-    let (a, b) = tokio::join!(migrate(&db.pool, &db.schema), migrate(&db.pool, &db.schema));
-    assert_eq!(
-        (a.unwrap(), b.unwrap()),
-        (vec![], vec![]),
-        "already applied"
-    );
-    // A fresh database, two migrators at once: one applies, the other finds it done.
-    let other = Schema::new(&outbox_testkit::unique_name("outbox")).unwrap();
-    let (a, b) = tokio::join!(migrate(&db.pool, &other), migrate(&db.pool, &other));
-    let mut applied = [a.unwrap(), b.unwrap()];
-    applied.sort();
-    assert_eq!(applied, [vec![], vec![1, 2, 3, 4]]);
-    let parts: i64 =
-        sqlx::query_scalar(&other.render("SELECT COUNT(*) FROM {schema}.outbox_part_seq"))
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(parts, i64::from(outbox_mysql::PARTITIONS));
-    sqlx::raw_sql(&other.render("DROP DATABASE {schema}"))
-        .execute(&db.pool)
+impl WriterBackend for Db {
+    type Tx = Transaction<'static, MySql>;
+
+    fn versions() -> Vec<i32> {
+        (1..=outbox_mysql::SCHEMA_VERSION).collect()
+    }
+
+    async fn start() -> Self {
+        Db::start().await
+    }
+
+    async fn teardown(self) {
+        self.drop().await;
+    }
+
+    async fn begin(&self) -> Self::Tx {
+        self.pool.begin().await.unwrap()
+    }
+
+    async fn enqueue(
+        &self,
+        tx: &mut Self::Tx,
+        message: &NewMessage,
+    ) -> outbox_core::Result<uuid::Uuid> {
+        enqueue(tx, &self.schema, message).await
+    }
+
+    async fn commit(tx: Self::Tx) {
+        tx.commit().await.unwrap();
+    }
+
+    async fn rollback(tx: Self::Tx) {
+        tx.rollback().await.unwrap();
+    }
+
+    async fn ids(&self) -> Vec<uuid::Uuid> {
+        let ids: Vec<String> = sqlx::query_scalar(
+            &self.sql("SELECT CAST(id AS CHAR) FROM {schema}.outbox ORDER BY part, part_seq"),
+        )
+        .fetch_all(&self.pool)
         .await
         .unwrap();
+        ids.iter().map(|id| id.parse().unwrap()).collect()
+    }
+
+    async fn execute(&self, sql: &str) {
+        sqlx::raw_sql(&self.sql(sql))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(MysqlStore::new(self.pool.clone(), self.schema.clone()))
+    }
+
+    async fn migrate(&self) -> Vec<i32> {
+        migrate(&self.pool, &self.schema).await.unwrap()
+    }
+
+    async fn migrate_racing(&self) -> (Vec<i32>, Vec<i32>) {
+        let other = Schema::new(&outbox_testkit::unique_name("outbox")).unwrap();
+        let (a, b) = tokio::join!(migrate(&self.pool, &other), migrate(&self.pool, &other));
+        common::drop_db(&self.pool, &other).await;
+        (a.unwrap(), b.unwrap())
+    }
+}
+
+outbox_testkit::writer_suite!(Db);
+
+/// A fresh migration makes one position counter per partition (the suite checks that racing
+/// migrators apply each version once).
+#[tokio::test]
+async fn a_migration_makes_one_counter_per_partition() {
+    let db = Db::start().await;
+    let parts: i64 = sqlx::query_scalar(&db.sql("SELECT COUNT(*) FROM {schema}.outbox_part_seq"))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(parts, i64::from(outbox_mysql::PARTITIONS));
     db.drop().await;
 }
 
@@ -139,6 +198,8 @@ async fn messages_exist_with_their_transaction_and_a_rollback_gives_its_position
     db.drop().await;
 }
 
+/// What the trigger gives the plain insert on MySQL: the key's partition (CRC32, as documented),
+/// the first position, empty headers (the suite checks that the row is relayed).
 #[tokio::test]
 async fn the_plain_four_column_insert_of_another_language_gets_an_id_a_partition_and_a_position() {
     let db = Db::start().await;

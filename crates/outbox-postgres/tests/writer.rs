@@ -1,123 +1,134 @@
-//! The transactional writer against the real PostgreSQL: atomicity and per-key commit order.
+//! The transactional writer and `migrate` against the real PostgreSQL: the testkit's writer
+//! suite (atomicity, per-key commit order, the raw insert, migrations idempotent and racing, a
+//! dropped call), and what only PostgreSQL's writer promises (different keys never wait).
 
 #![allow(clippy::unwrap_used)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_core::NewMessage;
-use outbox_postgres::{connect_pool, migrate, Schema, Writer};
-use sqlx::PgPool;
+use outbox_core::{NewMessage, Store};
+use outbox_postgres::{connect_pool, migrate, PgStore, Schema, Writer};
+use outbox_testkit::writer_suite::WriterBackend;
+use sqlx::{PgPool, Postgres, Transaction};
 
-async fn setup() -> (PgPool, Schema) {
-    let url = std::env::var("OUTBOX_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
-    let pool = connect_pool(&url, 4).await.unwrap();
-    let schema = Schema::new(&outbox_testkit::unique_name("w")).unwrap();
-    migrate(&pool, &schema).await.unwrap();
-    (pool, schema)
+fn url() -> String {
+    std::env::var("OUTBOX_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into())
 }
 
-async fn teardown(pool: &PgPool, schema: &Schema) {
+/// A migrated outbox in a schema of its own.
+struct Pg {
+    pool: PgPool,
+    schema: Schema,
+    writer: Writer,
+}
+
+async fn drop_schema(pool: &PgPool, schema: &Schema) {
     sqlx::raw_sql(&schema.render("DROP SCHEMA {schema} CASCADE"))
         .execute(pool)
         .await
         .unwrap();
 }
 
-#[tokio::test]
-async fn rolled_back_enqueue_leaves_no_row_and_committed_one_stays() {
-    let (pool, schema) = setup().await;
-    let w = Writer::new(&schema);
-    let mut tx = pool.begin().await.unwrap();
-    w.enqueue(
-        &mut tx,
-        &NewMessage::new("a", "1", "e", serde_json::json!({})),
-    )
-    .await
-    .unwrap();
-    tx.rollback().await.unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    let id = w
-        .enqueue(
-            &mut tx,
-            &NewMessage::new("a", "2", "e", serde_json::json!({})),
-        )
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    let ids: Vec<uuid::Uuid> = sqlx::query_scalar(&schema.render("SELECT id FROM {schema}.outbox"))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(ids, vec![id]);
-    teardown(&pool, &schema).await;
-}
+impl WriterBackend for Pg {
+    type Tx = Transaction<'static, Postgres>;
 
-/// Two transactions writing the same key: the one that commits first gets the smaller `seq`,
-/// even though the other one started its insert first.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_key_transactions_get_sequences_in_commit_order() {
-    let (pool, schema) = setup().await;
-    let w = Writer::new(&schema);
-    let first = NewMessage::new("acct", "k", "debited", serde_json::json!({"n": 1}));
-    let second = NewMessage::new("acct", "k", "debited", serde_json::json!({"n": 2}));
-    // Built so that insert order and commit order would differ: t1 inserts first, t2 inserts
-    // and commits while t1 is open, then t1 commits. The key lock makes t2's insert wait until
-    // t1 committed, so t2 draws the larger seq. t1 raises a flag just before it commits: t2's
-    // insert must return only after that (without the lock it returns at once, and t2 commits
-    // first holding the larger seq, so seq order would not be commit order).
-    let t1_committing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut t1 = pool.begin().await.unwrap();
-    w.enqueue(&mut t1, &first).await.unwrap();
-    let (pool2, w2, second2, flag) = (
-        pool.clone(),
-        w.clone(),
-        second.clone(),
-        t1_committing.clone(),
-    );
-    let t2 = tokio::spawn(async move {
-        let mut t2 = pool2.begin().await.unwrap();
-        w2.enqueue(&mut t2, &second2).await.unwrap();
-        let waited = flag.load(std::sync::atomic::Ordering::SeqCst);
-        t2.commit().await.unwrap();
-        waited
-    });
-    // Room for t2 to go first, if anything let it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    t1_committing.store(true, std::sync::atomic::Ordering::SeqCst);
-    t1.commit().await.unwrap();
-    assert!(
-        t2.await.unwrap(),
-        "the second writer of a key waits for the first to commit"
-    );
-    let order: Vec<uuid::Uuid> =
-        sqlx::query_scalar(&schema.render("SELECT id FROM {schema}.outbox ORDER BY seq"))
-            .fetch_all(&pool)
+    fn versions() -> Vec<i32> {
+        (1..=outbox_postgres::SCHEMA_VERSION).collect()
+    }
+
+    async fn start() -> Self {
+        let pool = connect_pool(&url(), 4).await.unwrap();
+        let schema = Schema::new(&outbox_testkit::unique_name("w")).unwrap();
+        migrate(&pool, &schema).await.unwrap();
+        let writer = Writer::new(&schema);
+        Self {
+            pool,
+            schema,
+            writer,
+        }
+    }
+
+    async fn teardown(self) {
+        drop_schema(&self.pool, &self.schema).await;
+    }
+
+    async fn begin(&self) -> Self::Tx {
+        self.pool.begin().await.unwrap()
+    }
+
+    async fn enqueue(
+        &self,
+        tx: &mut Self::Tx,
+        message: &NewMessage,
+    ) -> outbox_core::Result<uuid::Uuid> {
+        self.writer.enqueue(tx, message).await
+    }
+
+    async fn commit(tx: Self::Tx) {
+        tx.commit().await.unwrap();
+    }
+
+    async fn rollback(tx: Self::Tx) {
+        tx.rollback().await.unwrap();
+    }
+
+    async fn ids(&self) -> Vec<uuid::Uuid> {
+        sqlx::query_scalar(
+            &self
+                .schema
+                .render("SELECT id FROM {schema}.outbox ORDER BY seq"),
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    async fn execute(&self, sql: &str) {
+        sqlx::raw_sql(&self.schema.render(sql))
+            .execute(&self.pool)
             .await
             .unwrap();
-    assert_eq!(
-        order,
-        vec![first.id, second.id],
-        "seq order must be commit order"
-    );
-    teardown(&pool, &schema).await;
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(PgStore::new(self.pool.clone(), self.schema.clone()))
+    }
+
+    async fn migrate(&self) -> Vec<i32> {
+        migrate(&self.pool, &self.schema).await.unwrap()
+    }
+
+    async fn migrate_racing(&self) -> (Vec<i32>, Vec<i32>) {
+        let other = Schema::new(&outbox_testkit::unique_name("w")).unwrap();
+        let second = connect_pool(&url(), 2).await.unwrap();
+        let (a, b) = tokio::join!(migrate(&self.pool, &other), migrate(&second, &other));
+        second.close().await;
+        drop_schema(&self.pool, &other).await;
+        (a.unwrap(), b.unwrap())
+    }
 }
 
+outbox_testkit::writer_suite!(Pg);
+
+/// PostgreSQL's writer locks the key only: a transaction holding one key does not hold back
+/// another's (SQLite has one writer for the whole file; MySQL's counters are per partition,
+/// tested in its own `writer.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn different_keys_do_not_wait_for_each_other() {
-    let (pool, schema) = setup().await;
-    let w = Writer::new(&schema);
-    let mut t1 = pool.begin().await.unwrap();
-    w.enqueue(
+    let b = Pg::start().await;
+    let mut t1 = b.begin().await;
+    b.enqueue(
         &mut t1,
         &NewMessage::new("acct", "x", "e", serde_json::json!({})),
     )
     .await
     .unwrap();
-    let mut t2 = pool.begin().await.unwrap();
+    let mut t2 = b.begin().await;
     tokio::time::timeout(
         Duration::from_secs(5),
-        w.enqueue(
+        b.enqueue(
             &mut t2,
             &NewMessage::new("acct", "y", "e", serde_json::json!({})),
         ),
@@ -127,12 +138,5 @@ async fn different_keys_do_not_wait_for_each_other() {
     .unwrap();
     t2.commit().await.unwrap();
     t1.commit().await.unwrap();
-    teardown(&pool, &schema).await;
-}
-
-#[tokio::test]
-async fn migrate_is_idempotent() {
-    let (pool, schema) = setup().await;
-    assert!(migrate(&pool, &schema).await.unwrap().is_empty());
-    teardown(&pool, &schema).await;
+    b.teardown().await;
 }

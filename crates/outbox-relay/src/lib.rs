@@ -14,6 +14,7 @@ mod deliver;
 pub mod health;
 mod lane;
 mod metrics;
+mod publish;
 mod relay;
 pub mod spans;
 pub mod telemetry;

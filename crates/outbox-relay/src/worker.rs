@@ -1,28 +1,24 @@
-//! One relay member: owns a share of the partitions and runs claim -> publish -> mark on them.
+//! One relay member: owns a share of the partitions and runs claim -> publish -> complete on them
+//! (the publish itself is in `crate::publish`).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::stream::{FuturesUnordered, StreamExt};
-use futures::FutureExt;
-use outbox_core::retry::RetryDecision;
 use outbox_core::Backoff;
-use outbox_core::{
-    ClaimLimits, Envelope, Error, ErrorKind, MemberId, Message, Outcome, Result, SinkError, Store,
-};
+use outbox_core::{ClaimLimits, Error, ErrorKind, MemberId, Message, Outcome, Result, Store};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
-use crate::breaker::{CircuitState, Permit, MIN_COOLDOWN};
+use crate::breaker::{CircuitState, Permit};
 use crate::config::{RelayConfig, MIN_POLL_INTERVAL};
-use crate::deliver::{envelope, key_units};
 use crate::health::MemberHealth;
-use crate::lane::{Lane, Lanes};
+use crate::lane::Lanes;
 use crate::metrics::RelayMetrics;
+use crate::publish::Published;
 use crate::telemetry::EngineMetrics;
 
 /// After a store call succeeds: says once that the store is back, after failures.
@@ -48,67 +44,8 @@ pub(crate) struct Worker {
     pub(crate) shutdown: CancellationToken,
 }
 
-/// What [`Worker::publish`] did with a batch.
-struct Published {
-    /// An outcome per message tried (or deferred).
-    outcomes: Vec<Outcome>,
-    /// Seqs of the messages that failed because the broker was unavailable (not rejected).
-    unavailable: HashSet<i64>,
-}
-
-/// One `publish` call of a lane: indexes into the batch, their envelopes, and the keys whose
-/// units it carries (each key at most once, with the number of its rows).
-#[derive(Default)]
-struct LaneCall {
-    rows: Vec<usize>,
-    envelopes: Vec<Envelope>,
-    keys: Vec<(usize, usize)>,
-}
-
-impl LaneCall {
-    /// Cuts one lane's `units` into at most `calls` calls of about equal size, never splitting
-    /// a unit.
-    fn cut(units: Vec<Unit>, calls: usize) -> Vec<LaneCall> {
-        let total: usize = units.iter().map(|(_, m)| m.len()).sum();
-        let size = total.div_ceil(calls.max(1)).max(1);
-        let mut cut = Vec::new();
-        let mut call = LaneCall::default();
-        for (k, messages) in units {
-            call.keys.push((k, messages.len()));
-            for (i, e) in messages {
-                call.rows.push(i);
-                call.envelopes.push(e);
-            }
-            if call.rows.len() >= size {
-                cut.push(std::mem::take(&mut call));
-            }
-        }
-        if !call.rows.is_empty() {
-            cut.push(call);
-        }
-        cut
-    }
-}
-
-/// A key's unit ready to send: the key, and its messages (batch index and envelope).
-type Unit = (usize, Vec<(usize, Envelope)>);
-
-/// Publish calls a worker keeps in flight: what is ready to go is cut into as many calls as
-/// are missing, so a key whose message was acknowledged sends its next one while the other
-/// calls are still out, instead of every key waiting for the slowest message of a round.
-const CALLS_IN_FLIGHT: usize = 4;
-
-/// A claimed message routed to its lane, with its envelope built (or why it cannot be), before
-/// the batch is cut into units.
-enum Prepared {
-    /// No route matches it and the relay has no default sink.
-    NoRoute,
-    /// Its lane and its envelope, or why the row cannot be published as stored.
-    Routed(usize, std::result::Result<Envelope, String>),
-}
-
 /// The lease as this worker last saw it.
-struct Lease {
+pub(crate) struct Lease {
     partitions: Vec<i32>,
     /// Local instant by which the lease expires (measured from before the renewing call).
     valid_until: Instant,
@@ -118,7 +55,39 @@ struct Lease {
     renewed_at: Instant,
 }
 
+/// The permit a claim goes by. Without routing the one breaker decides the claim, as it always
+/// did: a probe claims one message. With routing a claim goes ahead while any lane may publish;
+/// rows of a lane that must wait are deferred at publish time.
+fn claim_permit(permits: &[Permit]) -> Permit {
+    if let Some(d) = permits
+        .iter()
+        .map(|p| match p {
+            Permit::Wait(d) => Some(*d),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()
+        .and_then(|waits| waits.into_iter().min())
+    {
+        Permit::Wait(d)
+    } else if permits.contains(&Permit::Proceed) {
+        Permit::Proceed
+    } else {
+        Permit::Probe
+    }
+}
+
+/// After a probe without routing: a probe that found the broker still unavailable says nothing
+/// about the message, so its outcome is dropped and it spends none of its attempts (the breaker
+/// paces the next probe), and a long outage cannot push head messages into `failed`. A probe
+/// the broker *rejected* is completed like any rejection: it spends an attempt, so a message the
+/// broker refuses cannot be probed forever while the rest of the relay waits.
+fn keep_probe_verdict(outcomes: &mut Vec<Outcome>, unavailable: &HashSet<i64>) {
+    outcomes.retain(|o| matches!(o, Outcome::Published { .. }) || !unavailable.contains(&o.seq()));
+}
+
 impl Worker {
+    /// The member's loop until shutdown: rebalance when due, claim (or adopt the batch read
+    /// ahead), publish, complete; then release the partitions.
     pub(crate) async fn run(mut self) {
         let mut lease = Lease {
             partitions: Vec::new(),
@@ -138,34 +107,8 @@ impl Worker {
             // Kept only by an iteration that goes straight on to claim: a pause, a rebalance
             // failure or a wait for the breaker drops it.
             let read_before = ahead.take();
-            let now = Instant::now();
-            if now >= lease.next_rebalance || lease.valid_until <= now + self.cfg.lease_margin() {
-                match self
-                    .store_call("rebalance", self.store.rebalance(&self.id, self.cfg.lease))
-                    .await
-                {
-                    Ok(p) => {
-                        store_reachable(&self.id, &mut backoff);
-                        self.health.leased(p.len());
-                        if p != lease.partitions {
-                            info!(member = %self.id, partitions = p.len(), "partitions assigned");
-                        }
-                        lease.partitions = p;
-                        // A rebalance may leave a lease that still had two thirds to run
-                        // unextended (see `Store::rebalance`): count on no more than that.
-                        lease.valid_until = now + self.cfg.lease * 2 / 3;
-                        lease.renewed_at = now;
-                        lease.next_rebalance = now + self.rebalance_every();
-                    }
-                    Err(error) => {
-                        let d = backoff.failed();
-                        warn!(member = %self.id, %error, retry_in = ?d, "rebalance failed");
-                        lease.partitions.clear();
-                        self.health.lease_lost();
-                        self.pause(d).await;
-                        continue;
-                    }
-                }
+            if !self.rebalance_when_due(&mut lease, &mut backoff).await {
+                continue;
             }
             if lease.partitions.is_empty() {
                 let until = (Instant::now() + self.cfg.poll_interval).min(lease.next_rebalance);
@@ -178,24 +121,7 @@ impl Worker {
                 self.wait_until(until.min(lease.next_rebalance)).await;
             }
             let permits = self.lanes.permits();
-            // Without routing the one breaker decides the claim, as it always did: a probe claims
-            // one message. With routing a claim goes ahead while any lane may publish; rows of a
-            // lane that must wait are deferred at publish time.
-            let permit = if let Some(d) = permits
-                .iter()
-                .map(|p| match p {
-                    Permit::Wait(d) => Some(*d),
-                    _ => None,
-                })
-                .collect::<Option<Vec<_>>>()
-                .and_then(|waits| waits.into_iter().min())
-            {
-                Permit::Wait(d)
-            } else if permits.contains(&Permit::Proceed) {
-                Permit::Proceed
-            } else {
-                Permit::Probe
-            };
+            let permit = claim_permit(&permits);
             let limit = match permit {
                 Permit::Proceed => self.cfg.batch_size,
                 // One message tells whether the broker is back, without risking a batch.
@@ -215,43 +141,9 @@ impl Worker {
                 rows: limit,
                 bytes: self.cfg.claim_bytes(),
             };
-            let adopted = match read_before {
-                // Read for the same partitions, the circuit still closed, and the batch before
-                // it recorded as the read assumed: publish it without claiming.
-                Some((parts, messages))
-                    if permit == Permit::Proceed
-                        && parts == lease.partitions
-                        && self.store.adopt_ahead(&self.id).await =>
-                {
-                    Some(messages)
-                }
-                // Dropped before a claim brings another batch: the two never share memory.
-                other => {
-                    drop(other);
-                    None
-                }
-            };
-            let claimed = match adopted {
-                Some(messages) => {
-                    RelayMetrics::add(&self.metrics.read_ahead, 1);
-                    Ok(messages)
-                }
-                None => {
-                    let claimed = self
-                        .store_call(
-                            "claim",
-                            self.store.claim(
-                                &self.id,
-                                &lease.partitions,
-                                limits,
-                                self.cfg.on_failed,
-                            ),
-                        )
-                        .await;
-                    self.count_claim(t_claim);
-                    claimed
-                }
-            };
+            let claimed = self
+                .claim_or_adopt(read_before, permit, &lease, limits, t_claim)
+                .await;
             let batch = match claimed {
                 Ok(b) => {
                     store_reachable(&self.id, &mut backoff);
@@ -322,35 +214,124 @@ impl Worker {
                        took_ms = took.as_secs_f64() * 1e3, "read ahead");
                 read
             });
-            ahead = match next {
-                Ok(messages) if !messages.is_empty() => Some((parts, messages)),
-                Ok(_) => None,
-                Err(error) => {
-                    debug!(member = %self.id, %error, "reading ahead failed; the next batch is claimed");
-                    None
-                }
-            };
+            ahead = self.kept_ahead(parts, next);
             self.report_circuit(&mut reported).await;
             // A probe that never reached its broker (no row for that lane, a malformed row, a
             // short lease) must not leave the circuit waiting for its verdict.
             self.probes_unused(&permits);
             if permit == Permit::Probe && !self.lanes.routed() {
-                // A probe that found the broker still unavailable says nothing about the
-                // message: it spends none of its attempts (the breaker paces the next probe), so
-                // a long outage cannot push head messages into `failed`. A probe the broker
-                // *rejected* is recorded like any rejection: it spends an attempt, so a message
-                // the broker refuses cannot be probed forever while the rest of the relay waits.
-                outcomes.retain(|o| {
-                    matches!(o, Outcome::Published { .. }) || !unavailable.contains(&o.seq())
-                });
+                keep_probe_verdict(&mut outcomes, &unavailable);
             }
-            let t_record = Instant::now();
-            self.record(outcomes).await;
+            let t_complete = Instant::now();
+            self.complete(outcomes).await;
             debug!(member = %self.id, rows = batch.len(),
                    claim_ms = (t_publish - t_claim).as_secs_f64() * 1e3,
-                   publish_ms = (t_record - t_publish).as_secs_f64() * 1e3,
-                   record_ms = t_record.elapsed().as_secs_f64() * 1e3, "batch done");
+                   publish_ms = (t_complete - t_publish).as_secs_f64() * 1e3,
+                   record_ms = t_complete.elapsed().as_secs_f64() * 1e3, "batch done");
         }
+        self.release().await;
+        self.health.pulse.stop();
+    }
+
+    /// Rebalances when it is due (or the lease runs short), and takes the partitions it gets;
+    /// false when the store failed (the lease is dropped and the worker has paused).
+    async fn rebalance_when_due(&self, lease: &mut Lease, backoff: &mut Backoff) -> bool {
+        let now = Instant::now();
+        if now < lease.next_rebalance && lease.valid_until > now + self.cfg.lease_margin() {
+            return true;
+        }
+        match self
+            .store_call("rebalance", self.store.rebalance(&self.id, self.cfg.lease))
+            .await
+        {
+            Ok(p) => {
+                store_reachable(&self.id, backoff);
+                self.health.leased(p.len());
+                if p != lease.partitions {
+                    info!(member = %self.id, partitions = p.len(), "partitions assigned");
+                }
+                lease.partitions = p;
+                // A rebalance may leave a lease that still had two thirds to run
+                // unextended (see `Store::rebalance`): count on no more than that.
+                lease.valid_until = now + self.cfg.lease * 2 / 3;
+                lease.renewed_at = now;
+                lease.next_rebalance = now + self.rebalance_every();
+                true
+            }
+            Err(error) => {
+                let d = backoff.failed();
+                warn!(member = %self.id, %error, retry_in = ?d, "rebalance failed");
+                lease.partitions.clear();
+                self.health.lease_lost();
+                self.pause(d).await;
+                false
+            }
+        }
+    }
+
+    /// The next batch: the one read ahead when the store adopts it, else a claim of `limits`.
+    async fn claim_or_adopt(
+        &self,
+        read_before: Option<(Vec<i32>, Vec<Message>)>,
+        permit: Permit,
+        lease: &Lease,
+        limits: ClaimLimits,
+        t_claim: Instant,
+    ) -> Result<Vec<Message>> {
+        let adopted = match read_before {
+            // Read for the same partitions, the circuit still closed, and the batch before
+            // it completed as the read assumed: publish it without claiming.
+            Some((parts, messages))
+                if permit == Permit::Proceed
+                    && parts == lease.partitions
+                    && self.store.adopt_ahead(&self.id).await =>
+            {
+                Some(messages)
+            }
+            // Dropped before a claim brings another batch: the two never share memory.
+            other => {
+                drop(other);
+                None
+            }
+        };
+        match adopted {
+            Some(messages) => {
+                RelayMetrics::add(&self.metrics.read_ahead, 1);
+                Ok(messages)
+            }
+            None => {
+                let claimed = self
+                    .store_call(
+                        "claim",
+                        self.store
+                            .claim(&self.id, &lease.partitions, limits, self.cfg.on_failed),
+                    )
+                    .await;
+                self.count_claim(t_claim);
+                claimed
+            }
+        }
+    }
+
+    /// The batch read ahead of `parts`, kept for the next iteration (`None`: nothing read, or
+    /// the read failed and the next batch is claimed).
+    fn kept_ahead(
+        &self,
+        parts: Vec<i32>,
+        next: Result<Vec<Message>>,
+    ) -> Option<(Vec<i32>, Vec<Message>)> {
+        match next {
+            Ok(messages) if !messages.is_empty() => Some((parts, messages)),
+            Ok(_) => None,
+            Err(error) => {
+                debug!(member = %self.id, %error, "reading ahead failed; the next batch is claimed");
+                None
+            }
+        }
+    }
+
+    /// Gives the partitions back at shutdown, so others take them at once.
+    async fn release(&self) {
         if let Err(error) = self
             .store_call("release", self.store.release(&self.id))
             .await
@@ -359,7 +340,6 @@ impl Worker {
         } else {
             debug!(member = %self.id, "partitions released");
         }
-        self.health.pulse.stop();
     }
 
     /// Reads the next batch of `parts` ahead ([`Store::claim_ahead`]) in a task of its own, while
@@ -480,283 +460,6 @@ impl Worker {
         }
     }
 
-    /// Lets the next caller probe every lane whose probe this batch did not use.
-    fn probes_unused(&self, permits: &[Permit]) {
-        for (lane, p) in self.lanes.0.iter().zip(permits) {
-            if *p == Permit::Probe {
-                lane.breaker.probe_unused();
-            }
-        }
-    }
-
-    /// Publishes `batch` with several calls in flight, each key's units one after another:
-    /// a key's next unit goes out only once its previous one was acknowledged, so at most one
-    /// message per key is in flight (one run per key and destination for a lane whose sink
-    /// orders keys), while other keys' calls are still out. Returns an outcome for every
-    /// message that was tried or deferred; the rest (later messages of a key that failed or
-    /// waits, or messages not sent because the lease ran short) get none and stay pending
-    /// untouched.
-    ///
-    /// `permits` are the lanes' breakers' answers for this batch. A lane that must wait, or
-    /// whose one probe is already spoken for, gets its messages deferred: they wait with their
-    /// keys, spending no attempt, while the other lanes publish.
-    ///
-    /// A call's results are taken per key in order up to the key's first failure; the key's
-    /// later messages in that call (a run, for a sink that orders keys) get no outcome
-    /// whatever the sink said (see `Sink::orders_keys`). A call is only sent while the lease
-    /// holds (see [`Worker::lease_holds`]), so every call ends within it.
-    async fn publish(&self, batch: &[Message], lease: &mut Lease, permits: &[Permit]) -> Published {
-        let lanes = &self.lanes.0;
-        let mut outcomes = Vec::with_capacity(batch.len());
-        let mut unavailable = HashSet::new();
-        let mut probe_taken = vec![false; lanes.len()];
-        // Routed and built up front: grouping a key's messages by lane and destination needs
-        // both.
-        let mut prepared: Vec<Option<Prepared>> = batch
-            .iter()
-            .map(|m| {
-                Some(match self.lanes.pick(m) {
-                    None => Prepared::NoRoute,
-                    Some(l) => Prepared::Routed(
-                        l,
-                        envelope(m, &lanes[l].destination, &self.cfg.destination_rules),
-                    ),
-                })
-            })
-            .collect();
-        let mut keys = key_units(batch, |p, i| match (&prepared[p], &prepared[i]) {
-            (Some(Prepared::Routed(a, Ok(x))), Some(Prepared::Routed(b, Ok(y)))) => {
-                a == b && lanes[*a].sink.orders_keys() && x.destination == y.destination
-            }
-            _ => false,
-        });
-        // Keys whose next unit may be sent now, in order of their first message.
-        let mut ready: VecDeque<usize> = (0..keys.len()).collect();
-        let mut in_flight = FuturesUnordered::new();
-        let mut sending = true;
-        loop {
-            if sending && !ready.is_empty() && !self.lease_holds(lease).await {
-                warn!(member = %self.id, "lease ran short mid-batch; leaving the rest for the next claim");
-                sending = false;
-            }
-            if sending {
-                // Per lane, the units to send now.
-                let mut units: Vec<Vec<Unit>> = (0..lanes.len()).map(|_| Vec::new()).collect();
-                while let Some(k) = ready.pop_front() {
-                    let Some(unit) = keys[k].pop_front() else {
-                        continue;
-                    };
-                    let mut sent: Option<(usize, Vec<(usize, Envelope)>)> = None;
-                    for i in unit {
-                        let m = &batch[i];
-                        let Some(Prepared::Routed(l, built)) = prepared[i].take() else {
-                            let names: Vec<&str> = lanes.iter().map(|l| l.name.as_str()).collect();
-                            let why = format!(
-                                "no route matches this row (aggregate_type `{}`, event_type `{}`, \
-                                 topic {:?}) and the relay has no default sink; routes: {}",
-                                m.aggregate_type,
-                                m.event_type,
-                                m.topic.as_deref().unwrap_or(""),
-                                names.join(", ")
-                            );
-                            warn!(member = %self.id, id = %m.id, error = %why, "message has no route");
-                            outcomes.push(self.failure(m, SinkError::invalid(why), None));
-                            keys[k].clear();
-                            break;
-                        };
-                        let lane = &lanes[l];
-                        let defer = match permits.get(l).copied().unwrap_or(Permit::Proceed) {
-                            Permit::Proceed => None,
-                            Permit::Probe if !probe_taken[l] => {
-                                probe_taken[l] = true;
-                                None
-                            }
-                            Permit::Probe => Some(MIN_COOLDOWN),
-                            Permit::Wait(d) => Some(d),
-                        };
-                        if let Some(delay) = defer {
-                            outcomes.push(self.deferral(m, lane, delay));
-                            keys[k].clear();
-                            break;
-                        }
-                        match built {
-                            // A unit holds one lane's messages (see `key_units`).
-                            Ok(e) => sent.get_or_insert_with(|| (l, Vec::new())).1.push((i, e)),
-                            Err(why) => {
-                                warn!(member = %self.id, id = %m.id, error = %why, "message cannot be published as stored");
-                                lane.metrics
-                                    .error(outbox_core::SinkErrorKind::Invalid)
-                                    .increment(1);
-                                outcomes.push(self.failure(m, SinkError::invalid(why), Some(lane)));
-                                keys[k].clear();
-                                break;
-                            }
-                        }
-                    }
-                    // What went out of a unit cut short stays in flight; the key has nothing
-                    // after it (cleared above), so it stops once that is answered.
-                    if let Some((l, messages)) = sent {
-                        units[l].push((k, messages));
-                    }
-                }
-                // As many calls as are missing from the window (one at least).
-                let calls = CALLS_IN_FLIGHT.saturating_sub(in_flight.len()).max(1);
-                for (l, lane_units) in units.into_iter().enumerate() {
-                    for call in LaneCall::cut(lane_units, calls) {
-                        in_flight.push(self.send_call(l, call));
-                    }
-                }
-            }
-            let Some(first) = in_flight.next().await else {
-                break;
-            };
-            // Every call already answered, so that the keys they free go out together.
-            let mut answered = vec![first];
-            while let Some(Some(more)) = in_flight.next().now_or_never() {
-                answered.push(more);
-            }
-            self.health.pulse.beat();
-            let acked_at = chrono::Utc::now();
-            for (l, call, results) in answered {
-                let lane = &lanes[l];
-                lane.breaker.record(
-                    results.iter().any(Result::is_ok),
-                    results
-                        .iter()
-                        .find_map(|r| r.as_ref().err().filter(|e| e.is_unavailable()))
-                        .map(|e| e.message.as_str()),
-                );
-                let retry_first = outcomes.len();
-                let probing = permits.get(l) == Some(&Permit::Probe) && self.lanes.routed();
-                let mut results = results.into_iter();
-                let mut rows = call.rows.into_iter();
-                for (k, n) in call.keys {
-                    // The key's rows in this call, in order, up to its first failure: the rest
-                    // get no outcome and go again after the failed one, whatever the sink said.
-                    let mut failed = false;
-                    for i in rows.by_ref().take(n) {
-                        let result = results.next();
-                        if failed {
-                            continue;
-                        }
-                        let m = &batch[i];
-                        let result = result.unwrap_or_else(|| {
-                            // A sink bug, not an outage: spend attempts rather than open the
-                            // circuit.
-                            Err(SinkError::rejected(format!(
-                                "sink `{}` returned no result for this message",
-                                lane.sink.name()
-                            )))
-                        });
-                        match &result {
-                            Ok(()) => {
-                                lane.metrics.published.increment(1);
-                                let waited = (acked_at - m.created_at).num_microseconds();
-                                lane.metrics
-                                    .latency
-                                    .record(waited.unwrap_or(0).max(0) as f64 / 1e6);
-                            }
-                            Err(e) => lane.metrics.error(e.kind).increment(1),
-                        }
-                        match result {
-                            Ok(()) => outcomes.push(Outcome::Published { seq: m.seq }),
-                            // A routed probe that found its broker still down says nothing
-                            // about the message: it waits for the next probe without spending
-                            // an attempt.
-                            Err(e) if probing && e.is_unavailable() => {
-                                failed = true;
-                                outcomes.push(self.deferral(m, lane, MIN_COOLDOWN));
-                            }
-                            Err(e) => {
-                                failed = true;
-                                if e.is_unavailable() {
-                                    unavailable.insert(m.seq);
-                                }
-                                outcomes.push(self.failure(m, e, Some(lane)));
-                            }
-                        }
-                    }
-                    if failed {
-                        keys[k].clear();
-                    } else if !keys[k].is_empty() {
-                        ready.push_back(k);
-                    }
-                }
-                let retried: Vec<&Outcome> = outcomes[retry_first..]
-                    .iter()
-                    .filter(|o| matches!(o, Outcome::Retry { .. }))
-                    .collect();
-                if let Some(Outcome::Retry { error, delay, .. }) = retried.first() {
-                    warn!(member = %self.id, sink = lane.sink.name(), route = %lane.name,
-                          messages = retried.len(), %error, first_retry_in = ?delay,
-                          "publish failed; those messages and their keys will retry");
-                }
-            }
-        }
-        Published {
-            outcomes,
-            unavailable,
-        }
-    }
-
-    /// Sends `call` through lane `l`; answers with the lane and the call, for its results.
-    async fn send_call(
-        &self,
-        l: usize,
-        call: LaneCall,
-    ) -> (usize, LaneCall, Vec<Result<(), SinkError>>) {
-        let lane = &self.lanes.0[l];
-        let started = Instant::now();
-        let span = crate::spans::PublishSpan::start(lane.sink.name(), &lane.name, &call.envelopes);
-        let results = self.publish_call(lane, &call.envelopes).await;
-        span.end(&results);
-        lane.metrics
-            .publish_duration
-            .record(started.elapsed().as_secs_f64());
-        (l, call, results)
-    }
-
-    /// The outcome of a message whose lane may not publish now: it waits `delay` with its key,
-    /// spending no attempt.
-    fn deferral(&self, m: &Message, lane: &Lane, delay: Duration) -> Outcome {
-        RelayMetrics::add(&self.metrics.deferred, 1);
-        lane.metrics.deferred.increment(1);
-        let (_, error) = lane.breaker.snapshot();
-        Outcome::Deferred {
-            seq: m.seq,
-            error: format!(
-                "sink `{}` of route `{}` is unavailable (circuit open){}",
-                lane.sink.name(),
-                lane.name,
-                error.map(|e| format!(": {e}")).unwrap_or_default()
-            ),
-            delay: delay.max(Duration::from_millis(100)),
-        }
-    }
-
-    /// One `publish` call of `lane` under its publish deadline. A call without every answer by
-    /// then is dropped, and each of its messages counts as unavailable: retried (the broker may
-    /// have taken some, so they can arrive twice, with the same id) and fed to the lane's
-    /// circuit breaker.
-    async fn publish_call(
-        &self,
-        lane: &Lane,
-        envelopes: &[Envelope],
-    ) -> Vec<Result<(), SinkError>> {
-        let deadline = lane.publish_deadline;
-        match tokio::time::timeout(deadline, lane.sink.publish(envelopes)).await {
-            Ok(results) => results,
-            Err(_) => {
-                let e = SinkError::unavailable(format!(
-                    "sink `{}` gave no answer within {deadline:?} (the publish deadline); \
-                     the message is published again later with the same id",
-                    lane.sink.name()
-                ));
-                envelopes.iter().map(|_| Err(e.clone())).collect()
-            }
-        }
-    }
-
     /// Registers this member with the store before it runs (see [`Store::join`]), under the
     /// store deadline.
     pub(crate) async fn join(&self) -> Result<()> {
@@ -786,7 +489,7 @@ impl Worker {
     }
 
     /// Renews the lease inline when a third of it has passed; false when it cannot be trusted.
-    async fn lease_holds(&self, lease: &mut Lease) -> bool {
+    pub(crate) async fn lease_holds(&self, lease: &mut Lease) -> bool {
         let now = Instant::now();
         if now.duration_since(lease.renewed_at) >= self.renew_every()
             || lease.valid_until <= now + self.cfg.lease_margin()
@@ -813,47 +516,10 @@ impl Worker {
         lease.valid_until > Instant::now() + self.cfg.lease_margin()
     }
 
-    /// The outcome of a failed attempt, counted for `lane` (`None`: the row matched no route).
-    /// Retries are logged once per call by the caller (an outage fails thousands of messages;
-    /// one line says it); final failures one by one.
-    fn failure(&self, m: &Message, e: SinkError, lane: Option<&Lane>) -> Outcome {
-        let attempts = u32::try_from(m.attempts).unwrap_or(0).saturating_add(1);
-        match self.cfg.retry.decide(attempts, e.retriable()) {
-            RetryDecision::RetryAfter(delay) => {
-                // The broker's own `Retry-After`, when it gave one, is a floor.
-                let delay = e.retry_after.map_or(delay, |wait| delay.max(wait));
-                RelayMetrics::add(&self.metrics.retried, 1);
-                if let Some(lane) = lane {
-                    lane.metrics.retries.increment(1);
-                }
-                debug!(member = %self.id, id = %m.id, aggregate_id = %m.aggregate_id, attempts, error = %e.message,
-                       kind = %e.kind, retry_in = ?delay, "publish failed; will retry");
-                Outcome::Retry {
-                    seq: m.seq,
-                    error: e.message,
-                    delay,
-                }
-            }
-            RetryDecision::Fail => {
-                RelayMetrics::add(&self.metrics.failed, 1);
-                match lane {
-                    Some(lane) => lane.metrics.failed.increment(1),
-                    None => self.engine.unrouted_failed.increment(1),
-                }
-                warn!(member = %self.id, id = %m.id, aggregate_id = %m.aggregate_id, attempts, error = %e.message,
-                      kind = %e.kind, "message failed; it stays in the outbox as `failed`");
-                Outcome::Failed {
-                    seq: m.seq,
-                    error: e.message,
-                }
-            }
-        }
-    }
-
-    /// Records outcomes, retrying the statement through short store outages. If it never
-    /// succeeds the rows stay pending and are published again later (same ids): a duplicate,
-    /// never a loss.
-    async fn record(&self, outcomes: Vec<Outcome>) {
+    /// Completes the batch's outcomes ([`Store::complete`]), retrying the statement through
+    /// short store outages. If it never succeeds the rows stay pending and are published again
+    /// later (same ids): a duplicate, never a loss.
+    async fn complete(&self, outcomes: Vec<Outcome>) {
         if outcomes.is_empty() {
             return;
         }

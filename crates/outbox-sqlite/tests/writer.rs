@@ -1,6 +1,8 @@
-//! The transactional writer and the schema against real SQLite files: atomicity, the raw SQL
-//! insert other languages use, duplicate ids, per-key commit order, idempotent migrations and
-//! partition ownership shared by several processes (pools) on one file.
+//! The transactional writer and the schema against real SQLite files: the testkit's writer
+//! suite (atomicity, per-key commit order, the raw insert, migrations idempotent and racing, a
+//! dropped call), run with immediate and with deferred transactions; and what only SQLite does:
+//! ids and creation times minted in SQL, the table's own checks, duplicate ids, large batches,
+//! an unmigrated file, and partition ownership shared by several processes (pools) on one file.
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,7 +14,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use outbox_core::{ClaimLimits, ErrorKind, MemberId, NewMessage, Store};
 use outbox_sqlite::{connect_pool, migrate, SqliteStore, Writer, PARTITIONS};
-use sqlx::SqlitePool;
+use outbox_testkit::writer_suite::WriterBackend;
+use sqlx::{SqlitePool, Transaction};
 
 /// A URL of a database file in a fresh temporary directory (the file does not exist yet).
 fn fresh_url() -> (String, PathBuf) {
@@ -43,29 +46,88 @@ async fn ids_in_seq_order(pool: &SqlitePool) -> Vec<uuid::Uuid> {
         .collect()
 }
 
-#[tokio::test]
-async fn rolled_back_enqueue_leaves_no_row_and_committed_one_stays() {
-    let (pool, dir) = setup().await;
-    let w = Writer::new();
-    let mut tx = pool.begin().await.unwrap();
-    w.enqueue(
-        &mut tx,
-        &NewMessage::new("a", "1", "e", serde_json::json!({})),
-    )
-    .await
-    .unwrap();
-    tx.rollback().await.unwrap();
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    let id = outbox_sqlite::enqueue(
-        &mut tx,
-        &NewMessage::new("a", "2", "e", serde_json::json!({})),
-    )
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(ids_in_seq_order(&pool).await, vec![id]);
-    teardown(pool, dir).await;
+/// A migrated outbox in a file of its own; `IMMEDIATE` transactions take the write lock at
+/// `BEGIN` (`BEGIN IMMEDIATE`, as `outbox_sqlite::enqueue`'s docs advise), the others at their
+/// first write (`pool.begin()`).
+struct Sqlite<const IMMEDIATE: bool> {
+    pool: SqlitePool,
+    dir: PathBuf,
 }
+
+impl<const IMMEDIATE: bool> WriterBackend for Sqlite<IMMEDIATE> {
+    type Tx = Transaction<'static, sqlx::Sqlite>;
+
+    fn versions() -> Vec<i32> {
+        (1..=outbox_sqlite::SCHEMA_VERSION).collect()
+    }
+
+    async fn start() -> Self {
+        let (pool, dir) = setup().await;
+        Self { pool, dir }
+    }
+
+    async fn teardown(self) {
+        teardown(self.pool, self.dir).await;
+    }
+
+    async fn begin(&self) -> Self::Tx {
+        if IMMEDIATE {
+            self.pool.begin_with("BEGIN IMMEDIATE").await.unwrap()
+        } else {
+            self.pool.begin().await.unwrap()
+        }
+    }
+
+    async fn enqueue(
+        &self,
+        tx: &mut Self::Tx,
+        message: &NewMessage,
+    ) -> outbox_core::Result<uuid::Uuid> {
+        Writer::new().enqueue(tx, message).await
+    }
+
+    async fn commit(tx: Self::Tx) {
+        tx.commit().await.unwrap();
+    }
+
+    async fn rollback(tx: Self::Tx) {
+        tx.rollback().await.unwrap();
+    }
+
+    async fn ids(&self) -> Vec<uuid::Uuid> {
+        ids_in_seq_order(&self.pool).await
+    }
+
+    async fn execute(&self, sql: &str) {
+        sqlx::raw_sql(&sql.replace("{schema}.", ""))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(SqliteStore::new(self.pool.clone()))
+    }
+
+    async fn migrate(&self) -> Vec<i32> {
+        migrate(&self.pool).await.unwrap()
+    }
+
+    /// Two processes migrating one new file at once: the first connection creates the file and
+    /// switches it to WAL; the race is in migrate.
+    async fn migrate_racing(&self) -> (Vec<i32>, Vec<i32>) {
+        let (url, dir) = fresh_url();
+        let a = connect_pool(&url).await.unwrap();
+        let b = connect_pool(&url).await.unwrap();
+        let (ra, rb) = tokio::join!(migrate(&a), migrate(&b));
+        b.close().await;
+        teardown(a, dir).await;
+        (ra.unwrap(), rb.unwrap())
+    }
+}
+
+outbox_testkit::writer_suite!(immediate, Sqlite<true>);
+outbox_testkit::writer_suite!(deferred, Sqlite<false>);
 
 /// The minimal insert any language can run gets a UUIDv7 id, a partition and a creation time
 /// from SQL, and the relay can claim the row.
@@ -227,86 +289,6 @@ async fn enqueue_many_keeps_order_and_content_of_a_large_batch() {
     }
     assert_eq!(rows[3].2.as_deref(), Some("special.topic"));
     teardown(pool, dir).await;
-}
-
-/// Two transactions writing the same key, built so that insert order and commit order would
-/// differ: the first inserts (and would draw the smaller `seq`), then the second inserts and
-/// tries to commit while the first is still open, and only then the first commits. The order in
-/// which the commits actually returned must be the `seq` order. SQLite's single writer makes the
-/// second wait for the first's commit, so both orders are first-then-second; a writer that drew
-/// `seq` outside the write lock, or let the second commit first, would fail here.
-async fn same_key_commit_order(begin: &'static str) {
-    let (pool, dir) = setup().await;
-    let first = NewMessage::new("acct", "k", "debited", serde_json::json!({"n": 1}));
-    let second = NewMessage::new("acct", "k", "debited", serde_json::json!({"n": 2}));
-    let committed = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut t1 = pool.begin_with(begin).await.unwrap();
-    outbox_sqlite::enqueue(&mut t1, &first).await.unwrap();
-    let (pool2, second2, committed2) = (pool.clone(), second.clone(), committed.clone());
-    let t2 = tokio::spawn(async move {
-        let mut t2 = pool2.begin_with(begin).await.unwrap();
-        outbox_sqlite::enqueue(&mut t2, &second2).await.unwrap();
-        t2.commit().await.unwrap();
-        committed2.lock().unwrap().push(second2.id);
-    });
-    // Room for the second transaction to commit first, if anything let it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    t1.commit().await.unwrap();
-    committed.lock().unwrap().push(first.id);
-    t2.await.unwrap();
-    let commit_order = committed.lock().unwrap().clone();
-    assert_eq!(
-        ids_in_seq_order(&pool).await,
-        commit_order,
-        "seq order must be commit order"
-    );
-    assert_eq!(
-        commit_order,
-        vec![first.id, second.id],
-        "the second writer of the key waits for the first to commit"
-    );
-    teardown(pool, dir).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_key_transactions_get_sequences_in_commit_order() {
-    same_key_commit_order("BEGIN IMMEDIATE").await;
-}
-
-/// The same with deferred transactions (`pool.begin()`), which take the write lock at their
-/// first write rather than at BEGIN.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_key_deferred_transactions_get_sequences_in_commit_order() {
-    same_key_commit_order("BEGIN").await;
-}
-
-#[tokio::test]
-async fn migrate_is_idempotent() {
-    let (pool, dir) = setup().await;
-    assert!(migrate(&pool).await.unwrap().is_empty());
-    assert!(migrate(&pool).await.unwrap().is_empty());
-    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM outbox_migrations")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(versions, vec![1, 2, 3, 4]);
-    teardown(pool, dir).await;
-}
-
-/// Two processes migrating one new file at once: one applies the migration, the other waits
-/// for it and finds nothing to do.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_migrators_apply_each_version_once() {
-    let (url, dir) = fresh_url();
-    // The first connection creates the file and switches it to WAL; the race is in migrate.
-    let a = connect_pool(&url).await.unwrap();
-    let b = connect_pool(&url).await.unwrap();
-    let (ra, rb) = tokio::join!(migrate(&a), migrate(&b));
-    let mut applied = [ra.unwrap(), rb.unwrap()];
-    applied.sort();
-    assert_eq!(applied, [vec![], vec![1, 2, 3, 4]]);
-    b.close().await;
-    teardown(a, dir).await;
 }
 
 /// A store on a file nobody migrated says so, with the fix.

@@ -1,13 +1,12 @@
 //! Test support shared by every backend and sink: unique per-test names, the store conformance
-//! suite every `Store` must pass, the sink conformance suite every sink must pass (feature
-//! `sinks`), the inbox backend suite both inbox databases must pass, the source conformance
-//! suite every `outbox inbox` source must pass, private brokers and the process harness behind
-//! them, a TCP proxy for network faults, relay helpers, and sink wrappers that inject faults or
-//! record deliveries around a real sink.
+//! suite every `Store` must pass, the writer and migration suite every database must pass, the
+//! sink conformance suite every sink must pass (feature `sinks`), the inbox backend suite both
+//! inbox databases must pass, the source conformance suite every `outbox inbox` source must
+//! pass, private brokers and the process harness behind them, a TCP proxy for network faults,
+//! relay helpers, and sink wrappers that inject faults or record deliveries around a real sink.
 
 pub mod brokers;
 pub mod conformance;
-pub mod conformance_listing;
 pub mod inbox_backends;
 pub mod inbox_suite;
 pub mod process;
@@ -21,6 +20,7 @@ pub mod sinks;
 pub mod source_suite;
 #[cfg(feature = "sinks")]
 pub mod stdout_process;
+pub mod writer_suite;
 
 /// Sends the test's logs to its output when `OUTBOX_TEST_LOG` names a filter (`debug`,
 /// `outbox_relay=debug`, …): a case that hangs in CI can then be rerun with what its relay did.

@@ -8,6 +8,7 @@ use outbox_core::RouteSpec;
 
 use crate::cli::{Format, StatusArgs};
 use crate::config::DbSettings;
+use crate::view::status as view;
 
 /// Prints the report once, or with `--watch` at every interval until SIGINT/SIGTERM (exit 0).
 /// A failed read while watching is reported on stderr and the next refresh tries again.
@@ -23,9 +24,9 @@ pub async fn run(
         let text = match (args.format, args.watch) {
             (Format::Json, _) => serde_json::to_string(r)? + "\n",
             (Format::Text, Some(every)) if out.is_terminal() => {
-                r.render_screen(&title, args.inbox, every.0)
+                view::screen(r, &title, args.inbox, every.0)
             }
-            (Format::Text, _) => r.render_text(&title, args.inbox),
+            (Format::Text, _) => view::text(r, &title, args.inbox),
         };
         Ok(out.write_all(text.as_bytes()).and_then(|()| out.flush())?)
     };

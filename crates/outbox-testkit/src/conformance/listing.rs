@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use outbox_core::{FailedFilter, FailedMessage, NewMessage, Outcome, Store};
 
-use crate::conformance::{claim_all, sole_member};
+use super::{claim_all, sole_member};
 
 fn filter(key: Option<&str>, kind: Option<&str>, error: Option<&str>) -> FailedFilter {
     FailedFilter {
