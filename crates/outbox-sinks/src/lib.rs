@@ -23,6 +23,7 @@ pub mod nats;
 pub mod read;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod registry;
 #[cfg(feature = "sns")]
 pub mod sns;
 #[cfg(feature = "sqs")]
@@ -37,55 +38,43 @@ use std::time::Duration;
 
 use outbox_core::{Error, Sink};
 
+use crate::registry::{OptionsIn, SinkKind};
+
+/// Every sink this build has, one line per broker, in the order they are listed to users. The
+/// only place a sink is named: `connect`, `check`, `ack_timeout`, `read::scratch` and the lists
+/// of schemes all read it.
+pub static SINKS: &[SinkKind] = &[
+    #[cfg(feature = "nats")]
+    nats::KIND,
+    #[cfg(feature = "amqp")]
+    amqp::KIND,
+    #[cfg(feature = "redis")]
+    redis::KIND,
+    #[cfg(feature = "mqtt")]
+    mqtt::KIND,
+    #[cfg(feature = "sqs")]
+    sqs::KIND,
+    #[cfg(feature = "sns")]
+    sns::KIND,
+    #[cfg(feature = "kafka")]
+    kafka::KIND,
+    #[cfg(feature = "http")]
+    http::KIND,
+    #[cfg(feature = "file")]
+    file::KIND,
+    #[cfg(feature = "stdout")]
+    stdout::KIND,
+];
+
 /// Connects the sink a URL names: `nats://host:4222`, `kafka://host:9092`, `amqp://host:5672/%2f`, `redis://host:6379`,
 /// `mqtt://host:1883`, `sqs://?region=…`, `sns://?region=…`, `https://host/hook#secret=…`,
 /// `file:path.jsonl`, `stdout:`.
 /// Unknown schemes and sinks left out of this build are config errors that list what is
 /// available.
 pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
-    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    match scheme {
-        #[cfg(feature = "nats")]
-        "nats" | "tls" => Ok(Arc::new(
-            nats::NatsSink::connect(nats::NatsConfig::from_url(url)?).await?,
-        )),
-        #[cfg(feature = "amqp")]
-        "amqp" | "amqps" => Ok(Arc::new(
-            amqp::AmqpSink::connect(amqp::AmqpConfig::from_url(url)?).await?,
-        )),
-        #[cfg(feature = "mqtt")]
-        "mqtt" | "mqtts" => {
-            let cfg = mqtt::MqttConfig::from_url(url)?;
-            let wait = cfg.ack_timeout.min(Duration::from_secs(2));
-            let sink = mqtt::MqttSink::connect(cfg)?;
-            sink.wait_connected(wait).await;
-            Ok(Arc::new(sink))
-        }
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Arc::new(redis::RedisSink::connect(
-            redis::RedisConfig::from_url(url)?,
-        )?)),
-        #[cfg(feature = "sqs")]
-        "sqs" => Ok(Arc::new(
-            sqs::SqsSink::connect(sqs::SqsConfig::sqs_from_url(url)?).await?,
-        )),
-        #[cfg(feature = "sns")]
-        "sns" => Ok(Arc::new(
-            sns::SnsSink::connect(sns::SnsConfig::sns_from_url(url)?).await?,
-        )),
-        #[cfg(feature = "kafka")]
-        "kafka" => Ok(Arc::new(kafka::KafkaSink::connect(
-            kafka::KafkaConfig::from_url(url)?,
-        )?)),
-        #[cfg(feature = "http")]
-        "http" | "https" => Ok(Arc::new(http::HttpSink::connect(
-            http::HttpConfig::from_url(url)?,
-        )?)),
-        #[cfg(feature = "file")]
-        "file" => Ok(Arc::new(file::FileSink::from_url(url)?)),
-        #[cfg(feature = "stdout")]
-        "stdout" => Ok(Arc::new(stdout::StdoutSink::new()?)),
-        _ => Err(unknown_scheme(url, scheme)),
+    match registry::find(SINKS, url) {
+        Some(kind) => (kind.connect)(url).await,
+        None => Err(unknown_scheme(url)),
     }
 }
 
@@ -93,52 +82,29 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Sink>, Error> {
 /// this build supports and its options parse. Commands run this before they connect to the
 /// database, so a misspelt sink is reported first.
 pub fn check(url: &str) -> Result<(), Error> {
-    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    match scheme {
-        #[cfg(feature = "file")]
-        "file" => file::FileSink::path_of(url).map(|_| ()),
-        #[cfg(feature = "stdout")]
-        "stdout" => Ok(()),
-        // Every other sink this build has reads its whole URL for its ack timeout.
-        _ => match ack_timeout(url)? {
-            Some(_) => Ok(()),
-            None => Err(unknown_scheme(url, scheme)),
-        },
+    match registry::find(SINKS, url) {
+        Some(kind) => (kind.check)(url).map(|_| ()),
+        None => Err(unknown_scheme(url)),
     }
 }
 
-fn unknown_scheme(url: &str, scheme: &str) -> Error {
+fn unknown_scheme(url: &str) -> Error {
     Error::config(format!(
-        "sink `{}`: unknown or disabled sink scheme `{scheme}`; this build supports: {}",
+        "sink `{}`: unknown or disabled sink scheme `{}`; this build supports: {}",
         outbox_core::redact::url(url),
+        registry::scheme(url),
         available().join(", ")
     ))
 }
 
 /// The ack timeout the sink `url` names will use (see `Sink::ack_timeout`), read from the URL
 /// without connecting, so settings can be checked before anything starts: `Some` for sinks that
-/// wait for a broker's acknowledgement (NATS, Kafka, RabbitMQ, Redis, MQTT, SQS and SNS: `?ack_timeout=`,
-/// 5 s by default), `None` for the
-/// local sinks and for schemes this build does not know (`connect` reports those).
+/// wait for a broker's acknowledgement (NATS, Kafka, RabbitMQ, Redis, MQTT, SQS, SNS and
+/// webhooks: `ack_timeout=`, 5 s by default), `None` for the local sinks and for schemes this
+/// build does not know (`connect` reports those).
 pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
-    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    match scheme {
-        #[cfg(feature = "nats")]
-        "nats" | "tls" => Ok(Some(nats::NatsConfig::from_url(url)?.ack_timeout)),
-        #[cfg(feature = "amqp")]
-        "amqp" | "amqps" => Ok(Some(amqp::AmqpConfig::from_url(url)?.ack_timeout)),
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Some(redis::RedisConfig::from_url(url)?.ack_timeout)),
-        #[cfg(feature = "mqtt")]
-        "mqtt" | "mqtts" => Ok(Some(mqtt::MqttConfig::from_url(url)?.ack_timeout)),
-        #[cfg(feature = "sqs")]
-        "sqs" => Ok(Some(sqs::SqsConfig::sqs_from_url(url)?.ack_timeout)),
-        #[cfg(feature = "sns")]
-        "sns" => Ok(Some(sns::SnsConfig::sns_from_url(url)?.ack_timeout)),
-        #[cfg(feature = "kafka")]
-        "kafka" => Ok(Some(kafka::KafkaConfig::from_url(url)?.ack_timeout)),
-        #[cfg(feature = "http")]
-        "http" | "https" => Ok(Some(http::HttpConfig::from_url(url)?.ack_timeout)),
+    match registry::find(SINKS, url) {
+        Some(kind) if kind.options != OptionsIn::Nowhere => (kind.check)(url),
         _ => Ok(None),
     }
 }
@@ -147,27 +113,11 @@ pub fn ack_timeout(url: &str) -> Result<Option<Duration>, Error> {
 /// leaves it unset; otherwise `url` unchanged. For commands that choose a short lease (`demo`,
 /// `verify`) and must keep the sink's wait inside it.
 pub fn with_default_ack_timeout(url: &str, ack_timeout: Duration) -> String {
-    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    let has_setting = matches!(
-        scheme,
-        "nats"
-            | "tls"
-            | "kafka"
-            | "amqp"
-            | "amqps"
-            | "redis"
-            | "rediss"
-            | "mqtt"
-            | "mqtts"
-            | "sqs"
-            | "sns"
-    );
-    // A webhook's options are in the fragment: its query belongs to the endpoint.
-    let webhook = matches!(scheme, "http" | "https");
-    let mark = if webhook { '#' } else { '?' };
-    if !(has_setting || webhook) {
-        return url.to_string();
-    }
+    let mark = match registry::find(SINKS, url).map(|k| k.options) {
+        Some(OptionsIn::Query) => '?',
+        Some(OptionsIn::Fragment) => '#',
+        Some(OptionsIn::Nowhere) | None => return url.to_string(),
+    };
     outbox_core::options::with_default(
         url,
         mark,
@@ -178,31 +128,10 @@ pub fn with_default_ack_timeout(url: &str, ack_timeout: Duration) -> String {
 
 /// URL schemes this build can publish to.
 pub fn available() -> Vec<&'static str> {
-    let all: &[&str] = &[
-        #[cfg(feature = "nats")]
-        "nats://",
-        #[cfg(feature = "amqp")]
-        "amqp://",
-        #[cfg(feature = "redis")]
-        "redis://",
-        #[cfg(feature = "mqtt")]
-        "mqtt://",
-        #[cfg(feature = "sqs")]
-        "sqs://",
-        #[cfg(feature = "sns")]
-        "sns://",
-        #[cfg(feature = "kafka")]
-        "kafka://",
-        #[cfg(feature = "http")]
-        "http://",
-        #[cfg(feature = "http")]
-        "https://",
-        #[cfg(feature = "file")]
-        "file:",
-        #[cfg(feature = "stdout")]
-        "stdout:",
-    ];
-    all.to_vec()
+    SINKS
+        .iter()
+        .flat_map(|k| k.listed.iter().copied())
+        .collect()
 }
 
 /// An error and its causes, `outer: inner: …`: a TLS failure's reason (`invalid peer

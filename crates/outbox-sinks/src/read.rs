@@ -156,31 +156,12 @@ pub struct Scratch {
 
 /// Makes a scratch destination on the broker `url` names, and a reader of it.
 pub async fn scratch(url: &str, options: &ScratchOptions) -> Result<Scratch, Error> {
-    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    // Read by every reader; a build with none (`-p outbox-sinks` alone) has no use for it.
-    let _ = &options;
-    match scheme {
-        #[cfg(feature = "nats")]
-        "nats" | "tls" => crate::nats::scratch(url, options).await,
-        #[cfg(feature = "amqp")]
-        "amqp" | "amqps" => crate::amqp::scratch(url, options).await,
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" => crate::redis::scratch(url, options).await,
-        #[cfg(feature = "mqtt")]
-        "mqtt" | "mqtts" => crate::mqtt::scratch(url, options).await,
-        #[cfg(feature = "sqs")]
-        "sqs" => crate::sqs::scratch(url, options).await,
-        #[cfg(feature = "sns")]
-        "sns" => crate::sns::scratch(url, options).await,
-        #[cfg(feature = "kafka")]
-        "kafka" => crate::kafka::scratch(url, options).await,
-        #[cfg(feature = "http")]
-        "http" | "https" => crate::http::scratch(url, options).await,
-        #[cfg(feature = "file")]
-        "file" => crate::file::scratch(url, options),
-        _ => Err(Error::config(format!(
-            "sink `{}`: no reader for scheme `{scheme}` in this build; readers exist for: {}",
+    match crate::registry::find(crate::SINKS, url).and_then(|k| k.scratch) {
+        Some(make) => make(url, options).await,
+        None => Err(Error::config(format!(
+            "sink `{}`: no reader for scheme `{}` in this build; readers exist for: {}",
             outbox_core::redact::url(url),
+            crate::registry::scheme(url),
             readable().join(", ")
         ))),
     }
@@ -188,27 +169,11 @@ pub async fn scratch(url: &str, options: &ScratchOptions) -> Result<Scratch, Err
 
 /// URL schemes this build can read back.
 pub fn readable() -> Vec<&'static str> {
-    let all: &[&str] = &[
-        #[cfg(feature = "nats")]
-        "nats://",
-        #[cfg(feature = "amqp")]
-        "amqp://",
-        #[cfg(feature = "redis")]
-        "redis://",
-        #[cfg(feature = "mqtt")]
-        "mqtt://",
-        #[cfg(feature = "sqs")]
-        "sqs://",
-        #[cfg(feature = "sns")]
-        "sns://",
-        #[cfg(feature = "kafka")]
-        "kafka://",
-        #[cfg(feature = "http")]
-        "http://",
-        #[cfg(feature = "file")]
-        "file:",
-    ];
-    all.to_vec()
+    crate::SINKS
+        .iter()
+        .filter(|k| k.scratch.is_some())
+        .flat_map(|k| k.listed.iter().copied())
+        .collect()
 }
 
 /// Polls `reader` until `want` returns true for what was read so far or `limit` passes;

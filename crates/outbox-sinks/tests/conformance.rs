@@ -10,7 +10,7 @@ use std::sync::Arc;
 use outbox_core::Store;
 use outbox_testkit::conformance::Fixture;
 use outbox_testkit::sink_conformance_suite;
-use outbox_testkit::sink_fixtures::{Amqp, Aws, File, Http, Kafka, Mqtt, Nats, Redis, Stdout};
+use outbox_testkit::sink_fixtures::{Mqtt, Nats, Redis, Stdout};
 
 /// A migrated SQLite store in a directory of its own, removed after the case.
 async fn sqlite() -> Fixture {
@@ -31,31 +31,8 @@ async fn sqlite() -> Fixture {
     }
 }
 
-sink_conformance_suite!(nats, Nats::new, sqlite);
-sink_conformance_suite!(kafka, Kafka::new, sqlite);
-sink_conformance_suite!(amqp, Amqp::new, sqlite);
-sink_conformance_suite!(redis, Redis::new, sqlite);
-sink_conformance_suite!(mqtt, Mqtt::new, sqlite);
-sink_conformance_suite!(sqs, Aws::sqs_fifo, sqlite);
-// A standard queue orders nothing: the order case checks it is complete and once each.
-sink_conformance_suite!(sqs_standard, Aws::sqs_standard, sqlite;
-    // Its refusals, limits and outages are the FIFO module's: the same sink, the same calls.
-    except [oversized_message_fails_at_once, rejection_does_not_open_the_circuit,
-            broker_down_mid_stream_with_messages_in_flight, deadline]);
-sink_conformance_suite!(sns, Aws::sns_fifo, sqlite);
-sink_conformance_suite!(sns_standard, Aws::sns_standard, sqlite;
-    // As for SQS: the FIFO module covers the same sink's refusals, limits and outages.
-    except [oversized_message_fails_at_once, rejection_does_not_open_the_circuit,
-            broker_down_mid_stream_with_messages_in_flight, deadline]);
-sink_conformance_suite!(http, Http::single, sqlite);
-sink_conformance_suite!(http_batch, Http::batch, sqlite;
-    // A body over the receiver's limit is the same 413 in either mode (`http`).
-    except [oversized_message_fails_at_once]);
-sink_conformance_suite!(file, File::new, sqlite;
-    // A local file has no size limit, refuses no destination, and has no broker to stop or
-    // freeze (a full or stalled disk is the writer thread's, tested in `writer.rs`).
-    except [oversized_message_fails_at_once, rejection_does_not_open_the_circuit,
-            broker_down_mid_stream_with_messages_in_flight, deadline]);
+// Every sink's suite, as its fixture's line in `outbox_testkit::sink_fixtures` lists it.
+outbox_testkit::every_sink_conformance_suite!(sqlite);
 
 /// The TLS listeners scripts/services.sh starts beside the shared brokers, with the test CA and
 /// client certificate of scripts/tls-certs.sh (in `OUTBOX_TLS_DIR`, else /var/tmp/outbox-tls),

@@ -17,6 +17,40 @@ use crate::proxy::TcpProxy;
 use crate::sink_suite::{LazyReader, Oversized, Private, Rejection, Scale, SinkFixture};
 use crate::stdout_process::{ProcessReader, ProcessSink, StdoutProcess};
 
+/// Every sink's conformance suite on the store fixture `$store`, one line per sink (with the
+/// cases it leaves out and why): `crates/outbox-sinks/tests/conformance.rs` runs them all.
+/// Adding a sink adds its fixture below and its line here.
+#[macro_export]
+macro_rules! every_sink_conformance_suite {
+    ($store:path) => {
+        $crate::sink_conformance_suite!(nats, $crate::sink_fixtures::Nats::new, $store);
+        $crate::sink_conformance_suite!(kafka, $crate::sink_fixtures::Kafka::new, $store);
+        $crate::sink_conformance_suite!(amqp, $crate::sink_fixtures::Amqp::new, $store);
+        $crate::sink_conformance_suite!(redis, $crate::sink_fixtures::Redis::new, $store);
+        $crate::sink_conformance_suite!(mqtt, $crate::sink_fixtures::Mqtt::new, $store);
+        $crate::sink_conformance_suite!(sqs, $crate::sink_fixtures::Aws::sqs_fifo, $store);
+        // A standard queue orders nothing: the order case checks it is complete and once each.
+        $crate::sink_conformance_suite!(sqs_standard, $crate::sink_fixtures::Aws::sqs_standard, $store;
+            // Its refusals, limits and outages are the FIFO module's: the same sink, the same calls.
+            except [oversized_message_fails_at_once, rejection_does_not_open_the_circuit,
+                    broker_down_mid_stream_with_messages_in_flight, deadline]);
+        $crate::sink_conformance_suite!(sns, $crate::sink_fixtures::Aws::sns_fifo, $store);
+        $crate::sink_conformance_suite!(sns_standard, $crate::sink_fixtures::Aws::sns_standard, $store;
+            // As for SQS: the FIFO module covers the same sink's refusals, limits and outages.
+            except [oversized_message_fails_at_once, rejection_does_not_open_the_circuit,
+                    broker_down_mid_stream_with_messages_in_flight, deadline]);
+        $crate::sink_conformance_suite!(http, $crate::sink_fixtures::Http::single, $store);
+        $crate::sink_conformance_suite!(http_batch, $crate::sink_fixtures::Http::batch, $store;
+            // A body over the receiver's limit is the same 413 in either mode (`http`).
+            except [oversized_message_fails_at_once]);
+        $crate::sink_conformance_suite!(file, $crate::sink_fixtures::File::new, $store;
+            // A local file has no size limit, refuses no destination, and has no broker to stop or
+            // freeze (a full or stalled disk is the writer thread's, tested in `writer.rs`).
+            except [oversized_message_fails_at_once, rejection_does_not_open_the_circuit,
+                    broker_down_mid_stream_with_messages_in_flight, deadline]);
+    };
+}
+
 fn env_or(var: &str, default: &str) -> String {
     std::env::var(var).unwrap_or_else(|_| default.to_string())
 }

@@ -369,6 +369,18 @@ impl Source for AmqpSource {
     }
 }
 
+/// This source's entry in [`super::SOURCES`].
+pub(super) const KIND: super::SourceKind = super::SourceKind {
+    schemes: &["amqp", "amqps"],
+    listed: "amqp://",
+    open: |url, options| {
+        super::boxed(async move {
+            AmqpSource::connect(AmqpSourceConfig::from_url(url)?, options.batch).await
+        })
+    },
+    check: |url| AmqpSourceConfig::from_url(url).map(|_| ()),
+};
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

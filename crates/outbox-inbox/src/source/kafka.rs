@@ -354,6 +354,16 @@ impl Source for KafkaSource {
     }
 }
 
+/// This source's entry in [`super::SOURCES`].
+pub(super) const KIND: super::SourceKind = super::SourceKind {
+    schemes: &["kafka"],
+    listed: "kafka://",
+    open: |url, _| {
+        super::boxed(async move { KafkaSource::connect(KafkaSourceConfig::from_url(url)?).await })
+    },
+    check: |url| KafkaSourceConfig::from_url(url).map(|_| ()),
+};
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -122,6 +122,58 @@ pub struct SourceOptions {
     pub batch: usize,
 }
 
+/// One source as the registry knows it: what `open`, `check` and `available` read, so no
+/// function matches a URL scheme of its own. Each source file defines `pub(super) const KIND`.
+pub struct SourceKind {
+    /// The URL schemes it answers to, without `:` (`nats` and `tls`).
+    pub schemes: &'static [&'static str],
+    /// How it is listed to users (`nats://`).
+    pub listed: &'static str,
+    /// Parses the URL and connects.
+    pub open: for<'a> fn(&'a str, &'a SourceOptions) -> Opening<'a>,
+    /// Checks the URL without contacting anything.
+    pub check: fn(&str) -> Result<()>,
+}
+
+/// A source being opened.
+pub type Opening<'a> = futures::future::BoxFuture<'a, Result<Box<dyn Source>>>;
+
+/// Every source this build has, one line per broker, in the order they are listed to users.
+pub static SOURCES: &[SourceKind] = &[
+    #[cfg(feature = "nats")]
+    nats::KIND,
+    #[cfg(feature = "redis")]
+    redis::KIND,
+    #[cfg(feature = "kafka")]
+    kafka::KIND,
+    #[cfg(feature = "amqp")]
+    amqp::KIND,
+    #[cfg(feature = "sqs")]
+    sqs::KIND,
+    #[cfg(feature = "mqtt")]
+    mqtt::KIND,
+];
+
+/// Boxes an open future for [`SourceKind::open`].
+#[cfg(any(
+    feature = "nats",
+    feature = "redis",
+    feature = "kafka",
+    feature = "amqp",
+    feature = "sqs",
+    feature = "mqtt"
+))]
+fn boxed<'a, S: Source + 'static>(
+    open: impl std::future::Future<Output = Result<S>> + Send + 'a,
+) -> Opening<'a> {
+    Box::pin(async move { Ok(Box::new(open.await?) as Box<dyn Source>) })
+}
+
+fn find(url: &str) -> Option<&'static SourceKind> {
+    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
+    SOURCES.iter().find(|k| k.schemes.contains(&scheme))
+}
+
 /// Opens the source `url` names: `nats://host:4222?stream=S[&durable=D][&subject=F]
 /// [&ack_wait=30s][&name=N]` or `redis://host:6379?stream=K[&group=G][&consumer=C][&start=0]
 /// [&name=N]` or `kafka://host:9092[,host:9092]?topic=T[&group=G][&start=earliest|latest]
@@ -131,35 +183,9 @@ pub struct SourceOptions {
 /// [&session_expiry=7d][&keep_alive=30s][&ack_timeout=5s][&name=N]`. Unknown schemes and
 /// sources left out of this build are config errors.
 pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>> {
-    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    let _ = options;
-    match scheme {
-        #[cfg(feature = "nats")]
-        "nats" | "tls" => Ok(Box::new(
-            NatsSource::connect(NatsSourceConfig::from_url(url)?, options.batch).await?,
-        )),
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Box::new(
-            RedisSource::connect(RedisSourceConfig::from_url(url)?).await?,
-        )),
-        #[cfg(feature = "amqp")]
-        "amqp" | "amqps" => Ok(Box::new(
-            AmqpSource::connect(AmqpSourceConfig::from_url(url)?, options.batch).await?,
-        )),
-        #[cfg(feature = "kafka")]
-        "kafka" => Ok(Box::new(
-            KafkaSource::connect(KafkaSourceConfig::from_url(url)?).await?,
-        )),
-        #[cfg(feature = "mqtt")]
-        "mqtt" | "mqtts" => Ok(Box::new(MqttSource::new(
-            MqttSourceConfig::from_url(url)?,
-            options.batch,
-        ))),
-        #[cfg(feature = "sqs")]
-        "sqs" => Ok(Box::new(
-            SqsSource::connect(SqsSourceConfig::from_url(url)?).await?,
-        )),
-        _ => Err(unknown_scheme(url, scheme)),
+    match find(url) {
+        Some(kind) => (kind.open)(url, options).await,
+        None => Err(unknown_scheme(url)),
     }
 }
 
@@ -167,25 +193,14 @@ pub async fn open(url: &str, options: &SourceOptions) -> Result<Box<dyn Source>>
 /// and its options parse. `outbox inbox` runs this before it connects to the database, so a
 /// misspelt source is reported first.
 pub fn check(url: &str) -> Result<()> {
-    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    match scheme {
-        #[cfg(feature = "nats")]
-        "nats" | "tls" => NatsSourceConfig::from_url(url).map(|_| ()),
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" => RedisSourceConfig::from_url(url).map(|_| ()),
-        #[cfg(feature = "amqp")]
-        "amqp" | "amqps" => AmqpSourceConfig::from_url(url).map(|_| ()),
-        #[cfg(feature = "kafka")]
-        "kafka" => KafkaSourceConfig::from_url(url).map(|_| ()),
-        #[cfg(feature = "mqtt")]
-        "mqtt" | "mqtts" => MqttSourceConfig::from_url(url).map(|_| ()),
-        #[cfg(feature = "sqs")]
-        "sqs" => SqsSourceConfig::from_url(url).map(|_| ()),
-        _ => Err(unknown_scheme(url, scheme)),
+    match find(url) {
+        Some(kind) => (kind.check)(url),
+        None => Err(unknown_scheme(url)),
     }
 }
 
-fn unknown_scheme(url: &str, scheme: &str) -> Error {
+fn unknown_scheme(url: &str) -> Error {
+    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
     Error::config(format!(
         "source `{}`: unknown or disabled source scheme `{scheme}`; this build reads: {}",
         outbox_core::redact::url(url),
@@ -195,21 +210,7 @@ fn unknown_scheme(url: &str, scheme: &str) -> Error {
 
 /// Source URL schemes this build can consume from.
 pub fn available() -> Vec<&'static str> {
-    let all: &[&str] = &[
-        #[cfg(feature = "nats")]
-        "nats://",
-        #[cfg(feature = "redis")]
-        "redis://",
-        #[cfg(feature = "kafka")]
-        "kafka://",
-        #[cfg(feature = "amqp")]
-        "amqp://",
-        #[cfg(feature = "sqs")]
-        "sqs://",
-        #[cfg(feature = "mqtt")]
-        "mqtt://",
-    ];
-    all.to_vec()
+    SOURCES.iter().map(|k| k.listed).collect()
 }
 
 #[cfg(test)]

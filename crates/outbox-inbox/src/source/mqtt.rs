@@ -362,6 +362,21 @@ impl Source for MqttSource {
     }
 }
 
+/// This source's entry in [`super::SOURCES`].
+pub(super) const KIND: super::SourceKind = super::SourceKind {
+    schemes: &["mqtt", "mqtts"],
+    listed: "mqtt://",
+    open: |url, options| {
+        super::boxed(async move {
+            Ok(MqttSource::new(
+                MqttSourceConfig::from_url(url)?,
+                options.batch,
+            ))
+        })
+    },
+    check: |url| MqttSourceConfig::from_url(url).map(|_| ()),
+};
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -426,6 +426,18 @@ impl Source for NatsSource {
     }
 }
 
+/// This source's entry in [`super::SOURCES`].
+pub(super) const KIND: super::SourceKind = super::SourceKind {
+    schemes: &["nats", "tls"],
+    listed: "nats://",
+    open: |url, options| {
+        super::boxed(async move {
+            NatsSource::connect(NatsSourceConfig::from_url(url)?, options.batch).await
+        })
+    },
+    check: |url| NatsSourceConfig::from_url(url).map(|_| ()),
+};
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -392,6 +392,16 @@ impl Source for RedisSource {
     }
 }
 
+/// This source's entry in [`super::SOURCES`].
+pub(super) const KIND: super::SourceKind = super::SourceKind {
+    schemes: &["redis", "rediss"],
+    listed: "redis://",
+    open: |url, _| {
+        super::boxed(async move { RedisSource::connect(RedisSourceConfig::from_url(url)?).await })
+    },
+    check: |url| RedisSourceConfig::from_url(url).map(|_| ()),
+};
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

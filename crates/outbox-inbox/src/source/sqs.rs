@@ -403,6 +403,16 @@ impl Source for SqsSource {
     }
 }
 
+/// This source's entry in [`super::SOURCES`].
+pub(super) const KIND: super::SourceKind = super::SourceKind {
+    schemes: &["sqs"],
+    listed: "sqs://",
+    open: |url, _| {
+        super::boxed(async move { SqsSource::connect(SqsSourceConfig::from_url(url)?).await })
+    },
+    check: |url| SqsSourceConfig::from_url(url).map(|_| ()),
+};
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -7,6 +7,20 @@ use outbox_core::{Envelope, Error, Sink, SinkError};
 
 use crate::writer::{LineWriter, Target};
 
+/// This sink's entry in [`crate::SINKS`].
+pub(crate) const KIND: crate::registry::SinkKind = crate::registry::SinkKind {
+    schemes: &["stdout"],
+    listed: &["stdout:"],
+    options: crate::registry::OptionsIn::Nowhere,
+    connect: connect_url,
+    check: |_| Ok(None),
+    scratch: None,
+};
+
+fn connect_url(_: &str) -> crate::registry::Connecting<'_> {
+    crate::registry::boxed(async move { StdoutSink::new() })
+}
+
 /// Writes each message as a JSON line to stdout and flushes before acknowledging. A closed
 /// pipe is the sink being unavailable: the messages stay pending and are retried.
 ///
