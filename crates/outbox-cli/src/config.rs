@@ -400,55 +400,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
             )));
         }
     }
-    let destination = pick(
-        args.destination.clone(),
-        &["OUTBOX_DESTINATION"],
-        f.destination.clone(),
-    )?;
-    let destination = match destination {
-        Some(t) => {
-            DestinationTemplate::parse(&t).map_err(|e| ConfigError(format!("destination: {e}")))?
-        }
-        None => DestinationTemplate::default(),
-    };
-    // A list: the flag (repeated or comma-separated), else OUTBOX_ALLOW_DESTINATIONS as a
-    // comma list, else the file's array.
-    let (allow, allow_source) = if !args.allow_destinations.is_empty() {
-        (
-            args.allow_destinations.clone(),
-            "--allow-destinations".to_string(),
-        )
-    } else if let Ok(raw) = std::env::var("OUTBOX_ALLOW_DESTINATIONS") {
-        (
-            raw.split(',')
-                .map(str::trim)
-                .filter(|p| !p.is_empty())
-                .map(str::to_string)
-                .collect(),
-            "environment variable OUTBOX_ALLOW_DESTINATIONS".to_string(),
-        )
-    } else {
-        (
-            f.allow_destinations.clone().unwrap_or_default(),
-            loaded.file_key("relay.allow_destinations"),
-        )
-    };
-    let patterns = allow
-        .iter()
-        .map(|p| DestinationPattern::parse(p))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| ConfigError(format!("{allow_source}: {e}")))?;
-    let destination_rules = DestinationRules::allow(patterns);
-    destination_rules
-        .check_template(&destination)
-        .map_err(|e| ConfigError(e.to_string()))?;
-    for r in &routes {
-        if let Some(t) = &r.destination {
-            destination_rules
-                .check_template(t)
-                .map_err(|e| ConfigError(format!("route `{}`: {e}", r.name)))?;
-        }
-    }
+    let (destination, destination_rules) = destinations(loaded, args, &routes)?;
     let defaults = RelayConfig::default();
     let batch_size =
         pick(args.batch_size, &["OUTBOX_BATCH_SIZE"], f.batch_size)?.unwrap_or(defaults.batch_size);
@@ -503,20 +455,7 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
     let lease = pick(args.lease, &["OUTBOX_LEASE"], f.lease)?.map_or(defaults.lease, |d| d.0);
     at_least(lease, Duration::from_millis(500), "lease")?;
     at_most(lease, Duration::from_secs(3600), "lease")?;
-    // Every sink URL is checked before anything connects (a misspelt scheme is reported before
-    // an unreachable database), and a relay must be able to wait for an acknowledgement and
-    // still hold its lease: the sink's ack timeout has to fit in a third of the lease.
-    for url in sink.iter().chain(routes.iter().map(|r| &r.sink)) {
-        outbox_sinks::check(url).map_err(|e| ConfigError(e.to_string()))?;
-        if let Some(ack) = outbox_sinks::ack_timeout(url).map_err(|e| ConfigError(e.to_string()))? {
-            RelayConfig {
-                lease,
-                ..RelayConfig::default()
-            }
-            .check_ack_timeout(ack)
-            .map_err(ConfigError)?;
-        }
-    }
+    check_sinks(sink.as_ref(), &routes, lease)?;
     let store_timeout = pick(
         args.store_timeout,
         &["OUTBOX_STORE_TIMEOUT"],
@@ -582,6 +521,84 @@ pub fn relay(loaded: &Loaded, args: &RelayArgs) -> Result<RelaySettings> {
             read_ahead,
         },
     })
+}
+
+/// The default destination template and the allow-list every template (the default's and
+/// each route's) is checked against.
+fn destinations(
+    loaded: &Loaded,
+    args: &RelayArgs,
+    routes: &[RouteSpec],
+) -> Result<(DestinationTemplate, DestinationRules)> {
+    let f = &loaded.file.relay;
+    let destination = pick(
+        args.destination.clone(),
+        &["OUTBOX_DESTINATION"],
+        f.destination.clone(),
+    )?;
+    let destination = match destination {
+        Some(t) => {
+            DestinationTemplate::parse(&t).map_err(|e| ConfigError(format!("destination: {e}")))?
+        }
+        None => DestinationTemplate::default(),
+    };
+    // A list: the flag (repeated or comma-separated), else OUTBOX_ALLOW_DESTINATIONS as a
+    // comma list, else the file's array.
+    let (allow, allow_source) = if !args.allow_destinations.is_empty() {
+        (
+            args.allow_destinations.clone(),
+            "--allow-destinations".to_string(),
+        )
+    } else if let Ok(raw) = std::env::var("OUTBOX_ALLOW_DESTINATIONS") {
+        (
+            raw.split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::to_string)
+                .collect(),
+            "environment variable OUTBOX_ALLOW_DESTINATIONS".to_string(),
+        )
+    } else {
+        (
+            f.allow_destinations.clone().unwrap_or_default(),
+            loaded.file_key("relay.allow_destinations"),
+        )
+    };
+    let patterns = allow
+        .iter()
+        .map(|p| DestinationPattern::parse(p))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| ConfigError(format!("{allow_source}: {e}")))?;
+    let destination_rules = DestinationRules::allow(patterns);
+    destination_rules
+        .check_template(&destination)
+        .map_err(|e| ConfigError(e.to_string()))?;
+    for r in routes {
+        if let Some(t) = &r.destination {
+            destination_rules
+                .check_template(t)
+                .map_err(|e| ConfigError(format!("route `{}`: {e}", r.name)))?;
+        }
+    }
+    Ok((destination, destination_rules))
+}
+
+/// Checks every sink URL before anything connects (a misspelt scheme is reported before an
+/// unreachable database). A relay must be able to wait for an acknowledgement and still hold its
+/// lease: each sink's ack timeout has to fit in a third of the lease.
+fn check_sinks(sink: Option<&String>, routes: &[RouteSpec], lease: Duration) -> Result<()> {
+    for url in sink.into_iter().chain(routes.iter().map(|r| &r.sink)) {
+        outbox_sinks::check(url).map_err(|e| ConfigError(e.to_string()))?;
+        if let Some(ack) = outbox_sinks::ack_timeout(url).map_err(|e| ConfigError(e.to_string()))? {
+            RelayConfig {
+                lease,
+                ..RelayConfig::default()
+            }
+            .check_ack_timeout(ack)
+            .map_err(ConfigError)?;
+        }
+    }
+    Ok(())
 }
 
 fn check(v: usize, min: usize, max: usize, key: &str, what: &str) -> Result<()> {

@@ -427,22 +427,9 @@ impl Sink for KafkaSink {
         let mut stopped: HashMap<(&str, &str), SinkError> = HashMap::new();
         // Retried messages whose copy from an earlier call may still be queued, and what became
         // of that copy (polled once now; a shared future only knows what it was polled for).
-        let earlier: HashMap<Uuid, Earlier> = {
-            let pending = lock(&self.pending);
-            if pending.is_empty() {
-                HashMap::new()
-            } else {
-                batch
-                    .iter()
-                    .filter_map(|e| pending.get(&e.id).map(|(w, _)| (e.id, w.clone())))
-                    .map(|(id, w)| match w.clone().now_or_never() {
-                        None => (id, Earlier::Queued(w)),
-                        Some(Ok(())) => (id, Earlier::Acknowledged),
-                        Some(Err(_)) => (id, Earlier::Failed),
-                    })
-                    .collect()
-            }
-        };
+        // Retried messages whose copy from an earlier call may still be queued, and what became
+        // of that copy.
+        let earlier = self.earlier_copies(batch);
         // A message produced again must not go *before* a later message of its run whose copy
         // is still queued from before: that copy would be written first. The last such
         // message per run:
@@ -525,23 +512,7 @@ impl Sink for KafkaSink {
                 })
                 .collect(),
         };
-        let timeout = self.cfg.ack_timeout;
-        let results = join_all(slots.into_iter().map(|slot| async move {
-            match slot {
-                Slot::Done(r) => (r, false),
-                Slot::Waiting(w) => match tokio::time::timeout_at(deadline, w).await {
-                    Ok(r) => (r, false),
-                    Err(_) => (
-                        Err(SinkError::unavailable(format!(
-                            "kafka: no acknowledgement within {timeout:?} (ack_timeout); the \
-                             message stays queued in the producer and a retry waits for it"
-                        ))),
-                        true,
-                    ),
-                },
-            }
-        }))
-        .await;
+        let results = wait_for(slots, deadline, self.cfg.ack_timeout).await;
 
         // Remember what is still queued; forget what this call settled.
         let still: HashSet<Uuid> = batch
@@ -567,6 +538,52 @@ impl Sink for KafkaSink {
         }
         results.into_iter().map(|(r, _)| r).collect()
     }
+}
+
+impl KafkaSink {
+    /// For each message of `batch` whose copy from an earlier call is remembered in `pending`,
+    /// what became of that copy (polled once now: a shared future only knows what it was
+    /// polled for).
+    fn earlier_copies(&self, batch: &[Envelope]) -> HashMap<Uuid, Earlier> {
+        let pending = lock(&self.pending);
+        if pending.is_empty() {
+            return HashMap::new();
+        }
+        batch
+            .iter()
+            .filter_map(|e| pending.get(&e.id).map(|(w, _)| (e.id, w.clone())))
+            .map(|(id, w)| match w.clone().now_or_never() {
+                None => (id, Earlier::Queued(w)),
+                Some(Ok(())) => (id, Earlier::Acknowledged),
+                Some(Err(_)) => (id, Earlier::Failed),
+            })
+            .collect()
+    }
+}
+
+/// Each slot's result, waiting for the acknowledgements until `deadline`; `true` beside a
+/// result whose copy is still queued in the producer (no acknowledgement in time).
+async fn wait_for(
+    slots: Vec<Slot>,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+) -> Vec<(Result<(), SinkError>, bool)> {
+    join_all(slots.into_iter().map(|slot| async move {
+        match slot {
+            Slot::Done(r) => (r, false),
+            Slot::Waiting(w) => match tokio::time::timeout_at(deadline, w).await {
+                Ok(r) => (r, false),
+                Err(_) => (
+                    Err(SinkError::unavailable(format!(
+                        "kafka: no acknowledgement within {timeout:?} (ack_timeout); the \
+                         message stays queued in the producer and a retry waits for it"
+                    ))),
+                    true,
+                ),
+            },
+        }
+    }))
+    .await
 }
 
 #[cfg(test)]
