@@ -4,7 +4,7 @@
 //! backend's store behind one type, with what commands need (`migrate`, the relay's
 //! [`Store`](outbox_core::Store), where the tables live) and business transactions
 //! ([`Transaction`]) that write an application's rows and enqueue messages in one commit on
-//! either backend.
+//! any of the three databases.
 //!
 //! Crates built on the outbox go through this one too: [`SqlxBackend`] is what they do with a
 //! caller's typed sqlx pool or transaction, [`Migrations`] their own tables beside an outbox,

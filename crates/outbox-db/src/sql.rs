@@ -1,4 +1,4 @@
-//! Statements that run on either backend: one SQL text, parameters bound as each backend wants.
+//! Statements that run on any of the three databases: one SQL text, parameters bound as each wants.
 //!
 //! The text uses `$1`, `$2`, … for parameters (PostgreSQL's syntax, which sqlx also accepts for
 //! SQLite) and `{schema}` for the schema holding the outbox: the validated schema name on

@@ -1,4 +1,4 @@
-//! [`Transaction`]: an application's business transaction on either backend, with the writer
+//! [`Transaction`]: an application's business transaction on any of the three databases, with the writer
 //! API (`enqueue`) inside it.
 
 use outbox_core::{NewMessage, Result};

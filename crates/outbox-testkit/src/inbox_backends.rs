@@ -56,7 +56,7 @@ impl TextCell for sqlx::mysql::MySqlRow {
     }
 }
 
-/// `impl InboxBackend for $backend` on sqlx's `$db`: the parts both databases share
+/// `impl InboxBackend for $backend` on sqlx's `$db`: the parts every database shares
 /// (transactions, statements with arguments, reading results) and the `$specific` items.
 macro_rules! sqlx_backend {
     ($backend:ty, $db:ty, { $($specific:tt)* }) => {

@@ -1,6 +1,6 @@
 //! Test support shared by every backend and sink: unique per-test names, the store conformance
 //! suite every `Store` must pass, the writer and migration suite every database must pass, the
-//! sink conformance suite every sink must pass (feature `sinks`), the inbox backend suite both
+//! sink conformance suite every sink must pass (feature `sinks`), the inbox backend suite all three
 //! inbox databases must pass, the source conformance suite every `outbox inbox` source must
 //! pass, private brokers and the process harness behind them, a TCP proxy for network faults,
 //! relay helpers, and sink wrappers that inject faults or record deliveries around a real sink.

@@ -14,7 +14,7 @@ use super::{apply, deliver, ingest, run, InboxBackend};
 
 /// Retention: an inbox row goes once it is older than the retention *and* some consumer claimed
 /// it; a claim and an idempotency key go by age alone; nothing younger goes. Times are set with
-/// one literal both backends read as a time.
+/// one literal every backend reads as a time.
 pub async fn retention_deletes_claimed_rows_claims_and_keys_past_it_and_nothing_else<
     B: InboxBackend,
 >(
