@@ -11,8 +11,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/outbox-target}"
 scripts/services.sh || exit 1
 rc=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast -E 'not test(/^(disruptive|measured)_/)' "$@" || rc=$?
-  cargo nextest run --workspace --no-fail-fast -E 'test(/^(disruptive|measured)_/)' --test-threads 1 "$@" || rc=$?
+  cargo nextest run --workspace --no-fail-fast -E 'not test(/(^|::)(disruptive|measured)_/)' "$@" || rc=$?
+  cargo nextest run --workspace --no-fail-fast -E 'test(/(^|::)(disruptive|measured)_/)' --test-threads 1 "$@" || rc=$?
 else
   cargo test --workspace --no-fail-fast "$@" -- --skip disruptive_ --skip measured_ || rc=$?
   cargo test --workspace --no-fail-fast "$@" disruptive_ -- --test-threads 1 || rc=$?

@@ -5,8 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;
 use std::process::{Child, Stdio};

@@ -3,8 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common;
 use std::process::Stdio;
 use std::time::Duration;
 

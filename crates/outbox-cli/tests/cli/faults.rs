@@ -4,8 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

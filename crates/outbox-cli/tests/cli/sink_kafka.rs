@@ -7,8 +7,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -8,8 +8,7 @@
 // Test code: a failed expectation should panic with its message.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};

@@ -6,10 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "common/inbox.rs"]
-mod inboxkit;
-
+use crate::inboxkit;
 use std::process::Stdio;
 use std::time::Duration;
 

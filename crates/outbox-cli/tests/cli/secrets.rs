@@ -5,8 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -7,8 +7,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -9,10 +9,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "common/inbox.rs"]
-mod inboxkit;
-
+use crate::common;
+use crate::inboxkit;
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::Arc;

@@ -2,8 +2,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common;
 use std::collections::HashSet;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

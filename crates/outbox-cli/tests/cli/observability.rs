@@ -6,8 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common;
 use std::collections::BTreeSet;
 use std::process::{Child, Stdio};
 use std::sync::Arc;

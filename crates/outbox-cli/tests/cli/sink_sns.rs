@@ -6,10 +6,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "common/aws.rs"]
-mod aws;
-mod common;
-
+use crate::aws;
+use crate::common;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -4,8 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common;
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

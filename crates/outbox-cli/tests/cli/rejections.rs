@@ -5,8 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -11,10 +11,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "common/inbox.rs"]
-mod inboxkit;
-
+use crate::inboxkit;
 use inboxkit::{outbox, Amqp, Kafka, Mqtt, Nats, Redis, Sqs};
 use outbox_testkit::source_conformance_suite;
 

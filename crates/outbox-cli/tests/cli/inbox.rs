@@ -6,10 +6,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "common/inbox.rs"]
-mod inboxkit;
-
+use crate::common;
+use crate::inboxkit;
 use std::time::{Duration, Instant};
 
 use inboxkit::{outbox, NatsChannel, Redis};

@@ -5,10 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "common/inbox.rs"]
-mod inboxkit;
-
+use crate::inboxkit;
 use std::time::Duration;
 
 use inboxkit::{mqtt_client, Mqtt, MqttChannel};

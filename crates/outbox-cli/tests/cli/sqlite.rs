@@ -3,8 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -6,8 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
+use crate::common;
 use std::collections::{HashMap, HashSet};
 use std::process::Command;
 use std::sync::Arc;

@@ -10,9 +10,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "common/aws.rs"]
-mod aws;
-
+use crate::aws;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
