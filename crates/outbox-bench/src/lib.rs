@@ -23,6 +23,7 @@
 
 mod args;
 mod backlog;
+mod bed;
 mod big_tx;
 mod cdc;
 mod cpu;
@@ -220,13 +221,7 @@ impl Ctx {
 
     /// `keys` for the modes that take one value.
     fn single_keys(&self) -> anyhow::Result<usize> {
-        match self.options.keys.as_slice() {
-            [k] => Ok(*k),
-            _ => Err(outbox_core::Error::config(
-                "--keys takes one value in this mode (a comma list only in backlog mode)",
-            )
-            .into()),
-        }
+        single_keys(&self.options)
     }
 
     /// Payload padding of `payload_bytes`.
@@ -353,13 +348,24 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
     };
     match ctx.options.mode {
         Mode::Backlog => backlog::run(&ctx).await,
-        Mode::Steady => steady::run(&ctx).await,
+        Mode::Steady => steady::run(bed::Bed::Postgres(&ctx)).await,
         Mode::Writers => writers::run(&ctx).await,
         Mode::IdleTx => idle_tx::run(&ctx).await,
         Mode::Idle => idle::run(&ctx).await,
         Mode::Inbox => inbox::run(&ctx).await,
         Mode::BigTx => big_tx::run(&ctx).await,
         Mode::Cdc => cdc::run(&ctx).await,
+    }
+}
+
+/// `keys` for the modes that take one value, on any database.
+fn single_keys(options: &Options) -> anyhow::Result<usize> {
+    match options.keys.as_slice() {
+        [k] => Ok(*k),
+        _ => Err(outbox_core::Error::config(
+            "--keys takes one value in this mode (a comma list only in backlog mode)",
+        )
+        .into()),
     }
 }
 

@@ -15,8 +15,8 @@ use anyhow::Context as _;
 use serde::Serialize;
 use sqlx::{Connection as _, MySqlConnection, MySqlPool};
 
-use super::steady::SETTLE;
 use super::{MyCtx, RelayOnMysql, Scratch, HISTORY_LENGTH};
+use crate::bed::SETTLE;
 use crate::latency::{LatencyFigures, Probe};
 use crate::load::{self, Paced, Produced};
 use crate::relay::ClaimCost;

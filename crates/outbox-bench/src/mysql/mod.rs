@@ -11,7 +11,6 @@
 mod backlog;
 mod idle_tx;
 mod inbox;
-mod steady;
 mod writers;
 
 use std::sync::Arc;
@@ -29,13 +28,13 @@ use crate::{Mode, Options, Report};
 
 /// The MySQL writer as a producer's [`Target`](crate::load::Target).
 #[derive(Clone)]
-pub(super) struct MysqlTarget {
+pub(crate) struct MysqlTarget {
     pool: MySqlPool,
     schema: Schema,
 }
 
 impl MysqlTarget {
-    pub(super) fn new(pool: &MySqlPool, schema: &Schema) -> Self {
+    pub(crate) fn new(pool: &MySqlPool, schema: &Schema) -> Self {
         Self {
             pool: pool.clone(),
             schema: schema.clone(),
@@ -67,7 +66,7 @@ impl crate::load::Target for MysqlTarget {
 }
 
 /// Process names of the database server, for the CPU figures.
-const SERVER: &[&str] = &["mariadbd", "mysqld"];
+pub(crate) const SERVER: &[&str] = &["mariadbd", "mysqld"];
 
 /// The seed articles' table on MySQL: a UUID key and a status column with its index, which the
 /// naive relay claims `FOR UPDATE SKIP LOCKED` and marks one `UPDATE` per row.
@@ -112,10 +111,10 @@ pub fn is_mysql(url: &str) -> bool {
 }
 
 /// What every MySQL mode shares: the options, a pool of relay-style sessions for setup, NATS.
-struct MyCtx {
-    options: Options,
-    pool: MySqlPool,
-    js: jetstream::Context,
+pub(crate) struct MyCtx {
+    pub(crate) options: Options,
+    pub(crate) pool: MySqlPool,
+    pub(crate) js: jetstream::Context,
 }
 
 /// Runs the mode `options` names on MySQL/MariaDB.
@@ -146,7 +145,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
     };
     let report = match ctx.options.mode {
         Mode::Writers => writers::run(&ctx).await,
-        Mode::Steady => steady::run(&ctx).await,
+        Mode::Steady => crate::steady::run(crate::bed::Bed::Mysql(&ctx)).await,
         Mode::IdleTx => idle_tx::run(&ctx).await,
         Mode::Inbox => inbox::run(&ctx).await,
         _ => backlog::run(&ctx).await,
@@ -156,16 +155,16 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
 }
 
 /// A scratch database and stream.
-struct Scratch {
-    pool: MySqlPool,
-    schema: Schema,
-    js: jetstream::Context,
-    stream: String,
+pub(crate) struct Scratch {
+    pub(crate) pool: MySqlPool,
+    pub(crate) schema: Schema,
+    pub(crate) js: jetstream::Context,
+    pub(crate) stream: String,
     subject_prefix: String,
 }
 
 impl Scratch {
-    async fn new(
+    pub(crate) async fn new(
         pool: &MySqlPool,
         js: &jetstream::Context,
         opts: &Options,
@@ -192,7 +191,7 @@ impl Scratch {
     }
 
     /// Migrates the scratch outbox, on the binlog route when the bench runs it.
-    async fn migrate(&self, options: &Options) -> anyhow::Result<()> {
+    pub(crate) async fn migrate(&self, options: &Options) -> anyhow::Result<()> {
         outbox_mysql::migrate(&self.pool, &self.schema).await?;
         if options.binlog {
             outbox_mysql::binlog::route::enable(&self.pool, &self.schema).await?;
@@ -249,7 +248,7 @@ impl Scratch {
     }
 
     /// Drops the database and the stream (best effort: a leftover is named, never a figure).
-    async fn drop(self) {
+    pub(crate) async fn drop(self) {
         if let Err(error) = sqlx::raw_sql(&self.schema.render("DROP DATABASE IF EXISTS {schema}"))
             .execute(&self.pool)
             .await
@@ -266,7 +265,7 @@ impl Scratch {
 /// logs in as an account made for it holding exactly the relay's documented grants
 /// (docs/engine-mysql.md, "Least privileges"; the binlog route's too when the bench runs it),
 /// as production runs it, not as the bench's URL's user; the account goes when it stops.
-struct RelayOnMysql {
+pub(crate) struct RelayOnMysql {
     metrics: Arc<RelayMetrics>,
     stop: CancellationToken,
     handle: JoinHandle<()>,
@@ -275,7 +274,7 @@ struct RelayOnMysql {
 }
 
 impl RelayOnMysql {
-    async fn start(options: &Options, scratch: &Scratch) -> anyhow::Result<Self> {
+    pub(crate) async fn start(options: &Options, scratch: &Scratch) -> anyhow::Result<Self> {
         let sink = outbox_sinks::connect(&options.nats_url).await?;
         let destination =
             DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
@@ -325,7 +324,7 @@ impl RelayOnMysql {
         crate::relay::ClaimCounter::of(&self.metrics)
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.cancel();
         let _ = self.handle.await;
         let (pool, name) = &self.account;
