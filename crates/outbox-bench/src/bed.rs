@@ -18,7 +18,7 @@ use crate::{Ctx, Options};
 
 /// Time the MySQL relay gets to take its partitions before a timed load starts (the
 /// PostgreSQL relay's [`RelayUnderTest::settle`] waits as long).
-pub(crate) const SETTLE: Duration = Duration::from_secs(3);
+const SETTLE: Duration = Duration::from_secs(3);
 
 /// One run's context on either database.
 #[derive(Clone, Copy)]
@@ -136,6 +136,14 @@ impl BedRelay {
         match self {
             BedRelay::Postgres(r) => r.settle().await,
             BedRelay::Mysql(_) => tokio::time::sleep(SETTLE).await,
+        }
+    }
+
+    /// Claim count and time so far.
+    pub fn claims(&self) -> crate::relay::ClaimCounter {
+        match self {
+            BedRelay::Postgres(r) => r.claims(),
+            BedRelay::Mysql(r) => r.claims(),
         }
     }
 

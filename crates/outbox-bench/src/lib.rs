@@ -350,7 +350,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         Mode::Backlog => backlog::run(&ctx).await,
         Mode::Steady => steady::run(bed::Bed::Postgres(&ctx)).await,
         Mode::Writers => writers::run(&ctx).await,
-        Mode::IdleTx => idle_tx::run(&ctx).await,
+        Mode::IdleTx => idle_tx::run(bed::Bed::Postgres(&ctx)).await,
         Mode::Idle => idle::run(&ctx).await,
         Mode::Inbox => inbox::run(&ctx).await,
         Mode::BigTx => big_tx::run(&ctx).await,

@@ -3,13 +3,14 @@
 //! costs a business transaction, beside a naive table), steady mode (commit→ack at a paced rate)
 //! idle-tx mode (the same with a REPEATABLE READ snapshot held open) and inbox mode (ingest and
 //! handlers beside naive consumers), each measured as on PostgreSQL, with the CPU figures read
-//! from the `mariadbd` process where the mode reports them.
+//! from the `mariadbd` process where the mode reports them. Steady and idle-tx modes are the
+//! generic `crate::steady` and `crate::idle_tx` on [`crate::bed::Bed::Mysql`]; this module gives
+//! them their scratch database, relay and writer target.
 //!
 //! Each run works in a scratch database and stream of its own and drops them. The other modes
 //! measure PostgreSQL only and say so.
 
 mod backlog;
-mod idle_tx;
 mod inbox;
 mod writers;
 
@@ -83,7 +84,7 @@ CREATE TABLE {schema}.outbox_naive (
 ) ENGINE = InnoDB";
 
 /// InnoDB's undo history not yet purged, server-wide (`None` where the metric is not exposed).
-const HISTORY_LENGTH: &str =
+pub(crate) const HISTORY_LENGTH: &str =
     "SELECT `COUNT` FROM information_schema.INNODB_METRICS WHERE NAME = 'trx_rseg_history_len'";
 
 /// What a table occupies, and the server's purge backlog, at one instant.
@@ -146,7 +147,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
     let report = match ctx.options.mode {
         Mode::Writers => writers::run(&ctx).await,
         Mode::Steady => crate::steady::run(crate::bed::Bed::Mysql(&ctx)).await,
-        Mode::IdleTx => idle_tx::run(&ctx).await,
+        Mode::IdleTx => crate::idle_tx::run(crate::bed::Bed::Mysql(&ctx)).await,
         Mode::Inbox => inbox::run(&ctx).await,
         _ => backlog::run(&ctx).await,
     };
@@ -320,7 +321,7 @@ impl RelayOnMysql {
     }
 
     /// Claim count and time so far.
-    fn claims(&self) -> crate::relay::ClaimCounter {
+    pub(crate) fn claims(&self) -> crate::relay::ClaimCounter {
         crate::relay::ClaimCounter::of(&self.metrics)
     }
 
