@@ -347,7 +347,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         pool,
     };
     match ctx.options.mode {
-        Mode::Backlog => backlog::run(&ctx).await,
+        Mode::Backlog => backlog::run(bed::Bed::Postgres(&ctx)).await,
         Mode::Steady => steady::run(bed::Bed::Postgres(&ctx)).await,
         Mode::Writers => writers::run(&ctx).await,
         Mode::IdleTx => idle_tx::run(bed::Bed::Postgres(&ctx)).await,

@@ -3,14 +3,13 @@
 //! costs a business transaction, beside a naive table), steady mode (commit→ack at a paced rate)
 //! idle-tx mode (the same with a REPEATABLE READ snapshot held open) and inbox mode (ingest and
 //! handlers beside naive consumers), each measured as on PostgreSQL, with the CPU figures read
-//! from the `mariadbd` process where the mode reports them. Steady and idle-tx modes are the
-//! generic `crate::steady` and `crate::idle_tx` on [`crate::bed::Bed::Mysql`]; this module gives
+//! from the `mariadbd` process where the mode reports them. Backlog, steady and idle-tx modes are
+//! the generic `crate::backlog`, `crate::steady` and `crate::idle_tx` on [`crate::bed::Bed::Mysql`]; this module gives
 //! them their scratch database, relay and writer target.
 //!
 //! Each run works in a scratch database and stream of its own and drops them. The other modes
 //! measure PostgreSQL only and say so.
 
-mod backlog;
 mod inbox;
 mod writers;
 
@@ -71,7 +70,7 @@ pub(crate) const SERVER: &[&str] = &["mariadbd", "mysqld"];
 
 /// The seed articles' table on MySQL: a UUID key and a status column with its index, which the
 /// naive relay claims `FOR UPDATE SKIP LOCKED` and marks one `UPDATE` per row.
-const NAIVE_TABLE: &str = "CREATE DATABASE IF NOT EXISTS {schema};
+pub(crate) const NAIVE_TABLE: &str = "CREATE DATABASE IF NOT EXISTS {schema};
 CREATE TABLE {schema}.outbox_naive (
     id             CHAR(36)     NOT NULL DEFAULT (UUID()) PRIMARY KEY,
     aggregate_type VARCHAR(255) NOT NULL,
@@ -89,14 +88,14 @@ pub(crate) const HISTORY_LENGTH: &str =
 
 /// What a table occupies, and the server's purge backlog, at one instant.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
-struct Footprint {
-    data_bytes: u64,
-    index_bytes: u64,
-    history_length: Option<i64>,
+pub(crate) struct Footprint {
+    pub(crate) data_bytes: u64,
+    pub(crate) index_bytes: u64,
+    pub(crate) history_length: Option<i64>,
 }
 
 impl Footprint {
-    fn total_mib(&self) -> f64 {
+    pub(crate) fn total_mib(&self) -> f64 {
         (self.data_bytes + self.index_bytes) as f64 / 1048576.0
     }
 }
@@ -149,7 +148,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         Mode::Steady => crate::steady::run(crate::bed::Bed::Mysql(&ctx)).await,
         Mode::IdleTx => crate::idle_tx::run(crate::bed::Bed::Mysql(&ctx)).await,
         Mode::Inbox => inbox::run(&ctx).await,
-        _ => backlog::run(&ctx).await,
+        _ => crate::backlog::run(crate::bed::Bed::Mysql(&ctx)).await,
     };
     ctx.pool.close().await;
     report
@@ -161,7 +160,7 @@ pub(crate) struct Scratch {
     pub(crate) schema: Schema,
     pub(crate) js: jetstream::Context,
     pub(crate) stream: String,
-    subject_prefix: String,
+    pub(crate) subject_prefix: String,
 }
 
 impl Scratch {
@@ -200,7 +199,7 @@ impl Scratch {
         Ok(())
     }
 
-    async fn stream_messages(&self) -> anyhow::Result<u64> {
+    pub(crate) async fn stream_messages(&self) -> anyhow::Result<u64> {
         Ok(self
             .js
             .get_stream(&self.stream)
@@ -211,7 +210,7 @@ impl Scratch {
             .messages)
     }
 
-    async fn analyze(&self, table: &str) -> anyhow::Result<()> {
+    pub(crate) async fn analyze(&self, table: &str) -> anyhow::Result<()> {
         sqlx::raw_sql(
             &self
                 .schema
@@ -225,7 +224,7 @@ impl Scratch {
 
     /// What `table` occupies after `ANALYZE TABLE` (MySQL 8 caches these figures otherwise), and
     /// InnoDB's undo history not yet purged, server-wide.
-    async fn footprint(&self, table: &str) -> anyhow::Result<Footprint> {
+    pub(crate) async fn footprint(&self, table: &str) -> anyhow::Result<Footprint> {
         self.analyze(table).await?;
         let (data_bytes, index_bytes): (u64, u64) = sqlx::query_as(
             "SELECT CAST(DATA_LENGTH AS UNSIGNED), CAST(INDEX_LENGTH AS UNSIGNED) \
@@ -267,7 +266,7 @@ impl Scratch {
 /// (docs/engine-mysql.md, "Least privileges"; the binlog route's too when the bench runs it),
 /// as production runs it, not as the bench's URL's user; the account goes when it stops.
 pub(crate) struct RelayOnMysql {
-    metrics: Arc<RelayMetrics>,
+    pub(crate) metrics: Arc<RelayMetrics>,
     stop: CancellationToken,
     handle: JoinHandle<()>,
     /// The administrator's pool and the relay's account, dropped at [`RelayOnMysql::stop`].
