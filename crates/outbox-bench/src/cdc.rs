@@ -157,7 +157,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         idle.relay_backends_percent
     );
     let writers = if a.writers {
-        Some(crate::writers::run(ctx).await?)
+        Some(crate::writers::run(crate::bed::Bed::Postgres(ctx)).await?)
     } else {
         None
     };

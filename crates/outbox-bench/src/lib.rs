@@ -349,7 +349,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
     match ctx.options.mode {
         Mode::Backlog => backlog::run(bed::Bed::Postgres(&ctx)).await,
         Mode::Steady => steady::run(bed::Bed::Postgres(&ctx)).await,
-        Mode::Writers => writers::run(&ctx).await,
+        Mode::Writers => writers::run(bed::Bed::Postgres(&ctx)).await,
         Mode::IdleTx => idle_tx::run(bed::Bed::Postgres(&ctx)).await,
         Mode::Idle => idle::run(&ctx).await,
         Mode::Inbox => inbox::run(&ctx).await,

@@ -3,15 +3,15 @@
 //! costs a business transaction, beside a naive table), steady mode (commit→ack at a paced rate)
 //! idle-tx mode (the same with a REPEATABLE READ snapshot held open) and inbox mode (ingest and
 //! handlers beside naive consumers), each measured as on PostgreSQL, with the CPU figures read
-//! from the `mariadbd` process where the mode reports them. Backlog, steady and idle-tx modes are
-//! the generic `crate::backlog`, `crate::steady` and `crate::idle_tx` on [`crate::bed::Bed::Mysql`]; this module gives
-//! them their scratch database, relay and writer target.
+//! from the `mariadbd` process where the mode reports them. Backlog, writers, steady and idle-tx
+//! modes are the generic `crate::backlog`, `crate::writers`, `crate::steady` and
+//! `crate::idle_tx` on [`crate::bed::Bed::Mysql`]; this module gives them their scratch
+//! database, relay and writer target.
 //!
 //! Each run works in a scratch database and stream of its own and drops them. The other modes
 //! measure PostgreSQL only and say so.
 
 mod inbox;
-mod writers;
 
 use std::sync::Arc;
 
@@ -144,7 +144,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         js: jetstream::new(client),
     };
     let report = match ctx.options.mode {
-        Mode::Writers => writers::run(&ctx).await,
+        Mode::Writers => crate::writers::run(crate::bed::Bed::Mysql(&ctx)).await,
         Mode::Steady => crate::steady::run(crate::bed::Bed::Mysql(&ctx)).await,
         Mode::IdleTx => crate::idle_tx::run(crate::bed::Bed::Mysql(&ctx)).await,
         Mode::Inbox => inbox::run(&ctx).await,

@@ -1,63 +1,19 @@
-//! Writers mode: what writing an outbox row costs a business transaction, pgbench-style.
-//!
-//! `--clients` connections run transactions back to back for `--duration` per variant. Each
-//! transaction is `UPDATE accounts SET balance = balance + 1 WHERE id = <random>` on a table of
-//! `--accounts` rows, plus one outbox row written
-//! (a) through the writer API (`Writer::enqueue`, after the UPDATE, as documented),
-//! (b) with the raw SQL insert of the SQL contract,
-//! (c) into the seed articles' naive table (uuid key, `status`, `(status, created_at)` index),
-//! or (d) nothing: the UPDATE alone, the ceiling.
-//! The variants run in four alternating rounds (order rotated) in one scratch schema, each after a `CHECKPOINT` so each
-//! starts with the same full-page-write debt. No relay runs: this is the write path alone.
-//! TPS = committed transactions / wall time of the variant. The target is a/c and b/c ≥ 90%.
+//! Writers mode's setup and clients on PostgreSQL: the scratch schema with its CDC setup (for
+//! the emit variant), the accounts and naive tables, a `CHECKPOINT` before each variant so
+//! each starts with the same full-page-write debt, and the client loop. The raw SQL and naive
+//! inserts are the raw baseline, excepted by issue 47 (`crate::sql`).
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use outbox_core::NewMessage;
 use outbox_postgres::Writer;
-use serde::Serialize;
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, Postgres};
 
+use super::{rounds, Clients, Tps, Variant};
 use crate::scratch::Scratch;
-use crate::{naive, sql, verdict, Ctx, Report};
-
-/// Default time per variant.
-const DEFAULT_DURATION: Duration = Duration::from_secs(20);
-/// Target share of the naive table's TPS.
-const TARGET_RATIO: f64 = 0.9;
-
-/// What each transaction writes besides the UPDATE.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Variant {
-    WriterApi,
-    RawSql,
-    Naive,
-    UpdateOnly,
-    /// The table-less writer of CDC mode: a transactional logical message, no row.
-    Emit,
-}
-
-impl Variant {
-    const ALL: [Variant; 5] = [
-        Variant::WriterApi,
-        Variant::RawSql,
-        Variant::Naive,
-        Variant::UpdateOnly,
-        Variant::Emit,
-    ];
-
-    fn label(self) -> &'static str {
-        match self {
-            Variant::WriterApi => "(a) UPDATE + writer API enqueue",
-            Variant::RawSql => "(b) UPDATE + raw SQL INSERT into outbox",
-            Variant::Naive => "(c) UPDATE + INSERT into naive seed table",
-            Variant::UpdateOnly => "(d) UPDATE alone",
-            Variant::Emit => "(e) UPDATE + emit (CDC: logical message, no row)",
-        }
-    }
-}
+use crate::{naive, sql, Ctx};
 
 /// The statements of one run, rendered for the scratch schema.
 #[derive(Clone)]
@@ -69,17 +25,8 @@ struct Statements {
     emitter: outbox_postgres::Emitter,
 }
 
-/// TPS of one variant.
-#[derive(Debug, Clone, Copy, Serialize)]
-struct Tps {
-    transactions: u64,
-    seconds: f64,
-    tps: f64,
-}
-
-/// Runs writers mode.
-pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
-    let duration = ctx.duration(DEFAULT_DURATION);
+/// Runs the variants in a scratch schema, dropped after them with its CDC setup.
+pub(super) async fn run(ctx: &Ctx, duration: Duration) -> anyhow::Result<Vec<(Variant, Tps)>> {
     println!(
         "outbox bench: writers, {} clients, {:?} per variant, accounts table of {} rows, {} B payloads",
         ctx.options.clients, duration, ctx.options.accounts, ctx.options.payload_bytes
@@ -96,8 +43,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         eprintln!("outbox bench: the writers run's CDC slot could not be dropped: {error}");
     }
     scratch.drop().await;
-    let tps = result?;
-    Ok(report(ctx, &tps))
+    result
 }
 
 async fn measure(
@@ -115,46 +61,46 @@ async fn measure(
         writer: Writer::new(s),
         emitter: outbox_postgres::Emitter::new(s),
     };
-    // Variants alternate in rounds (each a slice of the duration, the order rotated every
-    // round), so drift on a shared machine (other load, checkpoints, autovacuum) spreads over
-    // all of them instead of favouring whichever ran at the quiet moment.
-    const ROUNDS: u32 = 4;
-    let slice = duration / ROUNDS;
-    let mut totals: Vec<(Variant, Tps)> = Variant::ALL
-        .iter()
-        .map(|v| {
-            (
-                *v,
-                Tps {
-                    transactions: 0,
-                    seconds: 0.0,
-                    tps: 0.0,
-                },
-            )
-        })
-        .collect();
-    for round in 0..ROUNDS as usize {
-        for k in 0..totals.len() {
-            let i = (k + round) % totals.len();
-            let v = totals[i].0;
-            checkpoint(scratch).await;
-            let t = run_variant(ctx, scratch, &statements, v, slice).await?;
-            totals[i].1.transactions += t.transactions;
-            totals[i].1.seconds += t.seconds;
+    let clients = PgClients {
+        ctx,
+        scratch,
+        statements,
+    };
+    rounds(&clients, duration).await
+}
+
+/// PostgreSQL's clients: connections of the scratch pool, the statements rendered for it.
+struct PgClients<'a> {
+    ctx: &'a Ctx,
+    scratch: &'a Scratch,
+    statements: Statements,
+}
+
+impl Clients for PgClients<'_> {
+    fn variants(&self) -> &'static [Variant] {
+        &[
+            Variant::WriterApi,
+            Variant::RawSql,
+            Variant::Naive,
+            Variant::UpdateOnly,
+            Variant::Emit,
+        ]
+    }
+
+    fn label(&self, variant: Variant) -> &'static str {
+        match variant {
+            Variant::WriterApi => "(a) UPDATE + writer API enqueue",
+            Variant::RawSql => "(b) UPDATE + raw SQL INSERT into outbox",
+            Variant::Naive => "(c) UPDATE + INSERT into naive seed table",
+            Variant::UpdateOnly => "(d) UPDATE alone",
+            Variant::Emit => "(e) UPDATE + emit (CDC: logical message, no row)",
         }
     }
-    let mut out = Vec::new();
-    for (v, mut t) in totals {
-        t.tps = t.transactions as f64 / t.seconds.max(f64::EPSILON);
-        println!(
-            "  {:<44} {:>8.0} tps ({} transactions)",
-            v.label(),
-            t.tps,
-            t.transactions
-        );
-        out.push((v, t));
+
+    async fn run_variant(&self, variant: Variant, duration: Duration) -> anyhow::Result<Tps> {
+        checkpoint(self.scratch).await;
+        run_variant(self.ctx, self.scratch, &self.statements, variant, duration).await
     }
-    Ok(out)
 }
 
 /// A pgbench-like accounts table: integer key, balance, 84 bytes of filler; vacuumed and
@@ -260,49 +206,4 @@ async fn client(
         committed += 1;
     }
     Ok(committed)
-}
-
-fn report(ctx: &Ctx, results: &[(Variant, Tps)]) -> Report {
-    let tps = |v: Variant| {
-        results
-            .iter()
-            .find(|(x, _)| *x == v)
-            .map_or(0.0, |(_, t)| t.tps)
-    };
-    let naive = tps(Variant::Naive);
-    let ratio = |v: Variant| if naive > 0.0 { tps(v) / naive } else { 0.0 };
-    let (a, b) = (ratio(Variant::WriterApi), ratio(Variant::RawSql));
-    let e = ratio(Variant::Emit);
-    println!(
-        "  writer API / naive table: {:.0}% ({}), raw SQL / naive table: {:.0}% ({}); target ≥ {:.0}%",
-        a * 100.0,
-        verdict(a >= TARGET_RATIO),
-        b * 100.0,
-        verdict(b >= TARGET_RATIO),
-        TARGET_RATIO * 100.0
-    );
-    println!(
-        "  emit (CDC) / naive table: {:.0}% ({}; target ≥ 100%)",
-        e * 100.0,
-        verdict(e >= 1.0)
-    );
-    let by_name: serde_json::Map<String, serde_json::Value> = results
-        .iter()
-        .map(|(v, t)| {
-            let name = match v {
-                Variant::WriterApi => "writer_api",
-                Variant::RawSql => "raw_sql",
-                Variant::Naive => "naive_table",
-                Variant::UpdateOnly => "update_only",
-                Variant::Emit => "emit",
-            };
-            (name.to_string(), serde_json::json!(t))
-        })
-        .collect();
-    Report::line(serde_json::json!({
-        "mode": "writers", "clients": ctx.options.clients, "accounts": ctx.options.accounts,
-        "variants": by_name,
-        "ratios": { "writer_api_vs_naive": a, "raw_sql_vs_naive": b, "target": TARGET_RATIO,
-                    "emit_vs_naive": e },
-    }))
 }
