@@ -237,10 +237,6 @@ impl Ctx {
             "polling (no LISTEN)"
         }
     }
-
-    fn json(&self) -> bool {
-        self.options.json
-    }
 }
 
 /// Figures of one measured drain or load.
@@ -352,7 +348,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         Mode::Writers => writers::run(bed::Bed::Postgres(&ctx)).await,
         Mode::IdleTx => idle_tx::run(bed::Bed::Postgres(&ctx)).await,
         Mode::Idle => idle::run(&ctx).await,
-        Mode::Inbox => inbox::run(&ctx).await,
+        Mode::Inbox => inbox::run(bed::Bed::Postgres(&ctx)).await,
         Mode::BigTx => big_tx::run(&ctx).await,
         Mode::Cdc => cdc::run(&ctx).await,
     }

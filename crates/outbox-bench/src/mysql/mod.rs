@@ -3,15 +3,13 @@
 //! costs a business transaction, beside a naive table), steady mode (commit→ack at a paced rate)
 //! idle-tx mode (the same with a REPEATABLE READ snapshot held open) and inbox mode (ingest and
 //! handlers beside naive consumers), each measured as on PostgreSQL, with the CPU figures read
-//! from the `mariadbd` process where the mode reports them. Backlog, writers, steady and idle-tx
-//! modes are the generic `crate::backlog`, `crate::writers`, `crate::steady` and
-//! `crate::idle_tx` on [`crate::bed::Bed::Mysql`]; this module gives them their scratch
-//! database, relay and writer target.
+//! from the `mariadbd` process where the mode reports them. Each mode is the generic one
+//! (`crate::backlog`, `crate::writers`, `crate::steady`, `crate::idle_tx`, `crate::inbox`) on
+//! [`crate::bed::Bed::Mysql`]; this module gives them their scratch database, relay and writer
+//! target.
 //!
 //! Each run works in a scratch database and stream of its own and drops them. The other modes
 //! measure PostgreSQL only and say so.
-
-mod inbox;
 
 use std::sync::Arc;
 
@@ -147,7 +145,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         Mode::Writers => crate::writers::run(crate::bed::Bed::Mysql(&ctx)).await,
         Mode::Steady => crate::steady::run(crate::bed::Bed::Mysql(&ctx)).await,
         Mode::IdleTx => crate::idle_tx::run(crate::bed::Bed::Mysql(&ctx)).await,
-        Mode::Inbox => inbox::run(&ctx).await,
+        Mode::Inbox => crate::inbox::run(crate::bed::Bed::Mysql(&ctx)).await,
         _ => crate::backlog::run(crate::bed::Bed::Mysql(&ctx)).await,
     };
     ctx.pool.close().await;
