@@ -26,10 +26,7 @@ BACKENDS = {"outbox-postgres", "outbox-mysql", "outbox-sqlite"}
 MAY_NAME_BACKENDS = {"outbox-db", "outbox-testkit"} | BACKENDS
 # Crates still naming a backend crate, each with the work that removes it: reported, not
 # failed, until that work lands (then its line goes).
-PENDING = {
-    "outbox-bench": "issue 47: its MySQL twins (src/mysql/) are not yet merged into the "
-    "benches parameterised by the database",
-}
+PENDING: dict[str, str] = {}
 # The package building the `outbox` binary, and the crate it must not link.
 BINARY_PACKAGE, TEST_KIT = "outbox-cli", "outbox-testkit"
 

@@ -15,7 +15,10 @@
 //! - `inbox`: the receiving side, ingest and handlers, each beside a naive consumer that does one
 //!   transaction per message.
 //!
-//! Backlog mode also runs on MySQL/MariaDB (`--database-url mysql://…`, the `mysql` module).
+//! Backlog, steady, writers, idle-tx and inbox modes also run on MySQL/MariaDB (`--database-url
+//! mysql://…`): each mode is one bench parameterised by the database (the `bed` module), the
+//! `mysql` module giving it its scratch database, relay and writer target. Every database is
+//! reached through `outbox_db`; the naive baselines' SQL is raw, as issue 47 excepts.
 //!
 //! Latency is measured at the broker (see the `latency` module); published counts come from the
 //! relay's metrics and the stream. Nothing reads the engine's tables or columns, so the modes keep
@@ -45,7 +48,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream;
-use outbox_postgres::connect_pool;
+use outbox_db::tools::postgres::connect_pool;
 use serde::Serialize;
 use sqlx::PgPool;
 

@@ -3,7 +3,8 @@
 
 use anyhow::Context as _;
 use async_nats::jetstream;
-use outbox_postgres::{migrate, Schema};
+use outbox_db::tools::postgres::migrate;
+use outbox_db::Schema;
 use sqlx::PgPool;
 
 use crate::{sql, Storage};

@@ -1,8 +1,9 @@
 //! What the outbox's own tools (`outbox verify`, `outbox bench`, `outbox demo`) need of a
 //! database beyond a relay's or an application's needs: CDC clean-up and WAL salvage, the
-//! CDC emit's message text, a typed pool on any backend, a SQLite file's removal and the
-//! MySQL/MariaDB least-privilege accounts. Kept here, beside [`Database`], so that those crates
-//! name no backend crate (issue 47); each item is a thin route to its backend's own code.
+//! CDC emit's message text, a typed pool on any backend, a SQLite file's removal, the
+//! MySQL/MariaDB least-privilege accounts and the backend pieces the bench measures. Kept here,
+//! beside [`Database`], so that those crates name no backend crate (issue 47); each item is a
+//! thin route to its backend's own code.
 
 use std::path::Path;
 
@@ -19,6 +20,27 @@ pub mod mysql_grants {
 /// A validated MySQL/MariaDB database name (the outbox's place there): what a MySQL-only tool
 /// splices into SQL with `render`.
 pub use outbox_mysql::Schema as MysqlSchema;
+
+/// What `outbox bench` drives on PostgreSQL below [`Database`]: the relay's pool options (to
+/// name its sessions), the writer and CDC's emit on a caller's transaction, the store (for its
+/// floor audit), the CDC setup, store and replication password. The bench measures these
+/// pieces themselves, side by side, so it takes them as they are.
+pub mod postgres {
+    pub use outbox_postgres::cdc::setup::{drop_cdc, migrate_cdc};
+    pub use outbox_postgres::cdc::{url_password, CdcNames, CdcStore};
+    pub use outbox_postgres::{connect_options, connect_pool, migrate, Emitter, PgStore, Writer};
+}
+
+/// What `outbox bench` drives on MySQL/MariaDB below [`Database`]: connect options for
+/// application sessions, the writer on a caller's transaction, the store (plain or on the binlog
+/// route), migrations, the binlog route's switch and the retention ranges' width.
+pub mod mysql {
+    pub use outbox_mysql::binlog::route::enable as enable_binlog_route;
+    pub use outbox_mysql::ranges::set_width as set_range_width;
+    pub use outbox_mysql::{
+        connect_options, connect_pool, enqueue, enqueue_many, migrate, MysqlStore,
+    };
+}
 
 /// The text `outbox_emit` takes for `message` (CDC mode's writer without a table row): the
 /// JSON content of the logical message a CDC relay publishes.

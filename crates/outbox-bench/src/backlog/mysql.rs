@@ -83,7 +83,7 @@ async fn relay_drain_in(
     if options.binlog {
         // The sequencer's first start (which takes what the table holds) before the backlog is
         // written: the relay then reads the backlog from the binlog, as after an outage.
-        let store = outbox_mysql::MysqlStore::binlog(
+        let store = outbox_db::tools::mysql::MysqlStore::binlog(
             scratch.pool.clone(),
             scratch.schema.clone(),
             &options.database_url,
@@ -98,7 +98,7 @@ async fn relay_drain_in(
     }
     // Ranges of half the backlog: the two laid ahead hold it, and both can go once drained.
     let width = i64::try_from(rows.div_ceil(2).max(1000)).unwrap_or(i64::MAX);
-    outbox_mysql::ranges::set_width(&scratch.pool, &scratch.schema, width).await?;
+    outbox_db::tools::mysql::set_range_width(&scratch.pool, &scratch.schema, width).await?;
     let probe = Probe::start(&scratch.js, &scratch.stream).await?;
     let took = load::fill_into(
         &MysqlTarget::new(&scratch.pool, &scratch.schema),
@@ -125,7 +125,8 @@ async fn relay_drain_in(
     timing.cpu = meter.per_message(rows as u64);
     let drain = finish(scratch, probe, rows as u64, timing).await?;
     let drained = scratch.footprint("outbox").await?;
-    let store = outbox_mysql::MysqlStore::new(scratch.pool.clone(), scratch.schema.clone());
+    let store =
+        outbox_db::tools::mysql::MysqlStore::new(scratch.pool.clone(), scratch.schema.clone());
     let purged = outbox_core::Store::maintain(&store, Duration::ZERO).await?;
     let after = scratch.footprint("outbox").await?;
     Ok((
@@ -209,7 +210,7 @@ async fn naive_drain_in(
     }
     // The seed's relay, on a session of the database's default isolation, as an app has it.
     let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect_with(
-        &outbox_mysql::connect_options(&options.database_url)?,
+        &outbox_db::tools::mysql::connect_options(&options.database_url)?,
     )
     .await?;
     let select = scratch.schema.render(

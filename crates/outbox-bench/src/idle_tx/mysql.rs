@@ -97,7 +97,7 @@ struct Holder {
 
 impl Holder {
     async fn open(ctx: &MyCtx, scratch: &Scratch) -> anyhow::Result<Self> {
-        let mut conn = MySqlConnection::connect_with(&outbox_mysql::connect_options(
+        let mut conn = MySqlConnection::connect_with(&outbox_db::tools::mysql::connect_options(
             &ctx.options.database_url,
         )?)
         .await

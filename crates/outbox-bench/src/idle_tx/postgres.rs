@@ -111,8 +111,10 @@ impl<'s> Watch<'s> {
 
     /// Starts the floor audits, one every 5 s until [`Watch::drained`].
     pub(super) fn load_started(&mut self) {
-        let store =
-            outbox_postgres::PgStore::new(self.scratch.pool.clone(), self.scratch.schema.clone());
+        let store = outbox_db::tools::postgres::PgStore::new(
+            self.scratch.pool.clone(),
+            self.scratch.schema.clone(),
+        );
         let stop = self.stop.clone();
         self.audits = Some(tokio::spawn(async move {
             let (mut worst, mut passes) = (0u64, 0u64);

@@ -16,7 +16,8 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use async_nats::jetstream;
 use outbox_core::{DestinationTemplate, Store};
-use outbox_mysql::{MysqlStore, Schema};
+use outbox_db::tools::mysql::MysqlStore;
+use outbox_db::tools::MysqlSchema as Schema;
 use outbox_relay::{Relay, RelayMetrics};
 use sqlx::MySqlPool;
 use tokio::task::JoinHandle;
@@ -51,9 +52,9 @@ impl crate::load::Target for MysqlTarget {
             let mut tx = t.pool.begin().await?;
             match msgs.as_slice() {
                 [one] => {
-                    outbox_mysql::enqueue(&mut tx, &t.schema, one).await?;
+                    outbox_db::tools::mysql::enqueue(&mut tx, &t.schema, one).await?;
                 }
-                many => outbox_mysql::enqueue_many(&mut tx, &t.schema, many).await?,
+                many => outbox_db::tools::mysql::enqueue_many(&mut tx, &t.schema, many).await?,
             }
             let sent = latency.stamp();
             tx.commit().await?;
@@ -131,7 +132,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         );
     }
     let connections = (options.producers.max(4) + options.clients + options.workers * 2 + 4) as u32;
-    let pool = outbox_mysql::connect_pool(&options.database_url, connections).await?;
+    let pool = outbox_db::tools::mysql::connect_pool(&options.database_url, connections).await?;
     let client = outbox_sinks::nats::NatsConfig::from_url(&options.nats_url)?
         .connect_client()
         .await
@@ -190,9 +191,9 @@ impl Scratch {
 
     /// Migrates the scratch outbox, on the binlog route when the bench runs it.
     pub(crate) async fn migrate(&self, options: &Options) -> anyhow::Result<()> {
-        outbox_mysql::migrate(&self.pool, &self.schema).await?;
+        outbox_db::tools::mysql::migrate(&self.pool, &self.schema).await?;
         if options.binlog {
-            outbox_mysql::binlog::route::enable(&self.pool, &self.schema).await?;
+            outbox_db::tools::mysql::enable_binlog_route(&self.pool, &self.schema).await?;
         }
         Ok(())
     }
@@ -278,13 +279,13 @@ impl RelayOnMysql {
             DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
         let name = format!("outbox_bench_relay_{:08x}", fastrand::u32(..));
         let password = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-        let (mariadb, _) = outbox_mysql::grants::server(&scratch.pool).await?;
-        let documented = &outbox_mysql::grants::DOCUMENTED;
+        let (mariadb, _) = outbox_db::tools::mysql_grants::server(&scratch.pool).await?;
+        let documented = &outbox_db::tools::mysql_grants::DOCUMENTED;
         let mut grants = documented.relay.to_vec();
         if options.binlog {
             grants.extend(documented.relay_binlog);
         }
-        outbox_mysql::grants::create_account(
+        outbox_db::tools::mysql_grants::create_account(
             &scratch.pool,
             &name,
             &password,
@@ -293,13 +294,14 @@ impl RelayOnMysql {
             mariadb,
         )
         .await?;
-        let url = outbox_mysql::grants::login_url(
+        let url = outbox_db::tools::mysql_grants::login_url(
             &options.database_url,
             &name,
             &password,
             scratch.schema.as_str(),
         )?;
-        let pool = outbox_mysql::connect_pool(&url, options.workers as u32 * 2 + 2).await?;
+        let pool =
+            outbox_db::tools::mysql::connect_pool(&url, options.workers as u32 * 2 + 2).await?;
         let store: Arc<dyn Store> = Arc::new(if options.binlog {
             MysqlStore::binlog(pool, scratch.schema.clone(), &url)?
         } else {
@@ -326,7 +328,7 @@ impl RelayOnMysql {
         self.stop.cancel();
         let _ = self.handle.await;
         let (pool, name) = &self.account;
-        if let Err(error) = outbox_mysql::grants::drop_account(pool, name).await {
+        if let Err(error) = outbox_db::tools::mysql_grants::drop_account(pool, name).await {
             tracing::warn!(account = %name, %error, "could not drop the bench relay's account");
         }
     }

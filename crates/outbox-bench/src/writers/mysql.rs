@@ -77,7 +77,7 @@ async fn measure(
     let pool = MySqlPoolOptions::new()
         .max_connections(clients as u32)
         .min_connections(clients as u32)
-        .connect_with(outbox_mysql::connect_options(&o.database_url)?)
+        .connect_with(outbox_db::tools::mysql::connect_options(&o.database_url)?)
         .await
         .context("connecting the writers")?;
     let clients = MyClients {
@@ -95,7 +95,7 @@ async fn measure(
 /// MySQL's clients: the application sessions' pool and what each transaction writes.
 struct MyClients {
     pool: MySqlPool,
-    schema: outbox_mysql::Schema,
+    schema: outbox_db::tools::MysqlSchema,
     clients: usize,
     accounts: i32,
     pad: String,
@@ -137,7 +137,7 @@ impl Clients for MyClients {
 
 async fn run_variant(
     pool: &MySqlPool,
-    schema: &outbox_mysql::Schema,
+    schema: &outbox_db::tools::MysqlSchema,
     variant: Variant,
     duration: Duration,
     clients: usize,
@@ -168,7 +168,7 @@ async fn run_variant(
 /// One client: business transactions back to back until `deadline`; returns how many committed.
 async fn client(
     pool: &MySqlPool,
-    schema: &outbox_mysql::Schema,
+    schema: &outbox_db::tools::MysqlSchema,
     variant: Variant,
     deadline: Instant,
     accounts: i32,
@@ -188,7 +188,7 @@ async fn client(
         match variant {
             Variant::WriterApi => {
                 let m = NewMessage::new("account", id.to_string(), "credited", payload);
-                outbox_mysql::enqueue(&mut tx, schema, &m).await?;
+                outbox_db::tools::mysql::enqueue(&mut tx, schema, &m).await?;
             }
             Variant::RawSql | Variant::Naive => {
                 let sql = if variant == Variant::RawSql {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use outbox_core::NewMessage;
-use outbox_postgres::Writer;
+use outbox_db::tools::postgres::Writer;
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, Postgres};
 
@@ -22,7 +22,7 @@ struct Statements {
     raw_insert: String,
     naive_insert: String,
     writer: Writer,
-    emitter: outbox_postgres::Emitter,
+    emitter: outbox_db::tools::postgres::Emitter,
 }
 
 /// Runs the variants in a scratch schema, dropped after them with its CDC setup.
@@ -34,12 +34,12 @@ pub(super) async fn run(ctx: &Ctx, duration: Duration) -> anyhow::Result<Vec<(Va
     let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "writers").await?;
     // `emit` goes through `outbox_emit`, which exists with the group's CDC setup and refuses
     // while the group has no slot: the scratch schema gets both for the run, dropped after it.
-    let names = outbox_postgres::cdc::CdcNames::new(&scratch.schema, "bench")?;
-    let result = match outbox_postgres::cdc::setup::migrate_cdc(&scratch.pool, &names).await {
+    let names = outbox_db::tools::postgres::CdcNames::new(&scratch.schema, "bench")?;
+    let result = match outbox_db::tools::postgres::migrate_cdc(&scratch.pool, &names).await {
         Ok(_) => measure(ctx, &scratch, duration).await,
         Err(e) => Err(e.into()),
     };
-    if let Err(error) = outbox_postgres::cdc::setup::drop_cdc(&scratch.pool, &names).await {
+    if let Err(error) = outbox_db::tools::postgres::drop_cdc(&scratch.pool, &names).await {
         eprintln!("outbox bench: the writers run's CDC slot could not be dropped: {error}");
     }
     scratch.drop().await;
@@ -59,7 +59,7 @@ async fn measure(
         raw_insert: s.render(sql::OUTBOX_RAW_INSERT),
         naive_insert: s.render(sql::NAIVE_INSERT),
         writer: Writer::new(s),
-        emitter: outbox_postgres::Emitter::new(s),
+        emitter: outbox_db::tools::postgres::Emitter::new(s),
     };
     let clients = PgClients {
         ctx,
