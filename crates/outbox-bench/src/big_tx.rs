@@ -310,6 +310,7 @@ async fn measure(
     keys: usize,
     one: bool,
 ) -> anyhow::Result<Run> {
+    // Long because: its steps share the relay, three background tasks and their stop tokens.
     // The probe's ledger holds the measured rows only; the other keys' load records its
     // commits in a ledger of its own (their receipts reach the probe as unknown ids).
     let probe = Probe::start(&scratch.js, &scratch.stream).await?;
