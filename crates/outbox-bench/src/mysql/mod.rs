@@ -67,6 +67,7 @@ impl crate::load::Target for MysqlTarget {
 /// Process names of the database server, for the CPU figures.
 pub(crate) const SERVER: &[&str] = &["mariadbd", "mysqld"];
 
+// Raw baseline, excepted by issue 47: the seed articles' table, not the outbox's.
 /// The seed articles' table on MySQL: a UUID key and a status column with its index, which the
 /// naive relay claims `FOR UPDATE SKIP LOCKED` and marks one `UPDATE` per row.
 pub(crate) const NAIVE_TABLE: &str = "CREATE DATABASE IF NOT EXISTS {schema};
