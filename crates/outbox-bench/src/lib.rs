@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream;
-use outbox_db::tools::postgres::connect_pool;
+use outbox_db::SqlxBackend as _;
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -334,7 +334,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         anyhow::bail!("bench: only backlog mode measures sinks other than NATS; drop --sink or use --mode backlog");
     }
     let connections = options.producers.max(options.clients).max(4) as u32 + 4;
-    let pool = connect_pool(&options.database_url, connections).await?;
+    let pool = sqlx::Postgres::connect_pool(&options.database_url, connections).await?;
     // Through the sink's own config: credentials go to the client, never into its log.
     let client = outbox_sinks::nats::NatsConfig::from_url(&options.nats_url)?
         .connect_client()

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{DestinationTemplate, Store};
-use outbox_db::tools::postgres::PgStore;
+use outbox_db::SqlxBackend as _;
 use outbox_relay::{Relay, RelayConfig, RelayMetrics};
 use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
@@ -120,7 +120,8 @@ impl RelayUnderTest {
             ),
         )
         .await?;
-        let store: Arc<dyn Store> = Arc::new(PgStore::new(pool.clone(), scratch.schema.clone()));
+        let store: Arc<dyn Store> =
+            sqlx::Postgres::database(pool.clone(), scratch.schema.as_str())?.store();
         let relay = Relay::new(store, sink, config(ctx, destination));
         Ok(Self::run(relay, pool, application_name, runtime))
     }

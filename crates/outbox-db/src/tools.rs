@@ -22,13 +22,13 @@ pub mod mysql_grants {
 pub use outbox_mysql::Schema as MysqlSchema;
 
 /// What `outbox bench` drives on PostgreSQL below [`Database`]: the relay's pool options (to
-/// name its sessions), the writer and CDC's emit on a caller's transaction, the store (for its
-/// floor audit), the CDC setup, store and replication password. The bench measures these
-/// pieces themselves, side by side, so it takes them as they are.
+/// name its sessions), the writer and CDC's emit on a caller's transaction, the CDC setup,
+/// store and replication password on the bench's own pools. The bench measures these pieces
+/// themselves, side by side, so it takes them as they are.
 pub mod postgres {
     pub use outbox_postgres::cdc::setup::{drop_cdc, migrate_cdc};
     pub use outbox_postgres::cdc::{url_password, CdcNames, CdcStore};
-    pub use outbox_postgres::{connect_options, connect_pool, migrate, Emitter, PgStore, Writer};
+    pub use outbox_postgres::{connect_options, Emitter, Writer};
 }
 
 /// What `outbox bench` drives on MySQL/MariaDB below [`Database`]: connect options for

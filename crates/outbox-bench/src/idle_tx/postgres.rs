@@ -111,12 +111,13 @@ impl<'s> Watch<'s> {
 
     /// Starts the floor audits, one every 5 s until [`Watch::drained`].
     pub(super) fn load_started(&mut self) {
-        let store = outbox_db::tools::postgres::PgStore::new(
-            self.scratch.pool.clone(),
-            self.scratch.schema.clone(),
-        );
+        let (pool, schema) = (self.scratch.pool.clone(), self.scratch.schema.clone());
         let stop = self.stop.clone();
         self.audits = Some(tokio::spawn(async move {
+            let db = <sqlx::Postgres as outbox_db::SqlxBackend>::database(pool, schema.as_str())?;
+            let store = db
+                .postgres()
+                .context("the scratch outbox is a PostgreSQL one")?;
             let (mut worst, mut passes) = (0u64, 0u64);
             loop {
                 let found = store.floor_audit().await?;

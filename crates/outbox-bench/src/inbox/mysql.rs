@@ -127,7 +127,7 @@ impl InboxBench for MyInboxBench<'_> {
                 Ok(())
             })
         });
-        let pool = outbox_db::tools::mysql::connect_pool(self.url, 24).await?;
+        let pool = <sqlx::MySql as outbox_db::SqlxBackend>::connect_pool(self.url, 24).await?;
         let schema = InboxSchema::new(self.schema)?;
         Ok(InboxProcessor::mysql(pool, schema, handlers, config)?)
     }

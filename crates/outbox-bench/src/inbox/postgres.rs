@@ -113,7 +113,7 @@ impl InboxBench for PgInboxBench<'_> {
                 Ok(())
             })
         });
-        let pool = outbox_db::tools::postgres::connect_pool(self.url, 24).await?;
+        let pool = <sqlx::Postgres as outbox_db::SqlxBackend>::connect_pool(self.url, 24).await?;
         let schema = InboxSchema::new(self.schema())?;
         Ok(InboxProcessor::postgres(pool, schema, handlers, config)?)
     }

@@ -18,6 +18,7 @@ use async_nats::jetstream;
 use outbox_core::{DestinationTemplate, Store};
 use outbox_db::tools::mysql::MysqlStore;
 use outbox_db::tools::MysqlSchema as Schema;
+use outbox_db::SqlxBackend as _;
 use outbox_relay::{Relay, RelayMetrics};
 use sqlx::MySqlPool;
 use tokio::task::JoinHandle;
@@ -133,7 +134,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         );
     }
     let connections = (options.producers.max(4) + options.clients + options.workers * 2 + 4) as u32;
-    let pool = outbox_db::tools::mysql::connect_pool(&options.database_url, connections).await?;
+    let pool = sqlx::MySql::connect_pool(&options.database_url, connections).await?;
     let client = outbox_sinks::nats::NatsConfig::from_url(&options.nats_url)?
         .connect_client()
         .await
@@ -192,7 +193,9 @@ impl Scratch {
 
     /// Migrates the scratch outbox, on the binlog route when the bench runs it.
     pub(crate) async fn migrate(&self, options: &Options) -> anyhow::Result<()> {
-        outbox_db::tools::mysql::migrate(&self.pool, &self.schema).await?;
+        sqlx::MySql::database(self.pool.clone(), self.schema.as_str())?
+            .migrate()
+            .await?;
         if options.binlog {
             outbox_db::tools::mysql::enable_binlog_route(&self.pool, &self.schema).await?;
         }
@@ -301,8 +304,7 @@ impl RelayOnMysql {
             &password,
             scratch.schema.as_str(),
         )?;
-        let pool =
-            outbox_db::tools::mysql::connect_pool(&url, options.workers as u32 * 2 + 2).await?;
+        let pool = sqlx::MySql::connect_pool(&url, options.workers as u32 * 2 + 2).await?;
         let store: Arc<dyn Store> = Arc::new(if options.binlog {
             MysqlStore::binlog(pool, scratch.schema.clone(), &url)?
         } else {
