@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use outbox_postgres::Writer;
+use outbox_db::tools::postgres::Writer;
 use outbox_relay::{ClaimTimes, ClaimTimesSnapshot};
 use serde::Serialize;
 use sqlx::Connection;
@@ -241,7 +241,8 @@ async fn machine_floor(
     pad: String,
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<(Floor, Floor)> {
-    let options = outbox_postgres::connect_options(&url)?.application_name("outbox_bench_floor");
+    let options =
+        outbox_db::tools::postgres::connect_options(&url)?.application_name("outbox_bench_floor");
     let mut conn = sqlx::PgConnection::connect_with(&options).await?;
     sqlx::query(
         "CREATE TEMPORARY TABLE floor_rows AS SELECT gen_random_uuid() AS id, \
@@ -309,6 +310,7 @@ async fn measure(
     keys: usize,
     one: bool,
 ) -> anyhow::Result<Run> {
+    // Long because: its steps share the relay, three background tasks and their stop tokens.
     // The probe's ledger holds the measured rows only; the other keys' load records its
     // commits in a ledger of its own (their receipts reach the probe as unknown ids).
     let probe = Probe::start(&scratch.js, &scratch.stream).await?;

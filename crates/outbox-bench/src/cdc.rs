@@ -157,7 +157,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
         idle.relay_backends_percent
     );
     let writers = if a.writers {
-        Some(crate::writers::run(ctx).await?)
+        Some(crate::writers::run(crate::bed::Bed::Postgres(ctx)).await?)
     } else {
         None
     };
@@ -193,8 +193,8 @@ fn steady_line(s: &Steady) -> String {
 /// A scratch schema with the publication and slot made before any row is written.
 async fn cdc_scratch(ctx: &Ctx, tag: &str) -> anyhow::Result<Scratch> {
     let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, tag).await?;
-    let names = outbox_postgres::cdc::CdcNames::new(&scratch.schema, "relay")?;
-    if let Err(e) = outbox_postgres::cdc::setup::migrate_cdc(&ctx.pool, &names).await {
+    let names = outbox_db::tools::postgres::CdcNames::new(&scratch.schema, "relay")?;
+    if let Err(e) = outbox_db::tools::postgres::migrate_cdc(&ctx.pool, &names).await {
         scratch.drop().await;
         return Err(e.into());
     }
@@ -204,9 +204,9 @@ async fn cdc_scratch(ctx: &Ctx, tag: &str) -> anyhow::Result<Scratch> {
 /// Drops the scratch's slot and publication (once the relay's session let go of the slot),
 /// then the scratch.
 async fn drop_cdc_scratch(ctx: &Ctx, scratch: Scratch) {
-    if let Ok(names) = outbox_postgres::cdc::CdcNames::new(&scratch.schema, "relay") {
+    if let Ok(names) = outbox_db::tools::postgres::CdcNames::new(&scratch.schema, "relay") {
         for _ in 0..100 {
-            if outbox_postgres::cdc::setup::drop_cdc(&ctx.pool, &names)
+            if outbox_db::tools::postgres::drop_cdc(&ctx.pool, &names)
                 .await
                 .is_ok()
             {
@@ -328,13 +328,13 @@ async fn steady_floor(ctx: &Ctx, spec: &Paced) -> anyhow::Result<Option<Floor>> 
         return Ok(None);
     };
     let scratch = cdc_scratch(ctx, "cdcfloor").await?;
-    let names = outbox_postgres::cdc::CdcNames::new(&scratch.schema, "relay")?;
+    let names = outbox_db::tools::postgres::CdcNames::new(&scratch.schema, "relay")?;
     let application_name = format!("outbox_bench_floor_{}", scratch.suffix);
     let result = async {
         // The connection as libpq's environment, so no password shows in the process list.
         let url: sqlx::postgres::PgConnectOptions = ctx.options.database_url.parse()?;
-        let password =
-            outbox_postgres::cdc::url_password(&ctx.options.database_url)?.unwrap_or_default();
+        let password = outbox_db::tools::postgres::url_password(&ctx.options.database_url)?
+            .unwrap_or_default();
         let mut child = tokio::process::Command::new(program)
             .env("PGHOST", url.get_host())
             .env("PGPORT", url.get_port().to_string())

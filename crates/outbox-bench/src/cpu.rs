@@ -45,8 +45,13 @@ pub struct CpuPerMessage {
 impl CpuPerMessage {
     /// `relay 12.3 µs, PostgreSQL 8.1 µs, broker 9.0 µs per message`.
     pub fn line(&self) -> String {
+        self.line_as("PostgreSQL")
+    }
+
+    /// [`CpuPerMessage::line`] with the database server named `server` (`MariaDB`).
+    pub fn line_as(&self, server: &str) -> String {
         format!(
-            "CPU per message: relay {:.1} µs, PostgreSQL {:.1} µs, broker {:.1} µs",
+            "CPU per message: relay {:.1} µs, {server} {:.1} µs, broker {:.1} µs",
             self.relay_us, self.postgres_us, self.broker_us
         )
     }

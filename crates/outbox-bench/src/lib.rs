@@ -15,7 +15,10 @@
 //! - `inbox`: the receiving side, ingest and handlers, each beside a naive consumer that does one
 //!   transaction per message.
 //!
-//! Backlog mode also runs on MySQL/MariaDB (`--database-url mysql://…`, the `mysql` module).
+//! Backlog, steady, writers, idle-tx and inbox modes also run on MySQL/MariaDB (`--database-url
+//! mysql://…`): each mode is one bench parameterised by the database (the `bed` module), the
+//! `mysql` module giving it its scratch database, relay and writer target. Every database is
+//! reached through `outbox_db`; the naive baselines' SQL is raw, as issue 47 excepts.
 //!
 //! Latency is measured at the broker (see the `latency` module); published counts come from the
 //! relay's metrics and the stream. Nothing reads the engine's tables or columns, so the modes keep
@@ -23,6 +26,7 @@
 
 mod args;
 mod backlog;
+mod bed;
 mod big_tx;
 mod cdc;
 mod cpu;
@@ -44,7 +48,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::jetstream;
-use outbox_postgres::connect_pool;
+use outbox_db::SqlxBackend as _;
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -220,13 +224,7 @@ impl Ctx {
 
     /// `keys` for the modes that take one value.
     fn single_keys(&self) -> anyhow::Result<usize> {
-        match self.options.keys.as_slice() {
-            [k] => Ok(*k),
-            _ => Err(outbox_core::Error::config(
-                "--keys takes one value in this mode (a comma list only in backlog mode)",
-            )
-            .into()),
-        }
+        single_keys(&self.options)
     }
 
     /// Payload padding of `payload_bytes`.
@@ -241,10 +239,6 @@ impl Ctx {
         } else {
             "polling (no LISTEN)"
         }
-    }
-
-    fn json(&self) -> bool {
-        self.options.json
     }
 }
 
@@ -340,7 +334,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         anyhow::bail!("bench: only backlog mode measures sinks other than NATS; drop --sink or use --mode backlog");
     }
     let connections = options.producers.max(options.clients).max(4) as u32 + 4;
-    let pool = connect_pool(&options.database_url, connections).await?;
+    let pool = sqlx::Postgres::connect_pool(&options.database_url, connections).await?;
     // Through the sink's own config: credentials go to the client, never into its log.
     let client = outbox_sinks::nats::NatsConfig::from_url(&options.nats_url)?
         .connect_client()
@@ -352,14 +346,25 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         pool,
     };
     match ctx.options.mode {
-        Mode::Backlog => backlog::run(&ctx).await,
-        Mode::Steady => steady::run(&ctx).await,
-        Mode::Writers => writers::run(&ctx).await,
-        Mode::IdleTx => idle_tx::run(&ctx).await,
+        Mode::Backlog => backlog::run(bed::Bed::Postgres(&ctx)).await,
+        Mode::Steady => steady::run(bed::Bed::Postgres(&ctx)).await,
+        Mode::Writers => writers::run(bed::Bed::Postgres(&ctx)).await,
+        Mode::IdleTx => idle_tx::run(bed::Bed::Postgres(&ctx)).await,
         Mode::Idle => idle::run(&ctx).await,
-        Mode::Inbox => inbox::run(&ctx).await,
+        Mode::Inbox => inbox::run(bed::Bed::Postgres(&ctx)).await,
         Mode::BigTx => big_tx::run(&ctx).await,
         Mode::Cdc => cdc::run(&ctx).await,
+    }
+}
+
+/// `keys` for the modes that take one value, on any database.
+fn single_keys(options: &Options) -> anyhow::Result<usize> {
+    match options.keys.as_slice() {
+        [k] => Ok(*k),
+        _ => Err(outbox_core::Error::config(
+            "--keys takes one value in this mode (a comma list only in backlog mode)",
+        )
+        .into()),
     }
 }
 

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::NewMessage;
-use outbox_postgres::{Schema, Writer};
+use outbox_db::tools::postgres::Writer;
+use outbox_db::Schema;
 use serde::Serialize;
 use sqlx::PgPool;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use async_nats::jetstream;
-use outbox_postgres::Schema;
+use outbox_db::Schema;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 

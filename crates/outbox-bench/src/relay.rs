@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_core::{DestinationTemplate, Store};
-use outbox_postgres::PgStore;
+use outbox_db::SqlxBackend as _;
 use outbox_relay::{Relay, RelayConfig, RelayMetrics};
 use serde::Serialize;
 use sqlx::postgres::PgPoolOptions;
@@ -66,7 +66,8 @@ async fn on<T: Send + 'static>(
 /// The relay's pool, with the relay's own session settings (JIT off, timeouts) as
 /// `outbox relay` has them, named `application_name`.
 async fn relay_pool(url: String, application_name: String, size: u32) -> anyhow::Result<PgPool> {
-    let options = outbox_postgres::connect_options(&url)?.application_name(&application_name);
+    let options =
+        outbox_db::tools::postgres::connect_options(&url)?.application_name(&application_name);
     Ok(PgPoolOptions::new()
         .max_connections(size)
         .acquire_timeout(Duration::from_secs(10))
@@ -119,7 +120,8 @@ impl RelayUnderTest {
             ),
         )
         .await?;
-        let store: Arc<dyn Store> = Arc::new(PgStore::new(pool.clone(), scratch.schema.clone()));
+        let store: Arc<dyn Store> =
+            sqlx::Postgres::database(pool.clone(), scratch.schema.as_str())?.store();
         let relay = Relay::new(store, sink, config(ctx, destination));
         Ok(Self::run(relay, pool, application_name, runtime))
     }
@@ -132,7 +134,7 @@ impl RelayUnderTest {
         let destination =
             DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
         let application_name = format!("outbox_bench_relay_{}", scratch.suffix);
-        let names = outbox_postgres::cdc::CdcNames::new(&scratch.schema, "relay")?;
+        let names = outbox_db::tools::postgres::CdcNames::new(&scratch.schema, "relay")?;
         let (nats, url, app) = (
             ctx.options.nats_url.clone(),
             ctx.options.database_url.clone(),
@@ -141,7 +143,8 @@ impl RelayUnderTest {
         let (sink, pool, store) = on(Some(&runtime), async move {
             let sink = outbox_sinks::connect(&nats).await?;
             let pool = relay_pool(url.clone(), app, 2).await?;
-            let store = outbox_postgres::cdc::CdcStore::new(pool.clone(), &url, names).await?;
+            let store =
+                outbox_db::tools::postgres::CdcStore::new(pool.clone(), &url, names).await?;
             Ok((sink, pool, store))
         })
         .await?;

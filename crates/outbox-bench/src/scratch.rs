@@ -3,7 +3,8 @@
 
 use anyhow::Context as _;
 use async_nats::jetstream;
-use outbox_postgres::{migrate, Schema};
+use outbox_db::Schema;
+use outbox_db::SqlxBackend as _;
 use sqlx::PgPool;
 
 use crate::{sql, Storage};
@@ -66,7 +67,11 @@ impl Scratch {
         tag: &str,
     ) -> anyhow::Result<Self> {
         let scratch = Self::new(pool, js, storage, tag).await?;
-        if let Err(e) = migrate(pool, &scratch.schema).await {
+        let migrated = match sqlx::Postgres::database(pool.clone(), scratch.schema.as_str()) {
+            Ok(db) => db.migrate().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = migrated {
             scratch.drop().await;
             return Err(e.into());
         }

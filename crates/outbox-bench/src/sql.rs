@@ -1,6 +1,6 @@
 //! Every SQL statement the bench runs, by name. The longer ones live in `queries/*.sql` with
 //! their reasons; `{schema}` is the run's scratch schema, filled in by
-//! [`outbox_postgres::Schema::render`] (a validated identifier, never user text).
+//! [`outbox_db::Schema::render`] (a validated identifier, never user text).
 //!
 //! None of them reads the engine's own tables or columns (the one exception, the raw insert,
 //! is the outbox's documented SQL contract): the modes keep working when the engine changes

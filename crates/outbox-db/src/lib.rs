@@ -23,6 +23,7 @@ mod routes;
 mod session;
 mod sql;
 mod sqlx_backend;
+pub mod tools;
 mod transaction;
 pub mod url;
 

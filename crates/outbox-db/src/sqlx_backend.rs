@@ -50,6 +50,11 @@ pub trait SqlxBackend: sqlx::Database {
     /// The outbox table set `place` in the database `pool` connects to, as a [`Database`]
     /// sharing that pool.
     fn database(pool: Pool<Self>, place: &str) -> Result<Database>;
+
+    /// A pool of at most `max_connections` to the database `url` names, set up as the outbox
+    /// sets up its own (the backend's connect options; SQLite's WAL and busy timeout). Fails
+    /// at once if the database cannot be reached.
+    async fn connect_pool(url: &str, max_connections: u32) -> Result<Pool<Self>>;
 }
 
 #[async_trait]
@@ -82,6 +87,10 @@ impl SqlxBackend for Postgres {
             Schema::new(place)?,
         ))))
     }
+
+    async fn connect_pool(url: &str, max_connections: u32) -> Result<Pool<Self>> {
+        outbox_postgres::connect_pool(url, max_connections).await
+    }
 }
 
 #[async_trait]
@@ -113,6 +122,10 @@ impl SqlxBackend for Sqlite {
             SqliteStore::with_tables(pool, Tables::new(place)?),
         )))
     }
+
+    async fn connect_pool(url: &str, max_connections: u32) -> Result<Pool<Self>> {
+        outbox_sqlite::connect_pool_sized(url, max_connections).await
+    }
 }
 
 #[async_trait]
@@ -142,5 +155,9 @@ impl SqlxBackend for MySql {
             pool,
             outbox_mysql::Schema::new(place)?,
         ))))
+    }
+
+    async fn connect_pool(url: &str, max_connections: u32) -> Result<Pool<Self>> {
+        outbox_mysql::connect_pool(url, max_connections).await
     }
 }

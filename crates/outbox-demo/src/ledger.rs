@@ -5,11 +5,14 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
+use outbox_db::SqlxBackend as _;
 use outbox_inbox::{HandlerError, Handlers, InboxMessage, InboxProcessor, ProcessorConfig};
 use outbox_sinks::read::{Delivered, Reader};
 use sqlx::SqlitePool;
 use uuid::Uuid;
 
+/// Connections of the ledger's pool: SQLite's own default (one writer at a time, readers beside).
+const LEDGER_CONNECTIONS: u32 = 8;
 /// The balance table.
 const LEDGER: &str = include_str!("../queries/ledger.sql");
 /// Applies one payment to the balance.
@@ -28,8 +31,9 @@ pub(crate) struct Ledger {
 impl Ledger {
     /// A fresh ledger database at `path` (a previous run's is removed).
     pub async fn open(path: &Path) -> anyhow::Result<Self> {
-        outbox_sqlite::remove_database(path);
-        let pool = outbox_sqlite::connect_pool(&format!("sqlite://{}", path.display())).await?;
+        outbox_db::tools::remove_sqlite_database(path);
+        let url = format!("sqlite://{}", path.display());
+        let pool = sqlx::Sqlite::connect_pool(&url, LEDGER_CONNECTIONS).await?;
         outbox_inbox::migrate_sqlite(&pool).await?;
         sqlx::raw_sql(LEDGER).execute(&pool).await?;
         Ok(Self { pool })
@@ -75,7 +79,7 @@ impl Ledger {
             .collect();
         // IMMEDIATE: take SQLite's write lock at BEGIN, so the processor's transactions wait
         // for this one instead of failing an upgrade from a read lock.
-        let mut tx = outbox_sqlite::begin_immediate(&self.pool).await?;
+        let mut tx = sqlx::Sqlite::begin_writing(&self.pool).await?;
         let flags = outbox_inbox::Inbox::default()
             .ingest_many(&mut tx, &messages)
             .await?;

@@ -126,6 +126,7 @@ fn line(s: &Stats, published: u64) -> String {
 /// Tells the story on stdout, scene by scene, and returns how it ended (the last line printed
 /// says whether every guarantee held).
 pub async fn run(options: Options) -> anyhow::Result<Summary> {
+    // Long because: the story's four scenes in order, sharing one producer, relay and ledger.
     let dir = &options.dir;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let db_url = options

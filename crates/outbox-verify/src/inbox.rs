@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use outbox_db::Backend;
+use outbox_db::{Backend, SqlxBackend as _};
 use outbox_inbox::{
     HandlerError, Handlers, InboxDatabase, InboxProcessor, InboxSchema, ProcessorConfig,
 };
@@ -110,12 +110,12 @@ pub async fn run_handlers(
     let place = s.tables().as_str();
     let processor = match Backend::of(database_url)? {
         Backend::Mysql => {
-            let pool = outbox_mysql::connect_pool(database_url, 12).await?;
+            let pool = sqlx::MySql::connect_pool(database_url, 12).await?;
             let handlers = handlers!(sqlx::MySql, MYSQL_INSERT.replace("{schema}", place));
             InboxProcessor::mysql(pool, s, handlers, config(lease))?
         }
         _ => {
-            let pool = outbox_postgres::connect_pool(database_url, 12).await?;
+            let pool = sqlx::Postgres::connect_pool(database_url, 12).await?;
             let handlers = handlers!(sqlx::Postgres, INSERT.replace("{schema}", place));
             InboxProcessor::postgres(pool, s, handlers, config(lease))?
         }

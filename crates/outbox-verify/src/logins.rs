@@ -1,12 +1,12 @@
 //! The least-privilege logins of one `outbox verify` run: a writer, a relay and an operator, each
 //! holding only its part's grants (docs/roles.md on PostgreSQL; on MySQL/MariaDB the table
-//! "Least privileges" of docs/engine-mysql.md, [`outbox_mysql::grants::DOCUMENTED`]), made for the run and dropped
-//! after it, so the guarantees are checked as production runs them, not as a superuser.
+//! "Least privileges" of docs/engine-mysql.md, [`DOCUMENTED`]), made for the run and dropped after
+//! it, so the guarantees are checked as production runs them, not as a superuser.
 
 use anyhow::Context as _;
 use outbox_core::{Grant, Part};
+use outbox_db::tools::mysql_grants::{self as grants, DOCUMENTED};
 use outbox_db::Database;
-use outbox_mysql::grants::{self, DOCUMENTED};
 
 /// A login's name and password.
 pub type Login = (String, String);

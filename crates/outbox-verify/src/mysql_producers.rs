@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use outbox_db::tools::MysqlSchema as Schema;
 use outbox_db::Database;
-use outbox_mysql::Schema;
 use sqlx::{MySqlPool, Row as _};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;

@@ -282,11 +282,10 @@ pub async fn prepare(db: &Database, shape: &Shape, cdc: bool, binlog: bool) -> a
             .context("turning the binlog route on")?;
     }
     if cdc {
-        let Database::Postgres(store) = db else {
+        if db.backend() != Backend::Postgres {
             anyhow::bail!("verify --mode cdc reads PostgreSQL's WAL; use a postgres:// URL");
-        };
-        let names = outbox_postgres::cdc::CdcNames::new(store.schema(), "relay")?;
-        outbox_postgres::cdc::setup::migrate_cdc(store.pool(), &names)
+        }
+        db.migrate_cdc("relay")
             .await
             .context("creating the CDC publication and slot")?;
     }
@@ -294,17 +293,13 @@ pub async fn prepare(db: &Database, shape: &Shape, cdc: bool, binlog: bool) -> a
         .await
         .context("creating the ledger")?;
     if shape.debezium {
-        let Database::Postgres(store) = db else {
+        if db.backend() != Backend::Postgres {
             anyhow::bail!("verify --debezium adopts a PostgreSQL table; use a postgres:// URL");
-        };
+        }
         db.execute_script(DEBEZIUM_TABLE)
             .await
             .context("creating Debezium's outbox table")?;
-        let table = outbox_postgres::debezium::TableName::parse(&format!(
-            "{}.debezium_outbox",
-            store.schema().as_str()
-        ))?;
-        outbox_postgres::debezium::adopt(store.pool(), store.schema(), &table)
+        db.adopt_debezium(&format!("{}.debezium_outbox", db.schema()))
             .await
             .context("adopting Debezium's outbox table")?;
     }
@@ -554,7 +549,7 @@ impl Producer {
             }
             WriterKind::Emit => {
                 let m = NewMessage::new("verify", key, "event", payload);
-                tx.execute(EMIT, &[outbox_postgres::cdc::emit::content(&m).into()])
+                tx.execute(EMIT, &[outbox_db::tools::cdc_emit_content(&m).into()])
                     .await?;
                 m.id
             }

@@ -3,23 +3,22 @@
 //! costs a business transaction, beside a naive table), steady mode (commit→ack at a paced rate)
 //! idle-tx mode (the same with a REPEATABLE READ snapshot held open) and inbox mode (ingest and
 //! handlers beside naive consumers), each measured as on PostgreSQL, with the CPU figures read
-//! from the `mariadbd` process where the mode reports them.
+//! from the `mariadbd` process where the mode reports them. Each mode is the generic one
+//! (`crate::backlog`, `crate::writers`, `crate::steady`, `crate::idle_tx`, `crate::inbox`) on
+//! [`crate::bed::Bed::Mysql`]; this module gives them their scratch database, relay and writer
+//! target.
 //!
 //! Each run works in a scratch database and stream of its own and drops them. The other modes
 //! measure PostgreSQL only and say so.
-
-mod backlog;
-mod idle_tx;
-mod inbox;
-mod steady;
-mod writers;
 
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use async_nats::jetstream;
 use outbox_core::{DestinationTemplate, Store};
-use outbox_mysql::{MysqlStore, Schema};
+use outbox_db::tools::mysql::MysqlStore;
+use outbox_db::tools::MysqlSchema as Schema;
+use outbox_db::SqlxBackend as _;
 use outbox_relay::{Relay, RelayMetrics};
 use sqlx::MySqlPool;
 use tokio::task::JoinHandle;
@@ -29,13 +28,13 @@ use crate::{Mode, Options, Report};
 
 /// The MySQL writer as a producer's [`Target`](crate::load::Target).
 #[derive(Clone)]
-pub(super) struct MysqlTarget {
+pub(crate) struct MysqlTarget {
     pool: MySqlPool,
     schema: Schema,
 }
 
 impl MysqlTarget {
-    pub(super) fn new(pool: &MySqlPool, schema: &Schema) -> Self {
+    pub(crate) fn new(pool: &MySqlPool, schema: &Schema) -> Self {
         Self {
             pool: pool.clone(),
             schema: schema.clone(),
@@ -54,9 +53,9 @@ impl crate::load::Target for MysqlTarget {
             let mut tx = t.pool.begin().await?;
             match msgs.as_slice() {
                 [one] => {
-                    outbox_mysql::enqueue(&mut tx, &t.schema, one).await?;
+                    outbox_db::tools::mysql::enqueue(&mut tx, &t.schema, one).await?;
                 }
-                many => outbox_mysql::enqueue_many(&mut tx, &t.schema, many).await?,
+                many => outbox_db::tools::mysql::enqueue_many(&mut tx, &t.schema, many).await?,
             }
             let sent = latency.stamp();
             tx.commit().await?;
@@ -67,11 +66,12 @@ impl crate::load::Target for MysqlTarget {
 }
 
 /// Process names of the database server, for the CPU figures.
-const SERVER: &[&str] = &["mariadbd", "mysqld"];
+pub(crate) const SERVER: &[&str] = &["mariadbd", "mysqld"];
 
+// Raw baseline, excepted by issue 47: the seed articles' table, not the outbox's.
 /// The seed articles' table on MySQL: a UUID key and a status column with its index, which the
 /// naive relay claims `FOR UPDATE SKIP LOCKED` and marks one `UPDATE` per row.
-const NAIVE_TABLE: &str = "CREATE DATABASE IF NOT EXISTS {schema};
+pub(crate) const NAIVE_TABLE: &str = "CREATE DATABASE IF NOT EXISTS {schema};
 CREATE TABLE {schema}.outbox_naive (
     id             CHAR(36)     NOT NULL DEFAULT (UUID()) PRIMARY KEY,
     aggregate_type VARCHAR(255) NOT NULL,
@@ -84,19 +84,19 @@ CREATE TABLE {schema}.outbox_naive (
 ) ENGINE = InnoDB";
 
 /// InnoDB's undo history not yet purged, server-wide (`None` where the metric is not exposed).
-const HISTORY_LENGTH: &str =
+pub(crate) const HISTORY_LENGTH: &str =
     "SELECT `COUNT` FROM information_schema.INNODB_METRICS WHERE NAME = 'trx_rseg_history_len'";
 
 /// What a table occupies, and the server's purge backlog, at one instant.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
-struct Footprint {
-    data_bytes: u64,
-    index_bytes: u64,
-    history_length: Option<i64>,
+pub(crate) struct Footprint {
+    pub(crate) data_bytes: u64,
+    pub(crate) index_bytes: u64,
+    pub(crate) history_length: Option<i64>,
 }
 
 impl Footprint {
-    fn total_mib(&self) -> f64 {
+    pub(crate) fn total_mib(&self) -> f64 {
         (self.data_bytes + self.index_bytes) as f64 / 1048576.0
     }
 }
@@ -112,10 +112,10 @@ pub fn is_mysql(url: &str) -> bool {
 }
 
 /// What every MySQL mode shares: the options, a pool of relay-style sessions for setup, NATS.
-struct MyCtx {
-    options: Options,
-    pool: MySqlPool,
-    js: jetstream::Context,
+pub(crate) struct MyCtx {
+    pub(crate) options: Options,
+    pub(crate) pool: MySqlPool,
+    pub(crate) js: jetstream::Context,
 }
 
 /// Runs the mode `options` names on MySQL/MariaDB.
@@ -134,7 +134,7 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         );
     }
     let connections = (options.producers.max(4) + options.clients + options.workers * 2 + 4) as u32;
-    let pool = outbox_mysql::connect_pool(&options.database_url, connections).await?;
+    let pool = sqlx::MySql::connect_pool(&options.database_url, connections).await?;
     let client = outbox_sinks::nats::NatsConfig::from_url(&options.nats_url)?
         .connect_client()
         .await
@@ -145,27 +145,27 @@ pub async fn run(options: Options) -> anyhow::Result<Report> {
         js: jetstream::new(client),
     };
     let report = match ctx.options.mode {
-        Mode::Writers => writers::run(&ctx).await,
-        Mode::Steady => steady::run(&ctx).await,
-        Mode::IdleTx => idle_tx::run(&ctx).await,
-        Mode::Inbox => inbox::run(&ctx).await,
-        _ => backlog::run(&ctx).await,
+        Mode::Writers => crate::writers::run(crate::bed::Bed::Mysql(&ctx)).await,
+        Mode::Steady => crate::steady::run(crate::bed::Bed::Mysql(&ctx)).await,
+        Mode::IdleTx => crate::idle_tx::run(crate::bed::Bed::Mysql(&ctx)).await,
+        Mode::Inbox => crate::inbox::run(crate::bed::Bed::Mysql(&ctx)).await,
+        _ => crate::backlog::run(crate::bed::Bed::Mysql(&ctx)).await,
     };
     ctx.pool.close().await;
     report
 }
 
 /// A scratch database and stream.
-struct Scratch {
-    pool: MySqlPool,
-    schema: Schema,
-    js: jetstream::Context,
-    stream: String,
-    subject_prefix: String,
+pub(crate) struct Scratch {
+    pub(crate) pool: MySqlPool,
+    pub(crate) schema: Schema,
+    pub(crate) js: jetstream::Context,
+    pub(crate) stream: String,
+    pub(crate) subject_prefix: String,
 }
 
 impl Scratch {
-    async fn new(
+    pub(crate) async fn new(
         pool: &MySqlPool,
         js: &jetstream::Context,
         opts: &Options,
@@ -192,15 +192,17 @@ impl Scratch {
     }
 
     /// Migrates the scratch outbox, on the binlog route when the bench runs it.
-    async fn migrate(&self, options: &Options) -> anyhow::Result<()> {
-        outbox_mysql::migrate(&self.pool, &self.schema).await?;
+    pub(crate) async fn migrate(&self, options: &Options) -> anyhow::Result<()> {
+        sqlx::MySql::database(self.pool.clone(), self.schema.as_str())?
+            .migrate()
+            .await?;
         if options.binlog {
-            outbox_mysql::binlog::route::enable(&self.pool, &self.schema).await?;
+            outbox_db::tools::mysql::enable_binlog_route(&self.pool, &self.schema).await?;
         }
         Ok(())
     }
 
-    async fn stream_messages(&self) -> anyhow::Result<u64> {
+    pub(crate) async fn stream_messages(&self) -> anyhow::Result<u64> {
         Ok(self
             .js
             .get_stream(&self.stream)
@@ -211,7 +213,7 @@ impl Scratch {
             .messages)
     }
 
-    async fn analyze(&self, table: &str) -> anyhow::Result<()> {
+    pub(crate) async fn analyze(&self, table: &str) -> anyhow::Result<()> {
         sqlx::raw_sql(
             &self
                 .schema
@@ -225,7 +227,7 @@ impl Scratch {
 
     /// What `table` occupies after `ANALYZE TABLE` (MySQL 8 caches these figures otherwise), and
     /// InnoDB's undo history not yet purged, server-wide.
-    async fn footprint(&self, table: &str) -> anyhow::Result<Footprint> {
+    pub(crate) async fn footprint(&self, table: &str) -> anyhow::Result<Footprint> {
         self.analyze(table).await?;
         let (data_bytes, index_bytes): (u64, u64) = sqlx::query_as(
             "SELECT CAST(DATA_LENGTH AS UNSIGNED), CAST(INDEX_LENGTH AS UNSIGNED) \
@@ -249,7 +251,7 @@ impl Scratch {
     }
 
     /// Drops the database and the stream (best effort: a leftover is named, never a figure).
-    async fn drop(self) {
+    pub(crate) async fn drop(self) {
         if let Err(error) = sqlx::raw_sql(&self.schema.render("DROP DATABASE IF EXISTS {schema}"))
             .execute(&self.pool)
             .await
@@ -266,8 +268,8 @@ impl Scratch {
 /// logs in as an account made for it holding exactly the relay's documented grants
 /// (docs/engine-mysql.md, "Least privileges"; the binlog route's too when the bench runs it),
 /// as production runs it, not as the bench's URL's user; the account goes when it stops.
-struct RelayOnMysql {
-    metrics: Arc<RelayMetrics>,
+pub(crate) struct RelayOnMysql {
+    pub(crate) metrics: Arc<RelayMetrics>,
     stop: CancellationToken,
     handle: JoinHandle<()>,
     /// The administrator's pool and the relay's account, dropped at [`RelayOnMysql::stop`].
@@ -275,19 +277,19 @@ struct RelayOnMysql {
 }
 
 impl RelayOnMysql {
-    async fn start(options: &Options, scratch: &Scratch) -> anyhow::Result<Self> {
+    pub(crate) async fn start(options: &Options, scratch: &Scratch) -> anyhow::Result<Self> {
         let sink = outbox_sinks::connect(&options.nats_url).await?;
         let destination =
             DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
         let name = format!("outbox_bench_relay_{:08x}", fastrand::u32(..));
         let password = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-        let (mariadb, _) = outbox_mysql::grants::server(&scratch.pool).await?;
-        let documented = &outbox_mysql::grants::DOCUMENTED;
+        let (mariadb, _) = outbox_db::tools::mysql_grants::server(&scratch.pool).await?;
+        let documented = &outbox_db::tools::mysql_grants::DOCUMENTED;
         let mut grants = documented.relay.to_vec();
         if options.binlog {
             grants.extend(documented.relay_binlog);
         }
-        outbox_mysql::grants::create_account(
+        outbox_db::tools::mysql_grants::create_account(
             &scratch.pool,
             &name,
             &password,
@@ -296,13 +298,13 @@ impl RelayOnMysql {
             mariadb,
         )
         .await?;
-        let url = outbox_mysql::grants::login_url(
+        let url = outbox_db::tools::mysql_grants::login_url(
             &options.database_url,
             &name,
             &password,
             scratch.schema.as_str(),
         )?;
-        let pool = outbox_mysql::connect_pool(&url, options.workers as u32 * 2 + 2).await?;
+        let pool = sqlx::MySql::connect_pool(&url, options.workers as u32 * 2 + 2).await?;
         let store: Arc<dyn Store> = Arc::new(if options.binlog {
             MysqlStore::binlog(pool, scratch.schema.clone(), &url)?
         } else {
@@ -321,15 +323,15 @@ impl RelayOnMysql {
     }
 
     /// Claim count and time so far.
-    fn claims(&self) -> crate::relay::ClaimCounter {
+    pub(crate) fn claims(&self) -> crate::relay::ClaimCounter {
         crate::relay::ClaimCounter::of(&self.metrics)
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.cancel();
         let _ = self.handle.await;
         let (pool, name) = &self.account;
-        if let Err(error) = outbox_mysql::grants::drop_account(pool, name).await {
+        if let Err(error) = outbox_db::tools::mysql_grants::drop_account(pool, name).await {
             tracing::warn!(account = %name, %error, "could not drop the bench relay's account");
         }
     }

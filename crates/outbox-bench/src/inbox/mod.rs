@@ -1,6 +1,8 @@
 //! Inbox mode: the receiving side's throughput, each side by side with a naive consumer that
-//! does one transaction per message, in the same run and on the same stream, on PostgreSQL
-//! (here) or MySQL/MariaDB (`mysql::inbox`, the same steps through [`InboxBench`]).
+//! does one transaction per message, in the same run and on the same stream, on PostgreSQL or
+//! MySQL/MariaDB: the steps here, each database's half (`postgres`, `mysql`: its scratch
+//! tables and the naive consumers' raw baseline SQL, excepted by issue 47) through
+//! [`InboxBench`].
 //!
 //! 1. `--rows` messages are published to a scratch JetStream stream, as `outbox relay` would
 //!    (message id, type and key headers, `--payload-bytes`, `--keys` keys).
@@ -13,6 +15,9 @@
 //!    durable) processes `--naive-rows` messages from the broker one transaction per message:
 //!    the dedupe claim, the same row, commit, ack.
 
+mod mysql;
+mod postgres;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,15 +27,14 @@ use async_nats::jetstream::{self, consumer};
 use futures::StreamExt;
 use outbox_inbox::daemon::{DaemonConfig, IngestMetrics};
 use outbox_inbox::source::{NatsSource, NatsSourceConfig};
-use outbox_inbox::{Handlers, InboxProcessor, InboxSchema, ProcessorConfig};
+use outbox_inbox::{InboxProcessor, ProcessorConfig};
 use outbox_relay::RelayMetrics;
 use serde::Serialize;
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::scratch::Scratch;
-use crate::{sql, Ctx, Options, Report};
+use crate::bed::Bed;
+use crate::{Options, Report};
 
 /// Longest one measured phase may take.
 const PHASE_LIMIT: Duration = Duration::from_secs(600);
@@ -228,42 +232,25 @@ fn id_and_key(m: &async_nats::jetstream::Message) -> (Uuid, String) {
     )
 }
 
-/// Runs inbox mode on PostgreSQL.
-pub async fn run(ctx: &Ctx) -> anyhow::Result<Report> {
-    let plan = Plan::of(&ctx.options, ctx.single_keys()?);
-    plan.announce(&ctx.options, "PostgreSQL");
-    let s = Scratch::new(&ctx.pool, &ctx.js, ctx.options.storage, "inbox").await?;
-    let stream = Stream {
-        js: &s.js,
-        name: &s.stream,
-        subject_prefix: &s.subject_prefix,
+/// Runs inbox mode on the database of `bed`.
+pub async fn run(bed: Bed<'_>) -> anyhow::Result<Report> {
+    let o = bed.options();
+    let plan = Plan::of(o, crate::single_keys(o)?);
+    let database = match bed {
+        Bed::Postgres(_) => "PostgreSQL",
+        Bed::Mysql(_) => "MariaDB",
     };
-    let bench = PgInboxBench {
-        url: &ctx.options.database_url,
-        scratch: &s,
-        inserts: (
-            s.schema.render(sql::NAIVE_INBOX_INSERT),
-            s.schema.render(sql::NAIVE_HANDLER_CLAIM),
-            s.schema.render(sql::EFFECT_INSERT),
-        ),
+    plan.announce(o, database);
+    let figures = match bed {
+        Bed::Postgres(ctx) => postgres::run(ctx, &plan).await,
+        Bed::Mysql(ctx) => mysql::run(ctx, &plan).await,
     };
-    let result = match prepare_pg(&s).await {
-        Ok(()) => measure(&bench, &stream, &plan).await,
-        Err(e) => Err(e),
-    };
-    // The inbox's processing queue lives in a schema of its own beside the scratch one.
-    if let Ok(inbox) = InboxSchema::new(s.schema.as_str()) {
-        let _ = sqlx::raw_sql(&inbox.queue().render(sql::DROP_SCHEMA_IF_EXISTS))
-            .execute(&s.pool)
-            .await;
-    }
-    s.drop().await;
-    report(result?, ctx.json(), "PostgreSQL")
+    report(figures?, o.json, database)
 }
 
 /// The figures as the report, with the text summary unless JSON was asked for (the report
 /// stands in for it then).
-pub(crate) fn report(figures: Figures, json: bool, database: &str) -> anyhow::Result<Report> {
+fn report(figures: Figures, json: bool, database: &str) -> anyhow::Result<Report> {
     if !json {
         println!(
             "  ingest   NATS -> {database:<10}   outbox inbox {:>9.0} msg/s ({} in {:.2} s)   naive, one transaction per message {:>7.0} msg/s ({} in {:.2} s)   {:.1}x",
@@ -289,98 +276,8 @@ pub(crate) fn report(figures: Figures, json: bool, database: &str) -> anyhow::Re
     Report::pretty(&figures)
 }
 
-/// The inbox tables and the bench's own in the PostgreSQL scratch schema.
-async fn prepare_pg(s: &Scratch) -> anyhow::Result<()> {
-    let schema = InboxSchema::new(s.schema.as_str())?;
-    outbox_inbox::migrate_postgres(&s.pool, &schema).await?;
-    sqlx::raw_sql(&s.schema.render(sql::INBOX_TABLES))
-        .execute(&s.pool)
-        .await?;
-    Ok(())
-}
-
-/// Inbox mode's database half on PostgreSQL.
-struct PgInboxBench<'a> {
-    url: &'a str,
-    scratch: &'a Scratch,
-    /// The naive ingest's insert, the naive handler's claim, the effect.
-    inserts: (String, String, String),
-}
-
-/// Runs `statements` with `(id, key)` in one transaction; each after the first only if the
-/// one before it affected a row (the claim gates the effect).
-async fn pg_tx(pool: &PgPool, statements: &[&str], id: Uuid, key: &str) -> anyhow::Result<()> {
-    let mut tx = pool.begin().await?;
-    for sql in statements {
-        let r = sqlx::query(sql)
-            .bind(id)
-            .bind(key)
-            .execute(&mut *tx)
-            .await?;
-        if r.rows_affected() != 1 {
-            break;
-        }
-    }
-    tx.commit().await?;
-    Ok(())
-}
-
-impl InboxBench for PgInboxBench<'_> {
-    fn database_url(&self) -> &str {
-        self.url
-    }
-
-    fn schema(&self) -> &str {
-        self.scratch.schema.as_str()
-    }
-
-    async fn naive_ingest(&self, id: Uuid, key: &str) -> anyhow::Result<()> {
-        pg_tx(&self.scratch.pool, &[&self.inserts.0], id, key).await
-    }
-
-    async fn naive_handle(&self, id: Uuid, key: &str) -> anyhow::Result<()> {
-        pg_tx(
-            &self.scratch.pool,
-            &[&self.inserts.1, &self.inserts.2],
-            id,
-            key,
-        )
-        .await
-    }
-
-    async fn processor(&self, config: ProcessorConfig) -> anyhow::Result<InboxProcessor> {
-        let insert = self.inserts.2.clone();
-        let handlers = Handlers::new().on_fn("created", move |tx, m| {
-            let insert = insert.clone();
-            Box::pin(async move {
-                sqlx::query(&insert)
-                    .bind(m.id)
-                    .bind(&m.key)
-                    .execute(&mut **tx)
-                    .await?;
-                Ok(())
-            })
-        });
-        let pool = outbox_postgres::connect_pool(self.url, 24).await?;
-        let schema = InboxSchema::new(self.schema())?;
-        Ok(InboxProcessor::postgres(pool, schema, handlers, config)?)
-    }
-
-    async fn effects(&self) -> anyhow::Result<i64> {
-        Ok(
-            sqlx::query_scalar(&self.scratch.schema.render(sql::EFFECTS_COUNT))
-                .fetch_one(&self.scratch.pool)
-                .await?,
-        )
-    }
-}
-
 /// Measures ingest and handlers on `db`, each beside its naive consumer.
-pub(crate) async fn measure(
-    db: &impl InboxBench,
-    s: &Stream<'_>,
-    plan: &Plan,
-) -> anyhow::Result<Figures> {
+async fn measure(db: &impl InboxBench, s: &Stream<'_>, plan: &Plan) -> anyhow::Result<Figures> {
     let (rows, naive_rows, batch) = (plan.rows, plan.naive_rows, plan.batch);
     publish(s, rows, plan.keys, &crate::load::pad(plan.payload_bytes)).await?;
 

@@ -1,15 +1,14 @@
-//! Inbox mode on MySQL/MariaDB: ingest NATS -> MariaDB by `outbox inbox` and handlers by the
-//! inbox processor, each beside a naive consumer doing one transaction per message, with the
-//! same steps as on PostgreSQL (`crate::inbox::measure`).
+//! Inbox mode's database half on MySQL/MariaDB: the scratch database with the inbox and the
+//! bench's tables, the naive consumers' transactions (raw baseline, excepted by issue 47: the
+//! SQL below) and the processor with its handler.
 
 use anyhow::Context as _;
 use outbox_inbox::{Handlers, InboxProcessor, InboxSchema, ProcessorConfig};
 use sqlx::MySqlPool;
 use uuid::Uuid;
 
-use super::{MyCtx, Scratch};
-use crate::inbox::{InboxBench, Plan, Stream};
-use crate::Report;
+use super::{measure, Figures, InboxBench, Plan, Stream};
+use crate::mysql::{MyCtx, Scratch};
 
 /// The bench's own tables beside the inbox: the effect every handler writes, and the naive
 /// consumer's inbox keyed by message id (a redelivery is absorbed by the key).
@@ -26,14 +25,8 @@ const NAIVE_CLAIM: &str =
 const EFFECT: &str = "INSERT INTO {schema}.bench_effects (message_id, `key`) VALUES (?, ?)";
 const EFFECTS: &str = "SELECT COUNT(*) FROM {schema}.bench_effects";
 
-/// Runs inbox mode on MySQL/MariaDB.
-pub(super) async fn run(ctx: &MyCtx) -> anyhow::Result<Report> {
-    let keys = match ctx.options.keys.as_slice() {
-        [k] => *k,
-        _ => anyhow::bail!("--keys takes one value in inbox mode"),
-    };
-    let plan = Plan::of(&ctx.options, keys);
-    plan.announce(&ctx.options, "MariaDB");
+/// Measures `plan` in a scratch database (and its inbox queue's), dropped after it.
+pub(super) async fn run(ctx: &MyCtx, plan: &Plan) -> anyhow::Result<Figures> {
     let s = Scratch::new(&ctx.pool, &ctx.js, &ctx.options, "inbox").await?;
     let stream = Stream {
         js: &s.js,
@@ -46,7 +39,7 @@ pub(super) async fn run(ctx: &MyCtx) -> anyhow::Result<Report> {
         schema: s.schema.as_str(),
     };
     let result = match bench.prepare().await {
-        Ok(()) => crate::inbox::measure(&bench, &stream, &plan).await,
+        Ok(()) => measure(&bench, &stream, plan).await,
         Err(e) => Err(e),
     };
     // The inbox's processing queue lives in a database of its own beside the scratch one.
@@ -54,7 +47,7 @@ pub(super) async fn run(ctx: &MyCtx) -> anyhow::Result<Report> {
         .execute(&s.pool)
         .await;
     s.drop().await;
-    crate::inbox::report(result?, ctx.options.json, "MariaDB")
+    result
 }
 
 /// Inbox mode's database half on MySQL.
@@ -134,7 +127,7 @@ impl InboxBench for MyInboxBench<'_> {
                 Ok(())
             })
         });
-        let pool = outbox_mysql::connect_pool(self.url, 24).await?;
+        let pool = <sqlx::MySql as outbox_db::SqlxBackend>::connect_pool(self.url, 24).await?;
         let schema = InboxSchema::new(self.schema)?;
         Ok(InboxProcessor::mysql(pool, schema, handlers, config)?)
     }

@@ -1,13 +1,7 @@
-//! Writers mode on MySQL/MariaDB: what writing an outbox row costs a business transaction.
-//!
-//! `--clients` connections run transactions back to back, each `UPDATE accounts SET balance =
-//! balance + 1 WHERE id = <random>` on a table of `--accounts` rows plus one outbox row written
-//! (a) through the MySQL writer (`enqueue`, after the UPDATE, as documented), (b) with the plain
-//! four-column `INSERT` of the SQL contract, (c) into the seed articles' naive table (UUID key,
-//! `status`, `(status, created_at)` index), or (d) nothing: the UPDATE alone, the ceiling.
-//! The sessions keep the server's default isolation (REPEATABLE READ), as an application's do.
-//! Variants run in four alternating rounds (order rotated), so drift spreads over all of them.
-//! No relay runs. TPS = committed transactions / wall time; the target is a/c and b/c ≥ 90%.
+//! Writers mode's setup and clients on MySQL/MariaDB: the scratch database with the accounts
+//! and naive tables, analysed, and a pool of application sessions keeping the server's default
+//! isolation (REPEATABLE READ), as an application's do. The plain and naive inserts below are
+//! the raw baseline, excepted by issue 47.
 //!
 //! Where (a) and (b) can lose to (c) on InnoDB: the outbox row's trigger takes its partition's
 //! counter row, which the transaction holds until it commits, so two clients whose keys share
@@ -17,19 +11,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use outbox_core::NewMessage;
-use serde::Serialize;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{MySqlPool, QueryBuilder};
 
-use super::{MyCtx, Scratch, NAIVE_TABLE};
-use crate::{load, verdict, Report};
+use super::{rounds, Clients, Tps, Variant, ROUNDS};
+use crate::load;
+use crate::mysql::{MyCtx, Scratch, NAIVE_TABLE};
 
-/// Default time per variant.
-const DEFAULT_DURATION: Duration = Duration::from_secs(20);
-/// Target share of the naive table's TPS.
-const TARGET_RATIO: f64 = 0.9;
-/// Rounds the variants alternate in.
-const ROUNDS: u32 = 4;
+// Raw baseline, excepted by issue 47: the business table, its UPDATE and the plain and naive
+// inserts.
 
 /// The business table, shaped like pgbench's `pgbench_accounts`.
 const ACCOUNTS: &str = "CREATE TABLE {schema}.accounts (
@@ -41,54 +31,9 @@ const CREDIT: &str = "UPDATE {schema}.accounts SET balance = balance + 1 WHERE i
 const RAW_INSERT: &str = "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload) VALUES (?, ?, ?, ?)";
 const NAIVE_INSERT: &str = "INSERT INTO {schema}.outbox_naive (aggregate_type, aggregate_id, event_type, payload) VALUES (?, ?, ?, ?)";
 
-/// What each transaction writes besides the UPDATE.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Variant {
-    WriterApi,
-    RawSql,
-    Naive,
-    UpdateOnly,
-}
-
-impl Variant {
-    const ALL: [Variant; 4] = [
-        Variant::WriterApi,
-        Variant::RawSql,
-        Variant::Naive,
-        Variant::UpdateOnly,
-    ];
-
-    fn label(self) -> &'static str {
-        match self {
-            Variant::WriterApi => "(a) UPDATE + MySQL writer enqueue",
-            Variant::RawSql => "(b) UPDATE + plain INSERT into outbox",
-            Variant::Naive => "(c) UPDATE + INSERT into naive seed table",
-            Variant::UpdateOnly => "(d) UPDATE alone",
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Variant::WriterApi => "writer_api",
-            Variant::RawSql => "raw_sql",
-            Variant::Naive => "naive_table",
-            Variant::UpdateOnly => "update_only",
-        }
-    }
-}
-
-/// TPS of one variant.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-struct Tps {
-    transactions: u64,
-    seconds: f64,
-    tps: f64,
-}
-
-/// Runs writers mode on MySQL.
-pub async fn run(ctx: &MyCtx) -> anyhow::Result<Report> {
+/// Runs the variants in a scratch database, dropped after them.
+pub(super) async fn run(ctx: &MyCtx, duration: Duration) -> anyhow::Result<Vec<(Variant, Tps)>> {
     let o = &ctx.options;
-    let duration = o.duration.unwrap_or(DEFAULT_DURATION);
     println!(
         "outbox bench on MySQL/MariaDB: writers, {} clients, {:?} per variant in {ROUNDS} rounds, \
          accounts table of {} rows, {} B payloads",
@@ -97,8 +42,7 @@ pub async fn run(ctx: &MyCtx) -> anyhow::Result<Report> {
     let scratch = Scratch::new(&ctx.pool, &ctx.js, o, "writers").await?;
     let result = measure(ctx, &scratch, duration).await;
     scratch.drop().await;
-    let results = result?;
-    Ok(report(ctx, &results))
+    result
 }
 
 async fn measure(
@@ -133,42 +77,67 @@ async fn measure(
     let pool = MySqlPoolOptions::new()
         .max_connections(clients as u32)
         .min_connections(clients as u32)
-        .connect_with(outbox_mysql::connect_options(&o.database_url)?)
+        .connect_with(outbox_db::tools::mysql::connect_options(&o.database_url)?)
         .await
         .context("connecting the writers")?;
-    let pad = load::pad(o.payload_bytes);
-    let slice = duration / ROUNDS;
-    let mut totals: Vec<(Variant, Tps)> =
-        Variant::ALL.iter().map(|v| (*v, Tps::default())).collect();
-    let outcome = async {
-        for round in 0..ROUNDS as usize {
-            for k in 0..totals.len() {
-                let i = (k + round) % totals.len();
-                let t = run_variant(&pool, s, totals[i].0, slice, clients, accounts, &pad).await?;
-                totals[i].1.transactions += t.transactions;
-                totals[i].1.seconds += t.seconds;
-            }
+    let clients = MyClients {
+        pool,
+        schema: s.clone(),
+        clients,
+        accounts,
+        pad: load::pad(o.payload_bytes),
+    };
+    let outcome = rounds(&clients, duration).await;
+    clients.pool.close().await;
+    outcome
+}
+
+/// MySQL's clients: the application sessions' pool and what each transaction writes.
+struct MyClients {
+    pool: MySqlPool,
+    schema: outbox_db::tools::MysqlSchema,
+    clients: usize,
+    accounts: i32,
+    pad: String,
+}
+
+impl Clients for MyClients {
+    fn variants(&self) -> &'static [Variant] {
+        &[
+            Variant::WriterApi,
+            Variant::RawSql,
+            Variant::Naive,
+            Variant::UpdateOnly,
+        ]
+    }
+
+    fn label(&self, variant: Variant) -> &'static str {
+        match variant {
+            Variant::WriterApi => "(a) UPDATE + MySQL writer enqueue",
+            Variant::RawSql => "(b) UPDATE + plain INSERT into outbox",
+            Variant::Naive => "(c) UPDATE + INSERT into naive seed table",
+            Variant::UpdateOnly => "(d) UPDATE alone",
+            Variant::Emit => "(e) emit: PostgreSQL only",
         }
-        anyhow::Ok(())
     }
-    .await;
-    pool.close().await;
-    outcome?;
-    for (v, t) in &mut totals {
-        t.tps = t.transactions as f64 / t.seconds.max(f64::EPSILON);
-        println!(
-            "  {:<44} {:>8.0} tps ({} transactions)",
-            v.label(),
-            t.tps,
-            t.transactions
-        );
+
+    async fn run_variant(&self, variant: Variant, duration: Duration) -> anyhow::Result<Tps> {
+        run_variant(
+            &self.pool,
+            &self.schema,
+            variant,
+            duration,
+            self.clients,
+            self.accounts,
+            &self.pad,
+        )
+        .await
     }
-    Ok(totals)
 }
 
 async fn run_variant(
     pool: &MySqlPool,
-    schema: &outbox_mysql::Schema,
+    schema: &outbox_db::tools::MysqlSchema,
     variant: Variant,
     duration: Duration,
     clients: usize,
@@ -199,7 +168,7 @@ async fn run_variant(
 /// One client: business transactions back to back until `deadline`; returns how many committed.
 async fn client(
     pool: &MySqlPool,
-    schema: &outbox_mysql::Schema,
+    schema: &outbox_db::tools::MysqlSchema,
     variant: Variant,
     deadline: Instant,
     accounts: i32,
@@ -219,7 +188,7 @@ async fn client(
         match variant {
             Variant::WriterApi => {
                 let m = NewMessage::new("account", id.to_string(), "credited", payload);
-                outbox_mysql::enqueue(&mut tx, schema, &m).await?;
+                outbox_db::tools::mysql::enqueue(&mut tx, schema, &m).await?;
             }
             Variant::RawSql | Variant::Naive => {
                 let sql = if variant == Variant::RawSql {
@@ -236,38 +205,10 @@ async fn client(
                     .await?;
             }
             Variant::UpdateOnly => {}
+            Variant::Emit => anyhow::bail!("emit (CDC) runs on PostgreSQL only"),
         }
         tx.commit().await?;
         committed += 1;
     }
     Ok(committed)
-}
-
-fn report(ctx: &MyCtx, results: &[(Variant, Tps)]) -> Report {
-    let tps = |v: Variant| {
-        results
-            .iter()
-            .find(|(x, _)| *x == v)
-            .map_or(0.0, |(_, t)| t.tps)
-    };
-    let naive = tps(Variant::Naive);
-    let ratio = |v: Variant| if naive > 0.0 { tps(v) / naive } else { 0.0 };
-    let (a, b) = (ratio(Variant::WriterApi), ratio(Variant::RawSql));
-    println!(
-        "  writer / naive table: {:.0}% ({}), plain INSERT / naive table: {:.0}% ({}); target ≥ {:.0}%",
-        a * 100.0,
-        verdict(a >= TARGET_RATIO),
-        b * 100.0,
-        verdict(b >= TARGET_RATIO),
-        TARGET_RATIO * 100.0
-    );
-    let by_name: serde_json::Map<String, serde_json::Value> = results
-        .iter()
-        .map(|(v, t)| (v.name().to_string(), serde_json::json!(t)))
-        .collect();
-    Report::line(serde_json::json!({
-        "mode": "writers", "database": "mysql", "clients": ctx.options.clients,
-        "accounts": ctx.options.accounts, "variants": by_name,
-        "ratios": { "writer_api_vs_naive": a, "raw_sql_vs_naive": b, "target": TARGET_RATIO },
-    }))
 }
