@@ -46,6 +46,8 @@ const ROWS_PER_STATEMENT: usize = 1000;
 
 const CLAIM: &str = include_str!("../queries/mysql/claim.sql");
 const INGEST: &str = include_str!("../queries/mysql/ingest.sql");
+const EXISTING_HEAD: &str = include_str!("../queries/mysql/existing_head.sql");
+const EXISTING_LOCKING_TAIL: &str = include_str!("../queries/mysql/existing_locking_tail.sql");
 // Text columns are cast: sqlx reads a `utf8mb4_bin` column as binary.
 const LOAD: &str = include_str!("../queries/mysql/load.sql");
 // One exclusive statement: requests under a key queue on it (an `INSERT IGNORE` and then a
@@ -129,12 +131,10 @@ async fn existing(
     batch: &[&InboxMessage],
     locking: bool,
 ) -> Result<HashSet<Uuid>> {
-    let mut q = QueryBuilder::<MySql>::new(
-        schema.render("SELECT CAST(id AS CHAR) FROM {schema}.inbox_messages WHERE id IN ("),
-    );
+    let mut q = QueryBuilder::<MySql>::new(schema.render(EXISTING_HEAD));
     push_ids(&mut q, batch.iter().map(|m| m.id.to_string()));
     if locking {
-        q.push(" LOCK IN SHARE MODE");
+        q.push(EXISTING_LOCKING_TAIL);
     }
     let ids: Vec<String> = q
         .build_query_scalar()

@@ -558,7 +558,7 @@ impl InboxProcessor {
     /// A processor of the MySQL/MariaDB inbox in the databases of `schema` (migrated by
     /// [`crate::migrate_mysql`]), with `pool` for the queue and the handlers' transactions
     /// (size it for `workers × (concurrency + 2)`). Handlers' transactions run at the pool's
-    /// isolation level; `outbox_mysql::connect_pool` opens `READ COMMITTED` sessions.
+    /// isolation level; the MySQL pools `outbox-db` opens run `READ COMMITTED` sessions.
     pub fn mysql(
         pool: MySqlPool,
         schema: InboxSchema,

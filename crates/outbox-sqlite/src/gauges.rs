@@ -47,7 +47,7 @@ pub(crate) async fn read(pool: &SqlitePool, tables: &Tables, now_ms: i64) -> Res
 
 /// `SELECT 1` through the pool.
 pub(crate) async fn ping(pool: &SqlitePool) -> Result<()> {
-    sqlx::query("SELECT 1")
+    sqlx::query(include_str!("../queries/ping.sql"))
         .execute(pool)
         .await
         .map(drop)

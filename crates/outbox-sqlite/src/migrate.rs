@@ -35,9 +35,7 @@ pub async fn check_schema(pool: &SqlitePool, path: &std::path::Path) -> Result<(
     let place = format!("database file {}", path.display());
     let migrate = format!("outbox migrate --database-url sqlite://{}", path.display());
     let ctx = |e| map_sqlx_error(&format!("checking {place}"), e);
-    let ledger: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox_migrations')",
-    )
+    let ledger: bool = sqlx::query_scalar(include_str!("../queries/migrations_table.sql"))
     .fetch_one(pool)
     .await
     .map_err(ctx)?;
@@ -47,7 +45,7 @@ pub async fn check_schema(pool: &SqlitePool, path: &std::path::Path) -> Result<(
             format!("{place} has no outbox tables: run {migrate}"),
         ));
     }
-    let version: Option<i32> = sqlx::query_scalar("SELECT max(version) FROM outbox_migrations")
+    let version: Option<i32> = sqlx::query_scalar(include_str!("../queries/schema_version.sql"))
         .fetch_one(pool)
         .await
         .map_err(ctx)?;
@@ -82,16 +80,12 @@ pub async fn apply_pending(
     render: impl Fn(&str) -> String,
     ctx: &dyn Fn(&str) -> String,
 ) -> Result<Vec<i32>> {
-    sqlx::raw_sql(&format!(
-        "CREATE TABLE IF NOT EXISTS {ledger} (
-             version    INTEGER PRIMARY KEY,
-             name       TEXT    NOT NULL,
-             applied_at TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
-    ))
+    let with_ledger = |sql: &str| sql.replace("{ledger}", ledger);
+    sqlx::raw_sql(&with_ledger(include_str!("../queries/migrations_ledger.sql")))
     .execute(&mut *tx)
     .await
     .map_err(|e| map_sqlx_error(&ctx(&format!("creating {ledger}")), e))?;
-    let done: Vec<i32> = sqlx::query_scalar(&format!("SELECT version FROM {ledger}"))
+    let done: Vec<i32> = sqlx::query_scalar(&with_ledger(include_str!("../queries/migrations_applied.sql")))
         .fetch_all(&mut *tx)
         .await
         .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
@@ -104,9 +98,7 @@ pub async fn apply_pending(
             .execute(&mut *tx)
             .await
             .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
-        sqlx::query(&format!(
-            "INSERT INTO {ledger} (version, name) VALUES (?1, ?2)"
-        ))
+        sqlx::query(&with_ledger(include_str!("../queries/migrations_record.sql")))
         .bind(version)
         .bind(name)
         .execute(&mut *tx)

@@ -1,0 +1,1 @@
+INSERT INTO {ledger} (version, name) VALUES (?1, ?2)

@@ -1,0 +1,1 @@
+SELECT max(version) FROM outbox_migrations
