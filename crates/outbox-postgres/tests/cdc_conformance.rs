@@ -1,6 +1,7 @@
 //! The shared store conformance suite run on PostgreSQL's CDC mode (`CdcStore`): each case in a
 //! schema of its own, with its publication and slot, all dropped afterwards (also when the case
-//! fails), and at most three cases holding a slot at once across processes (`slot_lock`). The
+//! fails; what a killed case left, the next holder of its lock drops), and at most three cases
+//! holding a slot at once across processes (`slot_lock`). The
 //! cases whose meaning differs for a store that reads a replication slot are excepted, each with
 //! its reason; what is particular to CDC mode stays in `cdc.rs`.
 
@@ -9,10 +10,12 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use common::cdc::{cleanup, make_slot, slot_lock, store, SlotGuard};
+use common::cdc::{
+    cleanup, locked_tag, make_slot, slot_lock, store, sweep_stale, wait_streamed, SlotGuard,
+};
 use common::{database_url, setup};
 use outbox_core::{
     ClaimLimits, FailedFilter, FailedMessage, FailedPage, Gauges, Maintenance, MemberId, Message,
@@ -30,8 +33,10 @@ struct Held {
 }
 
 async fn fresh_store() -> Fixture {
-    let lock = slot_lock().await;
-    let (pool, schema, _) = setup("cdcconf").await;
+    let (lock, n) = slot_lock().await;
+    let tag = locked_tag("cdcconf", n);
+    let (pool, schema, _) = setup(&tag).await;
+    sweep_stale(&pool, &tag).await;
     let (names, guard) = make_slot(&pool, &schema).await;
     let cdc = store(&pool, &names, &database_url()).await;
     let store = Arc::new(CaughtUp::start(cdc, pool.clone(), names.slot.clone()).await);
@@ -53,17 +58,14 @@ async fn fresh_store() -> Fixture {
 
 /// The CDC store, whose claims first let the stream read everything committed before them. A
 /// polling store sees a committed row at once; the stream brings it a moment later, from the
-/// WAL. So a claim here waits until the server has sent the slot's reader all WAL flushed
-/// before the claim began, and a moment more (the reader decodes what it got), then claims
-/// once. Every other call the suite makes goes straight to the store.
+/// WAL. So a claim here waits until the slot's reader has what was committed before the claim
+/// began ([`wait_streamed`]), then claims once. Every other call the suite makes goes straight
+/// to the store.
 struct CaughtUp {
     cdc: CdcStore,
     pool: PgPool,
     slot: String,
 }
-
-/// How long a claim waits for the stream at most, before it claims what it has.
-const CATCH_UP: Duration = Duration::from_secs(10);
 
 impl CaughtUp {
     /// Starts the stream (it starts at the first claim, at the slot's position), so that what a
@@ -77,39 +79,6 @@ impl CaughtUp {
         assert!(first.is_empty(), "nothing is written yet");
         Self { cdc, pool, slot }
     }
-
-    async fn lsn(&self, sql: &str) -> Option<u64> {
-        let text: String = sqlx::query_scalar::<_, Option<String>>(sql)
-            .bind(&self.slot)
-            .fetch_optional(&self.pool)
-            .await
-            .unwrap()
-            .flatten()?;
-        let (hi, lo) = text.split_once('/')?;
-        Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
-    }
-
-    /// Waits until the slot's reader was sent the WAL flushed now.
-    async fn catch_up(&self) {
-        let target = self
-            .lsn("SELECT pg_current_wal_flush_lsn()::text WHERE $1::text IS NOT NULL")
-            .await
-            .unwrap();
-        let until = Instant::now() + CATCH_UP;
-        while Instant::now() < until {
-            let sent = self
-                .lsn(
-                    "SELECT r.sent_lsn::text FROM pg_stat_replication r \
-                     JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1",
-                )
-                .await;
-            if sent.is_some_and(|sent| sent >= target) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[async_trait]
@@ -121,7 +90,7 @@ impl Store for CaughtUp {
         limits: ClaimLimits,
         on_failed: OnFailed,
     ) -> Result<Vec<Message>> {
-        self.catch_up().await;
+        wait_streamed(&self.pool, &self.slot).await;
         self.cdc.claim(member, partitions, limits, on_failed).await
     }
 
