@@ -4,6 +4,8 @@
 // Each test binary uses some of these.
 #![allow(dead_code)]
 
+pub mod cdc;
+
 use std::sync::Arc;
 
 use outbox_core::{ClaimLimits, MemberId, NewMessage, OnFailed, Outcome, Store};
