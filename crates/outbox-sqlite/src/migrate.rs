@@ -29,23 +29,29 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
 /// The schema version this crate's relay and writer need: the last of [`MIGRATIONS`].
 pub const SCHEMA_VERSION: i32 = 4;
 
+const MIGRATIONS_TABLE: &str = include_str!("../queries/migrations_table.sql");
+const SCHEMA_VERSION_SQL: &str = include_str!("../queries/schema_version.sql");
+const MIGRATIONS_LEDGER: &str = include_str!("../queries/migrations_ledger.sql");
+const MIGRATIONS_APPLIED: &str = include_str!("../queries/migrations_applied.sql");
+const MIGRATIONS_RECORD: &str = include_str!("../queries/migrations_record.sql");
+
 /// Checks that the database file `path` holds the outbox tables at exactly this crate's
 /// version; the error says what to do (run `outbox migrate` on that file).
 pub async fn check_schema(pool: &SqlitePool, path: &std::path::Path) -> Result<()> {
     let place = format!("database file {}", path.display());
     let migrate = format!("outbox migrate --database-url sqlite://{}", path.display());
     let ctx = |e| map_sqlx_error(&format!("checking {place}"), e);
-    let ledger: bool = sqlx::query_scalar(include_str!("../queries/migrations_table.sql"))
-    .fetch_one(pool)
-    .await
-    .map_err(ctx)?;
+    let ledger: bool = sqlx::query_scalar(MIGRATIONS_TABLE)
+        .fetch_one(pool)
+        .await
+        .map_err(ctx)?;
     if !ledger {
         return Err(outbox_core::Error::new(
             outbox_core::ErrorKind::Schema,
             format!("{place} has no outbox tables: run {migrate}"),
         ));
     }
-    let version: Option<i32> = sqlx::query_scalar(include_str!("../queries/schema_version.sql"))
+    let version: Option<i32> = sqlx::query_scalar(SCHEMA_VERSION_SQL)
         .fetch_one(pool)
         .await
         .map_err(ctx)?;
@@ -81,11 +87,11 @@ pub async fn apply_pending(
     ctx: &dyn Fn(&str) -> String,
 ) -> Result<Vec<i32>> {
     let with_ledger = |sql: &str| sql.replace("{ledger}", ledger);
-    sqlx::raw_sql(&with_ledger(include_str!("../queries/migrations_ledger.sql")))
-    .execute(&mut *tx)
-    .await
-    .map_err(|e| map_sqlx_error(&ctx(&format!("creating {ledger}")), e))?;
-    let done: Vec<i32> = sqlx::query_scalar(&with_ledger(include_str!("../queries/migrations_applied.sql")))
+    sqlx::raw_sql(&with_ledger(MIGRATIONS_LEDGER))
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| map_sqlx_error(&ctx(&format!("creating {ledger}")), e))?;
+    let done: Vec<i32> = sqlx::query_scalar(&with_ledger(MIGRATIONS_APPLIED))
         .fetch_all(&mut *tx)
         .await
         .map_err(|e| map_sqlx_error(&ctx("reading applied versions"), e))?;
@@ -98,12 +104,12 @@ pub async fn apply_pending(
             .execute(&mut *tx)
             .await
             .map_err(|e| map_sqlx_error(&ctx(&format!("applying {version} {name}")), e))?;
-        sqlx::query(&with_ledger(include_str!("../queries/migrations_record.sql")))
-        .bind(version)
-        .bind(name)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| map_sqlx_error(&ctx("recording the version"), e))?;
+        sqlx::query(&with_ledger(MIGRATIONS_RECORD))
+            .bind(version)
+            .bind(name)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| map_sqlx_error(&ctx("recording the version"), e))?;
         applied.push(*version);
     }
     Ok(applied)
