@@ -2,7 +2,7 @@
 //! and `inbox_sqs.rs`): moto's endpoint, and a runtime with moto's keys in the standard AWS
 //! chain. Private moto servers, proxies and the relay helpers are the testkit's.
 
-#![allow(dead_code, clippy::unwrap_used)] // each test binary uses a different subset
+#![allow(clippy::unwrap_used)]
 
 use std::future::Future;
 

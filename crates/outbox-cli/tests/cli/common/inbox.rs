@@ -8,7 +8,7 @@
 //! (`async-nats`, `redis`, `rdkafka`, `lapin`, `rumqttc`, the SQS SDK): dev-dependencies of this
 //! crate, behind the testkit's `sinks` feature there, which this crate's tests do not turn on.
 
-#![allow(dead_code, clippy::unwrap_used)] // each test binary uses a different subset
+#![allow(clippy::unwrap_used)]
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Shared helpers for the integration tests: real PostgreSQL and NATS on this machine, a
 //! schema and a stream with a random suffix per test, an independent consumer.
 
-#![allow(dead_code, clippy::unwrap_used)] // each test binary uses a different subset
+#![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,10 +13,8 @@ use outbox_postgres::{connect_pool, migrate, PgStore, Schema};
 use outbox_relay::RelayConfig;
 use sqlx::PgPool;
 
-// The testkit's harness, under the names the tests have used; each binary uses a subset.
-#[allow(unused_imports)]
+// The testkit's harness, under the names the tests have used.
 pub use outbox_testkit::process::{sigterm, wait_exit, Signal};
-#[allow(unused_imports)]
 pub use outbox_testkit::relay::{assert_key_order, interleaved, keys, wait_state};
 
 pub fn database_url() -> String {
