@@ -169,8 +169,13 @@ fn boxed<'a, S: Source + 'static>(
     Box::pin(async move { Ok(Box::new(open.await?) as Box<dyn Source>) })
 }
 
+/// The scheme of `url`: what comes before the first `:` (empty without one).
+fn scheme(url: &str) -> &str {
+    url.split_once(':').map(|(s, _)| s).unwrap_or("")
+}
+
 fn find(url: &str) -> Option<&'static SourceKind> {
-    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
+    let scheme = scheme(url);
     SOURCES.iter().find(|k| k.schemes.contains(&scheme))
 }
 
@@ -200,10 +205,10 @@ pub fn check(url: &str) -> Result<()> {
 }
 
 fn unknown_scheme(url: &str) -> Error {
-    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
     Error::config(format!(
-        "source `{}`: unknown or disabled source scheme `{scheme}`; this build reads: {}",
+        "source `{}`: unknown or disabled source scheme `{}`; this build reads: {}",
         outbox_core::redact::url(url),
+        scheme(url),
         available().join(", ")
     ))
 }
