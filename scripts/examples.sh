@@ -70,15 +70,8 @@ if [ -z "$mysql" ] && { [ ! -d $ts/node_modules ] || [ $ts/package-lock.json -nt
   (cd $ts && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
-requirements=(examples/python/requirements.txt scripts/examples_requirements.txt)
-stamp=$(cat "${requirements[@]}" | sha256sum | cut -c1-16)
-if [ "$(cat "$venv/.examples-stamp" 2>/dev/null)" != "$stamp" ]; then
-  say "Python venv $venv"
-  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "${requirements[@]/#/-r}"
-  echo "$stamp" >"$venv/.examples-stamp"
-fi
-python=$venv/bin/python
+# shellcheck source=scripts/examples-venv.sh
+. scripts/examples-venv.sh
 
 # --- the relay binary and the services ----------------------------------------------------------
 if [ -z "${OUTBOX_BIN:-}" ]; then

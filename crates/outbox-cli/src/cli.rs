@@ -351,8 +351,10 @@ pub struct RelayArgs {
     /// `key=value` pairs: `aggregate_type`, `event_type`, `topic` (globs, `*` matches anything;
     /// every one given must match), `sink` (required), `destination` (a template; default
     /// --destination), `name`, `envelope` (`outbox` default, `cloudevents` binary mode,
-    /// `cloudevents-structured`; docs/envelopes.md) and `source` (the CloudEvents `source`, a
-    /// URI-reference, default `/outbox`). E.g. `event_type=payment.*; sink=kafka://127.0.0.1:9092;
+    /// `cloudevents-structured`; docs/envelopes.md; `debezium`, the Outbox Event Router's output,
+    /// with its `route.by.field`, `route.topic.replacement`, `table.expand.json.payload` and
+    /// `table.fields.additional.placement` options; docs/migrating-from-debezium.md) and
+    /// `source` (the CloudEvents `source`, a URI-reference, default `/outbox`). E.g. `event_type=payment.*; sink=kafka://127.0.0.1:9092;
     /// destination=payments`. Repeat the flag; the first matching rule wins, rows matching none
     /// go to --sink (and end `failed` when there is none). Replaces `[[relay.routes]]`.
     #[arg(long, value_name = "RULE")]
