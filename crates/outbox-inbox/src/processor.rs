@@ -245,9 +245,9 @@ pub trait ProcessorBackend: SqlxBackend {
     ) -> Result<(), sqlx::Error>;
 }
 
-const SAVEPOINT_SET: &str = "SAVEPOINT outbox_inbox_message";
-const SAVEPOINT_RELEASE: &str = "RELEASE SAVEPOINT outbox_inbox_message";
-const SAVEPOINT_ROLLBACK: &str = "ROLLBACK TO SAVEPOINT outbox_inbox_message";
+const SAVEPOINT_SET: &str = include_str!("../queries/savepoint_set.sql");
+const SAVEPOINT_RELEASE: &str = include_str!("../queries/savepoint_release.sql");
+const SAVEPOINT_ROLLBACK: &str = include_str!("../queries/savepoint_rollback.sql");
 
 #[async_trait]
 impl<DB> ProcessorBackend for DB

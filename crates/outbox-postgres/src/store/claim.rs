@@ -489,10 +489,8 @@ impl PgStore {
             include_str!("../../queries/explain_custom_plan.sql")
         };
         sqlx::query(mode).execute(&mut *tx).await.map_err(err)?;
-        let sql = format!(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
-            self.q.claim_window
-        );
+        let sql = include_str!("../../queries/explain_analyze.sql")
+            .replace("{statement}", &self.q.claim_window);
         let limits = vec![int8(rows); epochs.len()];
         let read = WindowRead {
             epochs: &epochs,

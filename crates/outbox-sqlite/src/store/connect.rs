@@ -14,6 +14,8 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections per pool. WAL lets readers (claims, stats) run beside the one writer; writers
 /// queue on the file lock whatever the pool size.
 const MAX_CONNECTIONS: u32 = 8;
+/// A write transaction that takes the file's write lock at once.
+const BEGIN_IMMEDIATE: &str = include_str!("../../queries/begin_immediate.sql");
 
 /// Connection options for `url`: `sqlite://path`, `sqlite:path`, or `sqlite://` with no path
 /// meaning [`DEFAULT_PATH`]; a query string (`?mode=ro`, …) is kept. The file is created if
@@ -106,7 +108,7 @@ pub async fn begin_immediate(
     pool: &SqlitePool,
 ) -> std::result::Result<sqlx::Transaction<'static, sqlx::Sqlite>, sqlx::Error> {
     let pool = pool.clone();
-    match tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await }).await {
+    match tokio::spawn(async move { pool.begin_with(BEGIN_IMMEDIATE).await }).await {
         Ok(begun) => begun,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         // The runtime is shutting down.

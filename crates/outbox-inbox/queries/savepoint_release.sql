@@ -1,0 +1,1 @@
+RELEASE SAVEPOINT outbox_inbox_message

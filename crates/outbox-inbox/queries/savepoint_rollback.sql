@@ -1,0 +1,1 @@
+ROLLBACK TO SAVEPOINT outbox_inbox_message

@@ -1,0 +1,1 @@
+SAVEPOINT outbox_inbox_message
