@@ -2,7 +2,7 @@
 //! suite every `Store` must pass, the writer and migration suite every database must pass, the
 //! sink conformance suite every sink must pass (feature `sinks`), the inbox backend suite all three
 //! inbox databases must pass, the source conformance suite every `outbox inbox` source must
-//! pass, private brokers and the process harness behind them, a TCP proxy for network faults,
+//! pass (its fixtures beside the sinks', feature `sources`), private brokers and the process harness behind them, a TCP proxy for network faults,
 //! relay helpers, and sink wrappers that inject faults or record deliveries around a real sink.
 
 pub mod brokers;
@@ -17,6 +17,8 @@ pub mod sink_fixtures;
 #[cfg(feature = "sinks")]
 pub mod sink_suite;
 pub mod sinks;
+#[cfg(feature = "sources")]
+pub mod source_fixtures;
 pub mod source_suite;
 #[cfg(feature = "sinks")]
 pub mod stdout_process;
