@@ -702,6 +702,20 @@ mod tests {
         assert!(count.values().all(|&c| c == 1), "{count:?}");
     }
 
+    /// `write` binds the producer's id to Debezium's INSERT exactly where it binds one to the
+    /// plain insert, and reads it back elsewhere: each dialect's two statements agree.
+    #[test]
+    fn debeziums_insert_takes_its_id_as_the_plain_insert_does_in_each_dialect() {
+        for backend in [Backend::Postgres, Backend::Mysql] {
+            let d = Dialect::of(backend);
+            let returns = d.debezium_insert.contains("RETURNING");
+            assert_eq!(returns, d.raw_insert_with_id.is_none(), "{backend:?}");
+            assert_eq!(d.debezium_insert.contains("$5"), !returns, "{backend:?}");
+            assert!(d.debezium_table.contains("debezium_outbox"));
+            assert!(d.debezium_insert.contains("debezium_outbox"));
+        }
+    }
+
     #[test]
     fn raw_keys_never_meet_locked_keys() {
         let s = shape(2, 16);
