@@ -342,9 +342,9 @@ pub async fn prepare(db: &Database, shape: &Shape, cdc: bool, binlog: bool) -> a
 /// Lets the writer login `name` write the ledger and the counters, the business tables a
 /// producer's transaction writes beside its message (the outbox's own grants are its part's),
 /// and with `debezium` Debezium's adopted table, as the application's login holds it. On
-/// MySQL/MariaDB that is `INSERT, DELETE` (the INSERT, and the DELETE Debezium advises right
-/// after it) and nothing more: the copy trigger writes the outbox with its definer's rights
-/// (docs/engine-mysql.md, "Least privileges").
+/// MySQL/MariaDB that is `INSERT, DELETE, SELECT (id)` (the INSERT, and the `DELETE … WHERE id
+/// = ?` Debezium advises right after it, which reads `id`) and nothing more: the copy trigger
+/// writes the outbox with its definer's rights (docs/engine-mysql.md, "Least privileges").
 pub async fn grant_ledger(db: &Database, name: &str, debezium: bool) -> anyhow::Result<()> {
     anyhow::ensure!(
         outbox_core::identifier::is_plain(name, 63),
@@ -359,7 +359,7 @@ pub async fn grant_ledger(db: &Database, name: &str, debezium: bool) -> anyhow::
             );
             if debezium {
                 sql.push_str(&format!(
-                    ";\n GRANT INSERT, DELETE ON {{schema}}.debezium_outbox TO '{name}'@'%'"
+                    ";\n GRANT INSERT, DELETE, SELECT (id) ON {{schema}}.debezium_outbox TO '{name}'@'%'"
                 ));
             }
             sql
