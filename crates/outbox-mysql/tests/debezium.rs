@@ -9,6 +9,7 @@ mod common;
 
 use common::{migrated_outbox, server_url};
 use outbox_mysql::debezium::{adopt, release};
+use outbox_mysql::grants::{create_account, drop_account, login_url, server};
 
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
@@ -124,4 +125,86 @@ async fn debeziums_inserts_reach_the_outbox_in_their_transaction() {
     let _ = sqlx::raw_sql(&schema.render("DROP DATABASE {schema}"))
         .execute(&pool)
         .await;
+}
+
+/// docs/engine-mysql.md, "Least privileges": an application account holding only `INSERT,
+/// DELETE, SELECT (id)` on its Debezium table (the `DELETE … WHERE id = ?` Debezium advises
+/// reads `id`: without `SELECT` on it the server refuses it, error 1143) reaches the outbox,
+/// since the copy trigger writes it with its definer's rights (here the administrator that
+/// adopted the table), and is refused on the outbox itself. `outbox verify --debezium` gives
+/// its writer login the same grant.
+#[tokio::test]
+async fn an_account_holding_only_insert_on_debeziums_table_reaches_the_outbox() {
+    let url = server_url();
+    let (pool, schema) = migrated_outbox(&url, 2).await;
+    let db = schema.as_str();
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE `{db}`.debezium_outbox (
+            id VARCHAR(36) NOT NULL PRIMARY KEY,
+            aggregatetype VARCHAR(255) NOT NULL,
+            aggregateid VARCHAR(255) NOT NULL,
+            type VARCHAR(255) NOT NULL,
+            payload JSON
+        ) ENGINE = InnoDB"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    adopt(&pool, &schema, &format!("{db}.debezium_outbox"))
+        .await
+        .unwrap();
+    let random = uuid::Uuid::now_v7().simple().to_string();
+    // The v7 id's last characters are random; its first are the time.
+    let name = format!("dbz_app_{}", &random[24..]);
+    let password = uuid::Uuid::now_v7().simple().to_string();
+    let (mariadb, _) = server(&pool).await.unwrap();
+    create_account(
+        &pool,
+        &name,
+        &password,
+        db,
+        &["GRANT INSERT, DELETE, SELECT (id) ON {db}.debezium_outbox TO {user}"],
+        mariadb,
+    )
+    .await
+    .unwrap();
+    let app = sqlx::MySqlPool::connect(&login_url(&url, &name, &password, db).unwrap())
+        .await
+        .unwrap();
+    let id = uuid::Uuid::now_v7().to_string();
+    let mut tx = app.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO debezium_outbox (id, aggregatetype, aggregateid, type, payload) \
+         VALUES (?, 'order', 'o-1', 'OrderCreated', ?)",
+    )
+    .bind(&id)
+    .bind(r#"{"total": 12}"#)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query("DELETE FROM debezium_outbox WHERE id = ?")
+        .bind(&id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let refused = sqlx::query(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES (?, 'order', 'o-1', 'OrderCreated', '{}')",
+    )
+    .bind(uuid::Uuid::now_v7().to_string())
+    .execute(&app)
+    .await;
+    app.close().await;
+    let copied: Vec<(String,)> =
+        sqlx::query_as(&format!("SELECT CAST(id AS CHAR) FROM `{db}`.outbox"))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    drop_account(&pool, &name).await.unwrap();
+    let _ = sqlx::raw_sql(&schema.render("DROP DATABASE {schema}"))
+        .execute(&pool)
+        .await;
+    assert!(refused.is_err(), "the account holds nothing on the outbox");
+    assert_eq!(copied, vec![(id,)], "the copy trigger wrote the outbox");
 }

@@ -147,9 +147,9 @@ pub struct Args {
     /// from the binlog; the plain-INSERT producers' order counts.
     #[arg(long, conflicts_with_all = ["mode", "through_inbox"])]
     pub binlog: bool,
-    /// PostgreSQL: the plain-INSERT producers write Debezium's documented outbox table
-    /// (`debezium_outbox`: id, aggregatetype, aggregateid, type, payload) with Debezium's
-    /// INSERT, adopted as `outbox migrate --adopt-debezium` does
+    /// PostgreSQL or MySQL/MariaDB (the trigger route): the plain-INSERT producers write
+    /// Debezium's documented outbox table (`debezium_outbox`: id, aggregatetype, aggregateid,
+    /// type, payload) with Debezium's INSERT, adopted as `outbox migrate --adopt-debezium` does
     /// (docs/migrating-from-debezium.md); the checks are the same.
     #[arg(long, conflicts_with_all = ["binlog"])]
     pub debezium: bool,

@@ -91,6 +91,22 @@ const DEBEZIUM_INSERT: &str = "
     VALUES (gen_random_uuid(), $1, $2, $3, $4)
     RETURNING CAST(id AS TEXT)";
 
+/// Debezium's outbox table as an application on MySQL/MariaDB has it
+/// (`examples/debezium/schema-mysql.sql`): the id a UUID as text, the payload JSON.
+const DEBEZIUM_TABLE_MYSQL: &str = "
+    CREATE TABLE IF NOT EXISTS {schema}.debezium_outbox (
+        id            VARCHAR(36)  NOT NULL PRIMARY KEY,
+        aggregatetype VARCHAR(255) NOT NULL,
+        aggregateid   VARCHAR(255) NOT NULL,
+        type          VARCHAR(255) NOT NULL,
+        payload       JSON) ENGINE = InnoDB";
+
+/// Debezium's INSERT on MySQL/MariaDB, the id made by the producer as the application makes it
+/// (no `RETURNING` on MySQL 8; the writer login may not read the table back).
+const DEBEZIUM_INSERT_MYSQL: &str = "
+    INSERT INTO {schema}.debezium_outbox (id, aggregatetype, aggregateid, type, payload)
+    VALUES ($1, $2, $3, $4, $5)";
+
 /// CDC mode's table-less write: the message as a transactional logical message, through
 /// `outbox_emit`, which refuses it (failing the transaction) while the slot is lost.
 const EMIT: &str = "SELECT {schema}.outbox_emit($1)::text";
@@ -129,6 +145,11 @@ struct Dialect {
     /// Where there is no `RETURNING`: the plain insert with the id made by the producer, as an
     /// application does (the writer login may only insert: it cannot read the row back).
     raw_insert_with_id: Option<&'static str>,
+    /// Debezium's outbox table ([`Shape::debezium`]).
+    debezium_table: &'static str,
+    /// Debezium's INSERT, in the form `raw_insert` or `raw_insert_with_id` has here (the id
+    /// read back, or made by the producer).
+    debezium_insert: &'static str,
     /// The commit-order witness; `read_counter` then reads the value it set.
     bump_counter: &'static str,
     read_counter: Option<&'static str>,
@@ -152,6 +173,8 @@ static PORTABLE: Dialect = Dialect {
                   ON CONFLICT (key) DO NOTHING",
     raw_insert: RAW_INSERT,
     raw_insert_with_id: None,
+    debezium_table: DEBEZIUM_TABLE,
+    debezium_insert: DEBEZIUM_INSERT,
     bump_counter: BUMP_COUNTER,
     read_counter: None,
     record: RECORD,
@@ -168,6 +191,8 @@ static MYSQL: Dialect = Dialect {
         "INSERT INTO {schema}.outbox (id, aggregate_type, aggregate_id, event_type, payload)
          VALUES ($1, $2, $3, $4, $5)",
     ),
+    debezium_table: DEBEZIUM_TABLE_MYSQL,
+    debezium_insert: DEBEZIUM_INSERT_MYSQL,
     bump_counter: "UPDATE {schema}.verify_counters SET n = LAST_INSERT_ID(n + 1) WHERE k = $1",
     read_counter: Some("SELECT CAST(LAST_INSERT_ID() AS SIGNED)"),
     record: "INSERT INTO {schema}.verify_ledger (id, k, n, writer, producer)
@@ -192,7 +217,7 @@ pub struct Shape {
     pub emit_producers: usize,
     /// The raw producers write Debezium's outbox table (`{schema}.debezium_outbox`, adopted
     /// by `outbox migrate --adopt-debezium`) with Debezium's documented INSERT instead of the
-    /// SQL contract's (PostgreSQL).
+    /// SQL contract's (PostgreSQL and MySQL/MariaDB).
     pub debezium: bool,
     /// MySQL/MariaDB: producers writing the plain insert in XA transactions, on `raw_keys`
     /// keys of their own (`xa-…`), shared as the raw producers share theirs.
@@ -293,10 +318,13 @@ pub async fn prepare(db: &Database, shape: &Shape, cdc: bool, binlog: bool) -> a
         .await
         .context("creating the ledger")?;
     if shape.debezium {
-        if db.backend() != Backend::Postgres {
-            anyhow::bail!("verify --debezium adopts a PostgreSQL table; use a postgres:// URL");
+        if !matches!(db.backend(), Backend::Postgres | Backend::Mysql) {
+            anyhow::bail!(
+                "verify --debezium adopts a PostgreSQL or MySQL/MariaDB table; use a postgres:// \
+                 or mysql:// URL"
+            );
         }
-        db.execute_script(DEBEZIUM_TABLE)
+        db.execute_script(dialect.debezium_table)
             .await
             .context("creating Debezium's outbox table")?;
         db.adopt_debezium(&format!("{}.debezium_outbox", db.schema()))
@@ -312,18 +340,30 @@ pub async fn prepare(db: &Database, shape: &Shape, cdc: bool, binlog: bool) -> a
 }
 
 /// Lets the writer login `name` write the ledger and the counters, the business tables a
-/// producer's transaction writes beside its message (the outbox's own grants are its part's).
+/// producer's transaction writes beside its message (the outbox's own grants are its part's),
+/// and with `debezium` Debezium's adopted table, as the application's login holds it. On
+/// MySQL/MariaDB that is `INSERT, DELETE, SELECT (id)` (the INSERT, and the `DELETE … WHERE id
+/// = ?` Debezium advises right after it, which reads `id`) and nothing more: the copy trigger
+/// writes the outbox with its definer's rights (docs/engine-mysql.md, "Least privileges").
 pub async fn grant_ledger(db: &Database, name: &str, debezium: bool) -> anyhow::Result<()> {
     anyhow::ensure!(
         outbox_core::identifier::is_plain(name, 63),
         "verify: login `{name}` is not a plain identifier"
     );
     let sql = match db.backend() {
-        Backend::Mysql => format!(
-            "GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_ledger TO '{name}'@'%';
-             GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_counters TO '{name}'@'%';
-             GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_odd TO '{name}'@'%'"
-        ),
+        Backend::Mysql => {
+            let mut sql = format!(
+                "GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_ledger TO '{name}'@'%';
+                 GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_counters TO '{name}'@'%';
+                 GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_odd TO '{name}'@'%'"
+            );
+            if debezium {
+                sql.push_str(&format!(
+                    ";\n GRANT INSERT, DELETE, SELECT (id) ON {{schema}}.debezium_outbox TO '{name}'@'%'"
+                ));
+            }
+            sql
+        }
         _ if debezium => format!(
             "GRANT SELECT, INSERT, UPDATE ON {{schema}}.verify_ledger, {{schema}}.verify_counters, \
              {{schema}}.debezium_outbox TO {name}"
@@ -561,17 +601,23 @@ impl Producer {
                     Param::Json(payload),
                 ];
                 if let Some(insert) = dialect.raw_insert_with_id {
+                    let insert = if self.debezium {
+                        dialect.debezium_insert
+                    } else {
+                        insert
+                    };
                     let id = Uuid::now_v7();
                     let mut with_id = vec![id.to_string().into()];
                     with_id.extend(params);
                     tx.execute(insert, &with_id).await?;
                     id
                 } else {
-                    let (id,): (String,) = if self.debezium {
-                        tx.fetch_one(DEBEZIUM_INSERT, &params).await?
+                    let insert = if self.debezium {
+                        dialect.debezium_insert
                     } else {
-                        tx.fetch_one(dialect.raw_insert, &params).await?
+                        dialect.raw_insert
                     };
+                    let (id,): (String,) = tx.fetch_one(insert, &params).await?;
                     id.parse()
                         .context("the database made an id that is not a UUID")?
                 }
@@ -654,6 +700,20 @@ mod tests {
         let count = writers_per_raw_key(&shape(1, 6));
         assert_eq!(count.len(), 6);
         assert!(count.values().all(|&c| c == 1), "{count:?}");
+    }
+
+    /// `write` binds the producer's id to Debezium's INSERT exactly where it binds one to the
+    /// plain insert, and reads it back elsewhere: each dialect's two statements agree.
+    #[test]
+    fn debeziums_insert_takes_its_id_as_the_plain_insert_does_in_each_dialect() {
+        for backend in [Backend::Postgres, Backend::Mysql] {
+            let d = Dialect::of(backend);
+            let returns = d.debezium_insert.contains("RETURNING");
+            assert_eq!(returns, d.raw_insert_with_id.is_none(), "{backend:?}");
+            assert_eq!(d.debezium_insert.contains("$5"), !returns, "{backend:?}");
+            assert!(d.debezium_table.contains("debezium_outbox"));
+            assert!(d.debezium_insert.contains("debezium_outbox"));
+        }
     }
 
     #[test]
