@@ -73,6 +73,19 @@ pub struct Refusal {
     pub sender_fault: bool,
 }
 
+#[cfg(test)]
+impl Refusal {
+    /// A refusal of entry `0` (for tests of the error texts).
+    pub(crate) fn of(code: &str, message: Option<&str>, sender_fault: bool) -> Self {
+        Self {
+            id: "0".into(),
+            code: code.into(),
+            message: message.map(str::to_string),
+            sender_fault,
+        }
+    }
+}
+
 /// Why a batch call gave no answer.
 #[derive(Debug)]
 pub enum CallError {
@@ -81,3 +94,59 @@ pub enum CallError {
     /// The call failed.
     Call(Failure),
 }
+
+/// Defines, for one SDK (`$sdk`: `aws_sdk_sqs`, `aws_sdk_sns`), `request_entry` (the SDK's
+/// batch entry `$entry` of an [`Entry`]: the body through the builder method `$body`,
+/// `String` attributes, and on FIFO the key as group id and the message id as dedupe id) and
+/// `refusal` (a failed entry of the answer as a [`Refusal`]). A macro because the two SDKs'
+/// types have the same methods but are distinct types with no trait in common.
+macro_rules! sdk_entries {
+    ($service:literal, $sdk:ident, $entry:ident, $body:ident) => {
+        /// The SDK entry of `e`: body, `String` attributes, and on FIFO the group and dedupe
+        /// ids.
+        fn request_entry(
+            e: &$crate::aws::batch::Entry<'_>,
+        ) -> Result<$sdk::types::$entry, outbox_core::SinkError> {
+            let mut attributes = std::collections::HashMap::with_capacity(e.attributes.len());
+            for (name, value) in &e.attributes {
+                let v = $sdk::types::MessageAttributeValue::builder()
+                    .data_type($crate::aws::attributes::STRING)
+                    .string_value(value.clone())
+                    .build()
+                    .map_err(|err| {
+                        outbox_core::SinkError::rejected(format!(
+                            "{}: attribute `{name}`: {err}",
+                            $service
+                        ))
+                    })?;
+                attributes.insert(name.clone(), v);
+            }
+            let mut b = $sdk::types::$entry::builder()
+                .id(e.id())
+                .$body(e.body)
+                .set_message_attributes(Some(attributes));
+            if let Some(group) = e.group {
+                b = b
+                    .message_group_id(group)
+                    .message_deduplication_id(e.envelope.id.to_string());
+            }
+            b.build().map_err(|err| {
+                outbox_core::SinkError::rejected(format!(
+                    "{}: building the batch entry: {err}",
+                    $service
+                ))
+            })
+        }
+
+        /// A failed entry of a batch answer.
+        fn refusal(f: &$sdk::types::BatchResultErrorEntry) -> $crate::aws::service::Refusal {
+            $crate::aws::service::Refusal {
+                id: f.id().to_string(),
+                code: f.code().to_string(),
+                message: f.message().map(str::to_string),
+                sender_fault: f.sender_fault(),
+            }
+        }
+    };
+}
+pub(crate) use sdk_entries;

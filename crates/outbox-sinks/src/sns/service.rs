@@ -2,18 +2,15 @@
 //! and the caller's account, read once with STS `GetCallerIdentity`) or by ARN, and
 //! `PublishBatch`.
 
-use std::collections::HashMap;
-
 use async_trait::async_trait;
 use aws_config::SdkConfig;
-use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
 use outbox_core::SinkError;
 use tokio::sync::OnceCell;
 
-use crate::aws::attributes::{name_of, shorten, valid_name, STRING};
+use crate::aws::attributes::{name_of, shorten, valid_name};
 use crate::aws::batch::Entry;
 use crate::aws::error::{call_failure, Failure};
-use crate::aws::service::{Answer, CallError, Refusal, Service};
+use crate::aws::service::{Answer, CallError, Service};
 use crate::aws::AwsSink;
 
 /// Longest SNS topic name (`.fifo` included).
@@ -182,16 +179,7 @@ impl Service for SnsService {
                 .iter()
                 .filter_map(|s| s.id().map(str::to_string))
                 .collect(),
-            failed: out
-                .failed()
-                .iter()
-                .map(|f| Refusal {
-                    id: f.id().to_string(),
-                    code: f.code().to_string(),
-                    message: f.message().map(str::to_string),
-                    sender_fault: f.sender_fault(),
-                })
-                .collect(),
+            failed: out.failed().iter().map(refusal).collect(),
         })
     }
 }
@@ -209,35 +197,14 @@ fn identity_error(f: &Failure) -> SinkError {
     )
 }
 
-/// The SDK entry of `e`: body, `String` attributes, and on FIFO the group and dedupe ids.
-fn request_entry(e: &Entry<'_>) -> Result<PublishBatchRequestEntry, SinkError> {
-    let mut attributes = HashMap::with_capacity(e.attributes.len());
-    for (name, value) in &e.attributes {
-        let v = MessageAttributeValue::builder()
-            .data_type(STRING)
-            .string_value(value.clone())
-            .build()
-            .map_err(|err| SinkError::rejected(format!("sns: attribute `{name}`: {err}")))?;
-        attributes.insert(name.clone(), v);
-    }
-    let mut b = PublishBatchRequestEntry::builder()
-        .id(e.id())
-        .message(e.body)
-        .set_message_attributes(Some(attributes));
-    if let Some(group) = e.group {
-        b = b
-            .message_group_id(group)
-            .message_deduplication_id(e.envelope.id.to_string());
-    }
-    b.build()
-        .map_err(|err| SinkError::rejected(format!("sns: building the batch entry: {err}")))
-}
+crate::aws::service::sdk_entries!("sns", aws_sdk_sns, PublishBatchRequestEntry, message);
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::aws::error::{call_error, entry_error, Class};
+    use crate::aws::service::Refusal;
     use outbox_core::SinkErrorKind;
 
     #[test]
@@ -301,13 +268,7 @@ mod tests {
 
     #[test]
     fn entries_are_classified_by_code_and_fault() {
-        let refusal = |code: &str, message: Option<&str>, sender_fault| Refusal {
-            id: "0".into(),
-            code: code.into(),
-            message: message.map(str::to_string),
-            sender_fault,
-        };
-        let r = refusal("InvalidParameter", Some("Message too long"), true);
+        let r = Refusal::of("InvalidParameter", Some("Message too long"), true);
         let e = entry_error::<SnsService>("t", &r);
         assert_eq!(e.kind, SinkErrorKind::Invalid);
         assert_eq!(
@@ -315,12 +276,12 @@ mod tests {
             "sns: topic `t` refused the message: InvalidParameter (sender's fault): Message too \
              long"
         );
-        let r = refusal("InternalError", None, false);
+        let r = Refusal::of("InternalError", None, false);
         assert_eq!(
             entry_error::<SnsService>("t", &r).kind,
             SinkErrorKind::Unavailable
         );
-        let r = refusal("KMSAccessDenied", None, true);
+        let r = Refusal::of("KMSAccessDenied", None, true);
         assert_eq!(
             entry_error::<SnsService>("t", &r).kind,
             SinkErrorKind::Rejected

@@ -6,13 +6,12 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use aws_config::SdkConfig;
-use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use outbox_core::SinkError;
 
-use crate::aws::attributes::{name_of, shorten, valid_name, STRING};
+use crate::aws::attributes::{name_of, shorten, valid_name};
 use crate::aws::batch::Entry;
 use crate::aws::error::{call_failure, Class, Failure};
-use crate::aws::service::{Answer, CallError, Refusal, Service};
+use crate::aws::service::{Answer, CallError, Service};
 use crate::aws::AwsSink;
 
 /// Longest SQS queue name (`.fifo` included).
@@ -170,16 +169,7 @@ impl Service for SqsService {
                 .iter()
                 .map(|s| s.id().to_string())
                 .collect(),
-            failed: out
-                .failed()
-                .iter()
-                .map(|f| Refusal {
-                    id: f.id().to_string(),
-                    code: f.code().to_string(),
-                    message: f.message().map(str::to_string),
-                    sender_fault: f.sender_fault(),
-                })
-                .collect(),
+            failed: out.failed().iter().map(refusal).collect(),
         })
     }
 
@@ -213,35 +203,19 @@ pub(crate) fn lookup_error(name: &str, region: &str, f: &Failure) -> SinkError {
     }
 }
 
-/// The SDK entry of `e`: body, `String` attributes, and on FIFO the group and dedupe ids.
-fn request_entry(e: &Entry<'_>) -> Result<SendMessageBatchRequestEntry, SinkError> {
-    let mut attributes = HashMap::with_capacity(e.attributes.len());
-    for (name, value) in &e.attributes {
-        let v = MessageAttributeValue::builder()
-            .data_type(STRING)
-            .string_value(value.clone())
-            .build()
-            .map_err(|err| SinkError::rejected(format!("sqs: attribute `{name}`: {err}")))?;
-        attributes.insert(name.clone(), v);
-    }
-    let mut b = SendMessageBatchRequestEntry::builder()
-        .id(e.id())
-        .message_body(e.body)
-        .set_message_attributes(Some(attributes));
-    if let Some(group) = e.group {
-        b = b
-            .message_group_id(group)
-            .message_deduplication_id(e.envelope.id.to_string());
-    }
-    b.build()
-        .map_err(|err| SinkError::rejected(format!("sqs: building the batch entry: {err}")))
-}
+crate::aws::service::sdk_entries!(
+    "sqs",
+    aws_sdk_sqs,
+    SendMessageBatchRequestEntry,
+    message_body
+);
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::aws::error::{call_error, entry_error};
+    use crate::aws::service::Refusal;
     use outbox_core::SinkErrorKind;
 
     #[test]
@@ -310,29 +284,20 @@ mod tests {
         );
     }
 
-    fn refusal(code: &str, message: Option<&str>, sender_fault: bool) -> Refusal {
-        Refusal {
-            id: "0".into(),
-            code: code.into(),
-            message: message.map(str::to_string),
-            sender_fault,
-        }
-    }
-
     #[test]
     fn entries_are_classified_by_code_and_fault() {
-        let e = entry_error::<SqsService>("q", &refusal("InternalError", None, false));
+        let e = entry_error::<SqsService>("q", &Refusal::of("InternalError", None, false));
         assert_eq!(e.kind, SinkErrorKind::Unavailable);
         assert_eq!(
             e.message,
             "sqs: queue `q` refused the message: InternalError (service's fault): no reason given"
         );
-        let r = refusal("InvalidParameterValue", Some("too long"), true);
+        let r = Refusal::of("InvalidParameterValue", Some("too long"), true);
         assert_eq!(
             entry_error::<SqsService>("q", &r).kind,
             SinkErrorKind::Invalid
         );
-        let r = refusal("KMS.AccessDeniedException", None, true);
+        let r = Refusal::of("KMS.AccessDeniedException", None, true);
         assert_eq!(
             entry_error::<SqsService>("q", &r).kind,
             SinkErrorKind::Rejected
