@@ -21,20 +21,11 @@ pub trait Service: Send + Sync + Sized + 'static {
     /// The batch call, in errors: `SendMessageBatch`, `PublishBatch`.
     const CALL: &'static str;
 
-    /// A destination as read by [`Service::target`] (a queue or topic, by name or address).
-    type Target: Send + Sync;
+    /// A destination as read (a queue or topic, by name or address).
+    type Target: Target;
 
     /// The service's clients over `sdk`. Makes no call.
     fn new(sdk: &SdkConfig) -> Self;
-
-    /// Reads a rendered destination; one no queue or topic can have is invalid.
-    fn target(destination: &str) -> Result<Self::Target, SinkError>;
-
-    /// How errors name `target`: as the destination rendered it.
-    fn label(target: &Self::Target) -> &str;
-
-    /// Whether `target` is FIFO (its name ends with `.fifo`, as both services require).
-    fn is_fifo(target: &Self::Target) -> bool;
 
     /// The address a batch call to `target` takes (a queue URL, a topic ARN), looked up when
     /// the destination names it by name.
@@ -49,6 +40,21 @@ pub trait Service: Send + Sync + Sized + 'static {
     /// Told of every failed batch call to `target`, before its messages get the error (SQS
     /// forgets the URL of a queue that no longer exists).
     fn call_failed(&self, _target: &Self::Target, _failure: &Failure) {}
+}
+
+/// A rendered destination read as a queue or topic: by name or by its address (URL, ARN).
+pub trait Target: Send + Sync + Sized {
+    /// Reads a rendered destination; one no queue or topic can have is an invalid message.
+    fn parse(destination: &str) -> Result<Self, SinkError>;
+
+    /// The destination as rendered: how errors name it.
+    fn rendered(&self) -> &str;
+
+    /// Whether the queue or topic is FIFO: its name, the end of any address too, ends with
+    /// `.fifo`, as both services require.
+    fn is_fifo(&self) -> bool {
+        super::attributes::is_fifo(self.rendered())
+    }
 }
 
 /// What a batch call's answer says of its entries, by entry id.

@@ -12,7 +12,7 @@ use super::batch::{
 };
 use super::config::AwsConfig;
 use super::error::{call_error, entry_error, Class};
-use super::service::{CallError, Service};
+use super::service::{CallError, Service, Target};
 use crate::registry::{Connecting, MakeScratch, OptionsIn, SinkKind};
 
 /// The SQS or SNS sink (`S`: [`crate::sqs::SqsSink`], [`crate::sns::SnsSink`]). A message
@@ -58,7 +58,7 @@ impl<S: Service> AwsSink<S> {
 
     /// One batch call of `entries` to `address`, the address of `target`.
     async fn send(&self, target: &S::Target, address: &str, entries: Vec<&Entry<'_>>) -> Sent {
-        let label = S::label(target);
+        let label = target.rendered();
         match self.service.send(address, &entries).await {
             Ok(answer) => Sent::Answered(answer_results(
                 &entries,
@@ -98,7 +98,7 @@ impl<S: Service> Sink for AwsSink<S> {
         // targets that have any, names resolved concurrently.
         let mut prepared = Vec::new();
         for (destination, indices) in by_destination(batch) {
-            let target = match S::target(destination) {
+            let target = match S::Target::parse(destination) {
                 Ok(t) => t,
                 Err(err) => {
                     for i in indices {
@@ -107,7 +107,7 @@ impl<S: Service> Sink for AwsSink<S> {
                     continue;
                 }
             };
-            let fifo = S::is_fifo(&target);
+            let fifo = target.is_fifo();
             let mut entries = Vec::with_capacity(indices.len());
             for i in indices {
                 match Entry::prepare(S::NAME, i, &batch[i], fifo, self.max_message_bytes) {

@@ -10,7 +10,7 @@ use tokio::sync::OnceCell;
 use crate::aws::attributes::{name_of, shorten, valid_name};
 use crate::aws::batch::Entry;
 use crate::aws::error::{call_failure, Failure};
-use crate::aws::service::{Answer, CallError, Service};
+use crate::aws::service::{Answer, CallError, Service, Target};
 use crate::aws::AwsSink;
 
 /// Longest SNS topic name (`.fifo` included).
@@ -63,13 +63,6 @@ impl TopicRef {
     pub fn is_fifo(&self) -> bool {
         crate::aws::attributes::is_fifo(self.name())
     }
-
-    /// How errors name the topic: as the destination rendered it.
-    fn label(&self) -> &str {
-        match self {
-            Self::Name(n) | Self::Arn(n) => n,
-        }
-    }
 }
 
 /// SNS for the batch sink. A message counts as published once `PublishBatch` lists it as
@@ -90,6 +83,18 @@ impl AwsSink<SnsService> {
     }
 }
 
+impl Target for TopicRef {
+    fn parse(destination: &str) -> Result<Self, SinkError> {
+        Self::parse(destination)
+    }
+
+    fn rendered(&self) -> &str {
+        match self {
+            Self::Name(n) | Self::Arn(n) => n,
+        }
+    }
+}
+
 #[async_trait]
 impl Service for SnsService {
     const NAME: &'static str = "sns";
@@ -104,18 +109,6 @@ impl Service for SnsService {
             region: sdk.region().map(|r| r.to_string()).unwrap_or_default(),
             identity: OnceCell::new(),
         }
-    }
-
-    fn target(destination: &str) -> Result<TopicRef, SinkError> {
-        TopicRef::parse(destination)
-    }
-
-    fn label(topic: &TopicRef) -> &str {
-        topic.label()
-    }
-
-    fn is_fifo(topic: &TopicRef) -> bool {
-        topic.is_fifo()
     }
 
     /// The ARN of the topic `topic` names. Whether the topic exists is learnt from the

@@ -11,7 +11,7 @@ use outbox_core::SinkError;
 use crate::aws::attributes::{name_of, shorten, valid_name};
 use crate::aws::batch::Entry;
 use crate::aws::error::{call_failure, Class, Failure};
-use crate::aws::service::{Answer, CallError, Service};
+use crate::aws::service::{Answer, CallError, Service, Target};
 use crate::aws::AwsSink;
 
 /// Longest SQS queue name (`.fifo` included).
@@ -57,13 +57,6 @@ impl QueueRef {
     pub fn is_fifo(&self) -> bool {
         crate::aws::attributes::is_fifo(self.name())
     }
-
-    /// How errors name the queue: as the destination rendered it.
-    fn label(&self) -> &str {
-        match self {
-            Self::Name(n) | Self::Url(n) => n,
-        }
-    }
 }
 
 /// SQS for the batch sink. A message counts as published once `SendMessageBatch` lists it
@@ -89,6 +82,18 @@ impl AwsSink<SqsService> {
     }
 }
 
+impl Target for QueueRef {
+    fn parse(destination: &str) -> Result<Self, SinkError> {
+        Self::parse(destination)
+    }
+
+    fn rendered(&self) -> &str {
+        match self {
+            Self::Name(n) | Self::Url(n) => n,
+        }
+    }
+}
+
 #[async_trait]
 impl Service for SqsService {
     const NAME: &'static str = "sqs";
@@ -102,18 +107,6 @@ impl Service for SqsService {
             region: sdk.region().map(|r| r.to_string()).unwrap_or_default(),
             urls: Mutex::new(HashMap::new()),
         }
-    }
-
-    fn target(destination: &str) -> Result<QueueRef, SinkError> {
-        QueueRef::parse(destination)
-    }
-
-    fn label(queue: &QueueRef) -> &str {
-        queue.label()
-    }
-
-    fn is_fifo(queue: &QueueRef) -> bool {
-        queue.is_fifo()
     }
 
     /// The URL of the queue `queue` names.
