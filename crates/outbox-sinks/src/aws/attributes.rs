@@ -191,6 +191,26 @@ pub(crate) fn valid_name(name: &str, max: usize) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// `destination` as the name of a queue or topic (`noun`) of `service`, which takes names of
+/// at most `max` characters and otherwise addresses of the form `address` (`URL`, `ARN`); a
+/// destination that is neither is an invalid message, since no queue or topic can have it.
+pub(crate) fn name_of(
+    service: &str,
+    noun: &str,
+    max: usize,
+    address: &str,
+    destination: &str,
+) -> Result<String, SinkError> {
+    if valid_name(destination, max) {
+        return Ok(destination.to_string());
+    }
+    Err(SinkError::invalid(format!(
+        "{service}: `{}` is not a {noun} name (1 to {max} characters of A-Z, a-z, 0-9, `_` and \
+         `-`, and `.fifo` at the end of a FIFO {noun}'s) nor a {noun} {address}",
+        shorten(destination)
+    )))
+}
+
 /// Whether a queue or topic (name, URL or ARN) is FIFO: its name ends with `.fifo`.
 pub(crate) fn is_fifo(destination: &str) -> bool {
     destination.ends_with(".fifo")

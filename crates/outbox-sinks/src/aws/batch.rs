@@ -48,7 +48,7 @@ pub(crate) fn chunks(items: &[(usize, usize)], max_bytes: usize) -> Vec<Vec<usiz
 
 /// One message ready for a batch call.
 #[derive(Debug)]
-pub(crate) struct Entry<'a> {
+pub struct Entry<'a> {
     /// Its position in the publish call (the batch entry id, and where its result goes).
     pub index: usize,
     /// The envelope (id and key).

@@ -60,7 +60,8 @@ impl AwsConfig {
         Self::from_url("sns", url)
     }
 
-    fn from_url(service: &'static str, url: &str) -> Result<Self, Error> {
+    /// Parses `{service}://[?…]` with the options of `service` (`sqs` or `sns`).
+    pub(crate) fn from_url(service: &'static str, url: &str) -> Result<Self, Error> {
         let shown = outbox_core::redact::url(url);
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let prefix = format!("{service}://");

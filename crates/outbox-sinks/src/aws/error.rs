@@ -6,11 +6,13 @@
 
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use outbox_core::SinkErrorKind;
+use outbox_core::{SinkError, SinkErrorKind};
+
+use super::service::{Refusal, Service};
 
 /// What kind of failure a call or a batch entry met.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Class {
+pub enum Class {
     /// No answer (connection refused or lost, timeout) or the service's own "try later"
     /// (throttling, internal error): unavailable, the only class that feeds the breaker.
     Outage,
@@ -40,7 +42,7 @@ impl Class {
 /// A failed call: its class and a text for the message's `last_error` (sanitised later by
 /// `SinkError`; it never holds the payload).
 #[derive(Debug, Clone)]
-pub(crate) struct Failure {
+pub struct Failure {
     pub class: Class,
     pub text: String,
 }
@@ -149,6 +151,43 @@ pub(crate) fn entry_class(code: &str, sender_fault: bool) -> Class {
         None if !sender_fault => Class::Outage,
         None => Class::Refused,
     }
+}
+
+/// The error every message of a failed batch call to `target` (as its destination rendered it)
+/// gets: a missing queue or topic is a rejection naming it, anything else keeps its class.
+pub(crate) fn call_error<S: Service>(target: &str, f: &Failure) -> SinkError {
+    let (service, noun) = (S::NAME, S::NOUN);
+    match f.class {
+        Class::Missing => SinkError::rejected(format!(
+            "{service}: no {noun} `{target}`; create it (or route the message elsewhere), then \
+             redrive if the message ended failed ({})",
+            f.text
+        )),
+        class => SinkError::new(
+            class.kind(),
+            format!("{service}: {} to `{target}` failed: {}", S::CALL, f.text),
+        ),
+    }
+}
+
+/// The error of one refused entry of a batch answer (see [`entry_class`]).
+pub(crate) fn entry_error<S: Service>(target: &str, r: &Refusal) -> SinkError {
+    let class = entry_class(&r.code, r.sender_fault);
+    let fault = if r.sender_fault {
+        "sender's fault"
+    } else {
+        "service's fault"
+    };
+    SinkError::new(
+        class.kind(),
+        format!(
+            "{}: {} `{target}` refused the message: {} ({fault}): {}",
+            S::NAME,
+            S::NOUN,
+            r.code,
+            r.message.as_deref().unwrap_or("no reason given")
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -1,28 +1,24 @@
-//! Amazon SNS sink: `PublishBatch` of ten, many calls in flight; FIFO topics get the key as
-//! `MessageGroupId` and the message id as `MessageDeduplicationId`.
+//! Amazon SNS sink: the AWS batch sink ([`crate::aws::AwsSink`]) over [`SnsService`]
+//! (`PublishBatch` of ten, many calls in flight; FIFO topics get the key as `MessageGroupId`
+//! and the message id as `MessageDeduplicationId`), and its reader.
 
-mod config;
-mod error;
 mod reader;
-mod sink;
+mod service;
 
-pub use config::{SnsConfig, TopicRef};
 pub use reader::{create_topic, subscribe_queue, SnsReader};
-pub use sink::SnsSink;
+pub use service::{SnsService, TopicRef};
+
+/// Options of an `sns://` URL; see [`crate::aws::AwsConfig`].
+pub type SnsConfig = crate::aws::AwsConfig;
+
+/// The SNS sink; see [`crate::aws::AwsSink`]. A destination is a topic name (its ARN built
+/// from the region and the caller's account, read once with STS `GetCallerIdentity`) or a
+/// topic ARN (used as it is).
+pub type SnsSink = crate::aws::AwsSink<SnsService>;
 
 /// This sink's entry in [`crate::SINKS`].
-pub(crate) const KIND: crate::registry::SinkKind = crate::registry::SinkKind {
-    schemes: &["sns"],
-    listed: &["sns://"],
-    options: crate::registry::OptionsIn::Query,
-    connect: connect_url,
-    check: |url| Ok(Some(SnsConfig::sns_from_url(url)?.ack_timeout)),
-    scratch: Some(make_scratch),
-};
-
-fn connect_url(url: &str) -> crate::registry::Connecting<'_> {
-    crate::registry::boxed(async move { SnsSink::connect(SnsConfig::sns_from_url(url)?).await })
-}
+pub(crate) const KIND: crate::registry::SinkKind =
+    crate::aws::kind::<SnsService>(&["sns"], &["sns://"], make_scratch);
 
 fn make_scratch<'a>(
     url: &'a str,

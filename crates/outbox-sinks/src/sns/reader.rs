@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use aws_sdk_sqs::types::QueueAttributeName;
 use outbox_core::{Error, ErrorKind};
 
-use super::config::SnsConfig;
+use super::SnsConfig;
 use crate::read::{Polled, Reader, Scratch, ScratchOptions};
 use crate::sqs::{create_queue, SqsReader};
 

@@ -7,7 +7,7 @@ use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::Message;
 use outbox_core::{Error, ErrorKind};
 
-use super::config::QueueRef;
+use super::service::QueueRef;
 use crate::aws::attributes::unpack;
 use crate::aws::error::{call_failure, Class};
 

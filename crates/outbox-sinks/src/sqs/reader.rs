@@ -10,8 +10,8 @@ use bytes::Bytes;
 use outbox_core::sink::{HEADER_AGGREGATE_ID, HEADER_MESSAGE_ID};
 use outbox_core::{Error, ErrorKind};
 
-use super::config::SqsConfig;
 use super::consumer::message_headers;
+use super::SqsConfig;
 use crate::read::{Delivered, Polled, Reader, Scratch, ScratchOptions};
 
 /// Longest wait of one `ReceiveMessage` long poll (SQS's own maximum).
