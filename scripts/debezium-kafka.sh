@@ -38,13 +38,8 @@ if [ -n "$mysql" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq php-cli php-mysql >/dev/null
   }
 fi
-# shellcheck source=scripts/examples-venv.sh
-. scripts/examples-venv.sh
-if [ -z "${OUTBOX_BIN:-}" ]; then
-  cargo build --quiet -p outbox-cli
-  OUTBOX_BIN=$CARGO_TARGET_DIR/debug/outbox
-fi
-scripts/services.sh >/dev/null
+# shellcheck source=scripts/examples-common.sh
+. scripts/examples-common.sh
 
 suffix=$(head -c 4 /dev/urandom | od -An -tx1 | tr -d ' \n')
 schema=debezium_$suffix

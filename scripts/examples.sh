@@ -70,15 +70,8 @@ if [ -z "$mysql" ] && { [ ! -d $ts/node_modules ] || [ $ts/package-lock.json -nt
   (cd $ts && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
-# shellcheck source=scripts/examples-venv.sh
-. scripts/examples-venv.sh
-
-# --- the relay binary and the services ----------------------------------------------------------
-if [ -z "${OUTBOX_BIN:-}" ]; then
-  cargo build --quiet -p outbox-cli
-  OUTBOX_BIN=$CARGO_TARGET_DIR/debug/outbox
-fi
-scripts/services.sh >/dev/null
+# shellcheck source=scripts/examples-common.sh
+. scripts/examples-common.sh
 
 # --- one scratch schema, stream and subject prefix per run ----------------------------------------
 suffix=$(head -c 4 /dev/urandom | od -An -tx1 | tr -d ' \n')
