@@ -110,6 +110,16 @@ impl Logins {
         })
     }
 
+    /// The outbox at `url` (the administrator's) as the owner login: what production runs as
+    /// the owner (`outbox migrate`, `outbox migrate --cdc`) runs as it here, so that every
+    /// object in the run's schema is the owner's and the writers' `outbox_emit` (a `SECURITY
+    /// DEFINER` function) runs with the owner's rights, not an administrator's.
+    pub async fn open_owner(&self, url: &str, schema: &str) -> anyhow::Result<Database> {
+        outbox_db::open(&self.owner_url(url)?, schema, 2)
+            .await
+            .context("logging in as the owner role")
+    }
+
     /// Grants each login its part, once the owner made the tables (again after the CDC setup:
     /// the relay's REPLICATION). `db` is the administrator's: the relay's membership of the
     /// owner role takes one (on MySQL/MariaDB, the grants on the tables).
