@@ -1,13 +1,12 @@
 //! What the outbox's own tools (`outbox verify`, `outbox bench`, `outbox demo`) need of a
-//! database beyond a relay's or an application's needs: CDC clean-up and WAL salvage, the
-//! CDC emit's message text, a typed pool on any backend, a SQLite file's removal, the
-//! MySQL/MariaDB least-privilege accounts and the backend pieces the bench measures. Kept here,
-//! beside [`Database`], so that those crates name no backend crate (issue 47); each item is a
-//! thin route to its backend's own code.
+//! database beyond a relay's or an application's needs: CDC clean-up and WAL salvage, a typed
+//! pool on any backend, a SQLite file's removal, the MySQL/MariaDB least-privilege accounts and
+//! the backend pieces the bench measures. Kept here, beside [`Database`], so that those crates
+//! name no backend crate (issue 47); each item is a thin route to its backend's own code.
 
 use std::path::Path;
 
-use outbox_core::{Error, NewMessage, Result};
+use outbox_core::{Error, Result};
 
 use crate::Database;
 
@@ -40,12 +39,6 @@ pub mod mysql {
     pub use outbox_mysql::{
         connect_options, connect_pool, enqueue, enqueue_many, migrate, MysqlStore,
     };
-}
-
-/// The text `outbox_emit` takes for `message` (CDC mode's writer without a table row): the
-/// JSON content of the logical message a CDC relay publishes.
-pub fn cdc_emit_content(message: &NewMessage) -> String {
-    outbox_postgres::cdc::emit::content(message)
 }
 
 /// Removes the SQLite database file `path` and its `-wal` and `-shm` companions, if present.

@@ -91,10 +91,6 @@ const DEBEZIUM_INSERT: &str = "
     VALUES (gen_random_uuid(), $1, $2, $3, $4)
     RETURNING CAST(id AS TEXT)";
 
-/// CDC mode's table-less write: the message as a transactional logical message, through
-/// `outbox_emit`, which refuses it (failing the transaction) while the slot is lost.
-const EMIT: &str = "SELECT {schema}.outbox_emit($1)::text";
-
 /// The commit-order witness (see the module comment).
 const BUMP_COUNTER: &str =
     "UPDATE {schema}.verify_counters SET n = n + 1 WHERE key = $1 RETURNING n";
@@ -508,7 +504,8 @@ impl Producer {
                 rollback,
                 one_phase,
             };
-            match crate::mysql_producers::xa_write(store.pool(), store.schema(), &xa).await {
+            match crate::mysql_producers::xa_write(store.pool(), store.schema().as_str(), &xa).await
+            {
                 Ok(recovered) => {
                     if rollback {
                         self.tally.rolled_back.fetch_add(1, Ordering::Relaxed);
@@ -548,10 +545,8 @@ impl Producer {
                     .await?
             }
             WriterKind::Emit => {
-                let m = NewMessage::new("verify", key, "event", payload);
-                tx.execute(EMIT, &[outbox_db::tools::cdc_emit_content(&m).into()])
-                    .await?;
-                m.id
+                tx.emit(&NewMessage::new("verify", key, "event", payload))
+                    .await?
             }
             WriterKind::Raw => {
                 let params = [
