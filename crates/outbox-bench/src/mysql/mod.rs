@@ -193,11 +193,10 @@ impl Scratch {
 
     /// Migrates the scratch outbox, on the binlog route when the bench runs it.
     pub(crate) async fn migrate(&self, options: &Options) -> anyhow::Result<()> {
-        sqlx::MySql::database(self.pool.clone(), self.schema.as_str())?
-            .migrate()
-            .await?;
+        let db = sqlx::MySql::database(self.pool.clone(), self.schema.as_str())?;
+        db.migrate().await?;
         if options.binlog {
-            outbox_db::tools::mysql::enable_binlog_route(&self.pool, &self.schema).await?;
+            db.enable_binlog_route().await?;
         }
         Ok(())
     }
