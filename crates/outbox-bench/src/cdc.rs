@@ -21,6 +21,7 @@
 
 use std::time::Duration;
 
+use outbox_db::SqlxBackend as _;
 use serde::Serialize;
 
 use crate::backlog::{fill_analysed, finish, line, measured_drain, relay_drain};
@@ -193,8 +194,11 @@ fn steady_line(s: &Steady) -> String {
 /// A scratch schema with the publication and slot made before any row is written.
 async fn cdc_scratch(ctx: &Ctx, tag: &str) -> anyhow::Result<Scratch> {
     let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, tag).await?;
-    let names = outbox_db::tools::postgres::CdcNames::new(&scratch.schema, "relay")?;
-    if let Err(e) = outbox_db::tools::postgres::migrate_cdc(&ctx.pool, &names).await {
+    let made = match sqlx::Postgres::database(ctx.pool.clone(), scratch.schema.as_str()) {
+        Ok(db) => db.migrate_cdc("relay").await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = made {
         scratch.drop().await;
         return Err(e.into());
     }
@@ -204,12 +208,9 @@ async fn cdc_scratch(ctx: &Ctx, tag: &str) -> anyhow::Result<Scratch> {
 /// Drops the scratch's slot and publication (once the relay's session let go of the slot),
 /// then the scratch.
 async fn drop_cdc_scratch(ctx: &Ctx, scratch: Scratch) {
-    if let Ok(names) = outbox_db::tools::postgres::CdcNames::new(&scratch.schema, "relay") {
+    if let Ok(db) = sqlx::Postgres::database(ctx.pool.clone(), scratch.schema.as_str()) {
         for _ in 0..100 {
-            if outbox_db::tools::postgres::drop_cdc(&ctx.pool, &names)
-                .await
-                .is_ok()
-            {
+            if db.drop_cdc("relay").await.is_ok() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -328,7 +329,7 @@ async fn steady_floor(ctx: &Ctx, spec: &Paced) -> anyhow::Result<Option<Floor>> 
         return Ok(None);
     };
     let scratch = cdc_scratch(ctx, "cdcfloor").await?;
-    let names = outbox_db::tools::postgres::CdcNames::new(&scratch.schema, "relay")?;
+    let names = outbox_db::CdcNames::new(&scratch.schema, "relay")?;
     let application_name = format!("outbox_bench_floor_{}", scratch.suffix);
     let result = async {
         // The connection as libpq's environment, so no password shows in the process list.

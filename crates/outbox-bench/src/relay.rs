@@ -134,7 +134,7 @@ impl RelayUnderTest {
         let destination =
             DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
         let application_name = format!("outbox_bench_relay_{}", scratch.suffix);
-        let names = outbox_db::tools::postgres::CdcNames::new(&scratch.schema, "relay")?;
+        let names = outbox_db::CdcNames::new(&scratch.schema, "relay")?;
         let (nats, url, app) = (
             ctx.options.nats_url.clone(),
             ctx.options.database_url.clone(),

@@ -32,6 +32,7 @@ pub use database::{open, open_with_deadline, Database};
 pub use migrations::Migrations;
 /// A validated schema name (a plain lower-case identifier): the only text spliced into SQL.
 pub use outbox_postgres::Schema;
+pub use roles::{MysqlGrants, MYSQL_GRANTS};
 pub use routes::{
     check_schema_name, AdoptedTable, CdcNames, CdcOptions, CdcSetup, DEFAULT_PARK_AFTER,
 };

@@ -1,20 +1,18 @@
 //! What the outbox's own tools (`outbox verify`, `outbox bench`, `outbox demo`) need of a
-//! database beyond a relay's or an application's needs: CDC clean-up and WAL salvage, the
-//! CDC emit's message text, a typed pool on any backend, a SQLite file's removal, the
-//! MySQL/MariaDB least-privilege accounts and the backend pieces the bench measures. Kept here,
-//! beside [`Database`], so that those crates name no backend crate (issue 47); each item is a
-//! thin route to its backend's own code.
+//! database beyond a relay's or an application's needs: CDC clean-up and WAL salvage, a typed
+//! pool on any backend, a SQLite file's removal, the MySQL/MariaDB least-privilege accounts and
+//! the backend pieces the bench measures. Kept here, beside [`Database`], so that those crates
+//! name no backend crate (issue 47); each item is a thin route to its backend's own code.
 
 use std::path::Path;
 
-use outbox_core::{Error, NewMessage, Result};
+use outbox_core::{Error, Result};
 
 use crate::Database;
 
-/// MySQL/MariaDB accounts holding the documented least privileges ("Least privileges" of
-/// docs/engine-mysql.md): the server's kind, making, rendering and dropping accounts.
+/// MySQL/MariaDB accounts ([`Database::create_account`]): a URL logging in as one.
 pub mod mysql_grants {
-    pub use outbox_mysql::grants::*;
+    pub use outbox_mysql::grants::login_url;
 }
 
 /// A validated MySQL/MariaDB database name (the outbox's place there): what a MySQL-only tool
@@ -22,30 +20,20 @@ pub mod mysql_grants {
 pub use outbox_mysql::Schema as MysqlSchema;
 
 /// What `outbox bench` drives on PostgreSQL below [`Database`]: the relay's pool options (to
-/// name its sessions), the writer and CDC's emit on a caller's transaction, the CDC setup,
-/// store and replication password on the bench's own pools. The bench measures these pieces
-/// themselves, side by side, so it takes them as they are.
+/// name its sessions), the writer and CDC's emit on a caller's transaction, the CDC store and
+/// replication password on the bench's own pools. The bench measures these pieces themselves,
+/// side by side, so it takes them as they are.
 pub mod postgres {
-    pub use outbox_postgres::cdc::setup::{drop_cdc, migrate_cdc};
-    pub use outbox_postgres::cdc::{url_password, CdcNames, CdcStore};
+    pub use outbox_postgres::cdc::{url_password, CdcStore};
     pub use outbox_postgres::{connect_options, Emitter, Writer};
 }
 
 /// What `outbox bench` drives on MySQL/MariaDB below [`Database`]: connect options for
 /// application sessions, the writer on a caller's transaction, the store (plain or on the binlog
-/// route), migrations, the binlog route's switch and the retention ranges' width.
+/// route) and the retention ranges' width.
 pub mod mysql {
-    pub use outbox_mysql::binlog::route::enable as enable_binlog_route;
     pub use outbox_mysql::ranges::set_width as set_range_width;
-    pub use outbox_mysql::{
-        connect_options, connect_pool, enqueue, enqueue_many, migrate, MysqlStore,
-    };
-}
-
-/// The text `outbox_emit` takes for `message` (CDC mode's writer without a table row): the
-/// JSON content of the logical message a CDC relay publishes.
-pub fn cdc_emit_content(message: &NewMessage) -> String {
-    outbox_postgres::cdc::emit::content(message)
+    pub use outbox_mysql::{connect_options, enqueue, enqueue_many, MysqlStore};
 }
 
 /// Removes the SQLite database file `path` and its `-wal` and `-shm` companions, if present.

@@ -138,6 +138,25 @@ impl<'db> Transaction<'db> {
         }
     }
 
+    /// CDC mode's table-less writer (PostgreSQL): writes `message` into the WAL in this
+    /// transaction through `{schema}.outbox_emit`, published by the CDC relay iff the
+    /// transaction commits, in commit order with the table's rows. Fails (and with it the
+    /// transaction) while the relay group has no valid slot. Returns its id. Other backends have
+    /// no CDC mode: a configuration error.
+    pub async fn emit(&mut self, message: &NewMessage) -> Result<Uuid> {
+        match &mut self.inner {
+            Inner::Postgres(s, tx) => {
+                outbox_postgres::Emitter::new(s.schema())
+                    .emit(tx, message)
+                    .await
+            }
+            Inner::Sqlite(..) | Inner::Mysql(..) => Err(outbox_core::Error::config(
+                "emit writes a logical message for PostgreSQL's CDC relay; this database has \
+                 no CDC mode",
+            )),
+        }
+    }
+
     /// Runs one statement in this transaction; returns the rows affected. `$n` parameters and
     /// `{schema}` as in [`Database::execute`].
     pub async fn execute(&mut self, sql: &str, params: &[Param]) -> Result<u64> {

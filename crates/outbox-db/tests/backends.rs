@@ -353,3 +353,56 @@ async fn session_lock_is_held_until_its_session_ends(url: &str) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// A MySQL/MariaDB throw-away account (what verify's and bench's least-privilege parts log in
+/// as) holds the documented grants it was given, takes the writer's once the tables exist, and
+/// is gone after `drop_account`; other backends refuse accounts, and only PostgreSQL emits.
+#[tokio::test]
+async fn mysql_throw_away_accounts_hold_their_grants_and_go() {
+    let name = outbox_testkit::unique_name("acct");
+    let db = outbox_db::open(&mysql_url(), &name, 2).await.unwrap();
+    db.migrate().await.unwrap();
+    let (mariadb, _) = db.mysql_server().await.unwrap();
+    let account = format!("{name}_w");
+    db.create_account(&account, "s3cret0", outbox_db::MYSQL_GRANTS.relay, mariadb)
+        .await
+        .unwrap();
+    db.grant_account(&account, outbox_db::MYSQL_GRANTS.writer, mariadb)
+        .await
+        .unwrap();
+    let grants: Vec<(String,)> = db
+        .fetch_all(&format!("SHOW GRANTS FOR '{account}'@'%'"), &[])
+        .await
+        .unwrap();
+    let grants: Vec<String> = grants.into_iter().map(|(g,)| g).collect();
+    assert!(
+        grants
+            .iter()
+            .any(|g| g.contains("INSERT") && g.contains("outbox")),
+        "{grants:?}"
+    );
+    db.drop_account(&account).await.unwrap();
+    let (left,): (i64,) = db
+        .fetch_one(
+            "SELECT COUNT(*) FROM mysql.user WHERE user = $1",
+            &[account.as_str().into()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the account is dropped");
+    db.drop_account(&account).await.unwrap();
+    let mut tx = db.begin().await.unwrap();
+    let m = NewMessage::new("t", "k", "e", serde_json::json!({}));
+    let e = tx.emit(&m).await.unwrap_err();
+    assert_eq!(e.kind(), outbox_core::ErrorKind::Config, "{e}");
+    tx.rollback().await.unwrap();
+    db.destroy().await.unwrap();
+
+    let pg = outbox_db::open(&database_url(), &outbox_testkit::unique_name("acct"), 1)
+        .await
+        .unwrap();
+    let e = pg.mysql_server().await.unwrap_err();
+    assert_eq!(e.kind(), outbox_core::ErrorKind::Config, "{e}");
+    let e = pg.drop_account("nobody").await.unwrap_err();
+    assert_eq!(e.kind(), outbox_core::ErrorKind::Config, "{e}");
+}

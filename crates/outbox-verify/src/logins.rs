@@ -1,12 +1,11 @@
 //! The least-privilege logins of one `outbox verify` run: a writer, a relay and an operator, each
 //! holding only its part's grants (docs/roles.md on PostgreSQL; on MySQL/MariaDB the table
-//! "Least privileges" of docs/engine-mysql.md, [`DOCUMENTED`]), made for the run and dropped after
+//! "Least privileges" of docs/engine-mysql.md, [`MYSQL_GRANTS`]), made for the run and dropped after
 //! it, so the guarantees are checked as production runs them, not as a superuser.
 
 use anyhow::Context as _;
 use outbox_core::{Grant, Part};
-use outbox_db::tools::mysql_grants::{self as grants, DOCUMENTED};
-use outbox_db::Database;
+use outbox_db::{Database, MYSQL_GRANTS};
 
 /// A login's name and password.
 pub type Login = (String, String);
@@ -55,13 +54,10 @@ impl Logins {
     }
 
     /// MySQL/MariaDB: creates the writer, the relay and the operator as accounts (`'name'@'%'`)
-    /// and gives the relay and the operator their grants ([`DOCUMENTED`]); the operator owns
+    /// and gives the relay and the operator their grants ([`MYSQL_GRANTS`]); the operator owns
     /// the outbox (it runs `outbox migrate`, which creates the database). `binlog`: the grants
     /// of the binlog route too. The writer's grant waits for the table ([`Logins::grant`]).
     pub async fn make_mysql(db: &Database, binlog: bool) -> anyhow::Result<Self> {
-        let Database::Mysql(store) = db else {
-            anyhow::bail!("verify: MySQL accounts on another database");
-        };
         let schema = db.schema().to_string();
         let login = |part: &str| {
             (
@@ -69,7 +65,7 @@ impl Logins {
                 format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
             )
         };
-        let (mariadb, needs_super) = grants::server(store.pool()).await?;
+        let (mariadb, needs_super) = db.mysql_server().await?;
         let operator = login("operator");
         let logins = Self {
             mysql: Some((schema.clone(), mariadb)),
@@ -78,7 +74,7 @@ impl Logins {
             relay: login("relay"),
             operator,
         };
-        let g = &DOCUMENTED;
+        let g = &MYSQL_GRANTS;
         let mut relay: Vec<&str> = g.relay.to_vec();
         let mut operator: Vec<&str> = g.operator.to_vec();
         if binlog {
@@ -93,7 +89,7 @@ impl Logins {
             (&logins.relay, &relay[..]),
             (&logins.operator, &operator[..]),
         ] {
-            grants::create_account(store.pool(), name, password, &schema, part, mariadb)
+            db.create_account(name, password, part, mariadb)
                 .await
                 .with_context(|| format!("making the account `{name}`"))?;
         }
@@ -110,21 +106,24 @@ impl Logins {
         })
     }
 
+    /// The outbox at `url` (the administrator's) as the owner login: what production runs as
+    /// the owner (`outbox migrate`, `outbox migrate --cdc`) runs as it here, so that every
+    /// object in the run's schema is the owner's and the writers' `outbox_emit` (a `SECURITY
+    /// DEFINER` function) runs with the owner's rights, not an administrator's.
+    pub async fn open_owner(&self, url: &str, schema: &str) -> anyhow::Result<Database> {
+        outbox_db::open(&self.owner_url(url)?, schema, 2)
+            .await
+            .context("logging in as the owner role")
+    }
+
     /// Grants each login its part, once the owner made the tables (again after the CDC setup:
     /// the relay's REPLICATION). `db` is the administrator's: the relay's membership of the
     /// owner role takes one (on MySQL/MariaDB, the grants on the tables).
     pub async fn grant(&self, db: &Database) -> anyhow::Result<()> {
-        if let Some((schema, mariadb)) = &self.mysql {
-            let Database::Mysql(store) = db else {
-                anyhow::bail!("verify: MySQL accounts on another database");
-            };
-            let user = grants::account(&self.writer.0)?;
-            for sql in grants::render(DOCUMENTED.writer, schema, &user, *mariadb) {
-                sqlx::raw_sql(&sql)
-                    .execute(store.pool())
-                    .await
-                    .with_context(|| format!("`{sql}`"))?;
-            }
+        if let Some((_, mariadb)) = &self.mysql {
+            db.grant_account(&self.writer.0, MYSQL_GRANTS.writer, *mariadb)
+                .await
+                .with_context(|| format!("granting the account `{}`", self.writer.0))?;
             return Ok(());
         }
         let grants = [
@@ -154,9 +153,9 @@ impl Logins {
 
     /// Drops every login (after the run's schema is gone, or with what they hold in it).
     pub async fn drop_all(&self, db: &Database) {
-        if let (Some(_), Database::Mysql(store)) = (&self.mysql, db) {
+        if self.mysql.is_some() {
             for (name, _) in [&self.writer, &self.relay, &self.operator] {
-                if let Err(e) = grants::drop_account(store.pool(), name).await {
+                if let Err(e) = db.drop_account(name).await {
                     eprintln!("verify: the account `{name}` was not dropped: {e}");
                 }
             }

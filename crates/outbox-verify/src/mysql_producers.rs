@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use outbox_db::tools::MysqlSchema as Schema;
 use outbox_db::Database;
 use sqlx::{MySqlPool, Row as _};
 use tokio_util::sync::CancellationToken;
@@ -74,7 +73,7 @@ pub struct XaTransaction<'a> {
 /// it back.
 pub async fn xa_write(
     pool: &MySqlPool,
-    schema: &Schema,
+    schema: &str,
     xa: &XaTransaction<'_>,
 ) -> anyhow::Result<bool> {
     anyhow::ensure!(
@@ -135,7 +134,7 @@ impl std::error::Error for MaybePrepared {}
 /// Up to the prepare (or the one-phase commit); returns whether the transaction is prepared.
 async fn first_phase(
     conn: &mut sqlx::MySqlConnection,
-    schema: &Schema,
+    schema: &str,
     xa: &XaTransaction<'_>,
 ) -> anyhow::Result<bool> {
     let payload = serde_json::json!({
@@ -145,7 +144,8 @@ async fn first_phase(
     });
     let id = Uuid::now_v7().to_string();
     text(conn, format!("XA START '{}'", xa.xid)).await?;
-    sqlx::query(&schema.render(
+    sqlx::query(&render(
+        schema,
         "INSERT INTO {schema}.outbox (id, aggregate_type, aggregate_id, event_type, payload) \
          VALUES (?, 'verify', ?, 'event', ?)",
     ))
@@ -157,16 +157,18 @@ async fn first_phase(
     if !xa.work.is_zero() {
         tokio::time::sleep(xa.work).await;
     }
-    sqlx::query(
-        &schema.render("UPDATE {schema}.verify_counters SET n = LAST_INSERT_ID(n + 1) WHERE k = ?"),
-    )
+    sqlx::query(&render(
+        schema,
+        "UPDATE {schema}.verify_counters SET n = LAST_INSERT_ID(n + 1) WHERE k = ?",
+    ))
     .bind(xa.key)
     .execute(&mut *conn)
     .await?;
     let n: i64 = sqlx::query_scalar("SELECT CAST(LAST_INSERT_ID() AS SIGNED)")
         .fetch_one(&mut *conn)
         .await?;
-    sqlx::query(&schema.render(
+    sqlx::query(&render(
+        schema,
         "INSERT INTO {schema}.verify_ledger (id, k, n, writer, producer) \
          VALUES (?, ?, ?, 'xa', ?)",
     ))
@@ -265,7 +267,7 @@ pub async fn write_odd_rows(db: Arc<Database>, rows: usize, stop: CancellationTo
         };
         attempt += 1;
         let key = format!("odd-{attempt}");
-        if odd_row(store.pool(), store.schema(), &key, column)
+        if odd_row(store.pool(), store.schema().as_str(), &key, column)
             .await
             .is_ok()
         {
@@ -275,14 +277,15 @@ pub async fn write_odd_rows(db: Arc<Database>, rows: usize, stop: CancellationTo
 }
 
 /// One odd row and its `verify_odd` record, in one transaction.
-async fn odd_row(pool: &MySqlPool, schema: &Schema, key: &str, column: &str) -> anyhow::Result<()> {
+async fn odd_row(pool: &MySqlPool, schema: &str, key: &str, column: &str) -> anyhow::Result<()> {
     let (id, created_at) = match column {
         "id" => (ulid_like(), None),
         _ => (Uuid::now_v7().to_string(), Some("0000-00-00 00:00:00")),
     };
     let payload = serde_json::json!({"key": key, "writer": "odd"}).to_string();
     let mut tx = pool.begin().await?;
-    let seq = sqlx::query(&schema.render(
+    let seq = sqlx::query(&render(
+        schema,
         "SET STATEMENT check_constraint_checks = 0 FOR \
          INSERT INTO {schema}.outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at) \
          VALUES (?, 'verify', ?, 'event', ?, COALESCE(?, UTC_TIMESTAMP(6)))",
@@ -295,9 +298,10 @@ async fn odd_row(pool: &MySqlPool, schema: &Schema, key: &str, column: &str) -> 
     .await
     .context("writing an odd row")?
     .last_insert_id();
-    sqlx::query(
-        &schema.render("INSERT INTO {schema}.verify_odd (seq, id, k, col) VALUES (?, ?, ?, ?)"),
-    )
+    sqlx::query(&render(
+        schema,
+        "INSERT INTO {schema}.verify_odd (seq, id, k, col) VALUES (?, ?, ?, ?)",
+    ))
     .bind(seq)
     .bind(&id)
     .bind(key)
@@ -307,6 +311,12 @@ async fn odd_row(pool: &MySqlPool, schema: &Schema, key: &str, column: &str) -> 
     .context("recording an odd row")?;
     tx.commit().await?;
     Ok(())
+}
+
+/// `sql` with `{schema}` standing for the run's database (a name the store validated as a plain
+/// identifier, so nothing else is spliced in).
+fn render(schema: &str, sql: &str) -> String {
+    sql.replace("{schema}", schema)
 }
 
 /// The odd rows committed: their `seq` and the column at fault.

@@ -107,10 +107,6 @@ const DEBEZIUM_INSERT_MYSQL: &str = "
     INSERT INTO {schema}.debezium_outbox (id, aggregatetype, aggregateid, type, payload)
     VALUES ($1, $2, $3, $4, $5)";
 
-/// CDC mode's table-less write: the message as a transactional logical message, through
-/// `outbox_emit`, which refuses it (failing the transaction) while the slot is lost.
-const EMIT: &str = "SELECT {schema}.outbox_emit($1)::text";
-
 /// The commit-order witness (see the module comment).
 const BUMP_COUNTER: &str =
     "UPDATE {schema}.verify_counters SET n = n + 1 WHERE key = $1 RETURNING n";
@@ -548,7 +544,8 @@ impl Producer {
                 rollback,
                 one_phase,
             };
-            match crate::mysql_producers::xa_write(store.pool(), store.schema(), &xa).await {
+            match crate::mysql_producers::xa_write(store.pool(), store.schema().as_str(), &xa).await
+            {
                 Ok(recovered) => {
                     if rollback {
                         self.tally.rolled_back.fetch_add(1, Ordering::Relaxed);
@@ -588,10 +585,8 @@ impl Producer {
                     .await?
             }
             WriterKind::Emit => {
-                let m = NewMessage::new("verify", key, "event", payload);
-                tx.execute(EMIT, &[outbox_db::tools::cdc_emit_content(&m).into()])
-                    .await?;
-                m.id
+                tx.emit(&NewMessage::new("verify", key, "event", payload))
+                    .await?
             }
             WriterKind::Raw => {
                 let params = [

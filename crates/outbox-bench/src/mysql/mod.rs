@@ -193,11 +193,10 @@ impl Scratch {
 
     /// Migrates the scratch outbox, on the binlog route when the bench runs it.
     pub(crate) async fn migrate(&self, options: &Options) -> anyhow::Result<()> {
-        sqlx::MySql::database(self.pool.clone(), self.schema.as_str())?
-            .migrate()
-            .await?;
+        let db = sqlx::MySql::database(self.pool.clone(), self.schema.as_str())?;
+        db.migrate().await?;
         if options.binlog {
-            outbox_db::tools::mysql::enable_binlog_route(&self.pool, &self.schema).await?;
+            db.enable_binlog_route().await?;
         }
         Ok(())
     }
@@ -272,8 +271,9 @@ pub(crate) struct RelayOnMysql {
     pub(crate) metrics: Arc<RelayMetrics>,
     stop: CancellationToken,
     handle: JoinHandle<()>,
-    /// The administrator's pool and the relay's account, dropped at [`RelayOnMysql::stop`].
-    account: (MySqlPool, String),
+    /// The scratch database on the administrator's pool and the relay's account, dropped at
+    /// [`RelayOnMysql::stop`].
+    account: (outbox_db::Database, String),
 }
 
 impl RelayOnMysql {
@@ -283,21 +283,16 @@ impl RelayOnMysql {
             DestinationTemplate::parse(&format!("{}.{{event_type}}", scratch.subject_prefix))?;
         let name = format!("outbox_bench_relay_{:08x}", fastrand::u32(..));
         let password = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-        let (mariadb, _) = outbox_db::tools::mysql_grants::server(&scratch.pool).await?;
-        let documented = &outbox_db::tools::mysql_grants::DOCUMENTED;
+        let admin = sqlx::MySql::database(scratch.pool.clone(), scratch.schema.as_str())?;
+        let (mariadb, _) = admin.mysql_server().await?;
+        let documented = &outbox_db::MYSQL_GRANTS;
         let mut grants = documented.relay.to_vec();
         if options.binlog {
             grants.extend(documented.relay_binlog);
         }
-        outbox_db::tools::mysql_grants::create_account(
-            &scratch.pool,
-            &name,
-            &password,
-            scratch.schema.as_str(),
-            &grants,
-            mariadb,
-        )
-        .await?;
+        admin
+            .create_account(&name, &password, &grants, mariadb)
+            .await?;
         let url = outbox_db::tools::mysql_grants::login_url(
             &options.database_url,
             &name,
@@ -318,7 +313,7 @@ impl RelayOnMysql {
             metrics,
             stop,
             handle,
-            account: (scratch.pool.clone(), name),
+            account: (admin, name),
         })
     }
 
@@ -330,8 +325,8 @@ impl RelayOnMysql {
     pub(crate) async fn stop(self) {
         self.stop.cancel();
         let _ = self.handle.await;
-        let (pool, name) = &self.account;
-        if let Err(error) = outbox_db::tools::mysql_grants::drop_account(pool, name).await {
+        let (admin, name) = &self.account;
+        if let Err(error) = admin.drop_account(name).await {
             tracing::warn!(account = %name, %error, "could not drop the bench relay's account");
         }
     }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use outbox_core::NewMessage;
 use outbox_db::tools::postgres::Writer;
+use outbox_db::SqlxBackend as _;
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, Postgres};
 
@@ -34,12 +35,12 @@ pub(super) async fn run(ctx: &Ctx, duration: Duration) -> anyhow::Result<Vec<(Va
     let scratch = Scratch::with_outbox(&ctx.pool, &ctx.js, ctx.options.storage, "writers").await?;
     // `emit` goes through `outbox_emit`, which exists with the group's CDC setup and refuses
     // while the group has no slot: the scratch schema gets both for the run, dropped after it.
-    let names = outbox_db::tools::postgres::CdcNames::new(&scratch.schema, "bench")?;
-    let result = match outbox_db::tools::postgres::migrate_cdc(&scratch.pool, &names).await {
+    let db = Postgres::database(scratch.pool.clone(), scratch.schema.as_str())?;
+    let result = match db.migrate_cdc("bench").await {
         Ok(_) => measure(ctx, &scratch, duration).await,
         Err(e) => Err(e.into()),
     };
-    if let Err(error) = outbox_db::tools::postgres::drop_cdc(&scratch.pool, &names).await {
+    if let Err(error) = db.drop_cdc("bench").await {
         eprintln!("outbox bench: the writers run's CDC slot could not be dropped: {error}");
     }
     scratch.drop().await;

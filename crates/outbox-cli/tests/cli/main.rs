@@ -45,3 +45,4 @@ mod sqlite;
 mod status;
 mod terminal;
 mod tracing;
+mod verify;

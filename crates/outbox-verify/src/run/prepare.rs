@@ -171,9 +171,7 @@ async fn open_as_each_part(
     // A switching run makes its slot under load, later.
     match &logins {
         Some(l) => {
-            let owner = outbox_db::open(&l.owner_url(&relay_db_url)?, db.schema(), 2)
-                .await
-                .context("logging in as the owner role")?;
+            let owner = l.open_owner(&relay_db_url, db.schema()).await?;
             workload::prepare(&owner, &shape, cdc && !switch, binlog).await?;
             // On MySQL the operator may not grant: the administrator gives the business tables.
             let granting = match db.backend() {

@@ -117,8 +117,7 @@ pub(super) async fn produce(
         got.poll(setup.reader.as_mut(), started).await;
         if switch_at.is_some_and(|at| started.elapsed() >= at) {
             switch_at = None;
-            let event =
-                switch_to_cdc(&setup.db, &processes.relays, started, setup.logins.as_ref()).await?;
+            let event = switch_to_cdc(setup, &processes.relays, started).await?;
             if let Ok(mut log) = fault_log.lock() {
                 log.push(event);
             }

@@ -4,8 +4,9 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use outbox_db::{Backend, Database};
+use outbox_db::{Backend, CdcNames, Database};
 
+use super::prepare::Setup;
 use super::{bounded, progress};
 use crate::faults::FaultEvent;
 use crate::logins::Logins;
@@ -17,11 +18,11 @@ use crate::relays::Relays;
 /// must deliver what the polling relays left, before the slot and after, then read the stream.
 /// Recorded among the faults, so the duplicates it causes are attributed.
 pub(super) async fn switch_to_cdc(
-    db: &Database,
+    setup: &Setup,
     relays: &Mutex<Relays>,
     started: Instant,
-    logins: Option<&Logins>,
 ) -> anyhow::Result<FaultEvent> {
+    let (db, logins) = (&setup.db, setup.logins.as_ref());
     let at = started.elapsed().as_secs_f64();
     progress(
         started,
@@ -47,8 +48,8 @@ pub(super) async fn switch_to_cdc(
     // The database may be restarting (the `db` fault): tried again for up to a minute.
     let mut tries = 0;
     let names = loop {
-        match bounded(db.migrate_cdc("relay")).await {
-            Ok((names, _)) => break names,
+        match bounded(migrate_cdc(db, logins, &setup.admin_db_url)).await {
+            Ok(names) => break names,
             Err(e) => {
                 tries += 1;
                 if tries >= 60 {
@@ -82,6 +83,28 @@ pub(super) async fn switch_to_cdc(
             names.slot,
         ),
     })
+}
+
+/// What `outbox migrate --cdc` makes (the publication, the slot, `outbox_emit`), made by the
+/// owner login when the run has logins, as production makes it (docs/roles.md: the owner runs
+/// `migrate`) and as a `--mode cdc` run's preparation does. Made by the administrator, the
+/// writers' `outbox_emit` (`SECURITY DEFINER`) would run with a superuser's rights, and, owned
+/// by another role inside the owner's schema, it kept `DROP OWNED BY` from dropping the owner
+/// at the end: the run leaked its owner login.
+async fn migrate_cdc(
+    db: &Database,
+    logins: Option<&Logins>,
+    admin_url: &str,
+) -> anyhow::Result<CdcNames> {
+    let Some(l) = logins else {
+        return Ok(db.migrate_cdc("relay").await?.0);
+    };
+    let owner = l.open_owner(admin_url, db.schema()).await?;
+    let made = owner.migrate_cdc("relay").await;
+    if let Some(pg) = owner.postgres() {
+        pg.pool().close().await;
+    }
+    Ok(made?.0)
 }
 
 /// How long a switching run's producers write with no relay running, before the slot is made:
