@@ -52,6 +52,18 @@ impl Database {
         outbox_postgres::cdc::setup::drop_cdc(pg.pool(), &names).await
     }
 
+    /// Ends the session still reading the CDC relay group `group`'s slot, so that
+    /// [`Database::drop_cdc`] can drop it: for a scratch slot whose relays are gone (a killed
+    /// reader's session can outlive it for a while on a loaded server). Returns how many
+    /// sessions it ended.
+    pub async fn end_cdc_reader(&self, group: &str) -> Result<i64> {
+        let pg = self
+            .postgres()
+            .ok_or_else(|| not_postgres(self, "ending a CDC slot's reader"))?;
+        let names = crate::CdcNames::new(pg.schema(), group)?;
+        outbox_postgres::cdc::setup::end_slot_reader(pg.pool(), &names.slot).await
+    }
+
     /// Makes `pg_walinspect` available when this login may (a superuser), so that a lost
     /// slot's emitted messages can be read back from the WAL; returns whether it is.
     pub async fn install_wal_salvage(&self) -> Result<bool> {

@@ -108,5 +108,9 @@ async fn a_switching_run_leaves_no_login_slot_or_publication_behind() {
         !stderr.contains("not dropped"),
         "verify could not drop a login: {stderr}"
     );
-    assert_eq!(left_behind(&pool, &schema).await, Vec::<String>::new());
+    assert_eq!(
+        left_behind(&pool, &schema).await,
+        Vec::<String>::new(),
+        "{stderr}"
+    );
 }

@@ -372,6 +372,17 @@ pub async fn slot_exists(pool: &PgPool, slot: &str) -> Result<bool> {
         .map_err(|e| map_sqlx_error("looking for the CDC replication slot", e))
 }
 
+/// Ends the session reading `slot`, if one does (`pg_terminate_backend`, which needs the
+/// administrator's rights); returns how many it ended. For the owner of a scratch slot that must
+/// go (`outbox verify`'s clean-up), never for a relay's slot in use: the relay would take it back.
+pub async fn end_slot_reader(pool: &PgPool, slot: &str) -> Result<i64> {
+    sqlx::query_scalar(include_str!("../../queries/cdc_slot_terminate.sql"))
+        .bind(slot)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| map_sqlx_error("ending the CDC slot's reader", e))
+}
+
 /// A row of `pg_replication_slots` as [`slots`] reads it: name, reader pid, `wal_status`, lag,
 /// retained and safe bytes.
 type SlotRow = (
