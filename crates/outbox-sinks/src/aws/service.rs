@@ -50,11 +50,9 @@ pub trait Target: Send + Sync + Sized {
     /// The destination as rendered: how errors name it.
     fn rendered(&self) -> &str;
 
-    /// Whether the queue or topic is FIFO: its name, the end of any address too, ends with
-    /// `.fifo`, as both services require.
-    fn is_fifo(&self) -> bool {
-        super::attributes::is_fifo(self.rendered())
-    }
+    /// Whether the queue or topic is FIFO (its name ends with `.fifo`, as both services
+    /// require): the destination type's own answer, which the inbox reads too.
+    fn is_fifo(&self) -> bool;
 }
 
 /// What a batch call's answer says of its entries, by entry id.

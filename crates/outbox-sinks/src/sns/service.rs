@@ -93,6 +93,10 @@ impl Target for TopicRef {
             Self::Name(n) | Self::Arn(n) => n,
         }
     }
+
+    fn is_fifo(&self) -> bool {
+        TopicRef::is_fifo(self)
+    }
 }
 
 #[async_trait]

@@ -92,6 +92,10 @@ impl Target for QueueRef {
             Self::Name(n) | Self::Url(n) => n,
         }
     }
+
+    fn is_fifo(&self) -> bool {
+        QueueRef::is_fifo(self)
+    }
 }
 
 #[async_trait]

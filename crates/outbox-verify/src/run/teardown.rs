@@ -74,25 +74,9 @@ async fn clean_up(settings: &Settings, setup: &mut Setup, processes: Processes) 
         let _ = bounded(inbox.destroy_queue()).await;
     }
     if settings.cdc && db.backend() == Backend::Postgres {
-        // The relays are gone; their sessions let go of the slot within a moment, or, on a
-        // loaded server, not (the test suite saw one outlive a 10 s wait): past 5 s the
-        // session still reading it is ended. A slot left behind would hold WAL for good, so
-        // one that still cannot be dropped is said with what to do.
-        let mut dropped = Err(String::new());
-        for attempt in 0..100 {
-            if attempt >= 50 && attempt % 10 == 0 {
-                let _ = db.end_cdc_reader("relay").await;
-            }
-            match db.drop_cdc("relay").await {
-                Ok(()) => {
-                    dropped = Ok(());
-                    break;
-                }
-                Err(e) => dropped = Err(e.to_string()),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        if let Err(e) = dropped {
+        // A slot left behind would hold WAL for good: one that cannot be dropped is said,
+        // with what to do.
+        if let Err(e) = drop_slot(db).await {
             eprintln!(
                 "verify: the CDC slot of {} was not dropped ({e}); it holds WAL until \
                  `outbox migrate --cdc --drop` or pg_drop_replication_slot drops it",
@@ -111,6 +95,23 @@ async fn clean_up(settings: &Settings, setup: &mut Setup, processes: Processes) 
     let _ = bounded(Database::clone(db).destroy()).await;
     let _ = tokio::time::timeout(PHASE_LIMIT, setup.reader.cleanup()).await;
     let _ = std::fs::remove_dir_all(&setup.tmp);
+}
+
+/// Drops the run's CDC slot and publication, trying for 10 s. The relays are gone and their
+/// sessions let go of the slot within a moment, or, on a loaded server, not (the test suite
+/// saw one outlive a 10 s wait): past 5 s the session still reading it is ended.
+async fn drop_slot(db: &Database) -> outbox_core::Result<()> {
+    let mut attempt = 0;
+    loop {
+        if attempt >= 50 && attempt % 10 == 0 {
+            let _ = db.end_cdc_reader("relay").await;
+        }
+        match db.drop_cdc("relay").await {
+            Err(_) if attempt < 99 => attempt += 1,
+            done => return done,
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Prints the last lines of every log in `dir` to stderr, so that CI's output shows what the
